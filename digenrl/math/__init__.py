@@ -1,0 +1,21 @@
+"""Pure-torch math of Flow-GRPO and its relatives (no Ray, no diffusers).
+
+See DESIGN.md section 1. All SDE math runs in float32 whatever the model dtype.
+"""
+
+from digenrl.math.advantages import combine_rewards, group_advantages
+from digenrl.math.loss import gaussian_mean_kl, grpo_loss
+from digenrl.math.schedule import SdeWindow, sigma_schedule
+from digenrl.math.sde import SDE_KINDS, StepOut, sde_step
+
+__all__ = [
+    "SDE_KINDS",
+    "SdeWindow",
+    "StepOut",
+    "combine_rewards",
+    "gaussian_mean_kl",
+    "group_advantages",
+    "grpo_loss",
+    "sde_step",
+    "sigma_schedule",
+]

@@ -1,0 +1,88 @@
+"""Sigma schedules and the choice of which denoising steps are stochastic and trained."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from digenrl import rng
+
+WINDOW_KINDS = ("all-but-last", "contiguous", "sliding", "fraction")
+
+
+def sigma_schedule(num_steps: int, shift: float = 1.0) -> torch.Tensor:
+    """sigmas[0] = 1 (noise) ... sigmas[num_steps] = 0 (data), float32, length num_steps+1.
+
+    linspace(1, 0) then the SD3 time shift s <- k s / (1 + (k-1) s); k > 1 spends more
+    steps at high noise, which large-resolution models need.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    if shift <= 0:
+        raise ValueError(f"shift must be > 0, got {shift}")
+    s = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)
+    s = shift * s / (1.0 + (shift - 1.0) * s)
+    return s.to(torch.float32)
+
+
+@dataclass(frozen=True)
+class SdeWindow:
+    """Which denoising steps sample with the SDE (the rest use ODE) and which are trained.
+
+    kind:
+      all-but-last  Flow-GRPO: SDE on every step but the last; all of those trained.
+      contiguous    Flow-GRPO-Fast: a random window of `size` steps per RL step; ODE elsewhere.
+      sliding       MixGRPO: a window of `size` steps that moves `stride` steps later every
+                    `every` RL steps (wrapping), ODE elsewhere.
+      fraction      DanceGRPO: SDE on every step but the last, a random `fraction` trained.
+    """
+
+    kind: str = "all-but-last"
+    size: int = 2
+    stride: int = 1
+    every: int = 10
+    fraction: float = 0.6
+
+    def __post_init__(self) -> None:
+        if self.kind not in WINDOW_KINDS:
+            raise ValueError(f"sde window kind {self.kind!r} unknown; allowed: {', '.join(WINDOW_KINDS)}")
+        if self.size < 1 or self.stride < 1 or self.every < 1:
+            raise ValueError("sde window size, stride and every must be >= 1")
+        if not 0.0 < self.fraction <= 1.0:
+            raise ValueError(f"sde window fraction must be in (0, 1], got {self.fraction}")
+
+    def validate(self, num_steps: int) -> None:
+        """Raise before any work starts if this window cannot fit `num_steps` steps."""
+        usable = num_steps - 1  # the last step goes to sigma=0 and stays ODE
+        if usable < 1:
+            raise ValueError(f"need at least 2 denoising steps for any SDE window, got {num_steps}")
+        if self.kind in ("contiguous", "sliding") and self.size > usable:
+            raise ValueError(
+                f"sde window size={self.size} is longer than the {usable} usable steps of a "
+                f"{num_steps}-step schedule (the last step is always ODE)"
+            )
+
+    def select(self, num_steps: int, seed: int, step: int) -> tuple[list[int], list[int]]:
+        """(sde_steps, trained_steps) for RL step `step`: sorted denoising-step indices.
+
+        A pure function of (seed, step): every worker computes the same window.
+        """
+        self.validate(num_steps)
+        usable = num_steps - 1
+        if self.kind == "all-but-last":
+            steps = list(range(usable))
+            return steps, steps
+        if self.kind == "contiguous":
+            start = rng.randint(usable - self.size + 1, seed, rng.WINDOW, step)
+            steps = list(range(start, start + self.size))
+            return steps, steps
+        if self.kind == "sliding":
+            positions = usable - self.size + 1
+            start = ((step // self.every) * self.stride) % positions
+            steps = list(range(start, start + self.size))
+            return steps, steps
+        sde = list(range(usable))
+        count = max(1, round(self.fraction * usable))
+        trained = sorted(rng.permutation(usable, seed, rng.WINDOW, step)[:count])
+        return sde, trained
