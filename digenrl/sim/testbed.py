@@ -1,0 +1,225 @@
+"""Testbeds: the cluster (pools of GPUs) and the RL workload, as typed, validated config.
+
+A testbed YAML maps one-to-one onto `Testbed` (keys below); presets live in
+`digenrl/sim/testbeds/*.yaml` and load by name:
+
+    tb = load_testbed("h200x16-flux")          # or a path to a .yaml file
+    tb.n_gpus, tb.shape, tb.tokens, tb.samples_per_step
+
+Validation happens at construction and every error names the key and the allowed values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from digenrl.sim.costs import LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
+from digenrl.sim.devices import DEVICES
+
+POOL_ROLES = ("rollout", "trainer", "any")  # any: one pool the scheduler (or a colocated mode) splits
+
+
+class TestbedError(ValueError):
+    """A testbed key with a wrong value; the message names the key and what is allowed."""
+
+    __test__ = False  # not a pytest class
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    count: int
+    device: str
+    role: str = "any"
+    gpus_per_node: int = 8
+    intra_link: str | None = None  # overrides links.intra_node for this pool (e.g. PCIe-only L40S nodes)
+    inter_link: str | None = None  # overrides links.inter_node for this pool
+
+    @property
+    def nodes(self) -> int:
+        return -(-self.count // self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Links:
+    intra_node: str = "nvlink"  # between GPUs of one node
+    inter_node: str = "ib-400g"  # between nodes of one pool
+    inter_pool: str = "ib-400g"  # trainers <-> rollout (weight sync, trajectories)
+
+
+@dataclass(frozen=True)
+class Testbed:
+    __test__ = False  # not a pytest class
+
+    name: str
+    pools: tuple[Pool, ...]
+    model: str
+    height: int
+    width: int
+    frames: int = 1
+    denoise_steps: int = 16  # sampling steps per trajectory
+    trained_steps: int = 8  # trained denoising steps per trajectory (the SDE window)
+    group_size: int = 12  # samples per prompt
+    groups_per_step: int = 16  # prompts per RL step
+    micro_batch: int = 1  # samples per Train unit
+    rollout_batch: int = 4  # samples per Generate unit (one forward)
+    cfg: bool = False  # classifier-free guidance: doubles every forward
+    train_cfg: bool = False  # the trained velocity uses guidance too (flow_grpo train.cfg)
+    lora: bool = False
+    lora_rank: int = 32
+    grad_ckpt: bool = True
+    kl: bool = False  # KL to the reference policy (a reference copy for full fine-tunes)
+    reward: str = "pickscore"
+    weight_sync: str = "nccl"
+    links: Links = field(default_factory=Links)
+    description: str = ""
+
+    def __post_init__(self):
+        _validate(self)
+
+    # ---- derived -------------------------------------------------------------
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.height, self.width, self.frames)
+
+    @property
+    def tokens(self) -> int:
+        return tokens_for(self.model, self.shape)
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(p.count for p in self.pools)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.group_size * self.groups_per_step
+
+    def pool(self, role: str) -> tuple[Pool, ...]:
+        return tuple(p for p in self.pools if p.role == role)
+
+    def link(self, pool: Pool, n_gpus: int) -> str:
+        """The link a collective over n_gpus of `pool` runs on: intra-node if it fits in a node."""
+        if n_gpus <= pool.gpus_per_node:
+            return pool.intra_link or self.links.intra_node
+        return pool.inter_link or self.links.inter_node
+
+    # ---- I/O -----------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>") -> "Testbed":
+        if not isinstance(d, dict):
+            raise TestbedError(f"{source}: a testbed is a mapping of keys, got {type(d).__name__}")
+        d = dict(d)
+        _check_keys(d, cls, source, "")
+        pools = d.get("pools")
+        if not isinstance(pools, list) or not pools:
+            raise TestbedError(f"{source}: key 'pools' must be a non-empty list of pools")
+        out = []
+        for i, p in enumerate(pools):
+            if not isinstance(p, dict):
+                raise TestbedError(f"{source}: key 'pools[{i}]' must be a mapping")
+            _check_keys(p, Pool, source, f"pools[{i}].")
+            out.append(Pool(**{"name": f"pool{i}", **p}))
+        d["pools"] = tuple(out)
+        if "links" in d:
+            if not isinstance(d["links"], dict):
+                raise TestbedError(f"{source}: key 'links' must be a mapping")
+            _check_keys(d["links"], Links, source, "links.")
+            d["links"] = Links(**d["links"])
+        d.setdefault("name", Path(source).stem)
+        try:
+            return cls(**d)
+        except TestbedError as e:
+            raise TestbedError(f"{source}: {e}") from None
+
+
+def list_presets() -> list[str]:
+    root = resources.files("digenrl.sim") / "testbeds"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def load_testbed(name_or_path: str | Path, **overrides) -> Testbed:
+    """A preset by name (see list_presets) or a YAML path; keyword overrides replace keys."""
+    p = Path(name_or_path)
+    if not p.suffix:
+        if str(name_or_path) not in list_presets():
+            raise TestbedError(f"unknown testbed preset {str(name_or_path)!r}; allowed: {list_presets()}")
+        p = Path(str(resources.files("digenrl.sim") / "testbeds" / f"{name_or_path}.yaml"))
+    with open(p) as f:
+        d = yaml.safe_load(f)
+    if overrides:
+        d = {**d, **overrides}
+    return Testbed.from_dict(d, source=str(p.name))
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_keys(d: dict, cls, source: str, prefix: str) -> None:
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    for k in d:
+        if k not in allowed:
+            raise TestbedError(f"{source}: unknown key '{prefix}{k}'; allowed: {allowed}")
+
+
+def _one_of(key: str, value, allowed) -> None:
+    if value not in allowed:
+        raise TestbedError(f"key '{key}': {value!r} not allowed; allowed: {sorted(allowed)}")
+
+
+def _int(key: str, value, lo: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise TestbedError(f"key '{key}': must be an integer >= {lo}, got {value!r}")
+
+
+def _validate(tb: Testbed) -> None:
+    for i, p in enumerate(tb.pools):
+        _one_of(f"pools[{i}].device", p.device, DEVICES)
+        _one_of(f"pools[{i}].role", p.role, POOL_ROLES)
+        _int(f"pools[{i}].count", p.count)
+        _int(f"pools[{i}].gpus_per_node", p.gpus_per_node)
+        for k in ("intra_link", "inter_link"):
+            if getattr(p, k) is not None:
+                _one_of(f"pools[{i}].{k}", getattr(p, k), LINKS)
+        if p.count > p.gpus_per_node and p.count % p.gpus_per_node:
+            raise TestbedError(f"key 'pools[{i}].count': {p.count} GPUs do not fill whole nodes of "
+                               f"{p.gpus_per_node} (gpus_per_node)")
+    roles = {p.role for p in tb.pools}
+    if "any" in roles and len(roles) > 1:
+        raise TestbedError("key 'pools': either every pool has role 'any' (one pool to split) or the pools "
+                           "are 'rollout' and 'trainer', not both")
+    if "any" not in roles and roles != {"rollout", "trainer"}:
+        raise TestbedError(f"key 'pools': need at least one 'rollout' and one 'trainer' pool, got roles {sorted(roles)}")
+    _one_of("model", tb.model, MODELS)
+    _one_of("reward", tb.reward, REWARD_MODELS)
+    _one_of("weight_sync", tb.weight_sync, WEIGHT_SYNC_METHODS)
+    for k in ("intra_node", "inter_node", "inter_pool"):
+        _one_of(f"links.{k}", getattr(tb.links, k), LINKS)
+    for k in ("height", "width", "frames", "denoise_steps", "group_size", "groups_per_step",
+              "micro_batch", "rollout_batch", "lora_rank"):
+        _int(k, getattr(tb, k))
+    _int("trained_steps", tb.trained_steps)
+    if tb.trained_steps > tb.denoise_steps:
+        raise TestbedError(f"key 'trained_steps': {tb.trained_steps} > denoise_steps ({tb.denoise_steps}); "
+                           f"allowed: 1..{tb.denoise_steps}")
+    for k in ("cfg", "train_cfg", "lora", "grad_ckpt", "kl"):
+        if not isinstance(getattr(tb, k), bool):
+            raise TestbedError(f"key '{k}': must be true or false, got {getattr(tb, k)!r}")
+    if tb.train_cfg and not tb.cfg:
+        raise TestbedError("key 'train_cfg': true needs cfg: true")
+    if tb.weight_sync == "lora-only" and not tb.lora:
+        raise TestbedError("key 'weight_sync': 'lora-only' needs lora: true; allowed without LoRA: "
+                           "['nccl', 'object-store']")
+    m = MODELS[tb.model]
+    if m.kind == "image" and tb.frames != 1:
+        raise TestbedError(f"key 'frames': {tb.model} generates images; allowed: 1")
+    try:
+        tokens_for(m, Shape(tb.height, tb.width, tb.frames))
+    except ValueError as e:
+        raise TestbedError(f"keys 'height'/'width'/'frames': {e}") from None
