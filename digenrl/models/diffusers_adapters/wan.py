@@ -1,0 +1,65 @@
+"""Wan2.1 text-to-video (WanTransformer3DModel): (C, F, H, W) latents, UMT5 text.
+
+Conventions, from diffusers 0.42 `pipelines/wan/pipeline_wan.py`:
+- timestep: `timestep = t.expand(...)` (line ~613) with t = sigma * 1000 from the
+  scheduler, passed as is (~623). So the model input is sigma * 1000.
+- sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0.
+- text: UMT5 states, each cut to its own length and zero-padded to max_sequence_length
+  (`_get_t5_prompt_embeds`); no mask goes to the transformer.
+- decode: latents * latents_std + latents_mean per channel (the pipeline writes it as
+  `latents / (1 / std) + mean`, ~664-672); vae.decode gives (B, 3, F, H, W).
+- only the single-transformer Wan2.1 layout (no Wan2.2 transformer_2 / expand_timesteps).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from digenrl.models.diffusers_adapters.base import DiffusersPolicy
+from digenrl.models.protocol import Cond
+
+
+class WanPolicy(DiffusersPolicy):
+    family = "wan"
+    pipeline_class = "WanPipeline"
+    text_components = ("text_encoder", "tokenizer")
+    output = "video"
+    default_size = (480, 832)
+    default_num_frames = 33
+    default_max_sequence_length = 512
+
+    def _latent_shape(self) -> tuple[int, ...]:
+        if self.vae is not None:
+            cfg = self.vae.config
+            channels, t, s = cfg.z_dim, cfg.scale_factor_temporal, cfg.scale_factor_spatial
+        else:
+            channels, t, s = self.module.config.in_channels, 4, 8
+        _, ph, pw = self.module.config.patch_size
+        if (self.num_frames - 1) % t:
+            raise ValueError(f"wan: num_frames - 1 must be a multiple of {t}, got num_frames={self.num_frames}")
+        if self.height % (s * ph) or self.width % (s * pw):
+            raise ValueError(f"wan: height and width must be multiples of {s * ph}, got {self.height}x{self.width}")
+        return (channels, (self.num_frames - 1) // t + 1, self.height // s, self.width // s)
+
+    def _encode_text(self, prompts: list[str]) -> Cond:
+        prompt_embeds, _ = self.text_pipeline.encode_prompt(
+            prompt=prompts, do_classifier_free_guidance=False, device=self.device,
+            max_sequence_length=self.max_sequence_length,
+        )
+        return {"prompt_embeds": prompt_embeds}  # (B, L, D), zero past each prompt's length
+
+    def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
+        return self.module(
+            hidden_states=x,  # (B, C, F, H, W)
+            timestep=sigma * 1000.0,  # Wan's input is sigma * 1000 (see module docstring)
+            encoder_hidden_states=cond["prompt_embeds"].to(self.dtype),
+            return_dict=False,
+        )[0]
+
+    def _decode(self, latents: torch.Tensor) -> torch.Tensor:
+        cfg = self.vae.config
+        shape = (1, cfg.z_dim, 1, 1, 1)
+        mean = torch.tensor(cfg.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
+        std = torch.tensor(cfg.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
+        video = self.vae.decode(latents * std + mean, return_dict=False)[0]  # (B, 3, F, H, W)
+        return video.permute(0, 2, 1, 3, 4)  # (B, F, 3, H, W)

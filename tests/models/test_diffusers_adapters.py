@@ -1,0 +1,273 @@
+"""Diffusers adapters on tiny random-weight pipelines (CPU, float32, no hub access).
+
+Every family: save a whole tiny pipeline with `save_pretrained`, load it back through
+`load_policy`, sample a group with Flow-GRPO's SDE recording log-probs, then one GRPO
+step: the recomputed logp must equal the recorded one exactly (ratio == 1) before the
+update, and the weights must move after it. Conventions (timestep scale, sign, packing)
+are checked against the diffusers pipelines themselves: our ODE sampling must
+reproduce the pipeline's own latents.
+
+FLUX, SD3 and Wan run their real (tiny) text encoders with handmade tokenizers;
+Qwen-Image (Qwen2.5-VL) and HunyuanVideo (Llava-Llama + CLIP) get precomputed
+embeddings through the prompt cache instead (see tiny_diffusers.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+pytest.importorskip("peft")
+
+from digenrl.math import grpo_loss, sde_step, sigma_schedule  # noqa: E402
+from digenrl.models.diffusers_adapters import FAMILIES, load_policy  # noqa: E402
+from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2, unpack_2x2  # noqa: E402
+from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict  # noqa: E402
+from digenrl.models.protocol import Policy, cond_repeat, guided_velocity  # noqa: E402
+from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
+
+PROMPTS = ["a red cat", "a dog"]
+GROUP = 2
+NUM_STEPS = 3
+
+for name in ("diffusers", "transformers"):  # silence cast notices
+    logging.getLogger(name).setLevel(logging.ERROR)
+import diffusers.utils.logging  # noqa: E402
+
+diffusers.utils.logging.disable_progress_bar()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory) -> dict[str, Path]:
+    return {}
+
+
+def pipeline_folder(folders: dict, tmp_path_factory, family: str) -> Path:
+    if family not in folders:
+        build = FAMILY_SETUPS[family][0]
+        folders[family] = build(tmp_path_factory.mktemp(family.replace("-", "_")))
+    return folders[family]
+
+
+def load(folders, tmp_path_factory, family: str, cache_dir: Path, **extra):
+    """load_policy on the family's tiny folder; cache-fed families get their fake embeddings."""
+    _, opts, shapes = FAMILY_SETUPS[family]
+    path = pipeline_folder(folders, tmp_path_factory, family)
+    policy = load_policy(family, str(path), prompt_cache_dir=str(cache_dir), **{**opts, **extra})
+    if shapes is not None:
+        for prompt in [*PROMPTS, ""]:
+            policy.cache.put(prompt, fake_text_cond(shapes, prompt))
+    return policy
+
+
+def rollout(policy, cond, seed: int = 0):
+    """Flow-GRPO sampling: flow-sde on every step but the last (ODE). Returns latents, logps."""
+    batch = next(iter(cond.values())).shape[0]
+    g = torch.Generator().manual_seed(seed)
+    sigmas = sigma_schedule(NUM_STEPS, shift=3.0)
+    x = torch.randn(batch, *policy.latent_shape, generator=g)
+    latents, logps = [x], []
+    with torch.no_grad():
+        for i in range(NUM_STEPS):
+            v = policy.velocity(x, sigmas[i].expand(batch), cond)
+            kind = "flow-sde" if i < NUM_STEPS - 1 else "ode"
+            out = sde_step(x, v, sigmas[i], sigmas[i + 1], kind=kind, noise_level=0.7, generator=g)
+            x = out.prev_sample
+            latents.append(x)
+            logps.append(out.log_prob)
+    return torch.stack(latents, 1), logps  # (B, NUM_STEPS + 1, *latent_shape)
+
+
+def train_step(policy, cond, latents, logps, step: int, optimizer):
+    """Recompute logp of one trained step with grad, GRPO loss, backward, optimizer step."""
+    sigmas = sigma_schedule(NUM_STEPS, shift=3.0)
+    batch = latents.shape[0]
+    x, x_next = latents[:, step], latents[:, step + 1]
+    v = policy.velocity(x, sigmas[step].expand(batch), cond)
+    out = sde_step(x, v, sigmas[step], sigmas[step + 1], kind="flow-sde", noise_level=0.7, prev_sample=x_next)
+    logp_old = logps[step]
+    advantages = torch.linspace(-1.0, 1.0, batch)
+    loss, metrics = grpo_loss(out.log_prob, logp_old, advantages, clip_range=1e-4)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    return out.log_prob.detach(), logp_old, metrics
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, tmp_path):
+    policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
+    assert isinstance(policy, Policy)
+    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)  # (B = 4, ...)
+    latents, logps = rollout(policy, cond)
+    assert all(torch.isfinite(lp).all() for lp in logps[:-1]) and logps[-1] is None
+
+    pixels = policy.decode(latents[:, -1])
+    expected = (4, 3, 16, 16) if policy.output == "image" else (4, 5, 3, 16, 16)
+    assert pixels.shape == expected and pixels.dtype == torch.float32
+    assert 0.0 <= pixels.min() and pixels.max() <= 1.0
+
+    before = {k: v.clone() for k, v in trainable_state_dict(policy.module).items()}
+    params = policy.trainable_parameters()
+    assert params and all("lora_" in n for n, p in policy.module.named_parameters() if p.requires_grad)
+    optimizer = torch.optim.Adam(params, lr=1e-2)
+    logp, logp_old, metrics = train_step(policy, cond, latents, logps, step=1, optimizer=optimizer)
+
+    # on-policy, before any update: the recomputation is bit-identical to the rollout
+    assert torch.equal(logp, logp_old)
+    assert float(metrics["loss/ratio_mean"]) == 1.0
+    # LoRA: only adapters got gradients, and they moved
+    for name, p in policy.module.named_parameters():
+        if "lora_" not in name:
+            assert p.grad is None, name
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
+    after = trainable_state_dict(policy.module)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    # weight sync: a second copy loads the adapters and now samples what the trained one does
+    copy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
+    stale, _ = rollout(copy, cond, seed=1)
+    load_trainable_state_dict(copy.module, trainable_state_dict(policy.module))
+    synced, _ = rollout(copy, cond, seed=1)
+    trained, _ = rollout(policy, cond, seed=1)
+    assert not torch.equal(stale[:, -1], synced[:, -1])
+    assert torch.equal(synced, trained)
+
+
+@pytest.mark.parametrize("family", ["sd3", "wan"])
+def test_full_finetune_step(family, folders, tmp_path_factory, tmp_path):
+    policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="full", gradient_checkpointing=True)
+    assert policy.module.gradient_checkpointing
+    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)
+    latents, logps = rollout(policy, cond)
+    weight = next(p for n, p in policy.module.named_parameters() if n.endswith("to_q.weight"))
+    w0 = weight.detach().clone()
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1e-1)
+    logp, logp_old, _ = train_step(policy, cond, latents, logps, step=0, optimizer=optimizer)
+    assert torch.equal(logp, logp_old)  # checkpointed recomputation is exact too
+    assert len(policy.trainable_parameters()) == len(list(policy.module.parameters()))
+    assert not torch.equal(w0, weight.detach())
+
+
+def _pipeline_latents(family: str, pipe, cond, x0: torch.Tensor):
+    """Run the diffusers pipeline itself for 2 deterministic steps from x0 (its own layout)."""
+    common = dict(height=16, width=16, num_inference_steps=2, output_type="latent", return_dict=False)
+    if family == "flux":
+        return pipe(prompt=PROMPTS, latents=pack_2x2(x0), max_sequence_length=8, guidance_scale=3.5, **common)[0]
+    if family == "sd3":
+        return pipe(prompt=PROMPTS, latents=x0, max_sequence_length=8, guidance_scale=1.0, **common)[0]
+    if family == "wan":
+        return pipe(prompt=PROMPTS, latents=x0, num_frames=5, max_sequence_length=8, guidance_scale=1.0, **common)[0]
+    if family == "qwen-image":
+        return pipe(prompt_embeds=cond["prompt_embeds"], prompt_embeds_mask=cond["prompt_embeds_mask"],
+                    latents=pack_2x2(x0), **common)[0]
+    return pipe(prompt_embeds=cond["prompt_embeds"], pooled_prompt_embeds=cond["pooled_prompt_embeds"],
+                prompt_attention_mask=cond["prompt_attention_mask"], latents=x0, num_frames=5,
+                guidance_scale=3.5, **common)[0]
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_ode_sampling_matches_diffusers_pipeline(family, folders, tmp_path_factory, tmp_path):
+    """Timestep conversion, velocity sign, packing and guidance agree with the pipeline's own loop."""
+    import diffusers
+
+    policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="frozen")
+    cond = policy.encode_prompts(PROMPTS)
+    no_text = {n: None for n in policy.text_components} if FAMILY_SETUPS[family][2] is not None else {}
+    pipe = getattr(diffusers, policy.pipeline_class).from_pretrained(str(folders[family]), **no_text)
+    pipe.set_progress_bar_config(disable=True)
+    x0 = torch.randn(len(PROMPTS), *policy.latent_shape, generator=torch.Generator().manual_seed(3))
+    theirs = _pipeline_latents(family, pipe, cond, x0)
+    sigmas = pipe.scheduler.sigmas  # what the pipeline used (its shift applied), ending in 0
+
+    x = x0
+    with torch.no_grad():
+        for i in range(2):
+            v = policy.velocity(x, sigmas[i].expand(len(PROMPTS)), cond)
+            x = sde_step(x, v, sigmas[i], sigmas[i + 1], kind="ode", noise_level=0.0).prev_sample
+    ours = pack_2x2(x) if family in ("flux", "qwen-image") else x
+    assert ours.shape == theirs.shape
+    torch.testing.assert_close(ours, theirs.float(), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(ours, pack_2x2(x0) if family in ("flux", "qwen-image") else x0)
+
+
+def test_guidance_true_cfg_and_embedded(folders, tmp_path_factory, tmp_path):
+    sd3 = load(folders, tmp_path_factory, "sd3", tmp_path / "c1", train="frozen", negative_prompt="blurry")
+    cond = sd3.encode_prompts(PROMPTS)
+    neg = sd3.negative_cond(len(PROMPTS))
+    x = torch.randn(2, *sd3.latent_shape)
+    sigma = torch.full((2,), 0.6)
+    with torch.no_grad():
+        v_c, v_n = sd3.velocity(x, sigma, cond), sd3.velocity(x, sigma, neg)
+        v_cfg = guided_velocity(sd3, x, sigma, cond, neg, scale=4.0)
+        assert torch.equal(guided_velocity(sd3, x, sigma, cond, neg, scale=1.0), v_c)
+    torch.testing.assert_close(v_cfg, v_n + 4.0 * (v_c - v_n), rtol=1e-5, atol=1e-5)
+
+    flux = load(folders, tmp_path_factory, "flux", tmp_path / "c2", train="frozen", guidance_scale=2.0)
+    cond = flux.encode_prompts(PROMPTS)
+    assert torch.equal(cond["guidance"], torch.full((2,), 2.0))
+    x = torch.randn(2, *flux.latent_shape)
+    with torch.no_grad():
+        v2 = flux.velocity(x, sigma, cond)
+        v5 = flux.velocity(x, sigma, {**cond, "guidance": torch.full((2,), 5.0)})
+    assert not torch.allclose(v2, v5)
+
+
+def test_prompt_cache_round_trip(folders, tmp_path_factory, tmp_path):
+    cache = tmp_path / "prompts"
+    path = str(pipeline_folder(folders, tmp_path_factory, "flux"))
+    opts = dict(height=16, width=16, max_sequence_length=8, train="frozen", prompt_cache_dir=str(cache))
+    encoder = load_policy("flux", path, **opts)
+    assert encoder.precompute_prompts(PROMPTS) == 2 and encoder.precompute_prompts(PROMPTS) == 0
+    assert len(list(cache.rglob("*.safetensors"))) == 2
+    direct = encoder._encode_text(PROMPTS)
+
+    trainer = load_policy("flux", path, text_encoders=False, **opts)  # no text encoder loaded
+    assert trainer.text_pipeline is None
+    cached = trainer.encode_prompts(PROMPTS[::-1])
+    for k in direct:
+        assert torch.equal(cached[k], direct[k].flip(0)), k
+    with pytest.raises(RuntimeError, match="precompute_prompts"):
+        trainer.encode_prompts(["never seen"])
+    # another model id is another namespace: nothing shared
+    other = load_policy("flux", path, text_encoders=False, **{**opts, "model_id": "other"})
+    with pytest.raises(RuntimeError, match="not found"):
+        other.encode_prompts(PROMPTS[:1])
+
+
+def test_packing_matches_diffusers():
+    from diffusers import FluxPipeline
+
+    x = torch.randn(2, 4, 6, 8)
+    tokens = pack_2x2(x)
+    assert torch.equal(tokens, FluxPipeline._pack_latents(x, 2, 4, 6, 8))
+    assert torch.equal(unpack_2x2(tokens, 6, 8), x)
+    # FluxPipeline._unpack_latents takes pixel sizes: latent size * vae factor (8)
+    assert torch.equal(FluxPipeline._unpack_latents(tokens, 48, 64, 8), x)
+    assert torch.equal(flux_image_ids(6, 8, "cpu", torch.float32),
+                       FluxPipeline._prepare_latent_image_ids(2, 3, 4, "cpu", torch.float32))
+
+
+def test_load_policy_aliases_and_lora_defaults(folders, tmp_path_factory, tmp_path):
+    from digenrl.models.diffusers_adapters import default_lora_targets
+
+    assert {"to_q", "to_k", "to_v", "to_out.0"} <= set(default_lora_targets("wan"))
+    path = str(pipeline_folder(folders, tmp_path_factory, "wan"))
+    policy = load_policy("wan", path, height=16, width=16, frames=9, prompt_cache=str(tmp_path), max_sequence_length=8)
+    assert policy.latent_shape == (4, 3, 2, 2) and policy.cache is not None
+    assert policy.options.train == "full" and all(p.requires_grad for p in policy.module.parameters())
+
+
+def test_load_policy_errors(tmp_path):
+    with pytest.raises(ValueError, match="allowed: flux, sd3, wan, qwen-image, hunyuan-video"):
+        load_policy("sdxl", str(tmp_path))
+    with pytest.raises(TypeError, match="unknown adapter option"):
+        load_policy("flux", str(tmp_path), heigth=16)
+    with pytest.raises(ValueError, match="train='rl' unknown"):
+        load_policy("flux", str(tmp_path), train="rl")
+    with pytest.raises(OSError, match="huggingface-cli download"):
+        load_policy("flux", "no-such-org/no-such-model", local_files_only=True)
