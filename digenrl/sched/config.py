@@ -1,0 +1,138 @@
+"""SchedConfig: the scheduling mode, the shape of an RL step, and the four switches.
+
+A mode is a preset of switches; each switch can also be set on its own (None = preset):
+
+    mode           gap   tsp   tag   tcss  one_step_off
+    colocated      -     -     -     -     -        every worker generates, then trains
+    disagg-sync    -     -     -     -     -        separate pools, no overlap
+    one-step-off   -     -     -     -     x        verl / mm_grpo: batch-level, lag 1
+    gap            x     -     -     -     -
+    gap+tsp        x     x     -     -     -
+    gap+tsp+tag    x     x     x     -     -
+    digenrl        x     x     x     x     -
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Optional, Sequence, Union
+
+MODES = ("colocated", "disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
+SWITCHES = ("gap", "tsp", "tag", "tcss", "one_step_off")
+
+_PRESETS = {
+    "colocated": (),
+    "disagg-sync": (),
+    "one-step-off": ("one_step_off",),
+    "gap": ("gap",),
+    "gap+tsp": ("gap", "tsp"),
+    "gap+tsp+tag": ("gap", "tsp", "tag"),
+    "digenrl": ("gap", "tsp", "tag", "tcss"),
+}
+
+TrainedSteps = Union[Sequence[int], Callable[[int], Sequence[int]], None]
+
+
+@dataclass
+class SchedConfig:
+    """What one RL run looks like to the scheduler.
+
+    rl_steps            number of RL (optimizer) steps
+    groups_per_step     prompt groups per RL step
+    group_size          samples per prompt group (counted in metrics only)
+    num_steps           denoising steps per trajectory
+    trained_steps       trained denoising-step indices (the SDE window): a fixed sequence,
+                        a function step -> sequence, or None = all but the last (Flow-GRPO)
+    micro_batch_groups  groups per micro-batch: the generation batch and the GAP unit
+    tsp_chunk           trained denoising steps per Train unit when tsp is on
+    tag_segment         denoising steps per Generate segment a trainer runs under TAG
+    rollout_segment     denoising steps per Generate segment on rollout workers; None =
+                        the whole remaining trajectory in one unit (fewest events). Shorter
+                        segments make a lost worker's restart point later.
+    gap/tsp/tag/tcss/one_step_off   switches; None = the mode's preset
+    """
+
+    mode: str = "digenrl"
+    rl_steps: int = 1
+    groups_per_step: int = 8
+    group_size: int = 8
+    num_steps: int = 10
+    trained_steps: TrainedSteps = None
+    micro_batch_groups: int = 1
+    tsp_chunk: int = 1
+    tag_segment: int = 1
+    rollout_segment: Optional[int] = None
+    gap: Optional[bool] = None
+    tsp: Optional[bool] = None
+    tag: Optional[bool] = None
+    tcss: Optional[bool] = None
+    one_step_off: Optional[bool] = None
+
+    def __post_init__(self):
+        if self.mode == "local":
+            raise ValueError("SchedConfig.mode='local' runs without a scheduler "
+                             "(single-device trainer); pick one of: " + ", ".join(MODES))
+        if self.mode not in MODES:
+            raise ValueError(f"SchedConfig.mode={self.mode!r} is not one of: {', '.join(MODES)}")
+        for key in ("rl_steps", "groups_per_step", "group_size", "num_steps",
+                    "micro_batch_groups", "tsp_chunk", "tag_segment"):
+            _positive_int(key, getattr(self, key))
+        if self.rollout_segment is not None:
+            _positive_int("rollout_segment", self.rollout_segment)
+        preset = _PRESETS[self.mode]
+        for key in SWITCHES:
+            value = getattr(self, key)
+            if value is None:
+                setattr(self, key, key in preset)
+            elif not isinstance(value, bool):
+                raise ValueError(f"SchedConfig.{key}={value!r}: "
+                                 "allowed values are True, False, None")
+        if self.mode == "colocated":
+            for key in ("gap", "tag", "tcss", "one_step_off"):
+                if getattr(self, key):
+                    raise ValueError(f"SchedConfig.{key}=True is not allowed with mode='colocated' "
+                                     "(one pool: generation and training cannot overlap); "
+                                     "allowed: False")
+        if self.tcss and self.one_step_off:
+            raise ValueError("SchedConfig.tcss and SchedConfig.one_step_off are exclusive "
+                             "(both bound staleness to one version); set one of them to False")
+        if self.trained_steps is not None and not callable(self.trained_steps):
+            self.trained_steps = self._check_steps(self.trained_steps, where="trained_steps")
+
+    # Derived policy knobs: the scheduler reads these, not the mode string.
+    @property
+    def colocated(self) -> bool:
+        return self.mode == "colocated"
+
+    @property
+    def lag(self) -> int:
+        """Max versions a trajectory may trail the trainer that trains it (0 = on-policy)."""
+        return 1 if (self.tcss or self.one_step_off) else 0
+
+    @property
+    def num_micro_batches(self) -> int:
+        return -(-self.groups_per_step // self.micro_batch_groups)
+
+    def trained(self, step: int) -> tuple[int, ...]:
+        """Trained denoising-step indices of RL step `step` (sorted, unique)."""
+        ts = self.trained_steps
+        if ts is None:
+            return tuple(range(max(self.num_steps - 1, 1)))
+        if callable(ts):
+            return self._check_steps(ts(step), where=f"trained_steps({step})")
+        return ts
+
+    def _check_steps(self, steps: Sequence[int], where: str) -> tuple[int, ...]:
+        out = tuple(sorted({int(t) for t in steps}))
+        if not out or out[0] < 0 or out[-1] >= self.num_steps:
+            raise ValueError(f"SchedConfig.{where}={tuple(steps)!r}: need a non-empty set of "
+                             f"denoising-step indices in [0, num_steps={self.num_steps})")
+        return out
+
+    def describe(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trained_steps"}
+
+
+def _positive_int(key: str, value) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"SchedConfig.{key}={value!r}: allowed values are integers >= 1")

@@ -1,0 +1,108 @@
+"""Workers and the units of work the scheduler hands them.
+
+Units are frozen (hashable, comparable) so the runtime can key futures by them and the
+simulator can put them in heaps. Coordinates:
+
+    step      RL step (0-based); step k is trained by policy version k
+    mb        micro-batch index within the step: whole prompt groups, `groups`
+    t         denoising-step index, 0 (noise) .. num_steps (data); [t_start, t_end)
+    version   policy version: 0 = initial weights; OptimizerStep(k) produces k + 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Union
+
+# Pools. "colocated" workers generate *and* train (the flow_grpo / veRL-Omni baseline).
+ROLES = ("rollout", "trainer", "reward", "colocated")
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """One device (GPU) in one pool. `id` must be unique; it orders nothing."""
+
+    id: str
+    role: str
+
+    def __post_init__(self):
+        if self.role not in ROLES:
+            raise ValueError(f"Worker.role={self.role!r} is not one of: {', '.join(ROLES)}")
+
+
+@dataclass(frozen=True, slots=True)
+class Generate:
+    """Denoising steps [t_start, t_end) of micro-batch `mb` of `step`, with weights `version`.
+
+    t_start > 0 continues a trajectory from a latent x_t handed over at a segment
+    boundary; it must run on a worker holding the same `version`.
+    """
+
+    step: int
+    mb: int
+    groups: tuple[int, ...]
+    version: int
+    t_start: int
+    t_end: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reward:
+    """Decode + score a fully generated micro-batch (whole groups: advantages need them)."""
+
+    step: int
+    mb: int
+    groups: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Train:
+    """Loss + backward on trained denoising steps `t_steps` of a micro-batch (grads accumulate).
+
+    `traj_version` is the behaviour policy that generated it; the trainer's own version is
+    always `step` (step k is trained by version k), so staleness = step - traj_version.
+    """
+
+    step: int
+    mb: int
+    groups: tuple[int, ...]
+    t_steps: tuple[int, ...]
+    traj_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class OptimizerStep:
+    """All-reduce + optimizer step of RL step `step`: a collective over every trainer.
+
+    One unit is handed to each trainer; the step is done when all have reported. It
+    produces `version` (= step + 1) and, in disaggregated modes, publishes those weights
+    (the publishing cost belongs to this unit's duration).
+    """
+
+    step: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSync:
+    """A rollout worker loads published weights `version` (pull model, see scheduler doc)."""
+
+    version: int
+
+
+Unit = Union[Generate, Reward, Train, OptimizerStep, WeightSync]
+
+# Short names used in traces and plots.
+KINDS = {Generate: "generate", Reward: "reward", Train: "train",
+         OptimizerStep: "optimizer", WeightSync: "sync"}
+
+
+def kind(unit: Unit) -> str:
+    return KINDS[type(unit)]
+
+
+class Assignment(NamedTuple):
+    """`unit` should start on `worker_id` now. (A tuple: the hot path creates many.)"""
+
+    worker_id: str
+    unit: Unit

@@ -1,0 +1,110 @@
+"""Virtual-clock event loop: drives the real scheduler with cost-model durations.
+
+    assign() --> start units: push (now + duration_fn(worker, unit)) on a heap
+       ^                                      |
+       +---- complete(w, unit) <-- pop the earliest completion (or a scheduled loss/join)
+
+The scheduler cannot tell this loop from the Ray runtime: same events, same order rules.
+Ties on the clock break by push order, so a run is deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Callable, Iterable, Optional
+
+from digenrl.sched import Scheduler, Unit, Worker, kind
+from digenrl.sched.units import Train
+from digenrl.trace import Span, Trace
+
+_DONE, _LOST, _JOIN = 0, 1, 2
+
+
+def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], float], *,
+                failures: Iterable[tuple[float, str]] = (),
+                joins: Iterable[tuple[float, Worker]] = (),
+                record: bool = True,
+                max_events: Optional[int] = None) -> Trace:
+    """Run `scheduler` to completion on a virtual clock and return its Trace.
+
+    duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
+    losses; `joins`: (time, Worker) arrivals. `record=False` keeps only counters (for
+    very large runs). Raises RuntimeError on deadlock (nothing running, not done).
+    """
+    workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
+    trace = Trace(workers={wid: w.role for wid, w in workers.items()},
+                  alive={wid: [0.0, None] for wid in workers})
+    heap: list = []
+    seq = 0
+    running: dict[str, tuple[float, Unit, int, int]] = {}  # wid -> (start, unit, version, token)
+    for t, wid in failures:
+        heap.append((float(t), seq, _LOST, wid)); seq += 1
+    for t, w in joins:
+        heap.append((float(t), seq, _JOIN, w)); seq += 1
+    heapq.heapify(heap)
+    now, n_events = 0.0, 0
+    spans = trace.spans
+    push, pop = heapq.heappush, heapq.heappop
+
+    assign, complete = scheduler.assign, scheduler.complete
+
+    def launch():
+        nonlocal seq
+        v = scheduler.version
+        for wid, unit in assign():
+            dt = duration_fn(workers[wid], unit)
+            if dt < 0:
+                raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wid}")
+            running[wid] = (now, unit, v, seq)
+            push(heap, (now + dt, seq, _DONE, (wid, unit, seq)))
+            seq += 1
+
+    launch()
+    while not scheduler.done:
+        if not heap:
+            raise RuntimeError(f"deadlock at t={now}: nothing running, not done; "
+                               f"{scheduler.describe()}")
+        now, _, what, payload = pop(heap)
+        n_events += 1
+        if what == _DONE:
+            wid, unit, token = payload
+            cur = running.get(wid)
+            if cur is None or cur[3] != token:
+                continue  # the worker was lost while running this unit
+            del running[wid]
+            complete(wid, unit)
+            if record:
+                spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
+                                  _step(unit), unit=unit))
+        elif what == _LOST:
+            cur = running.pop(payload, None)
+            scheduler.worker_lost(payload)
+            trace.alive[payload][1] = now
+            if cur is not None and record:
+                spans.append(Span(payload, kind(cur[1]), cur[0], now, _version(cur[1], cur[2]),
+                                  _step(cur[1]), extra={"lost": True}, unit=cur[1]))
+        else:
+            scheduler.add_worker(payload)
+            workers[payload.id] = payload
+            trace.workers[payload.id] = payload.role
+            trace.alive[payload.id] = [now, None]
+        if max_events is not None and n_events > max_events:
+            raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
+        launch()
+    trace.end = now
+    trace.n_events = n_events
+    return trace
+
+
+def _version(unit: Unit, trainer_version: int) -> Optional[int]:
+    """The weights a unit ran with: the trainer's for Train, the unit's own otherwise."""
+    if type(unit) is Train:
+        return trainer_version
+    return getattr(unit, "version", None)
+
+
+def _step(unit: Unit) -> Optional[int]:
+    step = getattr(unit, "step", None)
+    if step is None:  # WeightSync(v) belongs to the step whose optimizer produced v
+        return unit.version - 1
+    return step

@@ -1,0 +1,56 @@
+"""Shared helpers for the scheduler tests: pools, a constant cost model, trace checks."""
+
+from __future__ import annotations
+
+from digenrl.sched import Scheduler, SchedConfig, Worker, kind
+from digenrl.sim.engine import run_virtual
+
+DISAGG_MODES = ("disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
+ON_POLICY = ("colocated", "disagg-sync", "gap", "gap+tsp", "gap+tsp+tag")
+
+# Seconds: per denoising step per micro-batch, per Reward, per trained step per group, ...
+COST = {"generate": 1.0, "reward": 0.5, "train": 1.0, "optimizer": 0.5, "sync": 0.5}
+
+
+def pools(mode: str, n_rollout: int = 3, n_trainer: int = 3, n_reward: int = 0) -> list[Worker]:
+    if mode == "colocated":
+        ws = [Worker(f"c{i}", "colocated") for i in range(n_rollout + n_trainer)]
+    else:
+        ws = [Worker(f"r{i}", "rollout") for i in range(n_rollout)]
+        ws += [Worker(f"t{i}", "trainer") for i in range(n_trainer)]
+    return ws + [Worker(f"w{i}", "reward") for i in range(n_reward)]
+
+
+def const_cost(cost: dict = COST):
+    """Generate scales with denoising steps, Train with (trained steps x groups)."""
+    def duration(worker, unit):
+        k = kind(unit)
+        if k == "generate":
+            return cost[k] * (unit.t_end - unit.t_start)
+        if k == "train":
+            return cost[k] * len(unit.t_steps) * len(unit.groups)
+        return cost[k]
+    return duration
+
+
+def run(mode: str, n_rollout=3, n_trainer=3, n_reward=0, cost=COST, failures=(), joins=(), **cfg):
+    kw = dict(rl_steps=3, groups_per_step=12, micro_batch_groups=2, num_steps=6, tsp_chunk=2)
+    kw.update(cfg)
+    s = Scheduler(SchedConfig(mode=mode, **kw), pools(mode, n_rollout, n_trainer, n_reward))
+    return s, run_virtual(s, const_cost(cost), failures=failures, joins=joins)
+
+
+def done(trace, kind_: str):
+    """Completed (not lost) spans of one kind."""
+    return [s for s in trace.spans if s.kind == kind_ and not (s.extra and s.extra.get("lost"))]
+
+
+def final_attempts(trace) -> dict:
+    """(step, mb) -> Generate spans of the attempt that finished (after the last t=0 start)."""
+    by_mb: dict = {}
+    for s in sorted(done(trace, "generate"), key=lambda s: (s.start, s.end)):
+        u = s.unit
+        if u.t_start == 0:
+            by_mb[(u.step, u.mb)] = []
+        by_mb.setdefault((u.step, u.mb), []).append(s)
+    return by_mb
