@@ -1,0 +1,6 @@
+"""Single-device learner: GRPO loss and gradients on training units, optimizer step."""
+
+from digenrl.learner.ema import EMA
+from digenrl.learner.learner import Learner, LearnerConfig
+
+__all__ = ["EMA", "Learner", "LearnerConfig"]

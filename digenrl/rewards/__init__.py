@@ -1,0 +1,85 @@
+"""Rewards: (images, prompts) -> Tensor[B].
+
+Builders are looked up by name; model-based rewards load lazily from `reward.paths`
+(local folders; nothing is downloaded). `AsyncRewarder` scores micro-batches in a thread
+pool so rewards overlap the generation of the next micro-batch.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Mapping, Optional
+
+import torch
+
+from digenrl.math.advantages import combine_rewards
+
+REWARD_NAMES = (
+    "toy-geneval",
+    "jpeg-compressibility",
+    "jpeg-incompressibility",
+    "pickscore",
+    "clip-score",
+    "aesthetic",
+    "hpsv2",
+    "ocr",
+    "remote",
+)
+
+RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
+
+
+def build_reward(name: str, paths: Mapping[str, str], device: str = "cpu") -> RewardFn:
+    """A reward by name; model rewards need `paths[name]` (a local folder or, for remote, a URL)."""
+    if name not in REWARD_NAMES:
+        raise ValueError(f"reward {name!r} unknown; choose one of: {', '.join(REWARD_NAMES)}")
+    from digenrl.rewards import toy
+
+    if name == "toy-geneval":
+        return toy.ToyGenEval()
+    if name == "jpeg-compressibility":
+        return toy.JpegCompressibility()
+    if name == "jpeg-incompressibility":
+        return toy.JpegIncompressibility()
+    if name not in paths:
+        raise ValueError(f"reward {name!r} needs reward.paths.{name}=<local model folder or URL>")
+    from digenrl.rewards import registry_models  # model rewards: transformers, optional extras
+
+    return registry_models.build(name, paths[name], device)
+
+
+class AsyncRewarder:
+    """Scores micro-batches in background threads; combines several rewards into one."""
+
+    def __init__(
+        self,
+        rewards: Mapping[str, RewardFn],
+        weights: Mapping[str, float],
+        *,
+        combine: str = "weighted",
+        threads: int = 2,
+    ):
+        self.rewards = dict(rewards)
+        self.weights = dict(weights)
+        self.combine = combine
+        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reward")
+
+    def score(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None):
+        """(combined (B,), {name: (B,)} incl. sub-scores a reward reports) — synchronous."""
+        parts: dict[str, torch.Tensor] = {}
+        details: dict[str, torch.Tensor] = {}
+        for name, fn in self.rewards.items():
+            if hasattr(fn, "score"):  # rewards that report sub-criteria (toy-geneval)
+                out = fn.score(images, prompts)
+                parts[name] = out["reward"].float().cpu()
+                details.update({f"{name}/{k}": v for k, v in out.items() if k != "reward"})
+            else:
+                parts[name] = fn(images, prompts).float().cpu()
+        total = combine_rewards(parts, self.weights, mode=self.combine, group_ids=group_ids)
+        return total, {**parts, **details}
+
+    def submit(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None) -> Future:
+        return self.pool.submit(self.score, images, prompts, group_ids)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)

@@ -1,0 +1,334 @@
+"""Typed run configuration: dataclasses validated at construction, from YAML and key=value.
+
+    cfg = load_config("recipes/toy_lora.yaml", ["train.steps=20", "data.group_size=8"])
+
+Unknown keys and bad values fail before any work starts, naming the key and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
+from digenrl.math.schedule import WINDOW_KINDS, SdeWindow
+from digenrl.math.sde import SDE_KINDS
+
+MODEL_NAMES = ("tiny-dit", "flux", "sd3", "wan", "qwen-image", "hunyuan-video")
+MODES = ("local", "colocated", "disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
+
+
+class ConfigError(ValueError):
+    """A configuration key has a value that is not allowed."""
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {message}")
+
+
+def _one_of(value: Any, key: str, allowed: tuple) -> None:
+    _check(value in allowed, key, f"{value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny-dit"  # see MODEL_NAMES
+    path: Optional[str] = None  # tiny-dit: None = the shipped toy base; else a local folder or hub id
+    dtype: str = "float32"  # float32 | bfloat16 | float16 (SDE math is float32 regardless)
+    device: str = "cpu"
+    lora_rank: int = 0  # 0 = full fine-tune
+    lora_alpha: float = 16.0
+    lora_targets: list[str] = field(default_factory=list)  # empty = the family's default
+    grad_ckpt: bool = False
+    height: int = 0  # 0 = the model's default resolution
+    width: int = 0
+    frames: int = 0  # video models only; 0 = default
+    prompt_cache: Optional[str] = None  # folder of cached prompt embeddings (diffusers models)
+
+    def __post_init__(self) -> None:
+        _one_of(self.name, "model.name", MODEL_NAMES)
+        _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
+        _check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tune), got {self.lora_rank}")
+        for k in ("height", "width", "frames"):
+            _check(getattr(self, k) >= 0, f"model.{k}", "must be >= 0")
+
+
+@dataclass
+class SamplingConfig:
+    num_steps: int = 10  # denoising steps per rollout
+    eval_num_steps: int = 10
+    shift: float = 1.0  # SD3 time shift of the sigma schedule
+    sde: str = "flow-sde"
+    noise_level: float = 0.7
+    cfg_scale: float = 1.0
+    window: str = "all-but-last"  # which steps are SDE / trained: see math.schedule.SdeWindow
+    window_size: int = 2
+    window_stride: int = 1
+    window_every: int = 10
+    window_fraction: float = 0.6
+
+    def __post_init__(self) -> None:
+        _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
+        _check(self.eval_num_steps >= 1, "sampling.eval_num_steps", "must be >= 1")
+        _check(self.shift > 0, "sampling.shift", "must be > 0")
+        _one_of(self.sde, "sampling.sde", tuple(k for k in SDE_KINDS if k != "ode"))
+        _check(self.noise_level > 0, "sampling.noise_level", "must be > 0")
+        _check(self.cfg_scale >= 1.0, "sampling.cfg_scale", "must be >= 1 (1 = no guidance)")
+        _one_of(self.window, "sampling.window", WINDOW_KINDS)
+        try:
+            self.sde_window().validate(self.num_steps)
+        except ValueError as e:
+            raise ConfigError(f"sampling.window_size: {e}") from None
+
+    def sde_window(self) -> SdeWindow:
+        try:
+            return SdeWindow(
+                self.window, self.window_size, self.window_stride, self.window_every, self.window_fraction
+            )
+        except ValueError as e:
+            raise ConfigError(f"sampling.window: {e}") from None
+
+
+@dataclass
+class DataConfig:
+    prompts: str = "toy"  # "toy" or a text file, one prompt per line
+    eval_prompts: str = "toy-held-out"  # "toy-held-out" or a text file
+    groups_per_step: int = 8  # prompts per RL step
+    group_size: int = 4  # samples per prompt (the GRPO group)
+    micro_batch_groups: int = 2  # whole groups per generation / training micro-batch
+    eval_samples: int = 2  # samples per eval prompt
+    eval_max_prompts: int = 16
+
+    def __post_init__(self) -> None:
+        _check(
+            self.group_size >= 2,
+            "data.group_size",
+            f"must be >= 2: with {self.group_size} sample(s) per prompt every group-relative advantage is 0",
+        )
+        _check(self.groups_per_step >= 1, "data.groups_per_step", "must be >= 1")
+        _check(
+            1 <= self.micro_batch_groups <= self.groups_per_step,
+            "data.micro_batch_groups",
+            f"must be in [1, groups_per_step={self.groups_per_step}], got {self.micro_batch_groups}",
+        )
+        _check(self.eval_samples >= 1, "data.eval_samples", "must be >= 1")
+
+
+@dataclass
+class RewardConfig:
+    weights: dict[str, float] = field(default_factory=lambda: {"toy-geneval": 1.0})
+    combine: str = "weighted"  # weighted | normalized
+    paths: dict[str, str] = field(default_factory=dict)  # reward name -> local model folder or server URL
+    threads: int = 2  # reward computation overlaps generation in a thread pool
+    adv_std: str = "group"  # group | global | none (Dr.GRPO)
+    adv_clip: float = 5.0
+
+    def __post_init__(self) -> None:
+        from digenrl.rewards import REWARD_NAMES
+
+        _check(bool(self.weights), "reward.weights", "name at least one reward")
+        for name in self.weights:
+            _one_of(name, f"reward.weights.{name}", REWARD_NAMES)
+        _one_of(self.combine, "reward.combine", COMBINE_KINDS)
+        _one_of(self.adv_std, "reward.adv_std", STD_KINDS)
+        _check(self.threads >= 1, "reward.threads", "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 60
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    clip_range: float = 1e-4  # log-probs are averaged over dims, so ratios stay near 1
+    beta: float = 0.0  # KL weight to the base model
+    max_grad_norm: float = 1.0
+    ema_decay: float = 0.0  # 0 = off
+    tsp_chunk: int = 0  # trained denoising steps per training unit; 0 = all in one unit
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "train.steps", "must be >= 1")
+        _check(self.lr > 0, "train.lr", "must be > 0")
+        _check(self.clip_range > 0, "train.clip_range", "must be > 0")
+        _check(self.beta >= 0, "train.beta", "must be >= 0")
+        _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
+        _check(0 <= self.ema_decay < 1, "train.ema_decay", "must be in [0, 1)")
+        _check(self.tsp_chunk >= 0, "train.tsp_chunk", "must be >= 0")
+
+
+@dataclass
+class RunConfig:
+    seed: int = 0
+    run_dir: str = "runs/default"
+    mode: str = "local"
+    eval_every: int = 10
+    checkpoint_every: int = 10
+    keep_checkpoints: int = 2
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        _one_of(self.mode, "run.mode", MODES)
+        _check(self.eval_every >= 0, "run.eval_every", "must be >= 0 (0 = only before and after)")
+        _check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0 = only at the end)")
+        _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
+
+
+WEIGHT_SYNC = ("object-store", "nccl", "lora-only")
+COMPUTE = ("real", "emulated")
+
+
+@dataclass
+class PoolConfig:
+    """One worker pool: how many workers and what each one reserves on the Ray cluster."""
+
+    workers: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    accelerator: Optional[str] = None  # Ray accelerator_type, e.g. "H200" or "L40S" (heterogeneous clusters)
+    resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. node labels
+
+    def check(self, key: str, minimum: int) -> None:
+        _check(self.workers >= minimum, f"{key}.workers", f"must be >= {minimum}, got {self.workers}")
+        _check(self.num_cpus >= 0 and self.num_gpus >= 0, key, "num_cpus and num_gpus must be >= 0")
+
+
+@dataclass
+class RuntimeConfig:
+    """The Ray runtime (every run.mode except local)."""
+
+    address: Optional[str] = None  # an existing cluster; None = $RAY_ADDRESS, else start a local one
+    rollout: PoolConfig = field(default_factory=lambda: PoolConfig(workers=2))
+    trainer: PoolConfig = field(default_factory=lambda: PoolConfig(workers=1))
+    reward: PoolConfig = field(default_factory=lambda: PoolConfig(workers=0))  # 0 = on the generating worker
+    weight_sync: str = "object-store"
+    compute: str = "real"  # emulated: workers sleep for the cost model's time (needs testbed)
+    testbed: Optional[str] = None
+    time_scale: float = 1.0  # emulated: wall seconds per modelled second
+    tag_segment: int = 1  # denoising steps a trainer generates before checking for training work
+    rollout_segment: int = 0  # denoising steps per rollout Generate unit; 0 = whole trajectory
+    worker_threads: int = 1  # torch intra-op threads per worker process
+
+    def __post_init__(self) -> None:
+        self.rollout.check("runtime.rollout", 1)
+        self.trainer.check("runtime.trainer", 1)
+        self.reward.check("runtime.reward", 0)
+        _one_of(self.weight_sync, "runtime.weight_sync", WEIGHT_SYNC)
+        _one_of(self.compute, "runtime.compute", COMPUTE)
+        _check(self.compute != "emulated" or bool(self.testbed), "runtime.testbed",
+               "compute=emulated needs a testbed (file or preset) whose cost model the workers sleep for")
+        _check(self.time_scale > 0, "runtime.time_scale", "must be > 0")
+        _check(self.tag_segment >= 1, "runtime.tag_segment", "must be >= 1")
+        _check(self.rollout_segment >= 0, "runtime.rollout_segment", "must be >= 0 (0 = whole trajectory)")
+        _check(self.worker_threads >= 1, "runtime.worker_threads", "must be >= 1")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def __post_init__(self) -> None:
+        streaming = self.run.mode not in ("local", "colocated", "disagg-sync")
+        _check(
+            not (streaming and self.reward.adv_std == "global"),
+            "reward.adv_std",
+            f"'global' needs every reward of the step before any training, which run.mode={self.run.mode} "
+            "streams past; use group or none, or mode local/colocated/disagg-sync",
+        )
+        _check(
+            self.runtime.weight_sync != "lora-only" or self.model.lora_rank > 0,
+            "runtime.weight_sync",
+            "lora-only sends adapters only: set model.lora_rank > 0",
+        )
+        if self.model.name == "tiny-dit":
+            for name in self.reward.weights:
+                _check(
+                    name != "toy-geneval" or self.data.prompts == "toy",
+                    "reward.weights.toy-geneval",
+                    "judges toy-world prompts only: set data.prompts=toy",
+                )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is typing.Union:  # Optional[X]
+        if value is None:
+            return None
+        return _coerce(value, [a for a in args if a is not type(None)][0], key)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key)
+    if origin is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        _check(isinstance(value, (list, tuple)), key, f"expected a list, got {value!r}")
+        return [_coerce(v, args[0], key) for v in value]
+    if origin is dict:
+        _check(isinstance(value, dict), key, f"expected a mapping, got {value!r}")
+        return {str(k): _coerce(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is bool:
+        _check(isinstance(value, bool), key, f"expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        return str(value)
+    return value
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    _check(isinstance(data, dict), prefix or "config", f"expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in fields(cls)]
+    kwargs = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        _check(k in names, key, f"unknown key; allowed keys here: {', '.join(names)}")
+        kwargs[k] = _coerce(v, hints[k], key)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        _check(isinstance(node, dict), dotted, "cannot set a key inside a non-mapping value")
+    node[parts[-1]] = value
+
+
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
+    """Defaults <- YAML file <- key=value overrides (values parsed as YAML scalars)."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"--config: no such file {str(p)!r}")
+        tree = yaml.safe_load(p.read_text()) or {}
+        _check(isinstance(tree, dict), str(p), "a config file must be a mapping of sections")
+    for item in overrides or []:
+        _check("=" in item, item, "overrides are key=value, e.g. train.steps=20")
+        key, raw = item.split("=", 1)
+        _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
+    return _build(Config, tree, "")

@@ -1,0 +1,151 @@
+"""Single-device loss and gradient on training units; one optimizer step per RL step.
+
+A training unit is (micro-batch, chunk of trained denoising steps). For every trained
+step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores the
+recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss against the
+behaviour log-prob recorded at rollout. Gradients of all units of an RL step accumulate,
+each scaled so that the sum is the mean over every (sample, trained step) pair of the
+step, whatever the unit layout; then `optimizer_step` clips, checks and steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from digenrl.learner.ema import EMA
+from digenrl.math import gaussian_mean_kl, grpo_loss, sde_step
+from digenrl.models.lora import adapters_disabled, has_lora
+from digenrl.models.protocol import Policy, guided_velocity
+from digenrl.rollout.sampler import SampleSpec, Trajectories
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LearnerConfig:
+    lr: float = 1e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    clip_range: float = 1e-4
+    beta: float = 0.0  # KL weight to the reference (base) policy
+    max_grad_norm: float = 1.0
+    ema_decay: float = 0.0  # 0 = no EMA
+
+
+class Learner:
+    def __init__(self, policy: Policy, config: LearnerConfig):
+        self.policy = policy
+        self.config = config
+        self.params = [p for p in policy.module.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the policy has no trainable parameters")
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
+        self.ema = EMA(policy.module, config.ema_decay) if config.ema_decay > 0 else None
+        # The KL reference is the base policy: LoRA disables its adapters; a full
+        # fine-tune keeps a frozen copy of the starting weights.
+        self._reference: Optional[torch.nn.Module] = None
+        if config.beta > 0 and not has_lora(policy.module):
+            self._reference = copy.deepcopy(policy.module).requires_grad_(False).eval()
+        self._sums: dict[str, float] = defaultdict(float)
+        self._weight = 0.0
+
+    # -- one trained step of one unit ------------------------------------------------
+    def score(self, traj: Trajectories, t: int, spec: SampleSpec):
+        """Recompute the policy's SDE step at denoising step t with grad: StepOut."""
+        device = self.params[0].device
+        b = len(traj)
+        x = traj.latents[:, t].to(device)
+        sigma = spec.sigmas[t].expand(b).to(device)
+        negative = self.policy.negative_cond(b) if spec.cfg_scale != 1.0 else None
+        v = guided_velocity(self.policy, x, sigma, traj.cond, negative, spec.cfg_scale)
+        return sde_step(
+            x,
+            v,
+            spec.sigmas[t].item(),
+            spec.sigmas[t + 1].item(),
+            kind=spec.kind,
+            noise_level=spec.noise_level,
+            prev_sample=traj.latents[:, t + 1].to(device),
+        )
+
+    @torch.no_grad()
+    def _reference_mean(self, traj: Trajectories, t: int, spec: SampleSpec) -> torch.Tensor:
+        if self._reference is None:
+            with adapters_disabled(self.policy.module):
+                return self.score(traj, t, spec).mean
+        live = self.policy.module
+        self.policy.module = self._reference
+        try:
+            return self.score(traj, t, spec).mean
+        finally:
+            self.policy.module = live
+
+    def accumulate(
+        self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, *, total_samples: int, total_steps: int
+    ) -> dict[str, float]:
+        """Backward the loss of one unit: trained steps `t_steps` of micro-batch `traj`.
+
+        The unit's loss is scaled by len(traj) / (total_samples * total_steps), so the
+        gradients of all units of a step add up to the mean over (sample, step) pairs.
+        """
+        if traj.advantages is None:
+            raise ValueError("trajectories have no advantages yet: compute rewards and advantages first")
+        self.policy.module.train()
+        adv = traj.advantages.to(self.params[0].device)
+        weight = len(traj) / (total_samples * total_steps)
+        metrics: dict[str, float] = {}
+        for t in t_steps:
+            if math.isnan(float(traj.log_probs[0, t])):
+                raise ValueError(f"denoising step {t} was sampled with the ODE: it has no log-prob to train")
+            out = self.score(traj, t, spec)
+            kl = None
+            if self.config.beta > 0:
+                kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec), out.std)
+            loss, m = grpo_loss(
+                out.log_prob,
+                traj.log_probs[:, t].to(out.log_prob.device),
+                adv,
+                clip_range=self.config.clip_range,
+                kl=kl,
+                beta=self.config.beta,
+            )
+            if not torch.isfinite(loss):
+                log.warning("non-finite loss at step %d, denoising step %d: unit skipped", traj.step, t)
+                self._sums["train/skipped_units"] += 1
+                continue
+            (loss * weight).backward()
+            for k, v in m.items():
+                self._sums[k] += float(v) * weight
+                metrics[k] = float(v)
+            self._weight += weight
+        return metrics
+
+    # -- the step ----------------------------------------------------------------------
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, check and apply the accumulated gradient; returns the step's metrics."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
+        skipped = not torch.isfinite(grad_norm)
+        if skipped:
+            log.warning("non-finite gradient norm: optimizer step skipped")
+        else:
+            self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update()
+        self.optimizer.zero_grad(set_to_none=True)
+        w = self._weight or 1.0
+        metrics = {k: v / w for k, v in self._sums.items() if k.startswith("loss/")}
+        metrics["train/grad_norm"] = float(grad_norm)
+        metrics["train/skipped_step"] = float(skipped)
+        metrics["train/skipped_units"] = self._sums.get("train/skipped_units", 0.0)
+        self._sums.clear()
+        self._weight = 0.0
+        return metrics

@@ -1,0 +1,89 @@
+"""Pretrain the toy base generator by flow matching (the model GRPO then post-trains).
+
+Deterministic for a given seed and thread count. The result ships as
+`digenrl/assets/toy_base.safetensors`; `load_base` rebuilds and caches it when missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig
+from digenrl.toy.world import sample_batch, tokenize
+
+ASSET = Path(__file__).resolve().parent.parent / "assets" / "toy_base.safetensors"
+PRETRAIN_STEPS = 1200
+PROMPT_DROPOUT = 0.1  # unconditional training for classifier-free guidance
+
+
+def pretrain(
+    steps: int = PRETRAIN_STEPS,
+    batch: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    config: TinyDiTConfig = TinyDiTConfig(),
+    progress: bool = True,
+) -> TinyDiT:
+    torch.manual_seed(seed)
+    model = TinyDiT(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 100))
+    gen = torch.Generator().manual_seed(seed)
+    bar = tqdm(range(steps), desc="pretrain toy base", disable=not progress)
+    for i in bar:
+        x0, texts = sample_batch(batch, config.image_size, seed, i)
+        x0 = x0 * 2 - 1  # [0,1] -> [-1,1]
+        tokens = tokenize(texts, config.max_tokens)
+        tokens[torch.rand(batch, generator=gen) < PROMPT_DROPOUT] = 0
+        eps = torch.randn(x0.shape, generator=gen)
+        sigma = torch.sigmoid(torch.randn(batch, generator=gen))  # logit-normal, as SD3 trains
+        s = sigma.view(-1, 1, 1, 1)
+        x_s = (1 - s) * x0 + s * eps
+        loss = ((model(x_s, sigma, tokens) - (eps - x0)) ** 2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if i % 20 == 0:
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+    return model
+
+
+def save_base(model: TinyDiT, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"config": json.dumps(model.config.__dict__), "format": "digenrl.tiny_dit"}
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
+
+
+def load_tiny_dit(path: Path) -> TinyDiT:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata() or {}
+    if meta.get("format") != "digenrl.tiny_dit":
+        raise ValueError(f"{path} is not a digenrl tiny-dit checkpoint (metadata format={meta.get('format')!r})")
+    model = TinyDiT(TinyDiTConfig(**json.loads(meta["config"])))
+    model.load_state_dict(load_file(str(path)))
+    return model
+
+
+def cache_path() -> Path:
+    root = Path(os.environ.get("DIGENRL_CACHE", Path.home() / ".cache" / "digenrl"))
+    return root / "toy_base.safetensors"
+
+
+def load_base(progress: bool = True) -> TinyDiT:
+    """The shipped base model; if absent, pretrain once (~minutes on 2 cores) and cache it."""
+    for path in (ASSET, cache_path()):
+        if path.exists():
+            return load_tiny_dit(path)
+    model = pretrain(progress=progress)
+    save_base(model, cache_path())
+    return model

@@ -1,0 +1,306 @@
+"""The single-device Flow-GRPO trainer: the reference every distributed mode must match.
+
+One RL step:
+
+    prompts (seed, step, group) --> generate micro-batches of whole groups (SDE sampler,
+    x_t and behaviour log-probs kept) --> rewards (thread pool, overlapping the next
+    micro-batch) --> group advantages --> loss over (micro-batch, chunk of trained steps)
+    units, gradients accumulated --> one optimizer step (policy version + 1)
+
+Every random draw is a function of (seed, step, group, sample, denoising step), so the
+same config gives the same run on any batch layout, and `--resume` continues exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from digenrl import checkpoint as ckpt
+from digenrl.config import Config
+from digenrl.data import PromptSource, load_prompts
+from digenrl.learner import Learner, LearnerConfig
+from digenrl.math import group_advantages, sigma_schedule
+from digenrl.models import build_policy
+from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
+from digenrl.outputs import MetricsLog, plot_rewards, save_grid
+from digenrl.rewards import AsyncRewarder, build_reward
+from digenrl.rollout import SampleSpec, Trajectories, generate
+
+log = logging.getLogger(__name__)
+
+EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    index: int
+    groups: tuple[int, ...]
+    prompts: list[str]  # one per sample
+    coords: list[tuple[int, int, int]]  # (step, group, sample)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything about RL step `step` that does not depend on the weights."""
+
+    step: int
+    spec: SampleSpec
+    trained_steps: list[int]
+    chunks: list[list[int]]  # trained steps per training unit (TSP)
+    micro_batches: list[MicroBatch]
+
+    @property
+    def samples(self) -> int:
+        return sum(len(mb.coords) for mb in self.micro_batches)
+
+
+def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
+    sigmas = sigma_schedule(cfg.sampling.num_steps, cfg.sampling.shift)
+    sde_steps, trained = cfg.sampling.sde_window().select(cfg.sampling.num_steps, cfg.run.seed, step)
+    spec = SampleSpec(
+        sigmas=sigmas,
+        sde_steps=tuple(sde_steps),
+        kind=cfg.sampling.sde,
+        noise_level=cfg.sampling.noise_level,
+        cfg_scale=cfg.sampling.cfg_scale,
+        seed=cfg.run.seed,
+    )
+    chunk = cfg.train.tsp_chunk or len(trained)
+    chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
+    prompts = source.step_prompts(step)
+    d = cfg.data
+    mbs = []
+    for i, first in enumerate(range(0, d.groups_per_step, d.micro_batch_groups)):
+        groups = tuple(range(first, min(first + d.micro_batch_groups, d.groups_per_step)))
+        mbs.append(
+            MicroBatch(
+                index=i,
+                groups=groups,
+                prompts=[prompts[g] for g in groups for _ in range(d.group_size)],
+                coords=[(step, g, s) for g in groups for s in range(d.group_size)],
+            )
+        )
+    return StepPlan(step, spec, trained, chunks, mbs)
+
+
+def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:
+    """Group advantages; with adv_std=global the std spans the whole step."""
+    rewards = torch.cat([t.rewards for t in trajs])
+    groups = torch.cat([t.group_ids for t in trajs])
+    adv = group_advantages(rewards, groups, std=cfg.reward.adv_std, clip=cfg.reward.adv_clip)
+    for t, a in zip(trajs, adv.split([len(t) for t in trajs])):
+        t.advantages = a
+
+
+def build_rewarder(cfg: Config) -> AsyncRewarder:
+    fns = {name: build_reward(name, cfg.reward.paths, cfg.model.device) for name in cfg.reward.weights}
+    return AsyncRewarder(fns, cfg.reward.weights, combine=cfg.reward.combine, threads=cfg.reward.threads)
+
+
+def step_metrics(trajs: list[Trajectories], learner_metrics: dict[str, float]) -> dict[str, Any]:
+    rewards = torch.cat([t.rewards for t in trajs])
+    out: dict[str, Any] = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(unbiased=False)),
+        "loss": learner_metrics.get("loss/policy", 0.0) + learner_metrics.get("loss/kl", 0.0),
+        "clipfrac": learner_metrics.get("loss/clipfrac", 0.0),
+        "ratio_mean": learner_metrics.get("loss/ratio_mean", 1.0),
+        "samples": int(rewards.numel()),
+    }
+    for name in trajs[0].reward_parts:
+        out[f"rollout/{name}"] = float(torch.cat([t.reward_parts[name] for t in trajs]).mean())
+    out.update(learner_metrics)
+    return out
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, progress: bool = True):
+        self.cfg = cfg
+        self.progress = progress
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.run_dir = Path(cfg.run.run_dir)
+        self.policy = build_policy(cfg.model, progress=progress)
+        t = cfg.train
+        self.learner = Learner(
+            self.policy,
+            LearnerConfig(
+                lr=t.lr,
+                weight_decay=t.weight_decay,
+                clip_range=t.clip_range,
+                beta=t.beta,
+                max_grad_norm=t.max_grad_norm,
+                ema_decay=t.ema_decay,
+            ),
+        )
+        self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
+        self.eval_prompts = load_prompts(cfg.data.eval_prompts)[: cfg.data.eval_max_prompts]
+        self.rewarder = build_rewarder(cfg)
+        self.step = 0  # next RL step to run == policy version
+        self.wall_s = 0.0
+
+    # -- one RL step --------------------------------------------------------------
+    def rl_step(self, step: int) -> dict[str, Any]:
+        plan = plan_step(self.cfg, self.source, step)
+        self.policy.module.eval()
+        trajs, futures = [], []
+        t0 = time.perf_counter()
+        for mb in plan.micro_batches:
+            traj = generate(self.policy, mb.prompts, mb.coords, plan.spec, step=step, version=step)
+            trajs.append(traj)
+            futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids))
+        gen_s = time.perf_counter() - t0
+        for traj, fut in zip(trajs, futures):
+            traj.rewards, traj.reward_parts = fut.result()
+        assign_advantages(trajs, self.cfg)
+        t1 = time.perf_counter()
+        for traj in trajs:
+            for chunk in plan.chunks:
+                self.learner.accumulate(
+                    traj, chunk, plan.spec, total_samples=plan.samples, total_steps=len(plan.trained_steps)
+                )
+        lm = self.learner.optimizer_step()
+        train_s = time.perf_counter() - t1
+        metrics = step_metrics(trajs, lm)
+        metrics["timing/generate_s"] = gen_s
+        metrics["timing/train_s"] = train_s
+        return metrics
+
+    # -- evaluation ---------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, step: int, save_images: bool = True) -> dict[str, Any]:
+        """Held-out prompts, deterministic ODE sampling from fixed noise."""
+        s = self.cfg.sampling
+        spec = SampleSpec(
+            sigmas=sigma_schedule(s.eval_num_steps, s.shift), sde_steps=(), cfg_scale=s.cfg_scale, seed=self.cfg.run.seed
+        )
+        n = self.cfg.data.eval_samples
+        prompts = [p for p in self.eval_prompts for _ in range(n)]
+        coords = [(EVAL_STEP, i, j) for i in range(len(self.eval_prompts)) for j in range(n)]
+        self.policy.module.eval()
+        ctx = self.learner.ema.applied() if self.learner.ema is not None else contextlib.nullcontext()
+        images, rewards, parts = [], [], {}
+        bs = self.cfg.data.micro_batch_groups * self.cfg.data.group_size
+        with ctx:
+            for i in range(0, len(prompts), bs):
+                traj = generate(self.policy, prompts[i : i + bs], coords[i : i + bs], spec, step=EVAL_STEP, version=step)
+                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
+                images.append(traj.images)
+                rewards.append(total)
+                for k, v in p.items():
+                    parts.setdefault(k, []).append(v)
+        images_t = torch.cat(images)
+        if save_images and images_t.ndim == 4:
+            out = self.run_dir / "samples" / f"step_{step:06d}.png"
+            save_grid(images_t, out, nrow=n * 4)
+            (out.with_suffix(".json")).write_text(json.dumps(prompts))
+        metrics = {"eval/reward_mean": float(torch.cat(rewards).mean())}
+        metrics.update({f"eval/{k}": float(torch.cat(v).mean()) for k, v in parts.items()})
+        return metrics
+
+    # -- checkpoints ----------------------------------------------------------------
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(
+            self.run_dir,
+            self.step,
+            policy_state=trainable_state_dict(self.policy.module),
+            optimizer=self.learner.optimizer,
+            ema_state=self.learner.ema.state_dict() if self.learner.ema is not None else None,
+            state={
+                "step": self.step,
+                "version": self.step,
+                "data_cursor": self.source.cursor(self.step),
+                "wall_s": self.wall_s,
+                "config": self.cfg.to_dict(),
+            },
+            keep=self.cfg.run.keep_checkpoints,
+        )
+
+    def load(self, path: Path) -> None:
+        state = json.loads((path / "state.json").read_text())
+        load_trainable_state_dict(self.policy.module, load_file(str(path / "policy.safetensors")))
+        ckpt.load_optimizer_tensors(self.learner.optimizer, path / "optimizer.safetensors")
+        if self.learner.ema is not None:
+            self.learner.ema.load_state_dict(load_file(str(path / "ema.safetensors")))
+        self.step = state["step"]
+        self.wall_s = state.get("wall_s", 0.0)
+        if state["data_cursor"] != self.source.cursor(self.step):
+            raise ValueError(f"{path}: data cursor {state['data_cursor']} does not match step {self.step}")
+
+    # -- the loop ---------------------------------------------------------------------
+    def train(self, *, resume: bool = False) -> dict[str, Any]:
+        cfg = self.cfg
+        resumed_from = None
+        if resume:
+            latest = ckpt.latest_checkpoint(self.run_dir)
+            if latest is None:
+                log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir)
+            else:
+                self.load(latest)
+                resumed_from = self.step
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
+        metrics_log = MetricsLog(self.run_dir, tensorboard=cfg.run.tensorboard, resume_after=resumed_from)
+        try:
+            if self.step == 0:
+                metrics_log.log({"step": 0, **self.evaluate(0)})
+            bar = tqdm(range(self.step, cfg.train.steps), desc="GRPO", initial=self.step, total=cfg.train.steps,
+                       disable=not self.progress)
+            for step in bar:
+                t0 = time.perf_counter()
+                m = self.rl_step(step)
+                self.step = step + 1
+                dt = time.perf_counter() - t0
+                self.wall_s += dt
+                record = {"step": self.step, **m, "step_s": dt, "wall_s": self.wall_s, "samples_per_s": m["samples"] / dt}
+                last = self.step == cfg.train.steps
+                if last or (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
+                    record.update(self.evaluate(self.step))
+                metrics_log.log(record)
+                bar.set_postfix(reward=f"{m['reward_mean']:.3f}")
+                if self.progress:
+                    tqdm.write(
+                        f"step {self.step:4d}  reward {m['reward_mean']:.4f} +- {m['reward_std']:.4f}  "
+                        f"loss {record['loss']:+.2e}  {record['samples_per_s']:.1f} samples/s"
+                        + (f"  eval {record['eval/reward_mean']:.4f}" if "eval/reward_mean" in record else "")
+                    )
+                if last or (cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0):
+                    self.save()
+        finally:
+            metrics_log.close()
+            self.rewarder.close()
+        return self.finish()
+
+    def finish(self) -> dict[str, Any]:
+        final = self.run_dir / "final"
+        final.mkdir(parents=True, exist_ok=True)
+        meta = {"config": json.dumps(self.cfg.to_dict()), "step": str(self.step)}
+        state = trainable_state_dict(self.policy.module)
+        save_file({k: v.contiguous() for k, v in state.items()}, str(final / "policy.safetensors"), metadata=meta)
+        if self.learner.ema is not None:
+            save_file(self.learner.ema.state_dict(), str(final / "ema.safetensors"), metadata=meta)
+        plot = plot_rewards(self.run_dir)
+        from digenrl.outputs import read_metrics
+
+        evals = [r for r in read_metrics(self.run_dir) if "eval/reward_mean" in r]
+        summary = {
+            "steps": self.step,
+            "eval_reward_before": evals[0]["eval/reward_mean"] if evals else None,
+            "eval_reward_after": evals[-1]["eval/reward_mean"] if evals else None,
+            "wall_s": self.wall_s,
+            "run_dir": str(self.run_dir),
+            "final_policy": str(final / "policy.safetensors"),
+            "reward_plot": str(plot),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
