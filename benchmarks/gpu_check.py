@@ -1,8 +1,9 @@
 """GPU check of the diffusers adapters: overhead vs bare diffusers, and ratio == 1 in bf16.
 
 Builds SD3.5-medium (512x512) and FLUX.1-dev (1024x1024) architectures with random
-weights in bf16 from their published configs (written inline below, nothing is
-downloaded), batch 1, full fine-tune, and measures with CUDA events (warmup, median):
+weights in bf16 from their published configs (inline in
+digenrl/models/diffusers_adapters/configs.py; nothing is downloaded), batch 1, full
+fine-tune, and measures with CUDA events (warmup, median):
 
     rollout step   adapter: velocity + sde_step (flow-sde, log-prob)  vs  bare transformer forward
     training step  adapter: velocity + sde_step log-prob + GRPO loss + backward
@@ -33,58 +34,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from digenrl.math import grpo_loss, sde_step  # noqa: E402
-from digenrl.models.diffusers_adapters import policy_class  # noqa: E402
+from digenrl.models.diffusers_adapters.configs import ARCHS as MODELS  # noqa: E402
+from digenrl.models.diffusers_adapters.configs import build_random  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2  # noqa: E402
 
-# stabilityai/stable-diffusion-3.5-medium transformer/config.json (2.24B parameters)
-SD35_MEDIUM = dict(
-    sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64, num_attention_heads=24,
-    joint_attention_dim=4096, caption_projection_dim=1536, pooled_projection_dim=2048, out_channels=16,
-    pos_embed_max_size=384, dual_attention_layers=tuple(range(13)), qk_norm="rms_norm",
-)
-# black-forest-labs/FLUX.1-dev transformer/config.json (11.9B parameters)
-FLUX1_DEV = dict(
-    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
-)
-TINY = {
-    "sd3": dict(sample_size=8, patch_size=2, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2,
-                joint_attention_dim=32, caption_projection_dim=16, pooled_projection_dim=64, out_channels=4,
-                pos_embed_max_size=16),
-    "flux": dict(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8,
-                 num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True,
-                 axes_dims_rope=(2, 2, 4)),
-}
-# per model: diffusers class, config, pixels, text tokens (sd3: 77 CLIP + 256 T5; flux: 512 T5)
-MODELS = {
-    "sd3": ("SD3Transformer2DModel", SD35_MEDIUM, 512, 333),
-    "flux": ("FluxTransformer2DModel", FLUX1_DEV, 1024, 512),
-}
 NOISE_LEVEL = 0.7
 SIGMA, SIGMA_NEXT = 0.8, 0.7
 
 
 def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype):
     """(policy, cond, bare_kwargs): the adapter and the same inputs in the transformer's own layout."""
-    import diffusers
-
-    cls_name, config, pixels, text_len = MODELS[name]
-    if tiny:
-        config, pixels, text_len = TINY[name], 64, 16
-    torch.manual_seed(0)
-    with torch.device(device):  # random init on the GPU: seconds, not minutes
-        transformer = getattr(diffusers, cls_name)(**config)
-    policy = policy_class(name)(transformer, None, None, height=pixels, width=pixels, train="full",
-                                device=str(device), dtype=dtype)
-    cfg = policy.module.config
+    policy, cond = build_random(name, tiny, device, dtype)
+    text_len = cond["prompt_embeds"].shape[1]
     g = torch.Generator(device="cpu").manual_seed(1)
-    pooled_dim = cfg.pooled_projection_dim
-    cond = {
-        "prompt_embeds": torch.randn(1, text_len, cfg.joint_attention_dim, generator=g).to(device, dtype),
-        "pooled_prompt_embeds": torch.randn(1, pooled_dim, generator=g).to(device, dtype),
-    }
-    cond = policy._add_extras(cond)  # FLUX.1-dev: embedded guidance
     x = torch.randn(1, *policy.latent_shape, generator=g).to(device)
     xm = x.to(dtype)
     if name == "sd3":

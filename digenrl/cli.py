@@ -2,6 +2,11 @@
 
     digenrl train [--config FILE] [--steps N] [--seed S] [--run-dir DIR] [--resume] [key=value ...]
     digenrl pretrain-toy [--steps N] [--out FILE]
+    digenrl reward-server SPEC [--host H] [--port P]
+    digenrl simulate --testbed FILE|PRESET      (each takes --help)
+    digenrl plan --testbed FILE|PRESET --gpus N
+    digenrl bench --real | --emulated --testbed X
+    digenrl profile --model ... | --arch sd3|flux --random
 """
 
 from __future__ import annotations
@@ -28,11 +33,16 @@ def _train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"digenrl train: invalid configuration: {e}", file=sys.stderr)
         return 2
-    from digenrl.trainer import Trainer
+    if args.address is not None:
+        cfg.runtime.address = args.address
+    if cfg.run.mode == "local":
+        from digenrl.trainer import Trainer as trainer_cls
+    else:
+        from digenrl.runtime.driver import RayTrainer as trainer_cls
 
     print(f"digenrl train: model={cfg.model.name} mode={cfg.run.mode} steps={cfg.train.steps} "
           f"samples/step={cfg.data.groups_per_step * cfg.data.group_size} run_dir={cfg.run.run_dir}")
-    summary = Trainer(cfg, progress=not args.quiet).train(resume=args.resume)
+    summary = trainer_cls(cfg, progress=not args.quiet).train(resume=args.resume)
     before, after = summary["eval_reward_before"], summary["eval_reward_after"]
     print("\n== summary ==")
     if before is not None and after is not None:
@@ -48,13 +58,31 @@ def _train(args: argparse.Namespace) -> int:
 def _pretrain_toy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from digenrl.toy.pretrain import ASSET, pretrain, save_base
+    from digenrl.toy.pretrain import ASSET, PRETRAIN_STEPS, pretrain, save_base
 
-    model = pretrain(steps=args.steps, seed=args.seed)
+    model = pretrain(steps=args.steps or PRETRAIN_STEPS, seed=args.seed)
     out = Path(args.out) if args.out else ASSET
     save_base(model, out)
     print(f"saved {out}")
     return 0
+
+
+def _reward_server(args: argparse.Namespace) -> int:
+    from digenrl.rewards.server import serve
+
+    serve(args.reward, args.host, args.port, args.max_batch, args.max_request_mb, args.timeout_s)
+    return 0
+
+
+def _delegate(module: str, function: str):
+    """Subcommands whose parsers live beside their code (simulator, runtime, profiler)."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(module), function)(args.rest)
+
+    return run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,17 +94,41 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, help="RL steps (train.steps)")
     t.add_argument("--seed", type=int, help="run.seed")
     t.add_argument("--run-dir", help="run.run_dir: where metrics, checkpoints and samples go")
+    t.add_argument("--address", help="an existing Ray cluster (runtime.address; default $RAY_ADDRESS or a local one)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
     t.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
     t.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. train.lr=3e-4")
     t.set_defaults(func=_train)
 
     p = sub.add_parser("pretrain-toy", help="rebuild the toy world's base generator")
-    p.add_argument("--steps", type=int, default=1200)
+    p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output .safetensors (default: the shipped asset)")
     p.set_defaults(func=_pretrain_toy)
+
+    r = sub.add_parser("reward-server", help="serve a reward model over HTTP (safetensors in, JSON out)")
+    r.add_argument("reward", help="e.g. 'pickscore?path=/models/PickScore_v1&device=cuda' or module.path:Factory")
+    r.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    r.add_argument("--port", type=int, default=8000)
+    r.add_argument("--max-batch", type=int, default=64)
+    r.add_argument("--max-request-mb", type=float, default=256.0)
+    r.add_argument("--timeout-s", type=float, default=120.0)
+    r.set_defaults(func=_reward_server)
+
+    for name, module, function, text in DELEGATED:
+        d = sub.add_parser(name, help=text, add_help=False)
+        d.add_argument("rest", nargs=argparse.REMAINDER)
+        d.set_defaults(func=_delegate(module, function))
     return parser
+
+
+# (subcommand, module, function(argv) -> exit code, help)
+DELEGATED = [
+    ("simulate", "digenrl.sim.cli", "simulate_main", "simulate every mode on a testbed on a virtual clock"),
+    ("plan", "digenrl.sim.cli", "plan_main", "choose the rollout/trainer split and knobs for a testbed"),
+    ("bench", "digenrl.runtime.bench", "bench_main", "run every mode side by side (--real tiny model or --emulated)"),
+    ("profile", "digenrl.profile", "profile_main", "measure per-step costs on this machine (calibration JSONL)"),
+]
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -288,6 +288,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         _check(isinstance(value, int) and not isinstance(value, bool), key, f"expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, f"expected a number, got {value!r}")
         return float(value)
     if tp is str:

@@ -1,0 +1,89 @@
+"""`digenrl profile` on CPU: tiny-dit and a tiny SD3 write calibration lines CostModel loads."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from digenrl.profile import PeakMemory, merge_records, profile_main
+from digenrl.sim.costs import CostModel, load_calibration
+
+# the keys of a model line in digenrl/sim/calibration/h200.jsonl
+MODEL_KEYS = {"model", "params_B", "tokens", "shape", "what", "batch", "ms", "device"}
+FAST = ["--device", "cpu", "--warmup", "0", "--iters", "1"]
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_merge_replaces_measured_model_and_what():
+    base = [{"model": "a", "what": "forward", "batch": 1, "ms": 1.0},
+            {"model": "a", "what": "forward", "batch": 2, "ms": 2.0},
+            {"model": "a", "what": "fwd+bwd", "batch": 1, "ms": 3.0},
+            {"what": "pcie", "h2d_GBps": 1.0}]
+    new = [{"model": "a", "what": "forward", "batch": 4, "ms": 9.0}, {"what": "pcie", "h2d_GBps": 2.0}]
+    out = merge_records(base, new)
+    # both old forward lines go (one device per fit), fwd+bwd stays, pcie is replaced
+    assert [(r.get("model"), r["what"], r.get("batch")) for r in out] == [
+        ("a", "fwd+bwd", 1), ("a", "forward", 4), (None, "pcie", None)]
+
+
+def test_profile_tiny_dit(tmp_path):
+    out = tmp_path / "cpu.jsonl"
+    rc = profile_main(["--model", "tiny-dit", *FAST, "--batches", "1,2", "--train-batches", "1",
+                       "--what", "forward,train,adamw,pcie", "--out", str(out)])
+    assert rc == 0
+    lines = _lines(out)
+    models = [r for r in lines if r.get("model") == "tiny-dit"]
+    assert [(r["what"], r["batch"]) for r in models] == [
+        ("forward", 1), ("forward", 2), ("fwd+bwd", 1)]
+    for r in models:
+        assert MODEL_KEYS <= set(r) and r["ms"] > 0 and r["tokens"] == 8 * 8 + 8
+    assert all(r["grad_ckpt"] is False for r in models if r["what"] == "fwd+bwd")  # TinyDiT has no checkpointing
+    adamw = [r for r in lines if r["what"].startswith("adamw")]
+    assert len(adamw) == 1 and adamw[0]["ms_per_B_params"] > 0
+    assert not [r for r in lines if r["what"] == "pcie"]  # CUDA only
+
+    # a second run into the same file replaces what it measured, keeps the rest
+    profile_main(["--model", "tiny-dit", *FAST, "--what", "adamw", "--out", str(out)])
+    again = _lines(out)
+    assert len(again) == len(lines) and sum(r["what"].startswith("adamw") for r in again) == 1
+
+
+def test_profile_tiny_sd3_loads_into_cost_model(tmp_path):
+    pytest.importorskip("diffusers")
+    out = tmp_path / "sd3.jsonl"
+    # named as the cost model's SD3.5 entry so its fit is built from these lines; completed
+    # from the packaged H200 file (VAEs, T5, AdamW) so CostModel can load it
+    rc = profile_main(["--arch", "sd3", "--random", "--tiny", *FAST, "--name", "sd3.5-medium",
+                       "--batches", "1,2", "--train-batches", "1,2", "--decode-batches", "1",
+                       "--what", "forward,train,vae,lora", "--lora-rank", "4", "--fill-from-h200", "--out", str(out)])
+    assert rc == 0
+    lines = _lines(out)
+    ours = [r for r in lines if r.get("model") == "sd3.5-medium"]
+    assert {(r["what"], r.get("grad_ckpt"), r["batch"]) for r in ours} == {
+        ("forward", None, 1), ("forward", None, 2),
+        ("fwd+bwd", False, 1), ("fwd+bwd", False, 2), ("fwd+bwd", True, 1), ("fwd+bwd", True, 2),
+        ("fwd+bwd-frozen-base", False, 1), ("fwd+bwd-frozen-base", False, 2),
+        ("fwd+bwd-frozen-base", True, 1), ("fwd+bwd-frozen-base", True, 2)}
+    assert all(r["device"] == "cpu" and r["tokens"] == 16 + 16 for r in ours)  # 8x8 latent in 2x2 patches + text
+    assert [r["what"] for r in lines if r.get("model") == "sd3.5-medium-vae"] == ["decode-64px"]
+    # every H200 line not measured here survives
+    h200 = load_calibration()
+    assert len(lines) == len([r for r in h200 if r.get("model") != "sd3.5-medium"]) + len(ours) + 1
+
+    if not PeakMemory(torch.device("cpu")).cpu_resettable:
+        pytest.skip("no resettable RSS peak here (/proc/self/clear_refs): CostModel needs peak_GB to fit memory")
+    cm = CostModel(calibration=out)
+    fwd = {b: ms for b, ms in cm.table["sd3.5-medium", "forward"].points}
+    assert fwd == {r["batch"]: pytest.approx(r["ms"] * 1e-3) for r in ours if r["what"] == "forward"}
+    assert {("sd3.5-medium", op) for op in ("train", "train_ckpt", "lora_train", "lora_train_ckpt")} <= set(cm.table)
+    assert float(cm.denoise_s("sd3.5-medium", "H200", 1)) > 0
+
+
+def test_profile_rejects_random_without_config(capsys):
+    with pytest.raises(SystemExit):
+        profile_main(["--arch", "wan", "--random", "--tiny", *FAST, "--what", "forward"])
