@@ -51,11 +51,14 @@ class ModelConfig:
     width: int = 0
     frames: int = 0  # video models only; 0 = default
     prompt_cache: Optional[str] = None  # folder of cached prompt embeddings (diffusers models)
+    text_encoders: bool = True  # false: load no text encoders, every prompt must be in prompt_cache
 
     def __post_init__(self) -> None:
         _one_of(self.name, "model.name", MODEL_NAMES)
         _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
         _check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tune), got {self.lora_rank}")
+        _check(self.text_encoders or bool(self.prompt_cache), "model.text_encoders",
+               "false needs model.prompt_cache (prompts can then only come from the cache)")
         for k in ("height", "width", "frames"):
             _check(getattr(self, k) >= 0, f"model.{k}", "must be >= 0")
 
@@ -151,6 +154,7 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     ema_decay: float = 0.0  # 0 = off
     tsp_chunk: int = 0  # trained denoising steps per training unit; 0 = all in one unit
+    backward_batch: int = 0  # samples per forward/backward (activation memory); 0 = whole micro-batch
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
@@ -160,6 +164,7 @@ class TrainConfig:
         _check(self.max_grad_norm > 0, "train.max_grad_norm", "must be > 0")
         _check(0 <= self.ema_decay < 1, "train.ema_decay", "must be in [0, 1)")
         _check(self.tsp_chunk >= 0, "train.tsp_chunk", "must be >= 0")
+        _check(self.backward_batch >= 0, "train.backward_batch", "must be >= 0 (0 = whole micro-batch)")
 
 
 @dataclass

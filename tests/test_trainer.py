@@ -102,3 +102,13 @@ def test_micro_batch_layout_does_not_change_trajectories(tiny_overrides):
     n = len(plan.micro_batches[0].coords)
     # same noise and same decisions per sample; values equal up to batch-size-dependent kernels
     assert torch.allclose(together.latents[n:], alone.latents, atol=1e-5)
+
+
+def test_backward_batch_splits_give_the_same_update(tiny_overrides):
+    def one_step(extra):
+        t = Trainer(load_config(None, tiny_overrides + extra), progress=False)
+        t.rl_step(0)
+        return {k: v.clone() for k, v in t.policy.module.state_dict().items()}
+
+    whole, split = one_step([]), one_step(["train.backward_batch=3"])
+    assert all(torch.allclose(whole[k], split[k], atol=1e-6) for k in whole)

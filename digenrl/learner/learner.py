@@ -37,6 +37,10 @@ class LearnerConfig:
     beta: float = 0.0  # KL weight to the reference (base) policy
     max_grad_norm: float = 1.0
     ema_decay: float = 0.0  # 0 = no EMA
+    # Samples per forward/backward; 0 = the whole micro-batch. Caps activation memory on
+    # big models. Ratio == 1 is exact only when this equals the rollout batch (or the
+    # kernels are batch-invariant, as the tiny DiT's are on CPU).
+    backward_batch: int = 0
 
 
 class Learner:
@@ -59,14 +63,15 @@ class Learner:
         self._weight = 0.0
 
     # -- one trained step of one unit ------------------------------------------------
-    def score(self, traj: Trajectories, t: int, spec: SampleSpec):
+    def score(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice = slice(None)):
         """Recompute the policy's SDE step at denoising step t with grad: StepOut."""
         device = self.params[0].device
-        b = len(traj)
-        x = traj.latents[:, t].to(device)
+        x = traj.latents[rows, t].to(device)
+        b = x.shape[0]
         sigma = spec.sigmas[t].expand(b).to(device)
         negative = self.policy.negative_cond(b) if spec.cfg_scale != 1.0 else None
-        v = guided_velocity(self.policy, x, sigma, traj.cond, negative, spec.cfg_scale)
+        cond = {k: v[rows] for k, v in traj.cond.items()}
+        v = guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale)
         return sde_step(
             x,
             v,
@@ -74,18 +79,18 @@ class Learner:
             spec.sigmas[t + 1].item(),
             kind=spec.kind,
             noise_level=spec.noise_level,
-            prev_sample=traj.latents[:, t + 1].to(device),
+            prev_sample=traj.latents[rows, t + 1].to(device),
         )
 
     @torch.no_grad()
-    def _reference_mean(self, traj: Trajectories, t: int, spec: SampleSpec) -> torch.Tensor:
+    def _reference_mean(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice) -> torch.Tensor:
         if self._reference is None:
             with adapters_disabled(self.policy.module):
-                return self.score(traj, t, spec).mean
+                return self.score(traj, t, spec, rows).mean
         live = self.policy.module
         self.policy.module = self._reference
         try:
-            return self.score(traj, t, spec).mean
+            return self.score(traj, t, spec, rows).mean
         finally:
             self.policy.module = live
 
@@ -101,33 +106,43 @@ class Learner:
             raise ValueError("trajectories have no advantages yet: compute rewards and advantages first")
         self.policy.module.train()
         adv = traj.advantages.to(self.params[0].device)
-        weight = len(traj) / (total_samples * total_steps)
+        n = len(traj)
+        size = self.config.backward_batch or n
         metrics: dict[str, float] = {}
         for t in t_steps:
             if math.isnan(float(traj.log_probs[0, t])):
                 raise ValueError(f"denoising step {t} was sampled with the ODE: it has no log-prob to train")
-            out = self.score(traj, t, spec)
-            kl = None
-            if self.config.beta > 0:
-                kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec), out.std)
-            loss, m = grpo_loss(
-                out.log_prob,
-                traj.log_probs[:, t].to(out.log_prob.device),
-                adv,
-                clip_range=self.config.clip_range,
-                kl=kl,
-                beta=self.config.beta,
-            )
-            if not torch.isfinite(loss):
-                log.warning("non-finite loss at step %d, denoising step %d: unit skipped", traj.step, t)
-                self._sums["train/skipped_units"] += 1
-                continue
-            (loss * weight).backward()
-            for k, v in m.items():
-                self._sums[k] += float(v) * weight
-                metrics[k] = float(v)
-            self._weight += weight
+            for first in range(0, n, size):
+                rows = slice(first, min(first + size, n))
+                metrics = self._backward_rows(traj, t, rows, spec, adv, total_samples * total_steps)
         return metrics
+
+    def _backward_rows(
+        self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor, denominator: int
+    ) -> dict[str, float]:
+        """Loss and backward of rows `rows` at trained step t, weighted into the step mean."""
+        out = self.score(traj, t, spec, rows)
+        weight = out.prev_sample.shape[0] / denominator
+        kl = None
+        if self.config.beta > 0:
+            kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
+        loss, m = grpo_loss(
+            out.log_prob,
+            traj.log_probs[rows, t].to(out.log_prob.device),
+            adv[rows],
+            clip_range=self.config.clip_range,
+            kl=kl,
+            beta=self.config.beta,
+        )
+        if not torch.isfinite(loss):
+            log.warning("non-finite loss at step %d, denoising step %d: skipped", traj.step, t)
+            self._sums["train/skipped_units"] += 1
+            return {}
+        (loss * weight).backward()
+        for k, v in m.items():
+            self._sums[k] += float(v) * weight
+        self._weight += weight
+        return {k: float(v) for k, v in m.items()}
 
     # -- the step ----------------------------------------------------------------------
     def optimizer_step(self) -> dict[str, float]:

@@ -40,6 +40,7 @@ def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
             width=cfg.width or None,
             frames=cfg.frames or None,
             prompt_cache=cfg.prompt_cache,
+            text_encoders=cfg.text_encoders,
         )
         default_targets = default_lora_targets(cfg.name)
     if cfg.lora_rank > 0:
