@@ -1,0 +1,325 @@
+"""Scheduler units -> cost-model seconds, on each worker's own device.
+
+    Testbed (pools, model, workload) --layout(mode, n_rollout)--> Workers + device per worker
+                                      --make_duration_fn-------> duration_fn(worker, unit) -> s
+
+What each unit costs (B = samples in the unit = len(unit.groups) * samples per group):
+
+    Generate       (t_end - t_start) denoising steps of B samples, in forwards of
+                   `rollout_batch` samples (the last forward may be smaller); CFG doubles each
+                   forward. t_start == 0 also encodes the unit's prompts (text encoder).
+    Reward         VAE decode + reward-model forward of B samples, on the worker that runs it.
+    Train          len(t_steps) training steps (forward + backward) of B samples in
+                   micro-batches of `micro_batch`; grad checkpointing, LoRA, train CFG.
+    OptimizerStep  gradient all-reduce over the trainer pool's links (ring: reduce-scatter +
+                   all-gather, the same bytes as FSDP's reduce-scatter of grads + gather of new
+                   params) + fused AdamW on this worker's share of the trainable parameters
+                   + publishing the new weights (disaggregated modes only, see _publish_s).
+    WeightSync     the receiving rollout worker's side of a sync over links.inter_pool:
+                   nccl = pipelined broadcast; object-store / lora-only = the network hops and
+                   the host->device copy (the sender's device->host + object-store copy is in
+                   OptimizerStep).
+
+Colocated baselines (DESIGN.md sec. 3) pay extra costs where they physically happen:
+
+    per-forward FSDP all-gather   every Generate forward, when the rollout samples with an
+                                  FSDP-sharded module and the gather is not hidden by compute
+    optimizer-state offload       OptimizerStep (to host, before generation) ...
+    ... and reload                the worker's first Train unit of the step (back to GPU)
+    phase switch                  OptimizerStep (train -> generate toggles; for veRL's hybrid
+                                  engine also the all-gather that rebuilds the rollout copy)
+    recomputed old log-probs      every Train unit: one no-grad forward per trained step
+                                  (veRL-Omni style only; flow_grpo / GenRL keep the sampler's)
+
+Synchronous rewards need no extra term: in colocated mode the scheduler scores each
+micro-batch on the GPU that generated it, between generations, so the reward is on the
+critical path exactly as in flow_grpo / GenRL. Every extra second is also added to
+`DurationFn.overhead_ws` so reports can show the baseline costs on their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
+from digenrl.sim.costs import (BYTES_GRAD, HOST_COPY_GBPS, CostModel, allgather_s, allreduce_s, get_link,
+                               get_model)
+from digenrl.sim.devices import get_device
+from digenrl.sim.testbed import Testbed
+
+# Baseline styles of the colocated mode (see module doc and docs/simulator.md).
+STYLES = ("verl-omni", "genrl")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which worker sits on which GPU of the testbed, for one mode."""
+
+    workers: tuple[Worker, ...]
+    device: dict  # worker id -> device name
+    pool: dict  # worker id -> testbed Pool
+
+    def ids(self, role: str) -> list[str]:
+        return [w.id for w in self.workers if w.role == role]
+
+
+def layout(tb: Testbed, mode: str, n_rollout: int | None = None) -> Layout:
+    """Workers for `mode` on `tb`.
+
+    Pools with role `any` are one pool to split: colocated uses every GPU as a colocated
+    worker; other modes take the first `n_rollout` GPUs (default: half) as rollout and the
+    rest as trainers, trainers packed at the end so that they fill whole nodes first.
+    Pools with fixed roles (heterogeneous presets) keep them; colocated cannot run there
+    (compare it on the homogeneous reference, see simulate.homogeneous_reference).
+    """
+    workers, device, pool = [], {}, {}
+
+    def add(wid, role, p):
+        workers.append(Worker(wid, role))
+        device[wid], pool[wid] = p.device, p
+
+    gpus = [(p, i) for p in tb.pools for i in range(p.count)]
+    if all(p.role == "any" for p in tb.pools):
+        if mode == "colocated":
+            for p, i in gpus:
+                add(f"{p.name}-{i}", "colocated", p)
+        else:
+            n = len(gpus)
+            r = n // 2 if n_rollout is None else n_rollout
+            if not 1 <= r <= n - 1:
+                raise ValueError(f"n_rollout={r}: need 1..{n - 1} rollout GPUs on {tb.name} ({n} GPUs)")
+            for k, (p, i) in enumerate(gpus):
+                add(f"{p.name}-{i}", "rollout" if k < r else "trainer", p)
+    else:
+        if mode == "colocated":
+            raise ValueError(f"testbed {tb.name!r} has fixed rollout/trainer pools; mode 'colocated' "
+                             "needs pools with role 'any' (use simulate.homogeneous_reference)")
+        if n_rollout is not None and n_rollout != sum(p.count for p in tb.pool("rollout")):
+            raise ValueError(f"n_rollout={n_rollout}: testbed {tb.name!r} fixes the rollout pool size")
+        for p, i in gpus:
+            add(f"{p.name}-{i}", p.role, p)
+    return Layout(tuple(workers), device, pool)
+
+
+@dataclass
+class DurationFn:
+    """duration_fn(worker, unit) -> seconds, plus the bookkeeping reports need.
+
+    samples_per_group: samples behind one scheduler "group". DigenRL modes use whole prompt
+    groups (GAP needs every reward of a group for its advantages); batch-level baselines may
+    cut a prompt group into shards, as flow_grpo spreads a group's samples over GPUs.
+    """
+
+    tb: Testbed
+    cm: CostModel
+    mode: str
+    layout: Layout
+    samples_per_group: int
+    style: str | None = None  # colocated baseline style (STYLES)
+    zero_baseline: bool = False  # measure a baseline with its extra costs removed
+    colocated_config: str | None = None
+    overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
+    _per_fwd: float = 0.0
+    _per_step: dict = field(default_factory=dict)
+    _recompute: bool = False
+    _reloaded: set = field(default_factory=set)
+
+    def __post_init__(self):
+        tb = self.tb
+        self.n_trainers = sum(w.role in ("trainer", "colocated") for w in self.layout.workers)
+        self.n_rollout = sum(w.role == "rollout" for w in self.layout.workers)
+        self.trainable_B = self.cm.lora_params_B(tb.model, tb.lora_rank) if tb.lora else get_model(tb.model).params_B
+        self.trainer_pool = next(self.layout.pool[w.id] for w in self.layout.workers
+                                 if w.role in ("trainer", "colocated"))
+        self.trainer_device = self.trainer_pool.device
+        # Trainer state sharded (FSDP) when a full replica does not fit on one trainer GPU.
+        fit = self.cm.fits(tb.model, ["trainer"], self.trainer_device, train_batch=tb.micro_batch,
+                           lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
+                           lora_rank=tb.lora_rank)
+        self.opt_shards = 1 if fit.fits else self.n_trainers
+        if self.mode == "colocated":
+            if self.style not in STYLES:
+                raise ValueError(f"colocated needs style in {STYLES}, got {self.style!r}")
+            self._colocated_costs()
+        self._cache: dict = {}
+
+    # ---- colocated baseline costs --------------------------------------------
+    def _colocated_costs(self) -> None:
+        tb, cm = self.tb, self.cm
+        p = self.trainer_pool
+        plan = cm.colocated_plan(tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
+                                 intra=p.intra_link or tb.links.intra_node,
+                                 inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
+                                 train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
+                                 cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
+                                 denoise_steps=tb.denoise_steps)
+        if not plan["fits"]:
+            raise ValueError(f"{tb.name}: no colocated configuration fits on {p.device}")
+        if self.style == "genrl":
+            # GenRL (ModelTC): torchrun + FSDP FULL_SHARD over the whole world for training and
+            # sampling (no hybrid-engine copy, no HSDP); offload only if that does not fit.
+            opts = plan["options"]
+            name = "fsdp-sample" if opts["fsdp-sample"]["fits"] else "fsdp-sample+offload"
+            if not opts[name]["fits"]:
+                name = plan["config"]
+            o = opts[name]
+            plan = {"config": name, "per_step_s": o["per_step_s"], "per_forward_s": o["per_forward_s"]}
+        self.colocated_config = plan["config"]
+        self._recompute = self.style == "verl-omni"
+        if self.zero_baseline:
+            self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
+        else:
+            self._per_fwd = float(plan["per_forward_s"])
+            self._per_step = {k: float(v) for k, v in plan["per_step_s"].items() if float(v) > 0}
+
+    def _overhead(self, name: str, s: float) -> float:
+        if s:
+            self.overhead_ws[name] = self.overhead_ws.get(name, 0.0) + s
+        return s
+
+    # ---- the duration function -----------------------------------------------
+    def __call__(self, worker: Worker, unit) -> float:
+        dev = self.layout.device[worker.id]
+        k = type(unit)
+        if k is Generate:
+            n = len(unit.groups) * self.samples_per_group
+            t = self._gen(dev, n, unit.t_end - unit.t_start, unit.t_start == 0)
+            if self._per_fwd:
+                t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * (unit.t_end - unit.t_start))
+            return t
+        if k is Reward:
+            return self._reward(dev, len(unit.groups) * self.samples_per_group)
+        if k is Train:
+            n = len(unit.groups) * self.samples_per_group
+            t = self._train(dev, n, len(unit.t_steps))
+            if self._recompute:
+                t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
+            if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
+                self._reloaded.add((worker.id, unit.step))
+                t += self._overhead("offload_reload", self._per_step["offload_reload"] / 2)
+            return t
+        if k is OptimizerStep:
+            t = self._opt(dev)
+            if self.mode == "colocated":
+                t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
+                t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
+            return t
+        if k is WeightSync:
+            return self._sync(dev)
+        raise TypeError(f"unknown unit {unit!r}")
+
+    # ---- cached pieces (floats: the 4,096-GPU benchmark calls these millions of times)
+    def _n_fwd(self, n: int) -> int:
+        return -(-n // self.tb.rollout_batch)
+
+    def _memo(self, key, fn):
+        v = self._cache.get(key)
+        if v is None:
+            v = self._cache[key] = float(fn())
+        return v
+
+    def _gen(self, dev: str, n: int, steps: int, encode: bool) -> float:
+        tb, cm = self.tb, self.cm
+        rb = tb.rollout_batch
+
+        def per_step():
+            full, rest = divmod(n, rb)
+            t = full * cm.denoise_s(tb.model, dev, rb, tb.cfg, tb.shape)
+            return t + (cm.denoise_s(tb.model, dev, rest, tb.cfg, tb.shape) if rest else 0.0)
+
+        t = steps * self._memo(("gen", dev, n), per_step)
+        if encode:  # one prompt per sample group; the text encoder runs once per prompt
+            prompts = max(1, n // self.tb.group_size)
+            t += self._memo(("enc", dev, prompts), lambda: cm.text_encode_s(tb.model, dev, prompts))
+        return t
+
+    def _reward(self, dev: str, n: int) -> float:
+        tb, cm = self.tb, self.cm
+        rb = tb.rollout_batch
+
+        def f():
+            full, rest = divmod(n, rb)
+            t = full * cm.reward_s(tb.model, dev, rb, tb.reward, tb.shape)
+            return t + (cm.reward_s(tb.model, dev, rest, tb.reward, tb.shape) if rest else 0.0)
+        return self._memo(("reward", dev, n), f)
+
+    def _train(self, dev: str, n: int, k: int) -> float:
+        tb, cm = self.tb, self.cm
+        mb = tb.micro_batch
+
+        def per_step():
+            full, rest = divmod(n, mb)
+            ts = lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape)
+            return full * ts(mb) + (ts(rest) if rest else 0.0)
+        return k * self._memo(("train", dev, n), per_step)
+
+    def _recompute_s(self, dev: str, n: int, k: int) -> float:
+        tb, cm = self.tb, self.cm
+        mb = tb.micro_batch
+
+        def per_step():
+            full, rest = divmod(n, mb)
+            f = lambda b: cm.denoise_s(tb.model, dev, b, tb.train_cfg, tb.shape)
+            return full * f(mb) + (f(rest) if rest else 0.0)
+        return k * self._memo(("recompute", dev, n), per_step)
+
+    def _opt(self, dev: str) -> float:
+        def f():
+            tb, cm, n = self.tb, self.cm, self.n_trainers
+            link = tb.link(self.trainer_pool, n)
+            grads = BYTES_GRAD * self.trainable_B * 1e9
+            t = float(allreduce_s(grads, n, link)) + float(cm.optimizer_step_s(self.trainable_B / self.opt_shards, dev))
+            return t + self._publish_s(dev)
+        return self._memo(("opt", dev), f)
+
+    def _publish_s(self, dev: str) -> float:
+        """Trainer side of a weight sync, inside OptimizerStep (the scheduler's pull model).
+
+        Colocated: nothing (same weights). Sharded full fine-tune: all-gather the bf16 weights
+        onto the sending rank first. nccl: the sender pushes the bytes once into the
+        pipelined chain. object-store / lora-only: device->host + one copy into the store.
+        """
+        if self.mode == "colocated" or self.n_rollout == 0:
+            return 0.0
+        tb, cm = self.tb, self.cm
+        lora = tb.weight_sync == "lora-only"
+        nbytes = cm.weight_bytes(tb.model, lora=lora, rank=tb.lora_rank)
+        t = 0.0
+        if self.opt_shards > 1 and not lora:
+            t += float(allgather_s(nbytes, self.n_trainers, tb.link(self.trainer_pool, self.n_trainers)))
+        if tb.weight_sync == "nccl":
+            return t + nbytes / (get_link(tb.links.inter_pool).gbps * 1e9)
+        return t + nbytes / (get_device(dev).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
+
+    def _sync(self, dev: str) -> float:
+        def f():
+            tb, cm = self.tb, self.cm
+            lora = tb.weight_sync == "lora-only"
+            nbytes = cm.weight_bytes(tb.model, lora=lora, rank=tb.lora_rank)
+            rpool = next(self.layout.pool[w.id] for w in self.layout.workers if w.role == "rollout")
+            full = float(cm.weight_sync_s(nbytes, tb.links.inter_pool, self.n_rollout, tb.weight_sync,
+                                          self.trainer_device, dev, rpool.gpus_per_node))
+            if tb.weight_sync == "nccl":
+                return full
+            sender = nbytes / (get_device(self.trainer_device).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
+            return full - sender  # the sender's part is in OptimizerStep
+        return self._memo(("sync", dev), f)
+
+
+def make_duration_fn(testbed: Testbed, cost_model: CostModel, mode: str, *, n_rollout: int | None = None,
+                     style: str | None = None, samples_per_group: int | None = None,
+                     zero_baseline: bool = False) -> DurationFn:
+    """duration_fn(worker, unit) -> seconds for `mode` on `testbed` (see module doc).
+
+    The returned object is callable and carries `.layout.workers` (pass them to the
+    Scheduler), `.overhead_ws` (baseline costs paid, worker-seconds) and
+    `.colocated_config` (the colocated memory plan used). `style` picks the colocated
+    baseline ("verl-omni" default, or "genrl"); `zero_baseline` removes its extra costs.
+    """
+    lay = layout(testbed, mode, n_rollout)
+    spg = testbed.group_size if samples_per_group is None else samples_per_group
+    if testbed.group_size % spg:
+        raise ValueError(f"samples_per_group={spg} must divide group_size={testbed.group_size}")
+    if mode == "colocated" and style is None:
+        style = "verl-omni"
+    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline)

@@ -1,0 +1,211 @@
+"""Planner: the knobs that give a mode its best simulated throughput on a testbed.
+
+    grid(testbed, mode)   the search space, one axis per knob the mode uses
+    plan(testbed, gpus)   cheap: analytic rollout/trainer split, then local search (multi-start)
+    exhaustive(...)       brute force over the same grid (the reference the planner must hit)
+
+Knobs (axes):
+    n_rollout           rollout GPUs when the testbed's one pool is split (disaggregated modes)
+    micro_batch_groups  groups per micro-batch. GAP modes: whole prompt groups (advantages need
+                        all rewards of a group), divisors of groups_per_step. Batch-level
+                        modes (colocated, disagg-sync, one-step-off) train nothing before the
+                        whole step is rewarded, so their units may cut prompt groups
+                        (samples_per_group = 1): micro-batch = any divisor of the step's samples,
+                        as flow_grpo spreads a group's samples over GPUs.
+    tsp_chunk           trained steps per Train unit (TSP), values giving distinct chunk counts.
+                        Batch-level modes use it for an even data-parallel share per trainer
+                        (report.sched_config), which their real trainers get by splitting samples.
+    tag_segment         denoising steps per trainer Generate segment (TAG's give-back
+                        granularity, the "TAG threshold"), divisors of denoise_steps
+
+Every mode, baselines included, gets its best point of this search: the planner starts from
+the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
+so a baseline is never configured worse than its default.
+
+The analytic split. Per sample, generation + reward takes g seconds on a rollout GPU and
+training (all trained steps) t seconds on a trainer GPU; the pools are balanced when
+R / g = (N - R) / t, i.e. R = N g / (g + t). Local search (coordinate moves along each axis
+to the neighbouring grid values, R also by +-2, +-4, ...) then absorbs the optimizer step,
+syncs, tails and TAG (which moves generation onto trainers, so the best R is usually lower).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from itertools import product
+
+from digenrl.sim.costs import CostModel
+from digenrl.sim.report import RunSpec, default_cost_model, resize, run_spec
+from digenrl.sim.testbed import Testbed
+
+GAP_MODES = ("gap", "gap+tsp", "gap+tsp+tag", "digenrl")
+BATCH_MODES = ("colocated", "disagg-sync", "one-step-off")
+LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
+PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
+
+
+@dataclass
+class Plan:
+    testbed: str
+    gpus: int
+    mode: str
+    spec: RunSpec
+    throughput: float  # samples/s, steady state
+    step_s: float
+    evaluated: int  # simulations run
+    wall_s: float
+    grid_size: int
+    analytic_n_rollout: int | None = None
+    history: list = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict:
+        return dict(testbed=self.testbed, gpus=self.gpus, mode=self.mode, knobs=self.spec.knobs(),
+                    throughput=self.throughput, step_s=self.step_s, evaluated=self.evaluated,
+                    wall_s=self.wall_s, grid_size=self.grid_size, analytic_n_rollout=self.analytic_n_rollout)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _split(tb: Testbed) -> bool:
+    return all(p.role == "any" for p in tb.pools)
+
+
+def grid(tb: Testbed, mode: str) -> dict[str, list]:
+    """Axis name -> candidate values for `mode` on `tb` (see module doc)."""
+    axes: dict[str, list] = {}
+    if mode != "colocated" and _split(tb):
+        axes["n_rollout"] = list(range(1, tb.n_gpus))
+    if mode in BATCH_MODES:
+        axes["micro_batch_groups"] = _divisors(tb.samples_per_step)
+    else:
+        axes["micro_batch_groups"] = _divisors(tb.groups_per_step)
+    if mode in ("gap+tsp", "gap+tsp+tag", "digenrl") or mode in BATCH_MODES:
+        k, seen, vals = tb.trained_steps, set(), []
+        for c in range(1, k + 1):
+            if -(-k // c) not in seen:
+                seen.add(-(-k // c))
+                vals.append(c)
+        axes["tsp_chunk"] = vals
+    if mode in ("gap+tsp+tag", "digenrl"):
+        axes["tag_segment"] = _divisors(tb.denoise_steps)
+    return axes
+
+
+def _spec(mode: str, point: dict, style: str | None) -> RunSpec:
+    spg = 1 if mode in BATCH_MODES else None
+    return RunSpec(mode, samples_per_group=spg, style=style, **point)
+
+
+def analytic_split(tb: Testbed, cm: CostModel | None = None) -> int:
+    """R = N g / (g + t), rounded, in [1, N - 1] (see module doc)."""
+    cm = cm or default_cost_model()
+    dev = tb.pools[0].device
+    n = tb.n_gpus
+    rb, mb = tb.rollout_batch, tb.micro_batch
+    g = (float(cm.generate_s(tb.model, dev, rb, tb.denoise_steps, tb.cfg, tb.shape))
+         + float(cm.reward_s(tb.model, dev, rb, tb.reward, tb.shape))) / rb
+    t = float(cm.train_chunk_s(tb.model, dev, mb, tb.trained_steps, tb.grad_ckpt, tb.lora, tb.train_cfg,
+                               tb.shape)) / mb
+    return min(n - 1, max(1, round(n * g / (g + t))))
+
+
+def _nearest(values: list, target: float):
+    return min(values, key=lambda v: (abs(v - target), v))
+
+
+def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = None) -> dict:
+    """Where the search starts: the mode's own default configuration."""
+    p: dict = {}
+    if "n_rollout" in axes:
+        p["n_rollout"] = analytic_split(tb, cm)
+    if mode in BATCH_MODES:  # one unit per GPU that generates (flow_grpo / verl: batch / GPUs)
+        gens = tb.n_gpus if mode == "colocated" else p.get("n_rollout", sum(
+            q.count for q in tb.pool("rollout")))
+        p["micro_batch_groups"] = _nearest(axes["micro_batch_groups"], tb.samples_per_step / gens)
+    else:
+        p["micro_batch_groups"] = 1
+    if "tsp_chunk" in axes:  # batch-level: the even data-parallel share (see report.sched_config)
+        p["tsp_chunk"] = axes["tsp_chunk"][0]
+    if "tag_segment" in axes:
+        p["tag_segment"] = axes["tag_segment"][0]
+    return p
+
+
+def _descend(ev, axes: dict, best: dict):
+    """Coordinate search from `best` until no single-axis move improves throughput."""
+    best_r = ev(best)
+    improved = True
+    while improved:
+        improved = False
+        for axis, values in axes.items():
+            i = values.index(best[axis])
+            if len(values) <= LINE_SEARCH_MAX:  # short axis: try every value
+                idx = range(len(values))
+            else:  # long axis (n_rollout on big clusters): neighbours and doubling jumps
+                idx = [i + s * 2 ** e for e in range(12) for s in (-1, 1)]
+            for j in idx:
+                if 0 <= j < len(values):
+                    cand = {**best, axis: values[j]}
+                    r = ev(cand)
+                    if r.throughput > best_r.throughput * (1 + 1e-9):
+                        best, best_r, improved = cand, r, True
+    return best, best_r
+
+
+class _Evaluator:
+    def __init__(self, tb, mode, style, steps, cm):
+        self.tb, self.mode, self.style, self.steps, self.cm = tb, mode, style, steps, cm
+        self.cache: dict = {}
+
+    def __call__(self, point: dict):
+        key = tuple(sorted(point.items()))
+        r = self.cache.get(key)
+        if r is None:
+            r = self.cache[key] = run_spec(self.tb, _spec(self.mode, point, self.style), self.steps, self.cm)
+        return r
+
+
+def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
+         steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None) -> Plan:
+    """Best knobs for `mode` by analytic split + local search (coordinate moves)."""
+    t0 = time.perf_counter()
+    tb = resize(testbed, gpus)
+    cm = cm or default_cost_model()
+    axes = grid(tb, mode)
+    ev = _Evaluator(tb, mode, style, steps, cm)
+    first = dict(start or default_point(tb, mode, axes, cm))
+    # Multi-start: the default, and the default with a few micro-batch sizes (the split and
+    # the unit size interact: a unit count that divides both pools evenly is a narrow ridge).
+    mbs = axes["micro_batch_groups"]
+    starts = [first] + [{**first, "micro_batch_groups": mbs[i]}
+                        for i in sorted({0, len(mbs) // 3, 2 * len(mbs) // 3, len(mbs) - 1})]
+    best, best_r = None, None
+    for s0 in starts:
+        p, r = _descend(ev, axes, s0)
+        if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
+            best, best_r = p, r
+    size = 1
+    for v in axes.values():
+        size *= len(v)
+    return Plan(tb.name, tb.n_gpus, mode, best_r.spec, best_r.throughput, best_r.step_s, len(ev.cache),
+                time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm))
+
+
+def exhaustive(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *,
+               style: str | None = None, steps: int = PLAN_STEPS, cm: CostModel | None = None) -> Plan:
+    """Best knobs for `mode` by simulating every point of `grid` (ties: first in grid order)."""
+    t0 = time.perf_counter()
+    tb = resize(testbed, gpus)
+    cm = cm or default_cost_model()
+    axes = grid(tb, mode)
+    ev = _Evaluator(tb, mode, style, steps, cm)
+    best_r = None
+    for values in product(*axes.values()):
+        r = ev(dict(zip(axes, values)))
+        if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
+            best_r = r
+    return Plan(tb.name, tb.n_gpus, mode, best_r.spec, best_r.throughput, best_r.step_s, len(ev.cache),
+                time.perf_counter() - t0, len(ev.cache))

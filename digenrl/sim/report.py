@@ -1,0 +1,328 @@
+"""Measuring simulated runs, and the report that puts modes side by side.
+
+One run: testbed + mode + knobs -> scheduler on the virtual clock -> metrics.
+
+    RunSpec (mode, n_rollout, micro_batch_groups, samples_per_group, tsp_chunk, tag_segment)
+      --sched_config--> SchedConfig --Scheduler + make_duration_fn--> run_virtual --> Trace
+      --measure--> RunResult (steady-state throughput, bubbles, staleness, breakdown)
+
+Steady state. An RL run is long; a simulated one is a few steps, so its ends would
+dominate: the first steps fill the pipeline (the modes that generate ahead, one-step-off and
+TCSS, reach their steady pattern after ~5 steps, often a cycle of 2-3 steps of different
+lengths), and the last step has no next step to generate (drain, which flatters them).
+Throughput is therefore measured between optimizer-step ends a = steps // 3 and
+b = steps - 2:
+    step_s = (t_opt[b] - t_opt[a]) / (b - a),   throughput = samples_per_step / step_s
+(default 12 steps: a window of 6, two cycles of 3). With steps < 3 the whole run is the window. Bubbles and the breakdown use the same window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional
+
+from digenrl.sched import SchedConfig, Scheduler
+from digenrl.sim.costs import CostModel, get_model
+from digenrl.sim.devices import get_device
+from digenrl.sim.durations import DurationFn, make_duration_fn
+from digenrl.sim.engine import run_virtual
+from digenrl.sim.testbed import Testbed
+from digenrl.trace import Trace, bubble_ratio, staleness
+
+KINDS = ("generate", "reward", "train", "optimizer", "sync")
+BATCH_MODES = ("colocated", "disagg-sync", "one-step-off")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The knobs of one run (None = not used by this mode)."""
+
+    mode: str
+    n_rollout: Optional[int] = None  # rollout GPUs when the testbed's pool is split (role any)
+    micro_batch_groups: int = 1  # scheduler groups per micro-batch
+    samples_per_group: Optional[int] = None  # samples per scheduler group (None: group_size)
+    tsp_chunk: Optional[int] = None  # TSP chunk; batch-level modes: trainers share the batch evenly
+    tag_segment: Optional[int] = None
+    style: Optional[str] = None  # colocated baseline style: verl-omni | genrl
+    zero_baseline: bool = False
+
+    def knobs(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
+
+
+@dataclass
+class RunResult:
+    spec: RunSpec
+    testbed: str
+    n_gpus: int
+    step_s: float  # steady-state seconds per RL step
+    throughput: float  # trained samples per second (steady state)
+    images_per_s_per_gpu: float
+    usd_per_hour: float
+    samples_per_usd: float
+    bubble: dict  # pool -> idle fraction over the steady window
+    staleness_max: int
+    breakdown_s: dict  # per RL step: GPU-seconds / GPUs per kind + overhead + idle (sums to step_s)
+    overhead_ws: dict  # baseline costs paid, GPU-seconds per step
+    colocated_config: Optional[str] = None
+    trace: Optional[Trace] = field(default=None, repr=False)
+    fn: Optional[DurationFn] = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k not in ("trace", "fn", "spec")}
+        d["mode"] = self.spec.mode
+        d["knobs"] = self.spec.knobs()
+        return d
+
+
+def sched_config(tb: Testbed, spec: RunSpec, steps: int) -> SchedConfig:
+    spg = tb.group_size if spec.samples_per_group is None else spec.samples_per_group
+    groups = tb.samples_per_step // spg
+    # Batch-level baselines train data-parallel: every trainer takes an even share of the
+    # step's batch. The scheduler expresses an even share as Train units of (micro-batch,
+    # chunk of trained steps): the same compute per trainer, gradients accumulated, one
+    # all-reduce. (In the GAP modes this split is TSP proper, set by the mode preset.)
+    tsp = True if spec.mode in BATCH_MODES and spec.tsp_chunk is not None else None
+    return SchedConfig(mode=spec.mode, rl_steps=steps, groups_per_step=groups, group_size=spg,
+                       num_steps=tb.denoise_steps, trained_steps=tuple(range(tb.trained_steps)),
+                       micro_batch_groups=min(spec.micro_batch_groups, groups), tsp_chunk=spec.tsp_chunk or 1,
+                       tag_segment=spec.tag_segment or 1, tsp=tsp)
+
+
+def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = None,
+             keep_trace: bool = False) -> RunResult:
+    """Simulate `steps` RL steps of `spec` on `tb` and measure the steady state."""
+    cm = cm or default_cost_model()
+    fn = make_duration_fn(tb, cm, spec.mode, n_rollout=spec.n_rollout, style=spec.style,
+                          samples_per_group=spec.samples_per_group, zero_baseline=spec.zero_baseline)
+    sched = Scheduler(sched_config(tb, spec, steps), fn.layout.workers)
+    trace = run_virtual(sched, fn)
+    return measure(tb, spec, trace, fn, steps, keep_trace)
+
+
+def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int,
+            keep_trace: bool = False) -> RunResult:
+    opt_end: dict[int, float] = {}
+    for s in trace.spans:
+        if s.kind == "optimizer":
+            opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
+    if steps >= 3:
+        a, b = steps // 3, steps - 2
+        t0, t1, n_steps = opt_end[a], opt_end[b], b - a
+    else:
+        t0, t1, n_steps = 0.0, opt_end[steps - 1], steps
+    step_s = (t1 - t0) / n_steps
+    n = len(fn.layout.workers)
+    busy = {k: 0.0 for k in KINDS}
+    for s in trace.spans:
+        busy[s.kind] += max(0.0, min(s.end, t1) - max(s.start, t0))
+    over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
+    bd = {k: v / n_steps / n for k, v in busy.items()}
+    # Baseline overheads were inside units: move them to their own column.
+    where = {"fsdp_gather": "generate", "recompute_logp": "train", "phase_switch": "optimizer",
+             "offload_reload": "optimizer"}
+    for k, v in over.items():
+        bd[where[k]] -= v / n
+        bd["overhead"] = bd.get("overhead", 0.0) + v / n
+    bd.setdefault("overhead", 0.0)
+    bd["idle"] = max(0.0, step_s - sum(bd.values()))
+    pools = sorted(set(trace.workers.values()))
+    usd = sum(get_device(fn.layout.device[w.id]).usd_per_hour for w in fn.layout.workers)
+    thr = tb.samples_per_step / step_s
+    st = staleness(trace)
+    return RunResult(spec, tb.name, n, step_s, thr, thr / n, usd, thr * 3600 / usd,
+                     {p: bubble_ratio(trace, p, t0, t1) for p in pools}, max(st.values(), default=0),
+                     bd, over, fn.colocated_config, trace if keep_trace else None, fn if keep_trace else None)
+
+
+_CM: CostModel | None = None
+
+
+def default_cost_model() -> CostModel:
+    """The packaged H200 calibration (fitted once per process)."""
+    global _CM
+    if _CM is None:
+        _CM = CostModel()
+    return _CM
+
+
+def resize(tb: Testbed, gpus: int | None) -> Testbed:
+    """The testbed with its single split pool resized to `gpus` (fixed-role testbeds: unchanged)."""
+    if gpus is None or gpus == tb.n_gpus:
+        return tb
+    if len(tb.pools) != 1 or tb.pools[0].role != "any":
+        raise ValueError(f"--gpus {gpus}: testbed {tb.name!r} has fixed pools ({tb.n_gpus} GPUs); "
+                         "edit its YAML to change pool sizes")
+    return replace(tb, pools=(replace(tb.pools[0], count=gpus),), name=f"{tb.name}@{gpus}")
+
+
+# ----------------------------------------------------------------------------- ideal bound
+
+
+def _batched(f, n: int, b: int) -> float:
+    """Cost of n samples processed in batches of b (the last batch may be smaller)."""
+    full, rest = divmod(n, b)
+    return full * float(f(b)) + (float(f(rest)) if rest else 0.0)
+
+
+def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
+    """GPU-seconds of useful work in one RL step if all of it ran on `device`.
+
+    generate  every sample's denoising steps, in forwards of rollout_batch (CFG included)
+    encode    one text-encoder pass per prompt
+    reward    VAE decode + reward model, in batches of rollout_batch
+    train     every trained step of every sample, in micro-batches of micro_batch
+    optimizer one fused AdamW step over the trainable parameters (once, however sharded)
+    Not useful (so not here): collectives, weight syncs, phase switches, offload/reload,
+    recomputed log-probs, waiting.
+    """
+    cm = cm or default_cost_model()
+    n, m = tb.samples_per_step, tb.model
+    trainable = cm.lora_params_B(m, tb.lora_rank) if tb.lora else get_model(m).params_B
+    return {
+        "generate": tb.denoise_steps * _batched(lambda b: cm.denoise_s(m, device, b, tb.cfg, tb.shape), n,
+                                                tb.rollout_batch),
+        "encode": float(cm.text_encode_s(m, device, tb.groups_per_step)),
+        "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape), n, tb.rollout_batch),
+        "train": tb.trained_steps * _batched(
+            lambda b: cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape), n, tb.micro_batch),
+        "optimizer": float(cm.optimizer_step_s(trainable, device)),
+    }
+
+
+def ideal_step_s(tb: Testbed, cm: CostModel | None = None) -> dict:
+    """The ideal bound: seconds per RL step with every GPU busy on useful work only.
+
+    Homogeneous: T* = (useful GPU-seconds per step) / (number of GPUs).
+    Heterogeneous: the fluid version of the same thing, the smallest T such that the useful
+    work can be cut into pieces (any fraction of any kind) and placed so that no GPU works
+    longer than T, where a piece of kind k on device d costs useful_work(d)[k]. Generation,
+    encoding and rewards may run on any GPU (TAG lets trainers generate); training and the
+    optimizer only on trainer (or split) pools. Computed exactly for the two-phase shape:
+    trainer-only work goes on trainer-capable GPUs first, generation fills the rest in order
+    of comparative advantage, bisection on T.
+    Returns {"step_s", "work": {device: {kind: s}}, "gpus": {device: count}}.
+    """
+    cm = cm or default_cost_model()
+    gpus: dict[str, int] = {}
+    train_ok: dict[str, bool] = {}
+    for p in tb.pools:
+        gpus[p.device] = gpus.get(p.device, 0) + p.count
+        train_ok[p.device] = train_ok.get(p.device, False) or p.role in ("trainer", "any")
+    work = {d: useful_work(tb, d, cm) for d in gpus}
+    gen_k, train_k = ("generate", "encode", "reward"), ("train", "optimizer")
+    if len(gpus) == 1:
+        (d, n), = gpus.items()
+        return {"step_s": sum(work[d].values()) / n, "work": work, "gpus": gpus}
+    trainers = [d for d in gpus if train_ok[d]]
+    gen = {d: sum(work[d][k] for k in gen_k) for d in gpus}
+    train = {d: sum(work[d][k] for k in train_k) for d in trainers}
+
+    def feasible(T: float) -> bool:
+        # Training on trainer-capable devices, fastest first (by train cost), then generation
+        # into the leftover capacity, devices most efficient at generation first.
+        cap = {d: gpus[d] * T for d in gpus}
+        left = 1.0
+        for d in sorted(trainers, key=lambda d: train[d] / gen[d]):
+            x = min(left, cap[d] / train[d])
+            cap[d] -= x * train[d]
+            left -= x
+        if left > 1e-12:
+            return False
+        g = 1.0
+        for d in sorted(gpus, key=lambda d: gen[d]):
+            g -= min(g, cap[d] / gen[d])
+        return g <= 1e-12
+
+    lo, hi = 0.0, sum(gen.values()) + sum(train.values())
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
+    return {"step_s": hi, "work": work, "gpus": gpus}
+
+
+# ----------------------------------------------------------------------------- the report
+
+COLS = ("generate", "reward", "train", "optimizer", "sync", "overhead", "idle")
+LABELS = {"colocated": "colocated (veRL-Omni)", "genrl": "genrl (GenRL)"}
+
+
+@dataclass
+class Report:
+    """Every mode on one testbed (see simulate.simulate). `rows[label]` are RunResults."""
+
+    testbed: Testbed
+    reference: Optional[Testbed]  # same-budget homogeneous cluster for colocated rows (hetero only)
+    steps: int
+    rows: dict
+    ideal_s: dict  # testbed name -> ideal seconds per RL step (ideal_step_s)
+    decomposition: dict  # baseline -> {"total", "per_dollar", "factors", "shares", "note"}
+    plans: dict
+    gantt: dict = field(default_factory=dict)  # label -> PNG path (after write)
+
+    def utilisation(self, label: str) -> float:
+        """Ideal seconds per step / simulated seconds per step, on the cluster the row ran on."""
+        r = self.rows[label]
+        return self.ideal_s[r.testbed] / r.step_s
+
+    def vs_colocated(self, label: str) -> Optional[float]:
+        """Throughput ratio to the colocated (veRL-Omni) row; per dollar if the clusters differ."""
+        if "colocated" not in self.rows:
+            return None
+        r, c = self.rows[label], self.rows["colocated"]
+        if r.testbed != c.testbed:
+            return r.samples_per_usd / c.samples_per_usd
+        return r.throughput / c.throughput
+
+    def to_dict(self) -> dict:
+        rows = {}
+        for k, r in self.rows.items():
+            d = r.to_dict()
+            d.update(utilisation=self.utilisation(k), vs_colocated=self.vs_colocated(k))
+            rows[k] = d
+        return {"testbed": self.testbed.name, "n_gpus": self.testbed.n_gpus, "model": self.testbed.model,
+                "reference": self.reference.name if self.reference else None, "steps": self.steps,
+                "ideal_step_s": self.ideal_s, "rows": rows, "decomposition": self.decomposition,
+                "plans": self.plans, "gantt": self.gantt}
+
+    def table(self) -> str:
+        tb = self.testbed
+        lines = [f"== {tb.name}: {tb.model}, {tb.n_gpus} GPUs ({', '.join(f'{p.count}x {p.device} {p.role}' for p in tb.pools)}), "
+                 f"{tb.samples_per_step} samples/step; ideal {self.ideal_s[tb.name]:.2f} s/step"]
+        if self.reference:
+            lines.append(f"   colocated rows on {self.reference.name} (same $/h), compared per dollar; "
+                         f"ideal there {self.ideal_s[self.reference.name]:.2f} s/step")
+        hdr = (f"{'mode':<22} {'GPUs':>4} {'s/step':>8} {'smp/s':>7} {'img/s/GPU':>9} {'smp/$':>7} {'vs coloc':>8} "
+               f"{'util':>5} {'bubble':>17} {'stale':>5}  breakdown s/step " + "/".join(c[:4] for c in COLS))
+        lines += [hdr, "-" * len(hdr)]
+        for k, r in self.rows.items():
+            vs = self.vs_colocated(k)
+            bub = " ".join(f"{p[0]}{v:.2f}" for p, v in r.bubble.items())
+            bd = "/".join(f"{r.breakdown_s.get(c, 0.0):.1f}" for c in COLS)
+            lines.append(f"{LABELS.get(k, k):<22} {r.n_gpus:>4} {r.step_s:>8.2f} {r.throughput:>7.3f} "
+                         f"{r.images_per_s_per_gpu:>9.4f} {r.samples_per_usd:>7.0f} "
+                         f"{'-' if vs is None else f'{vs:.2f}x':>8} {100 * self.utilisation(k):>4.0f}% {bub:>17} "
+                         f"{r.staleness_max:>5}  {bd}")
+        for base, d in self.decomposition.items():
+            f = d["factors"]
+            lines.append(f"digenrl vs {LABELS.get(base, base)}: {d['total']:.2f}x{' per $' if d['per_dollar'] else ''}"
+                         f" = baseline costs {f['baseline_costs']:.2f} x heterogeneity {f['heterogeneity']:.2f}"
+                         f" x scaling {f['independent_scaling']:.2f} x overlap {f['overlap']:.2f}"
+                         + (f"  [< {1.56}x: {d['note']}]" if d["note"] else ""))
+        return "\n".join(lines)
+
+    def write(self, out_dir, gantt_modes=None) -> None:
+        """report.json + one Gantt PNG per row (a steady-state RL step; `gantt_modes` limits
+        which rows get one: matplotlib takes ~1-2 s per figure) into out_dir."""
+        from pathlib import Path
+        import json
+        from digenrl.trace import plot_gantt
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        step = self.steps // 2
+        for k, r in self.rows.items():
+            if r.trace is not None and (gantt_modes is None or k in gantt_modes):
+                p = out / f"gantt-{self.testbed.name}-{k.replace('+', '_')}.png"
+                plot_gantt(r.trace, str(p), step=min(step, self.steps - 1))
+                self.gantt[k] = str(p)
+        (out / f"report-{self.testbed.name}.json").write_text(json.dumps(self.to_dict(), indent=1))

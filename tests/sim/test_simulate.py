@@ -1,0 +1,131 @@
+"""simulate(): every mode on the small preset, the ideal bound, the decomposition, the CLI."""
+
+import json
+import math
+
+import pytest
+
+from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
+from digenrl.sim.costs import CostModel
+from digenrl.sim.durations import make_duration_fn
+from digenrl.sim.report import RunSpec, ideal_step_s, run_spec, useful_work
+from digenrl.sim.simulate import ALL, BASELINES, homogeneous_reference, simulate
+from digenrl.sim.testbed import load_testbed
+
+SMALL = "small-h200x16-sd35"
+
+
+@pytest.fixture(scope="module")
+def cm():
+    return CostModel()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    return simulate(SMALL, steps=4, out_dir=tmp_path_factory.mktemp("sim"), gantt_modes=("digenrl",))
+
+
+def test_all_modes_run(report):
+    assert list(report.rows) == list(ALL)
+    for r in report.rows.values():
+        assert r.throughput > 0 and r.step_s > 0
+
+
+def test_digenrl_at_least_every_baseline(report):
+    d = report.rows["digenrl"].throughput
+    for b in BASELINES:
+        assert d >= report.rows[b].throughput * (1 - 1e-9), b
+
+
+def test_utilisation_and_bubbles_in_unit_interval(report):
+    for k, r in report.rows.items():
+        assert 0.0 < report.utilisation(k) <= 1.0, k
+        assert all(0.0 <= v <= 1.0 for v in r.bubble.values()), k
+
+
+def test_breakdown_adds_up_to_the_step(report):
+    for k, r in report.rows.items():
+        assert sum(r.breakdown_s.values()) == pytest.approx(r.step_s, rel=1e-6), k
+
+
+def test_decomposition_parts_add_up(report):
+    assert set(report.decomposition) == set(BASELINES)
+    for base, d in report.decomposition.items():
+        assert math.prod(d["factors"].values()) == pytest.approx(d["total"], rel=1e-9)
+        if abs(math.log(d["total"])) > 1e-6:
+            assert sum(d["shares"].values()) == pytest.approx(1.0)
+        if d["total"] < 1.56:
+            assert d["note"], base  # says which baseline cost is absent here
+
+
+def test_colocated_pays_its_costs_where_they_happen(report):
+    c, g = report.rows["colocated"], report.rows["genrl"]
+    assert c.overhead_ws.get("recompute_logp", 0) > 0  # veRL-Omni recomputes old log-probs
+    assert "recompute_logp" not in g.overhead_ws  # GenRL keeps the sampler's
+    assert c.overhead_ws.get("phase_switch", 0) > 0
+    assert report.decomposition["colocated"]["factors"]["baseline_costs"] > 1.0
+
+
+def test_writes_json_and_gantts(report):
+    for p in report.gantt.values():
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["rows"]["digenrl"]["utilisation"] == pytest.approx(report.utilisation("digenrl"))
+
+
+def test_ideal_bound_by_hand(cm):
+    tb = load_testbed(SMALL)
+    w = useful_work(tb, "H200", cm)
+    # 32 samples in forwards of 4 with CFG (batch 8), 4 denoising steps
+    assert w["generate"] == pytest.approx(4 * 8 * float(cm.denoise_s(tb.model, "H200", 4, True, tb.shape)))
+    assert ideal_step_s(tb, cm)["step_s"] == pytest.approx(sum(w.values()) / 16)
+
+
+def test_hetero_ideal_between_its_pools(cm):
+    tb = load_testbed("hetero-h200x8-l40sx16-flux")
+    t = ideal_step_s(tb, cm)["step_s"]
+    h = sum(useful_work(tb, "H200", cm).values())
+    assert h / 24 < t < h / 8  # L40S help, but less than H200s would
+
+
+def test_homogeneous_reference_same_budget():
+    tb = load_testbed("hetero-h200x8-l40sx16-flux")
+    ref = homogeneous_reference(tb)
+    assert ref.pools[0].device == "H200" and ref.pools[0].role == "any" and ref.n_gpus % 8 == 0
+
+
+def test_duration_fn_units(cm):
+    tb = load_testbed(SMALL)
+    fn = make_duration_fn(tb, cm, "digenrl", n_rollout=8)
+    r, t = Worker("h200-0", "rollout"), Worker("h200-15", "trainer")
+    g = fn(r, Generate(0, 0, (0,), 0, 0, 4))
+    assert fn(r, Generate(0, 0, (0,), 0, 2, 4)) < g / 2  # no prompt encoding mid-trajectory
+    assert fn(r, Reward(0, 0, (0,))) > 0
+    assert fn(t, Train(0, 0, (0,), (0, 1), 0)) == pytest.approx(2 * fn(t, Train(0, 0, (0,), (0,), 0)))
+    assert fn(t, OptimizerStep(0, 1)) > 0 and fn(r, WeightSync(1)) > 0
+    assert fn.overhead_ws == {}  # DigenRL pays no colocated costs
+
+
+def test_zero_baseline_is_faster(cm):
+    tb = load_testbed(SMALL)
+    spec = RunSpec("colocated", micro_batch_groups=2, samples_per_group=1, tsp_chunk=1, style="verl-omni")
+    base = run_spec(tb, spec, 4, cm)
+    zero = run_spec(tb, RunSpec(**{**spec.__dict__, "zero_baseline": True}), 4, cm)
+    assert zero.throughput > base.throughput and zero.overhead_ws == {}
+
+
+def test_cli_simulate_prints_table_and_writes_json(tmp_path, capsys):
+    from digenrl.sim.cli import simulate_main
+    out = tmp_path / "r.json"
+    assert simulate_main(["--testbed", SMALL, "--steps", "4", "--modes", "colocated,digenrl",
+                          "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "digenrl" in text and "s/step" in text and "vs colocated" in text
+    assert set(json.loads(out.read_text())["rows"]) == {"colocated", "digenrl"}
+
+
+def test_cli_unknown_testbed_lists_presets(capsys):
+    from digenrl.sim.cli import simulate_main
+    assert simulate_main(["--testbed", "nope"]) == 2
+    assert SMALL in capsys.readouterr().err
