@@ -1,0 +1,14 @@
+"""runtime: the only package that imports Ray. Actors, pools, placement, weight sync, traces.
+
+    driver.py       RayTrainer(cfg).train(resume=) -- the Flow-GRPO run on Ray pools, any mode
+    loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
+    workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker
+    weight_sync.py  object-store and lora-only engines (bytes, seconds)
+    cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
+    emulated.py     EmulatedWorker (sleeps the cost model's time), run_emulated
+    bench.py        bench_real / bench_emulated / bench_main (`digenrl bench`)
+    reward_pool.py  a pool of reward actors (used by remote reward serving)
+
+Submodules are imported explicitly (`from digenrl.runtime.driver import RayTrainer`), so
+`import digenrl.runtime` stays cheap. See docs/runtime.md.
+"""

@@ -1,0 +1,135 @@
+"""The driver's event loop: the scheduler fed by real Ray completions.
+
+    assign() --> backend.dispatch(w, unit) -> ObjectRef[info]   (an actor method call)
+       ^                                            |
+       |                                      ray.wait (any)
+       |                                            v
+       +-- complete(w, unit) + Span(worker-reported start/end) -- info
+       +-- worker_lost(w) + add_worker(replacement)          -- RayActorError
+
+Same shape as `digenrl.sim.engine.run_virtual`: the scheduler cannot tell the two apart.
+Real compute and emulated compute differ only in the backend (what a unit does).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Protocol
+
+import ray
+from ray.exceptions import RayActorError
+
+from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
+from digenrl.sched.units import Train
+from digenrl.trace import Span, Trace
+
+
+class Backend(Protocol):
+    def dispatch(self, worker_id: str, unit: Unit) -> ray.ObjectRef: ...
+
+    def completed(self, worker_id: str, unit: Unit, info: dict) -> None: ...
+
+    def replace(self, worker: Worker) -> Worker: ...
+
+    def step_done(self, step: int, now: float) -> None: ...
+
+
+class EventLoop:
+    """Runs `scheduler` to completion on Ray; spans go into `self.trace` (seconds from t0).
+
+    Steps and versions in the trace are the scheduler's (a resumed run counts from the
+    checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
+    """
+
+    def __init__(self, scheduler: Scheduler, backend: Backend, *,
+                 on_dispatch: Optional[Callable[[str, Unit], None]] = None):
+        self.sched, self.backend = scheduler, backend
+        self.on_dispatch = on_dispatch
+        self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
+                           alive={w.id: [0.0, None] for w in scheduler.workers})
+        self.pending: dict[ray.ObjectRef, tuple[str, Unit, float]] = {}  # ref -> (wid, unit, dispatched)
+        self.t0 = time.time()
+
+    def now(self) -> float:
+        return time.time() - self.t0
+
+    def in_flight(self) -> list[Span]:
+        """Units still running, as spans from their dispatch to now (for live bubble ratios)."""
+        now = self.now()
+        return [Span(w, kind(u), t, now, None, None) for w, u, t in self.pending.values()]
+
+    def run(self) -> Trace:
+        sched = self.sched
+        self._launch()
+        while not sched.done:
+            if not self.pending:
+                raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
+            ready, _ = ray.wait(list(self.pending), num_returns=1)
+            more, _ = ray.wait([r for r in self.pending if r not in ready],
+                               num_returns=len(self.pending) - 1, timeout=0) if len(self.pending) > 1 else ([], [])
+            for ref in ready + more:
+                self._event(ref)
+            self._launch()
+        self.trace.end = self.now()
+        return self.trace
+
+    def _launch(self) -> None:
+        for wid, unit in self.sched.assign():
+            if self.on_dispatch is not None:
+                self.on_dispatch(wid, unit)
+            ref = self.backend.dispatch(wid, unit)
+            self.pending[ref] = (wid, unit, self.now())
+
+    def _event(self, ref: ray.ObjectRef) -> None:
+        wid, unit, t_disp = self.pending.pop(ref)
+        try:
+            info = ray.get(ref)
+        except RayActorError as e:
+            self._lost(wid, unit, t_disp, e)
+            return
+        version_before = self.sched.version
+        self.sched.complete(wid, unit)
+        self.trace.n_events += 1
+        self.trace.spans.append(Span(wid, kind(unit), info["start"] - self.t0,
+                                     info["end"] - self.t0, _version(unit), _step(unit), unit=unit))
+        self.backend.completed(wid, unit, info)
+        if self.sched.version != version_before:
+            self.backend.step_done(version_before, self.now())
+
+    def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception) -> None:
+        now = self.now()
+        self.trace.spans.append(Span(wid, kind(unit), t_disp, now, _version(unit), _step(unit),
+                                     extra={"lost": True}, unit=unit))
+        self.trace.alive[wid][1] = now
+        old = next(w for w in self.sched.workers if w.id == wid)
+        try:
+            self.sched.worker_lost(wid)
+        except SchedulerError as e:
+            raise WorkerLostError(wid, old.role, err) from e
+        new = self.backend.replace(old)
+        self.sched.add_worker(new)
+        self.trace.workers[new.id] = new.role
+        self.trace.alive[new.id] = [now, None]
+
+
+class WorkerLostError(RuntimeError):
+    """A trainer (or colocated) worker died: gradient and optimizer state are gone."""
+
+    def __init__(self, wid: str, role: str, cause: Exception):
+        super().__init__(
+            f"{role} worker {wid!r} died ({type(cause).__name__}); a {role} holds gradient and "
+            "optimizer state that cannot be rebuilt mid-run. Rerun the same command with "
+            "--resume to continue from the last checkpoint (run.checkpoint_every).")
+        self.worker_id = wid
+
+
+def _version(unit: Unit) -> Optional[int]:
+    """The weights a unit ran with: the trainer's (= its step) for Train, else the unit's."""
+    if type(unit) is Train:
+        return unit.step
+    return getattr(unit, "version", None)
+
+
+def _step(unit: Unit) -> int:
+    step = getattr(unit, "step", None)
+    return unit.version - 1 if step is None else step

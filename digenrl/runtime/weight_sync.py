@@ -1,0 +1,51 @@
+"""Weight sync engines: how trainer 0's new weights reach the rollout workers.
+
+    trainer 0: OptimizerStep(k) --publish(module)--> payload --(Ray object store)--> ref[k+1]
+    rollout:   WeightSync(k+1) --load(module, payload)  (a pull, at a trajectory boundary)
+
+The scheduler's pull model (see `digenrl.sched`) fixes the shape: the trainer side is part
+of OptimizerStep, the receiving side is one WeightSync unit on one rollout worker, so a
+trainer never waits for a rollout worker.
+
+    object-store  the whole module state dict (base + adapters), as mm_grpo ships weights
+    lora-only     the trainable tensors only: adapters under LoRA (needs model.lora_rank > 0)
+    nccl          not implemented in this runtime yet (see docs/runtime.md); refused up front
+
+Both engines return (payload, bytes); the driver records bytes and seconds per step.
+"""
+
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
+
+ENGINES = ("object-store", "lora-only")
+
+
+def check_engine(name: str) -> None:
+    if name == "nccl":
+        raise NotImplementedError(
+            "runtime.weight_sync=nccl is not implemented in the Ray runtime yet: a pull-model "
+            "NCCL send needs a side channel on trainer 0 (see docs/runtime.md). "
+            "Use object-store (default) or lora-only.")
+    if name not in ENGINES:
+        raise ValueError(f"runtime.weight_sync={name!r}: allowed values are {', '.join(ENGINES)}")
+
+
+def publish(name: str, module: torch.nn.Module) -> tuple[Dict[str, torch.Tensor], int]:
+    """The payload trainer 0 puts in the object store, and its size in bytes."""
+    if name == "lora-only":
+        state = trainable_state_dict(module)
+    else:
+        state = module.state_dict()
+    payload = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    return payload, sum(v.numel() * v.element_size() for v in payload.values())
+
+
+def load(name: str, module: torch.nn.Module, payload: Dict[str, torch.Tensor]) -> int:
+    """Copy a published payload into `module` in place; returns the bytes received."""
+    load_trainable_state_dict(module, payload)  # in place; raises on unknown names
+    return sum(v.numel() * v.element_size() for v in payload.values())

@@ -1,0 +1,222 @@
+"""Ray actors of the real-compute runtime: one class per pool, each wrapping single-device code.
+
+    PolicyWorker(role="rollout")    policy copy: generate / reward / load_weights
+    PolicyWorker(role="trainer")    a whole single-device `Trainer` (policy + Learner + rewarder):
+    PolicyWorker(role="colocated")    train / optimizer_step (all-reduce) / TAG generate /
+                                      evaluate / save / load, and publishes weights (worker 0)
+    RewardWorker                    the configured rewarder only (runtime.reward.workers > 0)
+
+Every unit method returns its result plus an `info` dict with worker-side wall times
+(`start`, `end`: time.time()); the driver waits on the small `info` ref and passes the big
+results (Trajectories, weights) between actors as ObjectRefs.
+
+Composition, not inheritance: the trainer actor holds a `digenrl.trainer.Trainer`, so the
+distributed run uses the very code the single-device reference runs (HOUSE_STYLE 2).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Optional
+
+import torch
+
+from digenrl.config import Config
+from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
+from digenrl.runtime import weight_sync
+from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync
+
+
+def _info(t0: float, **extra) -> dict[str, Any]:
+    return {"start": t0, "end": time.time(), "pid": os.getpid(), **extra}
+
+
+class PolicyWorker:
+    """One device of the rollout, trainer or colocated pool (see module doc)."""
+
+    def __init__(self, cfg: Config, role: str, worker_id: str):
+        torch.set_num_threads(cfg.runtime.worker_threads)
+        self.cfg, self.role, self.id = cfg, role, worker_id
+        self.engine = cfg.runtime.weight_sync
+        self.version = 0
+        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
+        self.dist = False
+        if role == "rollout":
+            from digenrl.models import build_policy
+            from digenrl.trainer import build_rewarder
+
+            self.trainer = None
+            self.policy = build_policy(cfg.model, progress=False)
+            self.rewarder = build_rewarder(cfg)
+        else:
+            from digenrl.trainer import Trainer
+
+            self.trainer = Trainer(cfg, progress=False)
+            self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
+            self.learner = self.trainer.learner
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    # -- units ------------------------------------------------------------------------
+    def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
+                 coords: list[tuple[int, int, int]], spec: SampleSpec,
+                 traj: Optional[Trajectories]) -> tuple[Trajectories, dict]:
+        """Denoising steps [t_start, t_end) of one micro-batch; decodes when it is finished.
+
+        `traj` is the partial trajectory of the previous segment (a continuation, maybe
+        handed over by a TAG trainer) or None for a fresh micro-batch.
+        """
+        t0 = time.time()
+        if version != self.version:
+            raise RuntimeError(f"{self.id}: asked to generate with version {version} but holds "
+                               f"{self.version} (scheduler/runtime out of sync)")
+        self.policy.module.eval()
+        if traj is None:
+            traj = start(self.policy, prompts, coords, spec, step=step, version=version)
+        else:  # objects from the store may be read-only views: own the buffers we write
+            traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
+        advance(self.policy, traj, spec, unit.t_end)
+        if unit.t_end == spec.num_steps:
+            finish(self.policy, traj)
+        return traj, _info(t0)
+
+    def reward(self, unit: Reward, traj: Trajectories) -> dict:
+        t0 = time.time()
+        rewards, parts = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
+        return _info(t0, rewards=rewards, parts=parts, group_ids=traj.group_ids)
+
+    def train(self, unit: Train, traj: Trajectories, advantages: torch.Tensor, spec: SampleSpec,
+              total_samples: int, total_steps: int) -> dict:
+        """Accumulate the gradient of one Train unit (micro-batch x chunk of trained steps)."""
+        t0 = time.time()
+        traj.advantages = advantages
+        self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
+                                total_steps=total_steps)
+        done = [(*c, t) for c in traj.coords for t in unit.t_steps]
+        self.trained.extend(done)
+        return _info(t0, trained=done)
+
+    def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], dict]:
+        """All-reduce the accumulated gradients, step, and (worker 0) publish the new weights.
+
+        Workers that trained nothing contribute zeros; a parameter nobody touched keeps
+        grad None on every worker, exactly as on a single device.
+        """
+        t0 = time.time()
+        sums, weight = dict(self.learner._sums), self.learner._weight
+        if self.dist:
+            self._all_reduce_grads()
+        t_reduce = time.time() - t0
+        metrics = self.learner.optimizer_step()
+        self.version = version  # the run's version (unit.version counts from a resumed step)
+        payload, nbytes, t_pub = None, 0, 0.0
+        if publish:
+            t1 = time.time()
+            payload, nbytes = weight_sync.publish(self.engine, self.policy.module)
+            t_pub = time.time() - t1
+        return payload, _info(t0, metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
+                              publish_s=t_pub, publish_bytes=nbytes)
+
+    def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> dict:
+        """WeightSync: adopt published weights `version` (between trajectories only)."""
+        t0 = time.time()
+        nbytes = weight_sync.load(self.engine, self.policy.module, payload)
+        self.version = version
+        return _info(t0, bytes=nbytes)
+
+    # -- trainer-only services -----------------------------------------------------------
+    def publish(self) -> dict:
+        """The current weights as a payload (initial sync, resume)."""
+        return weight_sync.publish(self.engine, self.policy.module)[0]
+
+    def set_version(self, version: int) -> None:
+        self.version = version
+
+    def dist_address(self) -> str:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{_node_ip()}:{port}"
+
+    def init_dist(self, address: str, rank: int, world: int) -> None:
+        """Join the trainers' gradient all-reduce group (gloo on CPU, NCCL on GPU)."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
+        self.dist = True
+
+    def _all_reduce_grads(self) -> None:
+        import torch.distributed as dist
+
+        params = self.learner.params
+        device = params[0].device
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
+        dist.all_reduce(has)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
+                          for p in params])
+        dist.all_reduce(flat)
+        offset = 0
+        for p, h in zip(params, has.tolist()):
+            n = p.numel()
+            if h > 0:
+                p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+
+    def evaluate(self, step: int) -> dict:
+        return self.trainer.evaluate(step)
+
+    def save(self, step: int, wall_s: float) -> str:
+        self.trainer.step, self.trainer.wall_s = step, wall_s
+        return str(self.trainer.save())
+
+    def load(self, path: str) -> int:
+        from pathlib import Path
+
+        self.trainer.load(Path(path))
+        self.version = self.trainer.step
+        return self.trainer.step
+
+    def final_state(self) -> tuple[dict, Optional[dict]]:
+        from digenrl.models.lora import trainable_state_dict
+
+        ema = self.learner.ema.state_dict() if self.learner.ema is not None else None
+        return {k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(self.policy.module).items()}, ema
+
+    def shutdown(self) -> None:
+        self.rewarder.close()
+        if self.dist:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+class RewardWorker:
+    """The reward pool: scores finished micro-batches (decoded images) only."""
+
+    def __init__(self, cfg: Config, role: str, worker_id: str):
+        from digenrl.trainer import build_rewarder
+
+        torch.set_num_threads(cfg.runtime.worker_threads)
+        self.id = worker_id
+        self.rewarder = build_rewarder(cfg)
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def reward(self, unit: Reward, traj: Trajectories) -> dict:
+        t0 = time.time()
+        rewards, parts = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
+        return _info(t0, rewards=rewards, parts=parts, group_ids=traj.group_ids)
+
+    def shutdown(self) -> None:
+        self.rewarder.close()
+
+
+def _node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
