@@ -35,14 +35,26 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     if args.address is not None:
         cfg.runtime.address = args.address
+    lost: tuple[type[Exception], ...] = ()
     if cfg.run.mode == "local":
         from digenrl.trainer import Trainer as trainer_cls
     else:
         from digenrl.runtime.driver import RayTrainer as trainer_cls
+        from digenrl.runtime.loop import WorkerLostError
+
+        lost = (WorkerLostError,)
 
     print(f"digenrl train: model={cfg.model.name} mode={cfg.run.mode} steps={cfg.train.steps} "
           f"samples/step={cfg.data.groups_per_step * cfg.data.group_size} run_dir={cfg.run.run_dir}")
-    summary = trainer_cls(cfg, progress=not args.quiet).train(resume=args.resume)
+    try:
+        summary = trainer_cls(cfg, progress=not args.quiet).train(resume=args.resume)
+    except lost as e:  # a lost trainer: the message says how to continue (--resume)
+        print(f"digenrl train: {e}", file=sys.stderr)
+        return 3
+    if "modelled_s" in summary:  # runtime.compute=emulated: no model, no rewards
+        print(f"\n== emulated run ==\nmodelled time: {summary['modelled_s']:.1f} s for {summary['steps']} steps")
+        print(f"trace: {summary.get('trace')}  gantt: {summary.get('gantt')}")
+        return 0
     before, after = summary["eval_reward_before"], summary["eval_reward_after"]
     print("\n== summary ==")
     if before is not None and after is not None:
