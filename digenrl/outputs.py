@@ -88,7 +88,7 @@ def plot_rewards(run_dir: Path, out: Optional[Path] = None) -> Path:
     ax.set_xlabel("RL step")
     ax.set_ylabel("reward")
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="best")
     fig.tight_layout()
     out = out or Path(run_dir) / "reward_curve.png"
     fig.savefig(out)

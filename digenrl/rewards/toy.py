@@ -5,7 +5,8 @@ a detector, but by program: colour (nearest palette colour per pixel), count (co
 components), shape (fill ratio of each component's bounding box: square 1, circle pi/4,
 triangle 1/2) and position (share of the object's pixels in the named half). GenEval
 scores 0/1 per prompt; RL needs partial credit, so the reward is the mean of the four
-soft criteria in [0, 1], and `strict` reports the GenEval-style all-correct rate.
+soft criteria in [0, 1] (count scores 1 / (1 + |found - asked|), so every spurious
+object removed helps), and `strict` reports the GenEval-style all-correct rate.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from digenrl.toy.world import COLORS, FILL_RATIO, ToyPrompt
 
 _PALETTE = torch.tensor(list(COLORS.values()), dtype=torch.float32)  # (K, 3)
 _COLOR_INDEX = {c: i for i, c in enumerate(COLORS)}
-FOREGROUND_MIN = 0.35  # brightest channel above this = an object pixel (background is black)
+FOREGROUND_MIN = 0.5  # brightest channel above half = an object pixel (background is black, objects >= 0.9)
 MIN_AREA = 4  # components smaller than this are speckle, not objects
 SHAPE_TOLERANCE = 0.15  # rasterised triangles fill 0.5-0.65 of their box
 
@@ -70,7 +71,7 @@ class ToyGenEval:
             ids, areas = labels[i][labels[i] > 0].unique(return_counts=True)
             objects = [int(k) for k, a in zip(ids, areas) if a >= MIN_AREA]
             n = len(objects)
-            count = 1.0 if n == spec.count else (0.3 if abs(n - spec.count) == 1 else 0.0)
+            count = 1.0 / (1.0 + abs(n - spec.count))  # partial credit that keeps rising toward the right count
             shape_scores = []
             for k in objects:
                 comp = labels[i] == k
