@@ -1,13 +1,16 @@
 """Modes side by side in one run: `digenrl bench --real` (tiny model) or `--emulated` (testbed).
 
     digenrl bench --real [--config FILE] [--modes gap,digenrl] [--steps 3] [--out DIR] [key=value ...]
-    digenrl bench --emulated --testbed h200x16-flux [--gpus 4] [--time-scale 0.01] [--modes ...]
+    digenrl bench --emulated --testbed h200x16-flux [--gpus 4] [--time-scale S | --run-s 10]
+                  [--latency real|hidden|scaled] [--modes ...] [--steps 12] [--out DIR]
 
 Real: every mode runs the same config (pools from runtime.*) for `--steps` RL steps on
 one Ray cluster; throughput is trained samples per wall second over the steps after the
-first (warm-up), bubble ratios are means over those steps. Emulated: the same runtime with
-sleeping workers; times are modelled seconds. Both print a table and write
-`bench.json` and `bench.png` (samples/s per mode) under --out.
+first (warm-up), bubble ratios are means over those steps; prints a table, writes
+`bench.json` and `bench.png` (samples/s per mode) under --out. Emulated: every row of
+`digenrl simulate` (same planner knobs, steps and steady-state window) on the runtime with
+sleeping workers, in modelled seconds: prints simulate's table for the emulated runs, then
+emulated vs simulated samples/s per row (and Ray round-trip latency); writes `bench.json`.
 """
 
 from __future__ import annotations
@@ -69,40 +72,96 @@ def _row(mode: str, records: list[dict]) -> dict:
             "weight_sync_s": mean("weight_sync_s"), "reward_mean_last": records[-1]["reward_mean"]}
 
 
-def bench_emulated(testbed: str, modes: Sequence[str] = MODES, steps: int = 3, time_scale: float = 0.01,
-                   gpus: Optional[int] = None, out: Optional[str] = None) -> list[dict]:
-    """Each mode on `testbed` with emulated compute (real Ray actors, sleeping workers)."""
+def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Optional[int] = None,
+                   time_scale: Optional[float] = None, gpus: Optional[int] = None, out: Optional[str] = None,
+                   latency: str = "real", run_s: float = 10.0, max_rate: float = 300.0, pool=None,
+                   quiet: bool = False) -> dict:
+    """Every row of `digenrl simulate` on `testbed`, on the emulated runtime (Ray actors that
+    sleep the cost model's time), measured exactly as the simulator measures (report.measure).
+
+    Each row runs the planner's knobs for it (as `simulate` does), so the two tables compare
+    like with like: same workers, same steps, same steady-state window. `time_scale` (wall s
+    per modelled s) defaults per row to run_s / the simulated run's length (about run_s wall
+    seconds per row, at most 1), stretched so that at most `max_rate` units complete per wall
+    second (the driver's loop, on a busy machine, falls behind beyond a few hundred).
+    `latency`: see digenrl.runtime.emulated. `pool`: an emulated.ActorPool to reuse (else one
+    is made and closed). Prints the simulator's table for the emulated rows, then emulated vs
+    simulated throughput per row; writes `bench.json` under `out` when given. Returns {"report": emulated Report,
+    "simulated": simulated Report, "rows": [{mode, sim, emulated, rel_diff, time_scale,
+    latency stats}], "title"}.
+    """
+    import time
+
     import ray
 
-    from digenrl.runtime.emulated import run_emulated
-    from digenrl.sim.report import resize
+    from digenrl.runtime.emulated import ActorPool, emulate_spec
+    from digenrl.sim.planner import PLAN_STEPS
+    from digenrl.sim.report import Report, default_cost_model, resize
+    from digenrl.sim.simulate import ALL, ROWS, homogeneous_reference, simulate
     from digenrl.sim.testbed import load_testbed
-    from digenrl.trace import bubble_ratios, staleness
 
-    tb = load_testbed(testbed)
+    tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
     if gpus is not None:
         tb = resize(tb, gpus)
+    modes = list(modes or ALL)
+    steps = steps or PLAN_STEPS
+    cm = default_cost_model()
+    t0 = time.time()
+    sim = simulate(tb, modes, steps, cm=cm)
+    ref = homogeneous_reference(tb)
     started = not ray.is_initialized()
     if started:
-        ray.init(include_dashboard=False, log_to_driver=False)
-    rows = []
+        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
+    own = pool is None
+    pool = pool or ActorPool()
+    rows, emu = [], {}
     try:
-        for mode in modes:
-            trace = run_emulated(tb, mode, steps=steps, time_scale=time_scale)
-            ends = sorted({s.step: s.end for s in trace.spans if s.kind == "optimizer"}.items())
-            t0 = ends[0][1] if len(ends) > 1 else 0.0  # steady state: after the first step
-            step_s = (ends[-1][1] - t0) / max(1, len(ends) - 1)
-            b = bubble_ratios(trace)
-            rows.append({"mode": mode, "samples_per_s": tb.samples_per_step / step_s, "step_s": step_s,
-                         "bubble_rollout": b.get("rollout", b.get("colocated", 0.0)),
-                         "bubble_trainer": b.get("trainer", b.get("colocated", 0.0)),
-                         "staleness_max": max(staleness(trace).values())})
-            print(f"  {mode:13s} {rows[-1]['samples_per_s']:7.2f} samples/s (modelled)", flush=True)
+        ray.get([h.ready.remote() for h in pool.get(max(tb.n_gpus, ref.n_gpus))])
+        for label in modes:
+            s_row = sim.rows[label]
+            where = ref if ROWS[label][0] == "colocated" else tb
+            end = max(1e-9, s_row.trace.end)
+            scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
+            w0 = time.time()
+            e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, pool=pool)
+            emu[label] = e_row
+            rows.append({"mode": label, "sim_samples_per_s": s_row.throughput,
+                         "emulated_samples_per_s": e_row.throughput,
+                         "rel_diff": e_row.throughput / s_row.throughput - 1.0, "time_scale": scale,
+                         "wall_s": time.time() - w0, **e_row.latency})
+            if not quiet:
+                print(f"  {label:13s} {e_row.throughput:9.3f} samples/s emulated, {s_row.throughput:9.3f} "
+                      f"simulated ({100 * rows[-1]['rel_diff']:+.2f}%), time_scale {scale:.3g}, "
+                      f"{rows[-1]['wall_s']:.1f} s", flush=True)
     finally:
+        if own:
+            pool.close()
         if started:
             ray.shutdown()
-    root = Path(out or "runs/bench-emulated")
-    return _report(rows, root, f"emulated {tb.name} ({tb.n_gpus} GPUs, modelled seconds)")
+    rep = Report(tb, sim.reference, steps, emu, sim.ideal_s, {}, sim.plans)
+    title = (f"emulated {tb.name}: {tb.n_gpus} Ray actors sleeping the cost model's time, latency={latency}, "
+             f"modelled seconds")
+    if not quiet:
+        print(f"\n{title}")
+        print(rep.table())
+        print(f"{'mode':<22} {'sim smp/s':>10} {'emu smp/s':>10} {'diff':>7} {'scale':>7} {'RTT ms med/p90':>15} "
+              f"{'behind ms p90':>13}")
+        for r in rows:
+            print(f"{r['mode']:<22} {r['sim_samples_per_s']:>10.3f} {r['emulated_samples_per_s']:>10.3f} "
+                  f"{100 * r['rel_diff']:>+6.2f}% {r['time_scale']:>7.3g} "
+                  f"{r.get('latency_ms_median', 0):>7.1f}/{r.get('latency_ms_p90', 0):<7.1f} "
+                  f"{r.get('behind_ms_p90', 0):>13.1f}")
+        print(f"({time.time() - t0:.0f} s; speedup decomposition: `digenrl simulate`)")
+    result = {"title": title, "report": rep, "simulated": sim, "rows": rows}
+    if out is not None:
+        root = Path(out)
+        root.mkdir(parents=True, exist_ok=True)
+        d = rep.to_dict()
+        d.update(title=title, latency=latency, agreement=rows)
+        (root / "bench.json").write_text(json.dumps(d, indent=1))
+        if not quiet:
+            print(f"wrote {root / 'bench.json'}")
+    return result
 
 
 def _report(rows: list[dict], root: Path, title: str) -> list[dict]:
@@ -141,28 +200,48 @@ def bench_main(argv: Optional[Sequence[str]] = None) -> int:
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--real", action="store_true", help="tiny model, real compute on Ray")
     kind.add_argument("--emulated", action="store_true", help="testbed cost model, sleeping Ray workers")
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated run modes")
-    p.add_argument("--steps", type=int, default=3, help="RL steps per mode")
+    p.add_argument("--modes", help="comma-separated run modes (--emulated: rows of `digenrl simulate`, "
+                   "genrl included); default all")
+    p.add_argument("--steps", type=int, help="RL steps per mode (--real: 3; --emulated: as simulate, 12)")
     p.add_argument("--out", help="output folder (bench.json, bench.png, one run dir per mode)")
     p.add_argument("--config", help="--real: YAML config (pools from runtime.*)")
     p.add_argument("--testbed", help="--emulated: testbed preset or YAML")
     p.add_argument("--gpus", type=int, help="--emulated: resize the testbed")
-    p.add_argument("--time-scale", type=float, default=0.01, help="--emulated: wall s per modelled s")
+    p.add_argument("--time-scale", type=float,
+                   help="--emulated: wall s per modelled s (default: about --run-s wall seconds per mode)")
+    p.add_argument("--run-s", type=float, default=10.0, help="--emulated: wall seconds per mode (auto time scale)")
+    p.add_argument("--max-rate", type=float, default=300.0,
+                   help="--emulated: at most this many units per wall second (auto time scale)")
+    p.add_argument("--latency", default="real", choices=("real", "hidden", "scaled"),
+                   help="--emulated: how Ray round trips count (digenrl/runtime/emulated.py)")
     p.add_argument("overrides", nargs="*", help="--real: key=value config overrides")
     args = p.parse_args(argv)
-    modes = [m for m in args.modes.replace(" ", ",").split(",") if m]
+    modes = [m for m in (args.modes or "").replace(" ", ",").split(",") if m]
     if args.emulated:
+        from digenrl.sim.simulate import ALL
+        from digenrl.sim.testbed import TestbedError, load_testbed
+
         if not args.testbed:
             p.error("--emulated needs --testbed (a preset name or a YAML file)")
-        bench_emulated(args.testbed, [m for m in modes if m != "local"], args.steps, args.time_scale,
-                       args.gpus, args.out)
+        modes = [m for m in modes or ALL if m != "local"]
+        bad = [m for m in modes if m not in ALL]
+        if bad:
+            p.error(f"--modes: unknown {bad}; allowed: {', '.join(ALL)}")
+        if args.steps is not None and args.steps < 3:
+            p.error("--steps must be >= 3 (one fill, one measured, one drain step)")
+        try:
+            tb = load_testbed(args.testbed)
+        except (TestbedError, FileNotFoundError) as e:
+            p.error(str(e))
+        bench_emulated(tb, modes, args.steps, args.time_scale, args.gpus, args.out or "runs/bench-emulated",
+                       args.latency, args.run_s, args.max_rate)
         return 0
     try:
         cfg = load_config(args.config, ["run.tensorboard=false"] + list(args.overrides))
     except ConfigError as e:
         print(f"digenrl bench: invalid configuration: {e}", file=sys.stderr)
         return 2
-    bench_real(cfg, modes, args.steps, args.out)
+    bench_real(cfg, modes or MODES, args.steps or 3, args.out)
     return 0
 
 
