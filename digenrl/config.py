@@ -106,7 +106,7 @@ class DataConfig:
     groups_per_step: int = 8  # prompts per RL step
     group_size: int = 4  # samples per prompt (the GRPO group)
     micro_batch_groups: int = 2  # whole groups per generation / training micro-batch
-    eval_samples: int = 2  # samples per eval prompt
+    eval_samples: int = 4  # samples per eval prompt (same noise at every evaluation)
     eval_max_prompts: int = 16
 
     def __post_init__(self) -> None:
@@ -171,7 +171,7 @@ class TrainConfig:
 class RunConfig:
     seed: int = 0
     run_dir: str = "runs/default"
-    mode: str = "local"
+    mode: str = "digenrl"  # local = single-device trainer, no Ray
     eval_every: int = 10
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
@@ -218,6 +218,8 @@ class RuntimeConfig:
     time_scale: float = 1.0  # emulated: wall seconds per modelled second
     tag_segment: int = 1  # denoising steps a trainer generates before checking for training work
     rollout_segment: int = 0  # denoising steps per rollout Generate unit; 0 = whole trajectory
+    gen_shard: int = 1  # Generate units per micro-batch along the sample axis (1 = whole micro-batch)
+    train_shard: int = 1  # Train units per (micro-batch, TSP chunk) along the sample axis (1 = off)
     worker_threads: int = 1  # torch intra-op threads per worker process
 
     def __post_init__(self) -> None:
@@ -231,6 +233,8 @@ class RuntimeConfig:
         _check(self.time_scale > 0, "runtime.time_scale", "must be > 0")
         _check(self.tag_segment >= 1, "runtime.tag_segment", "must be >= 1")
         _check(self.rollout_segment >= 0, "runtime.rollout_segment", "must be >= 0 (0 = whole trajectory)")
+        _check(self.gen_shard >= 1, "runtime.gen_shard", "must be >= 1 (1 = unsharded)")
+        _check(self.train_shard >= 1, "runtime.train_shard", "must be >= 1 (1 = unsharded)")
         _check(self.worker_threads >= 1, "runtime.worker_threads", "must be >= 1")
 
 

@@ -201,6 +201,7 @@ class Trainer:
                 for k, v in p.items():
                     parts.setdefault(k, []).append(v)
         images_t = torch.cat(images)
+        self.last_eval_rewards = torch.cat(rewards)  # per sample, in prompt order: paired comparisons
         if save_images and images_t.ndim == 4:
             out = self.run_dir / "samples" / f"step_{step:06d}.png"
             save_grid(images_t, out, nrow=n * 4)

@@ -12,6 +12,7 @@ def tiny_overrides(tmp_path):
     """A very small local run: 4 groups of 4, 6 denoising steps, no TensorBoard."""
     return [
         f"run.run_dir={tmp_path / 'run'}",
+        "run.mode=local",
         "run.tensorboard=false",
         "data.groups_per_step=4",
         "data.group_size=4",
