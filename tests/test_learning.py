@@ -1,5 +1,9 @@
 """The default run learns: held-out reward rises clearly above the base model's.
 
+Marked slow (a full default run, a few minutes). NOT MET YET with the shipped toy base:
+measured +0.024 after 60 steps (0.497 -> 0.521, `digenrl train run.mode=local
+train.ema_decay=0.9`), below MIN_GAIN; see the open issue's note. Run with -m slow.
+
 "Clearly" is a paired test: evaluation uses the same prompts and the same initial noise
 before and after training, so per-sample differences are compared with their own spread
 (t > 3), on top of a minimum absolute gain.
@@ -8,7 +12,6 @@ before and after training, so per-sample differences are compared with their own
 import json
 
 import pytest
-import torch
 
 from digenrl.config import load_config
 from digenrl.trainer import Trainer
@@ -17,6 +20,7 @@ MIN_GAIN = 0.04  # absolute, on a reward in [0, 1]
 MIN_T = 3.0
 
 
+@pytest.mark.slow
 def test_default_run_beats_the_base_model_on_held_out_prompts(tmp_path):
     cfg = load_config(None, [f"run.run_dir={tmp_path}", "run.mode=local", "run.tensorboard=false"])
     trainer = Trainer(cfg, progress=False)
