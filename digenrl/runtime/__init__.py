@@ -3,6 +3,7 @@
     driver.py       RayTrainer(cfg).train(resume=) -- the Flow-GRPO run on Ray pools, any mode
     loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
     workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker
+    shards.py       sample shards: concatenate Generate shards, select a Train shard's rows
     weight_sync.py  object-store and lora-only engines (bytes, seconds)
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     emulated.py     EmulatedWorker (sleeps the cost model's time), run_emulated

@@ -39,6 +39,7 @@ from digenrl.outputs import MetricsLog, plot_rewards, read_metrics
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.workers import PolicyWorker, RewardWorker
 from digenrl.sched import (Generate, OptimizerStep, Reward, SchedConfig, Scheduler, Train, Unit,
                            WeightSync, Worker)
@@ -90,7 +91,8 @@ class RayTrainer:
             num_steps=cfg.sampling.num_steps,
             trained_steps=lambda s: self.plan(base + s).trained_steps,
             micro_batch_groups=cfg.data.micro_batch_groups, tsp_chunk=cfg.train.tsp_chunk or 1,
-            tag_segment=cfg.runtime.tag_segment, rollout_segment=cfg.runtime.rollout_segment or None)
+            tag_segment=cfg.runtime.tag_segment, rollout_segment=cfg.runtime.rollout_segment or None,
+            gen_shard=cfg.runtime.gen_shard, train_shard=cfg.runtime.train_shard)
 
     # -- pools -----------------------------------------------------------------------------
     def _pools(self) -> list[tuple[str, Any, int]]:
@@ -262,7 +264,8 @@ class RealBackend:
         self.base = rt.base
         self.loop: Optional[EventLoop] = None
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
-        self.trajs: dict[tuple[int, int], ray.ObjectRef] = {}  # (step, mb) -> latest segment
+        # (step, mb) -> Generate sample shard (None = unsharded) -> its latest segment
+        self.trajs: dict[tuple[int, int], dict] = {}
         self.rewards: dict[tuple[int, int], dict] = {}
         self.adv: dict[tuple[int, int], torch.Tensor] = {}
         self.weights: dict[int, ray.ObjectRef] = {0: weights0}  # sched version -> payload
@@ -280,17 +283,28 @@ class RealBackend:
         if T is Generate:
             plan = self.rt.plan(b + unit.step)
             mb = plan.micro_batches[unit.mb]
-            prev = self.trajs[(unit.step, unit.mb)] if unit.t_start > 0 else None
+            prompts, coords = mb.prompts, mb.coords
+            if unit.samples is not None:  # a sample shard: only its rows (same per-sample noise)
+                first, last = unit.samples
+                prompts, coords = prompts[first:last], coords[first:last]
+            prev = self.trajs[(unit.step, unit.mb)][unit.samples] if unit.t_start > 0 else None
             traj, info = h.generate.options(num_returns=2).remote(
-                unit, b + unit.step, b + unit.version, mb.prompts, mb.coords, plan.spec, prev)
+                unit, b + unit.step, b + unit.version, prompts, coords, plan.spec, prev)
             self.out[wid] = traj
             return info
-        if T is Reward:
-            return h.reward.remote(unit, self.trajs[(unit.step, unit.mb)])
+        if T is Reward:  # every Generate shard of the micro-batch, in row order
+            shards = self.trajs[(unit.step, unit.mb)]
+            n = len(self.rt.plan(b + unit.step).micro_batches[unit.mb].coords)
+            refs, _ = covering(shards, (0, n), n)
+            return h.reward.remote(unit, *refs)
         if T is Train:
             plan = self.rt.plan(b + unit.step)
-            return h.train.remote(unit, self.trajs[(unit.step, unit.mb)], self._advantages(unit),
-                                  plan.spec, plan.samples, len(plan.trained_steps))
+            n = len(plan.micro_batches[unit.mb].coords)
+            first, last = row_range(unit.samples, n)
+            refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
+            adv = self._advantages(unit)[first:last]
+            return h.train.remote(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
+                                  (first - offset, last - offset), *refs)
         if T is OptimizerStep:
             payload, info = h.optimizer_step.options(num_returns=2).remote(
                 unit, b + unit.version, wid == self.publisher)
@@ -320,7 +334,7 @@ class RealBackend:
     def completed(self, wid: str, unit: Unit, info: dict) -> None:
         T = type(unit)
         if T is Generate:
-            self.trajs[(unit.step, unit.mb)] = self.out.pop(wid)
+            self.trajs.setdefault((unit.step, unit.mb), {})[unit.samples] = self.out.pop(wid)
         elif T is Reward:
             self.rewards[(unit.step, unit.mb)] = info
         elif T is Train:

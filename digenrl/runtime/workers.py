@@ -26,6 +26,7 @@ import torch
 from digenrl.config import Config
 from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
 from digenrl.runtime import weight_sync
+from digenrl.runtime.shards import concat_trajectories, select_rows
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync
 
 
@@ -64,7 +65,8 @@ class PolicyWorker:
     def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
                  coords: list[tuple[int, int, int]], spec: SampleSpec,
                  traj: Optional[Trajectories]) -> tuple[Trajectories, dict]:
-        """Denoising steps [t_start, t_end) of one micro-batch; decodes when it is finished.
+        """Denoising steps [t_start, t_end) of one micro-batch (or of its sample shard:
+        `prompts` / `coords` are then that shard's rows); decodes when it is finished.
 
         `traj` is the partial trajectory of the previous segment (a continuation, maybe
         handed over by a TAG trainer) or None for a fresh micro-batch.
@@ -83,15 +85,21 @@ class PolicyWorker:
             finish(self.policy, traj)
         return traj, _info(t0)
 
-    def reward(self, unit: Reward, traj: Trajectories) -> dict:
+    def reward(self, unit: Reward, *shards: Trajectories) -> dict:
+        """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
         t0 = time.time()
+        traj = concat_trajectories(shards)
         rewards, parts = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
         return _info(t0, rewards=rewards, parts=parts, group_ids=traj.group_ids)
 
-    def train(self, unit: Train, traj: Trajectories, advantages: torch.Tensor, spec: SampleSpec,
-              total_samples: int, total_steps: int) -> dict:
-        """Accumulate the gradient of one Train unit (micro-batch x chunk of trained steps)."""
+    def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
+              total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> dict:
+        """Accumulate the gradient of one Train unit (micro-batch or sample shard x chunk of
+        trained steps). `shards`: the Generate shards covering the unit's rows, in order;
+        `rows`: the unit's rows within their concatenation; `advantages`: of those rows.
+        The learner weights the unit by its row count, so shards add up to the whole."""
         t0 = time.time()
+        traj = select_rows(concat_trajectories(shards), *rows)
         traj.advantages = advantages
         self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
                                 total_steps=total_steps)
@@ -207,8 +215,9 @@ class RewardWorker:
     def ready(self) -> int:
         return os.getpid()
 
-    def reward(self, unit: Reward, traj: Trajectories) -> dict:
+    def reward(self, unit: Reward, *shards: Trajectories) -> dict:
         t0 = time.time()
+        traj = concat_trajectories(shards)
         rewards, parts = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
         return _info(t0, rewards=rewards, parts=parts, group_ids=traj.group_ids)
 

@@ -19,6 +19,15 @@ Usage:
         for a in s.assign(): launch(a.worker_id, a.unit)
         s.complete(*wait_for_any())          # or s.worker_lost(w) / s.add_worker(W)
 
+Sample shards (SchedConfig.gen_shard / train_shard, any mode; default 1 = off): a
+micro-batch's Generate work is cut into shards of contiguous sample rows
+(Generate.samples = [first, last)) that run on different workers at once, and each
+(micro-batch, TSP chunk) of training into Train units of sample rows (Train.samples).
+Every Generate shard of a micro-batch uses the micro-batch's one version (set by its first
+shard; the others start at once on idle workers holding it, else wait as t=0
+continuations of that version); the Reward is released when the last shard finishes
+(whole groups for the advantages). Exactly-once holds per (step, group, sample, t).
+
 Versions: all weights start at version 0; step k is trained by trainer version k and its
 OptimizerStep produces k+1. A micro-batch (trajectory) takes the version of the worker
 that starts it and keeps it: any continuation runs on a worker holding that version, and
@@ -70,7 +79,9 @@ Mode rules (window = versions allowed to start a micro-batch of step s):
 Worker loss (rollout/reward): the in-flight and pinned units are re-queued. A Generate
 restarts from its t_start (the last completed boundary: every finished segment returns
 its latent) on a worker with the same version, or from t=0 (new version chosen then)
-when t_start == 0 or no live worker holds that version. A lost trainer raises
+when t_start == 0 or no live worker holds that version. A Generate shard keeps its
+micro-batch's version even from t=0 (its siblings have it); when no live worker holds
+that version any more, the whole micro-batch (every shard) restarts from t=0. A lost trainer raises
 SchedulerError: the runtime resumes from a checkpoint.
 
 Determinism: all containers are insertion-ordered; the same config and event sequence

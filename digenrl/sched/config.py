@@ -10,6 +10,12 @@ A mode is a preset of switches; each switch can also be set on its own (None = p
     gap+tsp        x     x     -     -     -
     gap+tsp+tag    x     x     x     -     -
     digenrl        x     x     x     x     -
+
+Sample-axis sharding (any mode; 1 = off, today's units): `gen_shard` / `train_shard` cut
+each micro-batch's Generate / Train work into that many shards of contiguous sample rows
+(`units.split_rows`), which run on different workers. A micro-batch keeps one policy
+version across its Generate shards, its Reward waits for all of them, and exactly-once
+holds per (step, group, sample, trained step).
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ class SchedConfig:
 
     rl_steps            number of RL (optimizer) steps
     groups_per_step     prompt groups per RL step
-    group_size          samples per prompt group (counted in metrics only)
+    group_size          samples per prompt group (metrics; the row count of sample shards)
     num_steps           denoising steps per trajectory
     trained_steps       trained denoising-step indices (the SDE window): a fixed sequence,
                         a function step -> sequence, or None = all but the last (Flow-GRPO)
@@ -49,6 +55,14 @@ class SchedConfig:
     rollout_segment     denoising steps per Generate segment on rollout workers; None =
                         the whole remaining trajectory in one unit (fewest events). Shorter
                         segments make a lost worker's restart point later.
+    gen_shard           Generate shards per micro-batch (sample axis; 1 = off). A shard is
+                        rows [first, last) of the micro-batch (Generate.samples); shards of
+                        one micro-batch start with the version of its first shard and may run
+                        on several workers at once; Reward waits for all of them. Capped at
+                        the micro-batch's sample count.
+    train_shard         Train units per (micro-batch, TSP chunk) along the sample axis (1 =
+                        off): Train(mb, samples=[first, last), t_steps) units, so one micro-
+                        batch's training spreads over several trainers (tail of a step).
     gap/tsp/tag/tcss/one_step_off   switches; None = the mode's preset
     """
 
@@ -62,6 +76,8 @@ class SchedConfig:
     tsp_chunk: int = 1
     tag_segment: int = 1
     rollout_segment: Optional[int] = None
+    gen_shard: int = 1
+    train_shard: int = 1
     gap: Optional[bool] = None
     tsp: Optional[bool] = None
     tag: Optional[bool] = None
@@ -75,7 +91,7 @@ class SchedConfig:
         if self.mode not in MODES:
             raise ValueError(f"SchedConfig.mode={self.mode!r} is not one of: {', '.join(MODES)}")
         for key in ("rl_steps", "groups_per_step", "group_size", "num_steps",
-                    "micro_batch_groups", "tsp_chunk", "tag_segment"):
+                    "micro_batch_groups", "tsp_chunk", "tag_segment", "gen_shard", "train_shard"):
             _positive_int(key, getattr(self, key))
         if self.rollout_segment is not None:
             _positive_int("rollout_segment", self.rollout_segment)

@@ -7,12 +7,18 @@ simulator can put them in heaps. Coordinates:
     mb        micro-batch index within the step: whole prompt groups, `groups`
     t         denoising-step index, 0 (noise) .. num_steps (data); [t_start, t_end)
     version   policy version: 0 = initial weights; OptimizerStep(k) produces k + 1
+    samples   sample shard: rows [first, last) of the micro-batch, whose rows are its groups'
+              samples in order (row r = sample r % group_size of groups[r // group_size]);
+              None = every row (unsharded, the default). See SchedConfig.gen_shard /
+              train_shard and `rows`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Union
+from typing import NamedTuple, Optional, Union
+
+Rows = Optional[tuple[int, int]]  # [first, last) rows of a micro-batch; None = all of them
 
 # Pools. "colocated" workers generate *and* train (the flow_grpo / veRL-Omni baseline).
 ROLES = ("rollout", "trainer", "reward", "colocated")
@@ -35,7 +41,9 @@ class Generate:
     """Denoising steps [t_start, t_end) of micro-batch `mb` of `step`, with weights `version`.
 
     t_start > 0 continues a trajectory from a latent x_t handed over at a segment
-    boundary; it must run on a worker holding the same `version`.
+    boundary; it must run on a worker holding the same `version`. `samples` set: one
+    shard of the micro-batch (only those rows); every shard of a micro-batch uses the
+    micro-batch's one version.
     """
 
     step: int
@@ -44,11 +52,16 @@ class Generate:
     version: int
     t_start: int
     t_end: int
+    samples: Rows = None
 
 
 @dataclass(frozen=True, slots=True)
 class Reward:
-    """Decode + score a fully generated micro-batch (whole groups: advantages need them)."""
+    """Decode + score a fully generated micro-batch (whole groups: advantages need them).
+
+    It becomes ready when every Generate shard of the micro-batch has finished, and reads
+    all of them (always the whole micro-batch).
+    """
 
     step: int
     mb: int
@@ -61,6 +74,7 @@ class Train:
 
     `traj_version` is the behaviour policy that generated it; the trainer's own version is
     always `step` (step k is trained by version k), so staleness = step - traj_version.
+    `samples` set: only those rows of the micro-batch (a sample shard, SchedConfig.train_shard).
     """
 
     step: int
@@ -68,6 +82,7 @@ class Train:
     groups: tuple[int, ...]
     t_steps: tuple[int, ...]
     traj_version: int
+    samples: Rows = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +114,33 @@ KINDS = {Generate: "generate", Reward: "reward", Train: "train",
 
 def kind(unit: Unit) -> str:
     return KINDS[type(unit)]
+
+
+def rows(unit: Union[Generate, Reward, Train], group_size: int) -> tuple[int, int]:
+    """[first, last) rows of its micro-batch that `unit` covers (group_size samples per group)."""
+    r = getattr(unit, "samples", None)
+    return (0, len(unit.groups) * group_size) if r is None else r
+
+
+def n_samples(unit: Union[Generate, Reward, Train], group_size: int) -> int:
+    """Samples `unit` covers: its shard's rows, else the whole micro-batch."""
+    r = getattr(unit, "samples", None)
+    return len(unit.groups) * group_size if r is None else r[1] - r[0]
+
+
+def split_rows(n_rows: int, shards: int) -> tuple[Rows, ...]:
+    """`n_rows` rows cut into min(shards, n_rows) contiguous ranges of near-equal size (the
+    first ones one row longer); (None,) = one shard, the whole micro-batch."""
+    k = min(shards, n_rows)
+    if k <= 1:
+        return (None,)
+    q, r = divmod(n_rows, k)
+    out, a = [], 0
+    for i in range(k):
+        b = a + q + (i < r)
+        out.append((a, b))
+        a = b
+    return tuple(out)
 
 
 class Assignment(NamedTuple):

@@ -3,11 +3,13 @@
     Testbed (pools, model, workload) --layout(mode, n_rollout)--> Workers + device per worker
                                       --make_duration_fn-------> duration_fn(worker, unit) -> s
 
-What each unit costs (B = samples in the unit = len(unit.groups) * samples per group):
+What each unit costs (B = samples in the unit = len(unit.groups) * samples per group, or
+the size of its sample shard, unit.samples = [first, last), when the scheduler shards):
 
     Generate       (t_end - t_start) denoising steps of B samples, in forwards of
                    `rollout_batch` samples (the last forward may be smaller); CFG doubles each
-                   forward. t_start == 0 also encodes the unit's prompts (text encoder).
+                   forward. t_start == 0 also encodes the unit's prompts (text encoder): one pass per
+                   prompt group the shard touches.
     Reward         VAE decode + reward-model forward of B samples, on the worker that runs it.
     Train          len(t_steps) training steps (forward + backward) of B samples in
                    micro-batches of `micro_batch`; grad checkpointing, LoRA, train CFG.
@@ -182,15 +184,20 @@ class DurationFn:
         dev = self.layout.device[worker.id]
         k = type(unit)
         if k is Generate:
-            n = len(unit.groups) * self.samples_per_group
-            t = self._gen(dev, n, unit.t_end - unit.t_start, unit.t_start == 0)
+            r = unit.samples
+            n = len(unit.groups) * self.samples_per_group if r is None else r[1] - r[0]
+            if r is not None:  # absolute sample indices of the shard within the step
+                base = unit.groups[0] * self.samples_per_group
+                r = (base + r[0], base + r[1])
+            t = self._gen(dev, n, unit.t_end - unit.t_start, unit.t_start == 0, r)
             if self._per_fwd:
                 t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * (unit.t_end - unit.t_start))
             return t
         if k is Reward:
             return self._reward(dev, len(unit.groups) * self.samples_per_group)
         if k is Train:
-            n = len(unit.groups) * self.samples_per_group
+            r = unit.samples
+            n = len(unit.groups) * self.samples_per_group if r is None else r[1] - r[0]
             t = self._train(dev, n, len(unit.t_steps))
             if self._recompute:
                 t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
@@ -218,7 +225,7 @@ class DurationFn:
             v = self._cache[key] = float(fn())
         return v
 
-    def _gen(self, dev: str, n: int, steps: int, encode: bool) -> float:
+    def _gen(self, dev: str, n: int, steps: int, encode: bool, rows=None) -> float:
         tb, cm = self.tb, self.cm
         rb = tb.rollout_batch
 
@@ -229,7 +236,9 @@ class DurationFn:
 
         t = steps * self._memo(("gen", dev, n), per_step)
         if encode:  # one prompt per sample group; the text encoder runs once per prompt
-            prompts = max(1, n // self.tb.group_size)
+            g = self.tb.group_size
+            # a shard encodes every prompt group it touches (a group cut in two: both halves)
+            prompts = max(1, n // g) if rows is None else (rows[1] - 1) // g - rows[0] // g + 1
             t += self._memo(("enc", dev, prompts), lambda: cm.text_encode_s(tb.model, dev, prompts))
         return t
 

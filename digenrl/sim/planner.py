@@ -17,6 +17,12 @@ Knobs (axes):
                         (report.sched_config), which their real trainers get by splitting samples.
     tag_segment         denoising steps per trainer Generate segment (TAG's give-back
                         granularity, the "TAG threshold"), divisors of denoise_steps
+    gen_shard           GAP modes: Generate shards per micro-batch along the sample axis
+                        (SHARDS, capped at group_size): more generating GPUs than micro-
+                        batches, or one big group setting the step time, want > 1
+    train_shard         TSP modes: Train units per (micro-batch, chunk) along the sample axis
+                        (SHARDS): spreads the last micro-batches of a step over all trainers
+                        (batch-level modes already cut groups with micro_batch_groups)
 
 Every mode, baselines included, gets its best point of this search: the planner starts from
 the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
@@ -42,6 +48,7 @@ from digenrl.sim.testbed import Testbed
 GAP_MODES = ("gap", "gap+tsp", "gap+tsp+tag", "digenrl")
 BATCH_MODES = ("colocated", "disagg-sync", "one-step-off")
 LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
+SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
 
 
@@ -91,6 +98,11 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
         axes["tsp_chunk"] = vals
     if mode in ("gap+tsp+tag", "digenrl"):
         axes["tag_segment"] = _divisors(tb.denoise_steps)
+    if mode in GAP_MODES:
+        shards = [k for k in SHARDS if k <= tb.group_size]
+        axes["gen_shard"] = shards
+        if mode != "gap":
+            axes["train_shard"] = shards
     return axes
 
 
@@ -131,6 +143,9 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
         p["tsp_chunk"] = axes["tsp_chunk"][0]
     if "tag_segment" in axes:
         p["tag_segment"] = axes["tag_segment"][0]
+    for k in ("gen_shard", "train_shard"):  # unsharded units (the scheduler's default)
+        if k in axes:
+            p[k] = 1
     return p
 
 
@@ -182,6 +197,13 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
     mbs = axes["micro_batch_groups"]
     starts = [first] + [{**first, "micro_batch_groups": mbs[i]}
                         for i in sorted({0, len(mbs) // 3, 2 * len(mbs) // 3, len(mbs) - 1})]
+    # ... and sharded units: sharding changes the best split (smaller units balance a
+    # different rollout/trainer ratio), a ridge single-axis moves from unsharded miss.
+    shard_axes = [k for k in ("gen_shard", "train_shard") if k in axes]
+    for k in (axes[shard_axes[0]][1:] if shard_axes else []):
+        starts += [{**first, a: k} for a in shard_axes]
+        if len(shard_axes) > 1:
+            starts.append({**first, **{a: k for a in shard_axes}})
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)

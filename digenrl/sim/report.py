@@ -2,7 +2,8 @@
 
 One run: testbed + mode + knobs -> scheduler on the virtual clock -> metrics.
 
-    RunSpec (mode, n_rollout, micro_batch_groups, samples_per_group, tsp_chunk, tag_segment)
+    RunSpec (mode, n_rollout, micro_batch_groups, samples_per_group, tsp_chunk, tag_segment,
+             gen_shard, train_shard)
       --sched_config--> SchedConfig --Scheduler + make_duration_fn--> run_virtual --> Trace
       --measure--> RunResult (steady-state throughput, bubbles, staleness, breakdown)
 
@@ -43,6 +44,8 @@ class RunSpec:
     samples_per_group: Optional[int] = None  # samples per scheduler group (None: group_size)
     tsp_chunk: Optional[int] = None  # TSP chunk; batch-level modes: trainers share the batch evenly
     tag_segment: Optional[int] = None
+    gen_shard: Optional[int] = None  # Generate sample shards per micro-batch (SchedConfig.gen_shard)
+    train_shard: Optional[int] = None  # Train sample shards per (micro-batch, chunk)
     style: Optional[str] = None  # colocated baseline style: verl-omni | genrl
     zero_baseline: bool = False
 
@@ -86,7 +89,8 @@ def sched_config(tb: Testbed, spec: RunSpec, steps: int) -> SchedConfig:
     return SchedConfig(mode=spec.mode, rl_steps=steps, groups_per_step=groups, group_size=spg,
                        num_steps=tb.denoise_steps, trained_steps=tuple(range(tb.trained_steps)),
                        micro_batch_groups=min(spec.micro_batch_groups, groups), tsp_chunk=spec.tsp_chunk or 1,
-                       tag_segment=spec.tag_segment or 1, tsp=tsp)
+                       tag_segment=spec.tag_segment or 1, tsp=tsp, gen_shard=spec.gen_shard or 1,
+                       train_shard=spec.train_shard or 1)
 
 
 def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = None,

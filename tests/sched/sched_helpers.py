@@ -21,14 +21,18 @@ def pools(mode: str, n_rollout: int = 3, n_trainer: int = 3, n_reward: int = 0) 
     return ws + [Worker(f"w{i}", "reward") for i in range(n_reward)]
 
 
-def const_cost(cost: dict = COST):
-    """Generate scales with denoising steps, Train with (trained steps x groups)."""
+def const_cost(cost: dict = COST, group_size: int = 8):
+    """Generate scales with denoising steps, Train with (trained steps x groups); a sample
+    shard (unit.samples) costs its share of the micro-batch's rows."""
     def duration(worker, unit):
         k = kind(unit)
+        share = 1.0
+        if getattr(unit, "samples", None) is not None:
+            share = (unit.samples[1] - unit.samples[0]) / (len(unit.groups) * group_size)
         if k == "generate":
-            return cost[k] * (unit.t_end - unit.t_start)
+            return cost[k] * (unit.t_end - unit.t_start) * share
         if k == "train":
-            return cost[k] * len(unit.t_steps) * len(unit.groups)
+            return cost[k] * len(unit.t_steps) * len(unit.groups) * share
         return cost[k]
     return duration
 
@@ -36,8 +40,9 @@ def const_cost(cost: dict = COST):
 def run(mode: str, n_rollout=3, n_trainer=3, n_reward=0, cost=COST, failures=(), joins=(), **cfg):
     kw = dict(rl_steps=3, groups_per_step=12, micro_batch_groups=2, num_steps=6, tsp_chunk=2)
     kw.update(cfg)
-    s = Scheduler(SchedConfig(mode=mode, **kw), pools(mode, n_rollout, n_trainer, n_reward))
-    return s, run_virtual(s, const_cost(cost), failures=failures, joins=joins)
+    c = SchedConfig(mode=mode, **kw)
+    s = Scheduler(c, pools(mode, n_rollout, n_trainer, n_reward))
+    return s, run_virtual(s, const_cost(cost, c.group_size), failures=failures, joins=joins)
 
 
 def done(trace, kind_: str):
@@ -46,11 +51,13 @@ def done(trace, kind_: str):
 
 
 def final_attempts(trace) -> dict:
-    """(step, mb) -> Generate spans of the attempt that finished (after the last t=0 start)."""
+    """(step, mb) -> Generate spans of the attempt that finished (after the last t=0 start);
+    for a sharded micro-batch the key is (step, mb, samples), one entry per shard."""
     by_mb: dict = {}
     for s in sorted(done(trace, "generate"), key=lambda s: (s.start, s.end)):
         u = s.unit
+        key = (u.step, u.mb) if u.samples is None else (u.step, u.mb, u.samples)
         if u.t_start == 0:
-            by_mb[(u.step, u.mb)] = []
-        by_mb.setdefault((u.step, u.mb), []).append(s)
+            by_mb[key] = []
+        by_mb.setdefault(key, []).append(s)
     return by_mb
