@@ -86,17 +86,6 @@ def _reward_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(module: str, function: str):
-    """Subcommands whose parsers live beside their code (simulator, runtime, profiler)."""
-
-    def run(args: argparse.Namespace) -> int:
-        import importlib
-
-        return getattr(importlib.import_module(module), function)(args.rest)
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="digenrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,10 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--timeout-s", type=float, default=120.0)
     r.set_defaults(func=_reward_server)
 
-    for name, module, function, text in DELEGATED:
-        d = sub.add_parser(name, help=text, add_help=False)
-        d.add_argument("rest", nargs=argparse.REMAINDER)
-        d.set_defaults(func=_delegate(module, function))
+    for name, _, _, text in DELEGATED:  # listed for --help; main() hands them their argv
+        sub.add_parser(name, help=text)
     return parser
 
 
@@ -145,6 +132,12 @@ DELEGATED = [
 
 def main(argv: Optional[list[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    for name, module, function, _ in DELEGATED:  # their own parsers take every argument
+        if argv[:1] == [name]:
+            import importlib
+
+            return getattr(importlib.import_module(module), function)(argv[1:])
     args = build_parser().parse_args(argv)
     return args.func(args)
 
