@@ -22,12 +22,10 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -37,6 +35,7 @@ from digenrl.math import grpo_loss, sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters.configs import ARCHS as MODELS  # noqa: E402
 from digenrl.models.diffusers_adapters.configs import build_random  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2  # noqa: E402
+from digenrl.profile import timer  # noqa: E402
 
 NOISE_LEVEL = 0.7
 SIGMA, SIGMA_NEXT = 0.8, 0.7
@@ -61,30 +60,6 @@ def build(name: str, tiny: bool, device: torch.device, dtype: torch.dtype):
                     txt_ids=torch.zeros(text_len, 3, device=device, dtype=dtype),
                     img_ids=flux_image_ids(h, w, device, dtype), return_dict=False)
     return policy, cond, x, bare
-
-
-def timer(device: torch.device) -> Callable[[Callable[[], None], int, int], float]:
-    """Median milliseconds of fn over `iters` runs after `warmup` (CUDA events on GPU)."""
-
-    def run(fn: Callable[[], None], warmup: int, iters: int) -> float:
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(iters):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
-
-    return run
 
 
 def check_model(name: str, tiny: bool, device: torch.device, dtype: torch.dtype, warmup: int, iters: int) -> dict:
@@ -131,14 +106,13 @@ def check_model(name: str, tiny: bool, device: torch.device, dtype: torch.dtype,
         loss, _ = grpo_loss(out.log_prob, rec.log_prob, advantages, clip_range=1e-4)
         loss.backward()
 
-    run = timer(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     ms = {}
     # interleave bare and adapter so clock/thermal drift hits both alike
     for key, fn in (("bare_fwd", bare_forward), ("adapter_rollout", adapter_rollout),
                     ("bare_fwd_bwd", bare_train), ("adapter_train", adapter_train)):
-        ms[key] = run(fn, warmup, iters)
+        ms[key] = timer(device, warmup, iters)(fn)
     zero_grads()
     return {
         "model": name + ("-tiny" if tiny else ""),
