@@ -178,20 +178,10 @@ class EmulatedLoop(EventLoop):
     apart arrive together, and everything they enable would start at the batch's latest end.
     """
 
-    def run(self) -> Trace:
-        sched = self.sched
-        self._launch()
-        while not sched.done:
-            if not self.pending:
-                raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
-            ready, _ = ray.wait(list(self.pending), num_returns=1)
-            rest = [r for r in self.pending if r not in ready]
-            more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
-            for ref in sorted(ready + more, key=_modelled_end):
-                self._event(ref)
-                self._launch()
-        self.trace.end = self.now()
-        return self.trace
+    def _take(self, refs: list) -> None:
+        for ref in sorted(refs, key=_modelled_end):
+            self._event(ref)
+            self._launch()
 
 
 def _modelled_end(ref) -> float:

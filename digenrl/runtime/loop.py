@@ -65,13 +65,17 @@ class EventLoop:
             if not self.pending:
                 raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
             ready, _ = ray.wait(list(self.pending), num_returns=1)
-            more, _ = ray.wait([r for r in self.pending if r not in ready],
-                               num_returns=len(self.pending) - 1, timeout=0) if len(self.pending) > 1 else ([], [])
-            for ref in ready + more:
-                self._event(ref)
-            self._launch()
+            rest = [r for r in self.pending if r not in ready]
+            more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
+            self._take(ready + more)
         self.trace.end = self.now()
         return self.trace
+
+    def _take(self, refs: list) -> None:
+        """Feed a batch of finished units to the scheduler, then launch what it assigns."""
+        for ref in refs:
+            self._event(ref)
+        self._launch()
 
     def _launch(self) -> None:
         for wid, unit in self.sched.assign():
