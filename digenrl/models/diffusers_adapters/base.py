@@ -142,6 +142,7 @@ class DiffusersPolicy:
     family: ClassVar[str]
     pipeline_class: ClassVar[str]  # diffusers pipeline whose encode_prompt we reuse
     text_components: ClassVar[tuple[str, ...]]  # pipeline component names of the text side
+    embedded_guidance: ClassVar[bool] = False  # the transformer takes the guidance scale as an input
     output: ClassVar[str] = "image"
     default_size: ClassVar[tuple[int, int]] = (512, 512)  # (height, width) in pixels
     default_num_frames: ClassVar[int] = 1
@@ -324,7 +325,11 @@ class DiffusersPolicy:
             return self._encode_text(prompts)
 
     def _add_extras(self, cond: Cond) -> Cond:
-        """Per-family non-text entries (FLUX/Hunyuan embedded guidance); default none."""
+        """Non-text entries: the embedded guidance scale of guidance-distilled families
+        (FLUX.1-dev, HunyuanVideo) when their transformer has `guidance_embeds`."""
+        if self.embedded_guidance and self.module.config.guidance_embeds:
+            b = cond["prompt_embeds"].shape[0]
+            cond["guidance"] = torch.full((b,), float(self.options.guidance_scale), device=self.device)
         return cond
 
     # ---- the velocity field ----------------------------------------------------------

@@ -24,6 +24,7 @@ from digenrl.models.protocol import Cond
 class FluxPolicy(DiffusersPolicy):
     family = "flux"
     pipeline_class = "FluxPipeline"
+    embedded_guidance = True  # guidance-distilled: the scale is a model input (config.guidance_embeds)
     text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
     default_size = (1024, 1024)
     default_max_sequence_length = 512
@@ -45,12 +46,6 @@ class FluxPolicy(DiffusersPolicy):
             prompt=prompts, prompt_2=None, device=self.device, max_sequence_length=self.max_sequence_length
         )
         return {"prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled}  # (B, L, D), (B, Dp)
-
-    def _add_extras(self, cond: Cond) -> Cond:
-        if self.module.config.guidance_embeds:
-            b = cond["prompt_embeds"].shape[0]
-            cond["guidance"] = torch.full((b,), float(self.options.guidance_scale), device=self.device)
-        return cond
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
         _, _, h, w = x.shape

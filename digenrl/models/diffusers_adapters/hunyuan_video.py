@@ -23,6 +23,7 @@ from digenrl.models.protocol import Cond
 class HunyuanVideoPolicy(DiffusersPolicy):
     family = "hunyuan-video"
     pipeline_class = "HunyuanVideoPipeline"
+    embedded_guidance = True  # guidance-distilled: the scale is a model input (config.guidance_embeds)
     text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
     output = "video"
     default_size = (480, 832)
@@ -49,12 +50,6 @@ class HunyuanVideoPolicy(DiffusersPolicy):
             prompt=prompts, device=self.device, max_sequence_length=self.max_sequence_length
         )
         return {"prompt_embeds": prompt_embeds, "pooled_prompt_embeds": pooled, "prompt_attention_mask": mask}
-
-    def _add_extras(self, cond: Cond) -> Cond:
-        if self.module.config.guidance_embeds:
-            b = cond["prompt_embeds"].shape[0]
-            cond["guidance"] = torch.full((b,), float(self.options.guidance_scale), device=self.device)
-        return cond
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
         guidance = cond.get("guidance")
