@@ -230,9 +230,7 @@ class DurationFn:
         rb = tb.rollout_batch
 
         def per_step():
-            full, rest = divmod(n, rb)
-            t = full * cm.denoise_s(tb.model, dev, rb, tb.cfg, tb.shape)
-            return t + (cm.denoise_s(tb.model, dev, rest, tb.cfg, tb.shape) if rest else 0.0)
+            return _in_batches(n, rb, lambda b: cm.denoise_s(tb.model, dev, b, tb.cfg, tb.shape))
 
         t = steps * self._memo(("gen", dev, n), per_step)
         if encode:  # one prompt per sample group; the text encoder runs once per prompt
@@ -247,9 +245,7 @@ class DurationFn:
         rb = tb.rollout_batch
 
         def f():
-            full, rest = divmod(n, rb)
-            t = full * cm.reward_s(tb.model, dev, rb, tb.reward, tb.shape)
-            return t + (cm.reward_s(tb.model, dev, rest, tb.reward, tb.shape) if rest else 0.0)
+            return _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape))
         return self._memo(("reward", dev, n), f)
 
     def _train(self, dev: str, n: int, k: int) -> float:
@@ -332,3 +328,9 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, mode: str, *, n_ro
     if mode == "colocated" and style is None:
         style = "verl-omni"
     return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline)
+
+
+def _in_batches(n: int, batch: int, cost) -> float:
+    """Seconds for n samples run as full batches of `batch` plus one remainder batch."""
+    full, rest = divmod(n, batch)
+    return full * cost(batch) + (cost(rest) if rest else 0.0)
