@@ -70,9 +70,9 @@ def _train(args: argparse.Namespace) -> int:
 def _pretrain_toy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from digenrl.toy.pretrain import ASSET, PRETRAIN_STEPS, pretrain, save_base
+    from digenrl.toy.pretrain import ASSET, PRETRAIN_STEPS, PRETRAIN_THREADS, pretrain, save_base
 
-    model = pretrain(steps=args.steps or PRETRAIN_STEPS, seed=args.seed)
+    model = pretrain(steps=args.steps or PRETRAIN_STEPS, seed=args.seed, threads=args.threads or PRETRAIN_THREADS)
     out = Path(args.out) if args.out else ASSET
     save_base(model, out)
     print(f"saved {out}")
@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pretrain-toy", help="rebuild the toy world's base generator")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default 1: reproduces the shipped file bit for bit)")
     p.add_argument("--out", help="output .safetensors (default: the shipped asset)")
     p.set_defaults(func=_pretrain_toy)
 

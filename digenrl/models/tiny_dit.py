@@ -32,6 +32,7 @@ class TinyDiTConfig:
     heads: int = 4
     max_tokens: int = 8
     vocab: int = len(VOCAB)
+    pos_embed: str = "sincos"  # "sincos": fixed 2-D sin-cos patch positions (DiT); "learned": one learned table
 
 
 def _timestep_embedding(sigma: torch.Tensor, dim: int) -> torch.Tensor:
@@ -40,6 +41,24 @@ def _timestep_embedding(sigma: torch.Tensor, dim: int) -> torch.Tensor:
     freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=sigma.device, dtype=torch.float32) / half)
     args = sigma.float()[:, None] * 1000.0 * freqs[None]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+
+
+def sincos_2d(grid: int, dim: int) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding of a grid x grid patch layout (DiT, MAE): (grid*grid, dim).
+
+    Half the channels encode the row, half the column; neighbouring patches get similar codes,
+    so attention can relate nearby patches from the first step instead of learning positions.
+    """
+    if dim % 4:
+        raise ValueError(f"sin-cos 2-D position embedding needs dim divisible by 4, got {dim}")
+    freqs = 1.0 / 10000.0 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))
+    coords = torch.arange(grid, dtype=torch.float64)
+    rows, cols = torch.meshgrid(coords, coords, indexing="ij")
+    parts = []
+    for axis in (rows.flatten(), cols.flatten()):
+        args = axis[:, None] * freqs[None]
+        parts += [torch.sin(args), torch.cos(args)]
+    return torch.cat(parts, dim=1).float()
 
 
 class Block(nn.Module):
@@ -76,7 +95,13 @@ class TinyDiT(nn.Module):
         self.grid = c.image_size // c.patch
         patch_dim = c.channels * c.patch * c.patch
         self.patch_in = nn.Linear(patch_dim, c.dim)
-        self.pos = nn.Parameter(torch.randn(1, self.grid * self.grid + c.max_tokens, c.dim) * 0.02)
+        if c.pos_embed == "sincos":
+            self.text_pos = nn.Parameter(torch.randn(1, c.max_tokens, c.dim) * 0.02)
+            self.register_buffer("patch_pos", sincos_2d(self.grid, c.dim).unsqueeze(0), persistent=False)
+        elif c.pos_embed == "learned":
+            self.pos = nn.Parameter(torch.randn(1, self.grid * self.grid + c.max_tokens, c.dim) * 0.02)
+        else:
+            raise ValueError(f"pos_embed must be 'sincos' or 'learned', got {c.pos_embed!r}")
         self.token_emb = nn.Embedding(c.vocab, c.dim)
         self.time_mlp = nn.Sequential(nn.Linear(c.dim, c.dim), nn.SiLU(), nn.Linear(c.dim, c.dim))
         self.blocks = nn.ModuleList(Block(c.dim, c.heads) for _ in range(c.depth))
@@ -95,7 +120,10 @@ class TinyDiT(nn.Module):
         text = self.token_emb(tokens)  # (B, T, D)
         pooled = text.mean(1)
         cond = self.time_mlp(_timestep_embedding(sigma, c.dim)) + pooled  # (B, D)
-        h = torch.cat([text, self.patch_in(patches)], dim=1) + self.pos
+        if c.pos_embed == "sincos":
+            h = torch.cat([text + self.text_pos, self.patch_in(patches) + self.patch_pos], dim=1)
+        else:
+            h = torch.cat([text, self.patch_in(patches)], dim=1) + self.pos
         for block in self.blocks:
             h = block(h, cond)
         shift, scale = self.out_modulation(nn.functional.silu(cond)).unsqueeze(1).chunk(2, -1)

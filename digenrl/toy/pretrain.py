@@ -1,12 +1,15 @@
 """Pretrain the toy base generator by flow matching (the model GRPO then post-trains).
 
-Deterministic for a given seed and thread count. The result ships as
-`digenrl/assets/toy_base.safetensors`; `load_base` rebuilds and caches it when missing.
+Deterministic for a given seed and thread count: the shipped
+`digenrl/assets/toy_base.safetensors` is `pretrain()` with its defaults (3000 steps, one
+torch thread, ~15 min on one core), and `load_base` rebuilds exactly that and caches it
+when the asset is missing.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -18,7 +21,9 @@ from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig
 from digenrl.toy.world import sample_batch, tokenize
 
 ASSET = Path(__file__).resolve().parent.parent / "assets" / "toy_base.safetensors"
-PRETRAIN_STEPS = 1200
+PRETRAIN_STEPS = 3000
+WARMUP_STEPS = 100
+PRETRAIN_THREADS = 1  # float sums depend on the intra-op thread count; 1 reproduces the asset
 PROMPT_DROPOUT = 0.1  # unconditional training for classifier-free guidance
 
 
@@ -29,11 +34,27 @@ def pretrain(
     seed: int = 0,
     config: TinyDiTConfig = TinyDiTConfig(),
     progress: bool = True,
+    threads: int = PRETRAIN_THREADS,
 ) -> TinyDiT:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _pretrain(steps, batch, lr, seed, config, progress)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _pretrain(steps: int, batch: int, lr: float, seed: int, config: TinyDiTConfig, progress: bool) -> TinyDiT:
     torch.manual_seed(seed)
     model = TinyDiT(config)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 100))
+    def lr_factor(i: int) -> float:  # linear warm-up, then cosine decay to a tenth
+        if i < WARMUP_STEPS:
+            return (i + 1) / WARMUP_STEPS
+        done = (i - WARMUP_STEPS) / max(1, steps - WARMUP_STEPS)
+        return 0.1 + 0.45 * (1 + math.cos(math.pi * done))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     gen = torch.Generator().manual_seed(seed)
     bar = tqdm(range(steps), desc="pretrain toy base", disable=not progress)
     for i in bar:
@@ -69,7 +90,9 @@ def load_tiny_dit(path: Path) -> TinyDiT:
         meta = f.metadata() or {}
     if meta.get("format") != "digenrl.tiny_dit":
         raise ValueError(f"{path} is not a digenrl tiny-dit checkpoint (metadata format={meta.get('format')!r})")
-    model = TinyDiT(TinyDiTConfig(**json.loads(meta["config"])))
+    fields = json.loads(meta["config"])
+    fields.setdefault("pos_embed", "learned")  # files written before sin-cos positions existed
+    model = TinyDiT(TinyDiTConfig(**fields))
     model.load_state_dict(load_file(str(path)))
     return model
 

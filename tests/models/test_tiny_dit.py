@@ -1,0 +1,80 @@
+"""The toy world's DiT: positions, checkpoint formats, deterministic pretraining."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig, sincos_2d
+from digenrl.toy.pretrain import ASSET, load_tiny_dit, pretrain, save_base
+
+SMALL = TinyDiTConfig(image_size=16, patch=4, dim=32, depth=1, heads=2)
+
+
+def test_sincos_positions_are_closer_for_neighbouring_patches():
+    grid = 8
+    pos = sincos_2d(grid, 96)
+    assert pos.shape == (grid * grid, 96)
+    dist = torch.cdist(pos, pos)
+    a = 3 * grid + 3  # patch (3, 3)
+    assert dist[a, a + 1] < dist[a, a + 4]  # right neighbour vs four columns away
+    assert dist[a, a + grid] < dist[a, a + 4 * grid]  # lower neighbour vs four rows away
+    assert len({tuple(p.tolist()) for p in pos}) == grid * grid  # every patch distinguishable
+    with pytest.raises(ValueError, match="divisible by 4"):
+        sincos_2d(4, 30)
+
+
+def test_unknown_position_embedding_is_refused():
+    with pytest.raises(ValueError, match="pos_embed"):
+        TinyDiT(TinyDiTConfig(pos_embed="rope"))
+
+
+def test_checkpoint_round_trip_and_files_without_pos_embed_load_as_learned(tmp_path):
+    torch.manual_seed(0)
+    model = TinyDiT(SMALL)
+    save_base(model, tmp_path / "m.safetensors")
+    again = load_tiny_dit(tmp_path / "m.safetensors")
+    x, sigma, tokens = torch.randn(2, 3, 16, 16), torch.tensor([0.3, 0.9]), torch.ones(2, 8, dtype=torch.long)
+    for p in model.parameters():  # adaLN-zero starts as identity: perturb so outputs are not all zero
+        p.data.add_(0.01 * torch.randn_like(p))
+    save_base(model, tmp_path / "m.safetensors")
+    assert torch.equal(load_tiny_dit(tmp_path / "m.safetensors")(x, sigma, tokens), model(x, sigma, tokens))
+    assert again.config == SMALL
+
+    old_cfg = {k: v for k, v in SMALL.__dict__.items() if k != "pos_embed"}  # written before sin-cos existed
+    old = TinyDiT(TinyDiTConfig(**old_cfg, pos_embed="learned"))
+    meta = {"config": json.dumps(old_cfg), "format": "digenrl.tiny_dit"}
+    save_file(old.state_dict(), str(tmp_path / "old.safetensors"), metadata=meta)
+    assert load_tiny_dit(tmp_path / "old.safetensors").config.pos_embed == "learned"
+
+
+def test_pretraining_is_deterministic_and_restores_threads():
+    threads = torch.get_num_threads()
+    a = pretrain(steps=3, batch=4, config=SMALL, progress=False)
+    b = pretrain(steps=3, batch=4, config=SMALL, progress=False)
+    assert torch.get_num_threads() == threads
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.patch_out.weight, torch.zeros_like(a.patch_out.weight))  # it did train
+
+
+def test_shipped_base_matches_the_current_architecture():
+    model = load_tiny_dit(ASSET)
+    assert model.config == TinyDiTConfig()  # pretrain()'s default config is what ships
+
+
+def test_lora_init_is_the_same_in_every_process():
+    # Data-parallel trainers each inject adapters; the global RNG differs between processes.
+    from digenrl.models.lora import LoraSpec, apply_lora
+    from digenrl.models.tiny_dit import LORA_TARGETS
+
+    spec = LoraSpec(rank=4, alpha=4, target_modules=LORA_TARGETS)
+    torch.manual_seed(1)
+    a = apply_lora(TinyDiT(SMALL), spec)
+    torch.manual_seed(2)
+    b = apply_lora(TinyDiT(SMALL), spec)
+    lora_a = {k: v for k, v in a.state_dict().items() if "lora_A" in k}
+    assert lora_a and all(torch.equal(v, b.state_dict()[k]) for k, v in lora_a.items())
+    w = next(iter(lora_a.values()))
+    assert 0 < w.abs().max() <= 1 / w.shape[1] ** 0.5  # peft's kaiming-uniform range
