@@ -17,6 +17,7 @@ class LoraSpec:
     alpha: float = 16.0
     target_modules: tuple[str, ...] = field(default_factory=tuple)  # names or suffixes of nn.Linear
     dropout: float = 0.0  # must stay 0 for RL: dropout breaks ratio == 1 on-policy
+    init_seed: int = 0  # lora_A's random init: the same in every process (trainers all-reduce one model)
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -39,9 +40,25 @@ def apply_lora(module: torch.nn.Module, spec: LoraSpec) -> torch.nn.Module:
         init_lora_weights=True,  # B = 0: the adapted model starts equal to the base
     )
     inject_adapter_in_model(config, module, adapter_name=ADAPTER)
+    _seed_lora_a(module, spec.init_seed)
     for name, p in module.named_parameters():
         p.requires_grad_("lora_" in name)
     return module
+
+
+@torch.no_grad()
+def _seed_lora_a(module: torch.nn.Module, seed: int) -> None:
+    """Redraw every lora_A from one seeded CPU generator, with peft's distribution.
+
+    peft draws lora_A from the global RNG, whose state differs between the local trainer,
+    rollout workers and each trainer process; data-parallel trainers that sum gradients
+    must hold the same weights. Kaiming-uniform with a=sqrt(5) is U(-1/sqrt(fan_in), +).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in sorted(module.named_parameters()):
+        if "lora_A" in name:
+            bound = 1.0 / p[0].numel() ** 0.5  # fan_in
+            p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float32) * 2 - 1).mul_(bound).to(p.dtype))
 
 
 def has_lora(module: torch.nn.Module) -> bool:

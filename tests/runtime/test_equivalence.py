@@ -30,10 +30,11 @@ def _weights(run):
 def _assert_same_weights(run, ref):
     a, b = _weights(run), _weights(ref)
     assert a.keys() == b.keys()
-    moved = max(float((b[k] - a[k]).abs().max()) for k in a)
-    for k in a:
-        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6), (k, float((a[k] - b[k]).abs().max()))
-    return moved
+    lora_b = [k for k in b if "lora_B" in k]  # start at zero: how far training moved them
+    if lora_b:
+        assert max(float(b[k].abs().max()) for k in lora_b) > 1e-4, "the reference run did not train"
+    for k in a:  # summation order differs by layout; at the default lr (1e-3) that rounding reaches ~1e-6
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-5), (k, float((a[k] - b[k]).abs().max()))
 
 
 ON_POLICY = {
