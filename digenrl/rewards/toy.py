@@ -2,8 +2,9 @@
 
 `ToyGenEval` judges an image against its prompt the way GenEval judges real images with
 a detector, but by program: colour (nearest palette colour per pixel), count (connected
-components), shape (fill ratio of each component's bounding box: square 1, circle pi/4,
-triangle 1/2) and position (share of the object's pixels in the named half). GenEval
+components), shape (intersection over union of each component with the asked shape drawn
+in the component's bounding box, as the world draws it) and position (share of the
+object's pixels in the named half). GenEval
 scores 0/1 per prompt; RL needs partial credit, so the reward is the mean of the four
 soft criteria in [0, 1] (count scores 1 / (1 + |found - asked|), so every spurious
 object removed helps), and `strict` reports the GenEval-style all-correct rate.
@@ -18,13 +19,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from digenrl.toy.world import COLORS, FILL_RATIO, ToyPrompt
+from digenrl.toy.world import COLORS, ToyPrompt, shape_mask
 
 _PALETTE = torch.tensor(list(COLORS.values()), dtype=torch.float32)  # (K, 3)
 _COLOR_INDEX = {c: i for i, c in enumerate(COLORS)}
 FOREGROUND_MIN = 0.5  # brightest channel above half = an object pixel (background is black, objects >= 0.9)
 MIN_AREA = 4  # components smaller than this are speckle, not objects
-SHAPE_TOLERANCE = 0.15  # rasterised triangles fill 0.5-0.65 of their box
+STRICT_SHAPE_IOU = 0.7  # drawn shapes reach 0.9-1.0 against their template, a wrong shape 0.5-0.85
 
 
 def _components(mask: torch.Tensor) -> torch.Tensor:
@@ -38,6 +39,20 @@ def _components(mask: torch.Tensor) -> torch.Tensor:
         if torch.equal(grown, labels):
             return labels.squeeze(1).long()
         labels = grown
+
+
+def _shape_iou(component: torch.Tensor, shape: str) -> float:
+    """IoU of a (H, W) component mask with `shape` drawn in its bounding box (side = the longer edge).
+
+    A bounding-box fill ratio would call a ragged or fragmented blob a triangle; the
+    template has to be matched pixel for pixel, and an elongated blob matches no shape.
+    """
+    ys, xs = torch.nonzero(component, as_tuple=True)
+    y0, y1, x0, x1 = int(ys.min()), int(ys.max()) + 1, int(xs.min()), int(xs.max()) + 1
+    r = max(y1 - y0, x1 - x0) / 2
+    template = torch.from_numpy(shape_mask(shape, (y0 + y1) / 2, (x0 + x1) / 2, r, component.shape[-1]))
+    union = int((template | component).sum())
+    return int((template & component).sum()) / union
 
 
 class ToyGenEval:
@@ -74,11 +89,7 @@ class ToyGenEval:
             count = 1.0 / (1.0 + abs(n - spec.count))  # partial credit that keeps rising toward the right count
             shape_scores = []
             for k in objects:
-                comp = labels[i] == k
-                ys, xs = yy[comp], xx[comp]
-                box = float((ys.max() - ys.min() + 1) * (xs.max() - xs.min() + 1))
-                fill = float(comp.sum()) / box
-                shape_scores.append(float(np.exp(-(((fill - FILL_RATIO[spec.shape]) / SHAPE_TOLERANCE) ** 2))))
+                shape_scores.append(_shape_iou(labels[i] == k, spec.shape))
             shape = float(np.mean(shape_scores)) if shape_scores else 0.0
             criteria = [color, count, shape]
             position = 1.0
@@ -89,7 +100,7 @@ class ToyGenEval:
                 criteria.append(position)
             out["color"][i], out["count"][i], out["shape"][i], out["position"][i] = color, count, shape, position
             out["reward"][i] = float(np.mean(criteria))
-            out["strict"][i] = float(color >= 0.9 and count == 1.0 and shape >= 0.5 and position >= 0.9)
+            out["strict"][i] = float(color >= 0.9 and count == 1.0 and shape >= STRICT_SHAPE_IOU and position >= 0.9)
         return out
 
 

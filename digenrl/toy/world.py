@@ -30,9 +30,6 @@ COUNTS = {1: "a", 2: "two"}
 POSITIONS = ("anywhere", "left", "right", "top", "bottom")
 BACKGROUND = (0.0, 0.0, 0.0)
 
-# Fill ratio of a shape in its bounding box: how the reward tells shapes apart.
-FILL_RATIO = {"square": 1.0, "circle": float(np.pi / 4), "triangle": 0.5}
-
 
 @dataclass(frozen=True)
 class ToyPrompt:
@@ -100,7 +97,8 @@ def tokenize(texts: list[str], max_len: int = 8) -> torch.Tensor:
     return out
 
 
-def _shape_mask(shape: str, cy: float, cx: float, r: float, size: int) -> np.ndarray:
+def shape_mask(shape: str, cy: float, cx: float, r: float, size: int) -> np.ndarray:
+    """(size, size) bool: pixels whose centres lie in `shape` of half-size r centred at (cy, cx)."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5
     if shape == "square":
         return (np.abs(yy - cy) <= r) & (np.abs(xx - cx) <= r)
@@ -138,7 +136,7 @@ def draw(prompt: ToyPrompt, size: int, gen: np.random.Generator) -> np.ndarray:
             if all((cy - py) ** 2 + (cx - px) ** 2 > (2.4 * r) ** 2 for py, px in centres):
                 break
         centres.append((cy, cx))
-        mask = _shape_mask(prompt.shape, cy, cx, r, size)
+        mask = shape_mask(prompt.shape, cy, cx, r, size)
         img[:, mask] = np.asarray(COLORS[prompt.color], dtype=np.float32)[:, None]
     return img
 

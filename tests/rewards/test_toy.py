@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from digenrl.rewards.toy import JpegCompressibility, JpegIncompressibility, ToyGenEval
-from digenrl.toy.world import ToyPrompt, all_prompts, sample_batch, split_prompts
+from digenrl.toy.world import SHAPES, ToyPrompt, all_prompts, sample_batch, shape_mask, split_prompts
 
 
 def test_prompt_grammar_round_trips_and_split_is_disjoint():
@@ -39,6 +39,37 @@ def test_count_credit_rises_toward_the_asked_count():
             imgs[i, 0, 2 + 10 * k : 8 + 10 * k, 4:10] = 0.9
     count = ToyGenEval().score(imgs, [p] * 3)["count"]
     assert count.tolist() == pytest.approx([1.0, 0.5, 1 / 3])
+
+
+def test_each_drawn_shape_matches_its_own_template_best():
+    imgs, texts = sample_batch(240, 32, seed=0, index=5)
+    specs = [ToyPrompt.parse(t) for t in texts]
+    r = ToyGenEval()
+    for drawn in SHAPES:
+        idx = [i for i, p in enumerate(specs) if p.shape == drawn]
+        scores = {
+            asked: r.score(imgs[idx], [ToyPrompt(specs[i].color, asked, specs[i].count, specs[i].position).text
+                                       for i in idx])["shape"].mean().item()
+            for asked in SHAPES
+        }
+        assert max(scores, key=scores.get) == drawn, scores
+        assert scores[drawn] > 0.85, scores
+
+
+def test_a_ragged_blob_is_not_a_triangle():
+    # half the pixels of a solid square, scattered in a checkerboard of 2x2 cells: a bounding-box
+    # fill ratio of 1/2 would call it a triangle; pixel-wise template matching does not
+    p = ToyPrompt("red", "triangle", 1, "anywhere").text
+    blob = torch.zeros(1, 3, 32, 32)
+    yy, xx = torch.meshgrid(torch.arange(32), torch.arange(32), indexing="ij")
+    cells = ((yy // 2 + xx // 2) % 2 == 0) & (yy >= 8) & (yy < 20) & (xx >= 8) & (xx < 20)
+    cells |= (yy >= 8) & (yy < 20) & (xx == 13)  # keep it one connected component
+    blob[0, 0][cells] = 0.9
+    tri = torch.zeros(1, 3, 32, 32)
+    tri[0, 0][torch.from_numpy(shape_mask("triangle", 14.0, 14.0, 6.0, 32))] = 0.9
+    r = ToyGenEval()
+    assert r.score(blob, [p])["count"].item() == 1.0
+    assert r.score(blob, [p])["shape"].item() < 0.6 < 0.85 < r.score(tri, [p])["shape"].item()
 
 
 def test_jpeg_rewards_order_flat_below_noisy():
