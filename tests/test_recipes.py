@@ -21,7 +21,7 @@ FAMILY_RECIPES = {
 
 def test_recipes_found():
     names = {p.name for p in RECIPES}
-    assert {"toy_lora.yaml", "toy_fast.yaml"} <= names
+    assert {"toy_full.yaml", "toy_fast.yaml"} <= names
     assert set(FAMILY_RECIPES.values()) <= names
 
 

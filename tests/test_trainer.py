@@ -14,7 +14,7 @@ from digenrl.trainer import Trainer, assign_advantages, plan_step
 
 @pytest.mark.parametrize("lora", [False, True])
 def test_first_update_sees_ratio_exactly_one(tiny_overrides, lora):
-    extra = ["model.lora_rank=4"] if lora else []
+    extra = ["model.lora_rank=4"] if lora else ["model.lora_rank=0"]
     trainer = Trainer(load_config(None, tiny_overrides + extra + ["train.beta=0.01"]), progress=False)
     plan = plan_step(trainer.cfg, trainer.source, 0)
     trajs = []
@@ -44,8 +44,9 @@ def test_lora_trains_only_adapters(tiny_overrides):
     assert changed and all("lora_" in k for k in changed)
 
 
-def test_run_outputs_and_resume_equality(tiny_overrides, tmp_path):
-    base = tiny_overrides + ["train.steps=4", "run.checkpoint_every=2", "run.eval_every=2", "train.ema_decay=0.9"]
+@pytest.mark.parametrize("rank", [0, 4], ids=["full", "lora"])
+def test_run_outputs_and_resume_equality(tiny_overrides, tmp_path, rank):
+    base = tiny_overrides + [f"model.lora_rank={rank}", "train.steps=4", "run.checkpoint_every=2", "run.eval_every=2", "train.ema_decay=0.9"]
     full = load_config(None, [o.replace(str(tmp_path / "run"), str(tmp_path / "full")) for o in base])
     Trainer(full, progress=False).train()
 
@@ -111,4 +112,6 @@ def test_backward_batch_splits_give_the_same_update(tiny_overrides):
         return {k: v.clone() for k, v in t.policy.module.state_dict().items()}
 
     whole, split = one_step([]), one_step(["train.backward_batch=3"])
-    assert all(torch.allclose(whole[k], split[k], atol=1e-6) for k in whole)
+    # Adam's first step is ~lr * sign(grad): rounding of near-zero gradients shows at ~3e-6 (lr 1e-3)
+    assert all(torch.allclose(whole[k], split[k], atol=1e-5) for k in whole)
+    assert any(float(v.abs().max()) > 5e-4 for k, v in whole.items() if "lora_B" in k)  # it did update
