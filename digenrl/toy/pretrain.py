@@ -2,7 +2,7 @@
 
 Deterministic for a given seed and thread count: the shipped
 `digenrl/assets/toy_base.safetensors` is `pretrain()` with its defaults (3000 steps, one
-torch thread, ~15 min on one core), and `load_base` rebuilds exactly that and caches it
+torch thread, ~17 min on one core), and `load_base` rebuilds exactly that and caches it
 when the asset is missing.
 """
 
@@ -48,6 +48,7 @@ def _pretrain(steps: int, batch: int, lr: float, seed: int, config: TinyDiTConfi
     torch.manual_seed(seed)
     model = TinyDiT(config)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+
     def lr_factor(i: int) -> float:  # linear warm-up, then cosine decay to a tenth
         if i < WARMUP_STEPS:
             return (i + 1) / WARMUP_STEPS
