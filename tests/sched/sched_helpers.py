@@ -45,6 +45,18 @@ def run(mode: str, n_rollout=3, n_trainer=3, n_reward=0, cost=COST, failures=(),
     return s, run_virtual(s, const_cost(cost, c.group_size), failures=failures, joins=joins)
 
 
+def random_losses(rng) -> tuple[list, list]:
+    """(failures, joins) for pools r0-r3 + w0-w1: r3 dies mid-generation, two more rollout
+    workers and one of two reward workers at random times; each lost rollout worker is
+    replaced a little later. Segments exercise restarts from a boundary, stale versions
+    restarts from t=0."""
+    lost = rng.sample(["r0", "r1", "r2"], 2) + [f"w{rng.randrange(2)}"]
+    failures = [(0.5, "r3")] + [(rng.uniform(0, 60), w) for w in lost]
+    joins = [(t + rng.uniform(0, 10), Worker(f"new{i}", "rollout"))
+             for i, (t, w) in enumerate(failures) if w.startswith("r")]
+    return failures, joins
+
+
 def done(trace, kind_: str):
     """Completed (not lost) spans of one kind."""
     return [s for s in trace.spans if s.kind == kind_ and not (s.extra and s.extra.get("lost"))]

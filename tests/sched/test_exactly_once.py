@@ -8,7 +8,7 @@ import pytest
 
 from digenrl.sched import MODES, Scheduler, SchedConfig, SchedulerError, Worker
 
-from .sched_helpers import DISAGG_MODES, done, run
+from .sched_helpers import DISAGG_MODES, done, random_losses, run
 
 
 def expected(s):
@@ -32,13 +32,7 @@ def test_exactly_once(mode):
 @pytest.mark.parametrize("seed", range(4))
 def test_exactly_once_with_random_loss(mode, seed):
     rng = random.Random(seed)
-    # Lose r3 mid-generation, 2 more rollout workers and 1 of 2 reward workers at random
-    # times; each rollout loss is replaced a little later. Segments exercise restarts
-    # from a boundary, stale versions exercise restarts from t=0.
-    lost = rng.sample(["r0", "r1", "r2"], 2) + [f"w{rng.randrange(2)}"]
-    failures = [(0.5, "r3")] + [(rng.uniform(0, 60), w) for w in lost]
-    joins = [(t + rng.uniform(0, 10), Worker(f"new{i}", "rollout"))
-             for i, (t, w) in enumerate(failures) if w.startswith("r")]
+    failures, joins = random_losses(rng)
     s, tr = run(mode, n_rollout=4, n_trainer=2, n_reward=2, failures=failures, joins=joins,
                 rollout_segment=rng.choice([None, 1, 2]), rl_steps=3)
     assert trained(tr) == expected(s)

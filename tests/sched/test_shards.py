@@ -10,7 +10,7 @@ from digenrl.sched import MODES, Generate, Reward, Scheduler, SchedConfig, Train
 from digenrl.sched.units import n_samples, rows, split_rows
 from digenrl.sim.engine import run_virtual
 
-from .sched_helpers import DISAGG_MODES, const_cost, done, final_attempts, run
+from .sched_helpers import DISAGG_MODES, const_cost, done, final_attempts, random_losses, run
 
 GS = 3  # samples per group: shard boundaries fall inside groups
 
@@ -92,10 +92,7 @@ def test_exactly_once_per_sample(mode, gen_shard, train_shard):
 @pytest.mark.parametrize("seed", range(4))
 def test_exactly_once_per_sample_with_random_loss(mode, seed):
     rng = random.Random(seed)
-    lost = rng.sample(["r0", "r1", "r2"], 2) + [f"w{rng.randrange(2)}"]
-    failures = [(0.5, "r3")] + [(rng.uniform(0, 60), w) for w in lost]
-    joins = [(t + rng.uniform(0, 10), Worker(f"new{i}", "rollout"))
-             for i, (t, w) in enumerate(failures) if w.startswith("r")]
+    failures, joins = random_losses(rng)
     s, tr = run(mode, n_rollout=4, n_trainer=2, n_reward=2, failures=failures, joins=joins,
                 rollout_segment=rng.choice([None, 1, 2]), rl_steps=3, group_size=GS,
                 gen_shard=rng.choice([2, 3]), train_shard=rng.choice([1, 2]))
