@@ -36,6 +36,11 @@ _PRESETS = {
     "digenrl": ("gap", "tsp", "tag", "tcss"),
 }
 
+# Modes whose Train units wait for the whole step to be rewarded (no GAP streaming): their
+# advantages may span the step and their micro-batches may cut prompt groups.
+BATCH_MODES = tuple(m for m in MODES if "gap" not in _PRESETS[m])
+TSP_MODES = tuple(m for m in MODES if "tsp" in _PRESETS[m])
+
 TrainedSteps = Union[Sequence[int], Callable[[int], Sequence[int]], None]
 
 

@@ -18,7 +18,7 @@ from typing import Iterable, Optional
 
 from .config import SchedConfig
 from .units import (ROLES, Assignment, Generate, OptimizerStep, Reward, Rows, Train, Unit,
-                    WeightSync, Worker, split_rows)
+                    WeightSync, Worker, by_kind, partition, split_rows)
 
 
 class SchedulerError(RuntimeError):
@@ -95,6 +95,9 @@ class Scheduler:
         self._started = False
         self._n_reward = 0
         self._n_syncing = 0  # WeightSync units in flight
+        self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
+                                    train=self._on_trained, optimizer=self._on_optimizer_step,
+                                    sync=self._on_synced)
         for w in workers:
             self._add(w, version=0)
         self._check_pools()
@@ -225,17 +228,7 @@ class Scheduler:
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
-        kind = type(unit)
-        if kind is Generate:
-            self._on_generated(ws, unit)
-        elif kind is Reward:
-            self._on_rewarded(unit)
-        elif kind is Train:
-            self._on_trained(unit)
-        elif kind is OptimizerStep:
-            self._on_optimizer_step(unit)
-        else:  # WeightSync: the version was taken at assignment (busy until now)
-            self._n_syncing -= 1
+        self._on_complete[type(unit)](ws, unit)
         if worker_id in self._pinned:
             return
         if (self._opt_step is not None and ws.worker.role == self._train_role
@@ -244,6 +237,9 @@ class Scheduler:
             self._opt_given.add(worker_id)
             return
         self._park(ws)
+
+    def _on_synced(self, ws: _W, w: WeightSync) -> None:
+        self._n_syncing -= 1  # the version was taken at assignment (busy until now)
 
     def _on_generated(self, ws: _W, g: Generate) -> None:
         cfg = self.cfg
@@ -266,7 +262,7 @@ class Scheduler:
         else:  # no reward pool: score on the worker holding the images, right away
             self._pinned[ws.worker.id] = Reward(g.step, g.mb, g.groups)
 
-    def _on_rewarded(self, r: Reward) -> None:
+    def _on_rewarded(self, ws: _W, r: Reward) -> None:
         st = self._steps[r.step]
         st.n_rewarded += 1
         version = st.mbs[r.mb].version
@@ -286,14 +282,14 @@ class Scheduler:
                 q.extend(st.held)
                 st.held = []
 
-    def _on_trained(self, t: Train) -> None:
+    def _on_trained(self, ws: _W, t: Train) -> None:
         st = self._steps[t.step]
         st.trains_left -= 1
         if st.trains_left == 0:
             self._opt_step, self._opt_given, self._opt_reported = t.step, set(), 0
             self._opt_new = True
 
-    def _on_optimizer_step(self, o: OptimizerStep) -> None:
+    def _on_optimizer_step(self, ws: _W, o: OptimizerStep) -> None:
         self._opt_reported += 1
         if self._opt_reported < len(self._trainers):
             return
@@ -382,12 +378,10 @@ class Scheduler:
         cfg = self.cfg
         gs = cfg.group_size
         while self._next_step < cfg.rl_steps and self._next_step <= self.version + cfg.lag:
-            s, m = self._next_step, cfg.micro_batch_groups
-            mbs = []
-            for i in range(0, cfg.groups_per_step, m):
-                groups = tuple(range(i, min(i + m, cfg.groups_per_step)))
-                n = len(groups) * gs
-                mbs.append(_MB(groups, split_rows(n, cfg.gen_shard), split_rows(n, cfg.train_shard)))
+            s = self._next_step
+            mbs = [_MB(groups, split_rows(len(groups) * gs, cfg.gen_shard),
+                       split_rows(len(groups) * gs, cfg.train_shard))
+                   for groups in partition(cfg.groups_per_step, cfg.micro_batch_groups)]
             trained = cfg.trained(s)
             per_mb = -(-len(trained) // cfg.tsp_chunk) if cfg.tsp else 1
             n_train = per_mb * sum(len(mb.train_rows) for mb in mbs)

@@ -16,7 +16,7 @@ simulator can put them in heaps. Coordinates:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, TypeVar, Union
 
 Rows = Optional[tuple[int, int]]  # [first, last) rows of a micro-batch; None = all of them
 
@@ -112,6 +112,17 @@ KINDS = {Generate: "generate", Reward: "reward", Train: "train",
          OptimizerStep: "optimizer", WeightSync: "sync"}
 
 
+T = TypeVar("T")
+
+
+def by_kind(*, generate: T, reward: T, train: T, optimizer: T, sync: T) -> dict[type, T]:
+    """A dispatch table unit type -> handler with every unit kind in it. Each place that
+    treats kinds differently (the scheduler's completions, the runtime's calls and results,
+    the simulator's durations) builds one, so a new kind cannot be missed in any of them:
+    the keyword arguments are required."""
+    return {Generate: generate, Reward: reward, Train: train, OptimizerStep: optimizer, WeightSync: sync}
+
+
 def kind(unit: Unit) -> str:
     return KINDS[type(unit)]
 
@@ -141,6 +152,14 @@ def split_rows(n_rows: int, shards: int) -> tuple[Rows, ...]:
         out.append((a, b))
         a = b
     return tuple(out)
+
+
+def partition(groups_per_step: int, per_micro_batch: int) -> list[tuple[int, ...]]:
+    """The groups of each micro-batch of a step: contiguous runs of `per_micro_batch` groups
+    (the last one shorter when it does not divide). The runtime and the scheduler both cut
+    steps with this, so a micro-batch index means the same samples everywhere."""
+    return [tuple(range(i, min(i + per_micro_batch, groups_per_step)))
+            for i in range(0, groups_per_step, per_micro_batch)]
 
 
 class Assignment(NamedTuple):
