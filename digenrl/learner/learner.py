@@ -144,6 +144,11 @@ class Learner:
         self._weight += weight
         return {k: float(v) for k, v in m.items()}
 
+    def accumulated(self) -> tuple[dict[str, float], float]:
+        """Weighted metric sums and total weight since the last optimizer step (a trainer
+        that combines several learners' metrics needs both, see runtime/driver.py)."""
+        return dict(self._sums), self._weight
+
     # -- the step ----------------------------------------------------------------------
     def optimizer_step(self) -> dict[str, float]:
         """Clip, check and apply the accumulated gradient; returns the step's metrics."""

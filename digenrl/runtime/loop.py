@@ -1,6 +1,6 @@
 """The driver's event loop: the scheduler fed by real Ray completions.
 
-    assign() --> backend.dispatch(w, unit) -> ObjectRef[info]   (an actor method call)
+    assign() --> backend.dispatch(w, unit) -> ObjectRef[Done]   (an actor method call)
        ^                                            |
        |                                      ray.wait (any)
        |                                            v
@@ -19,6 +19,7 @@ from typing import Callable, Optional, Protocol
 import ray
 from ray.exceptions import RayActorError
 
+from digenrl.runtime.results import Done
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
 from digenrl.sched.units import Train
 from digenrl.trace import Span, Trace
@@ -27,7 +28,7 @@ from digenrl.trace import Span, Trace
 class Backend(Protocol):
     def dispatch(self, worker_id: str, unit: Unit) -> ray.ObjectRef: ...
 
-    def completed(self, worker_id: str, unit: Unit, info: dict) -> None: ...
+    def completed(self, worker_id: str, unit: Unit, info: Done) -> None: ...
 
     def replace(self, worker: Worker) -> Worker: ...
 
@@ -94,8 +95,8 @@ class EventLoop:
         version_before = self.sched.version
         self.sched.complete(wid, unit)
         self.trace.n_events += 1
-        self.trace.spans.append(Span(wid, kind(unit), info["start"] - self.t0,
-                                     info["end"] - self.t0, _version(unit), _step(unit), unit=unit))
+        self.trace.spans.append(Span(wid, kind(unit), info.start - self.t0,
+                                     info.end - self.t0, _version(unit), _step(unit), unit=unit))
         self.backend.completed(wid, unit, info)
         if self.sched.version != version_before:
             self.backend.step_done(version_before, self.now())

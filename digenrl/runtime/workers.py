@@ -6,9 +6,9 @@
                                       evaluate / save / load, and publishes weights (worker 0)
     RewardWorker                    the configured rewarder only (runtime.reward.workers > 0)
 
-Every unit method returns its result plus an `info` dict with worker-side wall times
-(`start`, `end`: time.time()); the driver waits on the small `info` ref and passes the big
-results (Trajectories, weights) between actors as ObjectRefs.
+Every unit method returns a small typed record (`digenrl.runtime.results`) with worker-side
+wall times (`start`, `end`: time.time()); the driver waits on that record's ref and passes
+the big results (Trajectories, weights) between actors as ObjectRefs.
 
 Composition, not inheritance: the trainer actor holds a `digenrl.trainer.Trainer`, so the
 distributed run uses the very code the single-device reference runs (HOUSE_STYLE 2).
@@ -26,12 +26,13 @@ import torch
 from digenrl.config import Config
 from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
 from digenrl.runtime import weight_sync
+from digenrl.runtime.results import Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import concat_trajectories, select_rows
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync
 
 
-def _info(t0: float, **extra) -> dict[str, Any]:
-    return {"start": t0, "end": time.time(), "pid": os.getpid(), **extra}
+def _times(t0: float) -> dict[str, Any]:
+    return {"start": t0, "end": time.time(), "pid": os.getpid()}
 
 
 class PolicyWorker:
@@ -64,7 +65,7 @@ class PolicyWorker:
     # -- units ------------------------------------------------------------------------
     def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
                  coords: list[tuple[int, int, int]], spec: SampleSpec,
-                 traj: Optional[Trajectories]) -> tuple[Trajectories, dict]:
+                 traj: Optional[Trajectories]) -> tuple[Trajectories, Generated]:
         """Denoising steps [t_start, t_end) of one micro-batch (or of its sample shard:
         `prompts` / `coords` are then that shard's rows); decodes when it is finished.
 
@@ -83,17 +84,14 @@ class PolicyWorker:
         advance(self.policy, traj, spec, unit.t_end)
         if unit.t_end == spec.num_steps:
             finish(self.policy, traj)
-        return traj, _info(t0)
+        return traj, Generated(**_times(t0))
 
-    def reward(self, unit: Reward, *shards: Trajectories) -> dict:
+    def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
         """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
-        t0 = time.time()
-        traj = concat_trajectories(shards)
-        rewards, parts = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
-        return _info(t0, rewards=rewards, parts=parts, group_ids=traj.group_ids)
+        return _score(self.rewarder, shards)
 
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
-              total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> dict:
+              total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> Trained:
         """Accumulate the gradient of one Train unit (micro-batch or sample shard x chunk of
         trained steps). `shards`: the Generate shards covering the unit's rows, in order;
         `rows`: the unit's rows within their concatenation; `advantages`: of those rows.
@@ -105,16 +103,16 @@ class PolicyWorker:
                                 total_steps=total_steps)
         done = [(*c, t) for c in traj.coords for t in unit.t_steps]
         self.trained.extend(done)
-        return _info(t0, trained=done)
+        return Trained(**_times(t0), trained=done)
 
-    def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], dict]:
+    def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:
         """All-reduce the accumulated gradients, step, and (worker 0) publish the new weights.
 
         Workers that trained nothing contribute zeros; a parameter nobody touched keeps
         grad None on every worker, exactly as on a single device.
         """
         t0 = time.time()
-        sums, weight = dict(self.learner._sums), self.learner._weight
+        sums, weight = self.learner.accumulated()
         if self.dist:
             self._all_reduce_grads()
         t_reduce = time.time() - t0
@@ -125,23 +123,20 @@ class PolicyWorker:
             t1 = time.time()
             payload, nbytes = weight_sync.publish(self.engine, self.policy.module)
             t_pub = time.time() - t1
-        return payload, _info(t0, metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
-                              publish_s=t_pub, publish_bytes=nbytes)
+        return payload, Stepped(**_times(t0), metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
+                                publish_s=t_pub, publish_bytes=nbytes)
 
-    def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> dict:
+    def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
         """WeightSync: adopt published weights `version` (between trajectories only)."""
         t0 = time.time()
         nbytes = weight_sync.load(self.engine, self.policy.module, payload)
         self.version = version
-        return _info(t0, bytes=nbytes)
+        return Synced(**_times(t0), bytes=nbytes)
 
     # -- trainer-only services -----------------------------------------------------------
     def publish(self) -> dict:
         """The current weights as a payload (initial sync, resume)."""
         return weight_sync.publish(self.engine, self.policy.module)[0]
-
-    def set_version(self, version: int) -> None:
-        self.version = version
 
     def dist_address(self) -> str:
         with socket.socket() as s:
@@ -215,14 +210,19 @@ class RewardWorker:
     def ready(self) -> int:
         return os.getpid()
 
-    def reward(self, unit: Reward, *shards: Trajectories) -> dict:
-        t0 = time.time()
-        traj = concat_trajectories(shards)
-        rewards, parts = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
-        return _info(t0, rewards=rewards, parts=parts, group_ids=traj.group_ids)
+    def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
+        return _score(self.rewarder, shards)
 
     def shutdown(self) -> None:
         self.rewarder.close()
+
+
+def _score(rewarder, shards: tuple[Trajectories, ...]) -> Rewarded:
+    """Reward a micro-batch from its Generate shards (one when unsharded), in row order."""
+    t0 = time.time()
+    traj = concat_trajectories(shards)
+    rewards, parts = rewarder.score(traj.images, traj.prompts, traj.group_ids)
+    return Rewarded(**_times(t0), rewards=rewards, parts=parts, group_ids=traj.group_ids)
 
 
 def _node_ip() -> str:
