@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import time
 
+from digenrl.contract import contract
 from digenrl.sched import Scheduler
-from digenrl.sim.durations import make_duration_fn
+from digenrl.sim.costs import default_cost_model
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.planner import analytic_split
-from digenrl.sim.report import RunSpec, default_cost_model, resize, sched_config
-from digenrl.sim.testbed import load_testbed
+from digenrl.sim.report import RunSpec
+from digenrl.sim.testbed import load_testbed, resize
+from digenrl.sim.workload import config_for, duration_fn
 
 
 def main(argv=None) -> int:
@@ -34,8 +36,10 @@ def main(argv=None) -> int:
     tb = resize(load_testbed(a.preset, groups_per_step=r), a.gpus)  # one group per rollout GPU
     spec = RunSpec(a.mode, n_rollout=None if a.mode == "colocated" else r, tsp_chunk=3, tag_segment=4)
     t0 = time.perf_counter()
-    fn = make_duration_fn(tb, cm, a.mode, n_rollout=spec.n_rollout)
-    s = Scheduler(sched_config(tb, spec, a.steps), fn.layout.workers)
+    cfg = config_for(tb, spec, a.steps)
+    run = contract(cfg)
+    fn = duration_fn(cfg, tb, cm, run)
+    s = Scheduler(run.sched, run.workers())
     tr = run_virtual(s, fn, record=False)
     wall = time.perf_counter() - t0
     print(f"preset={a.preset} gpus={a.gpus} rollout={r} mode={a.mode} rl_steps={a.steps} "

@@ -11,6 +11,9 @@ first (warm-up), bubble ratios are means over those steps; prints a table, write
 `digenrl simulate` (same planner knobs, steps and steady-state window) on the runtime with
 sleeping workers, in modelled seconds: prints simulate's table for the emulated runs, then
 emulated vs simulated samples/s per row (and Ray round-trip latency); writes `bench.json`.
+
+This module sits above both `digenrl.runtime` and `digenrl.sim` (it compares them); the
+runtime never imports the simulator's reports, and this module never imports Ray itself.
 """
 
 from __future__ import annotations
@@ -30,19 +33,16 @@ MODES = tuple(m for m in RUN_MODES if m != "local")
 def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
                out: Optional[str] = None) -> list[dict]:
     """Run each mode for `steps` RL steps on the tiny model; returns one row per mode."""
-    import ray
-
     from digenrl.outputs import read_metrics
-    from digenrl.runtime.cluster import connect
+    from digenrl.runtime.cluster import session
     from digenrl.runtime.driver import RayTrainer
     from digenrl.trainer import Trainer
 
     root = Path(out or Path(cfg.run.run_dir) / "bench")
     rt = cfg.runtime
-    started = connect(rt.address, [(rt.rollout, rt.rollout.workers), (rt.trainer, rt.trainer.workers),
-                                   (rt.reward, rt.reward.workers)])
     rows = []
-    try:
+    with session(rt.address, [(rt.rollout, rt.rollout.workers), (rt.trainer, rt.trainer.workers),
+                              (rt.reward, rt.reward.workers)]):
         for mode in modes:
             if mode not in RUN_MODES:
                 raise ValueError(f"--modes: {mode!r} is not one of {', '.join(RUN_MODES)}")
@@ -55,9 +55,6 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
                 RayTrainer(c, progress=False, evaluate=False).train()
             rows.append(_row(mode, [r for r in read_metrics(Path(c.run.run_dir)) if r["step"] > 0]))
             print(f"  {mode:13s} {rows[-1]['samples_per_s']:7.2f} samples/s", flush=True)
-    finally:
-        if started:
-            ray.shutdown()
     return _report(rows, root, "real (tiny model, wall seconds)")
 
 
@@ -92,13 +89,13 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     """
     import time
 
-    import ray
-
-    from digenrl.runtime.emulated import ActorPool, emulate_spec
+    from digenrl.runtime.cluster import session
+    from digenrl.runtime.emulated import ActorPool
+    from digenrl.sim.costs import default_cost_model
     from digenrl.sim.planner import PLAN_STEPS
-    from digenrl.sim.report import Report, default_cost_model, resize
-    from digenrl.sim.simulate import ALL, ROWS, homogeneous_reference, simulate
-    from digenrl.sim.testbed import load_testbed
+    from digenrl.sim.report import Report
+    from digenrl.sim.simulate import ALL, homogeneous_reference, simulate
+    from digenrl.sim.testbed import load_testbed, resize
 
     tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
     if gpus is not None:
@@ -109,35 +106,16 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     t0 = time.time()
     sim = simulate(tb, modes, steps, cm=cm)
     ref = homogeneous_reference(tb)
-    started = not ray.is_initialized()
-    if started:
-        ray.init(include_dashboard=False, log_to_driver=False, configure_logging=False)
     own = pool is None
-    pool = pool or ActorPool()
     rows, emu = [], {}
-    try:
-        ray.get([h.ready.remote() for h in pool.get(max(tb.n_gpus, ref.n_gpus))])
-        for label in modes:
-            s_row = sim.rows[label]
-            where = ref if ROWS[label][0] == "colocated" else tb
-            end = max(1e-9, s_row.trace.end)
-            scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
-            w0 = time.time()
-            e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, pool=pool)
-            emu[label] = e_row
-            rows.append({"mode": label, "sim_samples_per_s": s_row.throughput,
-                         "emulated_samples_per_s": e_row.throughput,
-                         "rel_diff": e_row.throughput / s_row.throughput - 1.0, "time_scale": scale,
-                         "wall_s": time.time() - w0, **e_row.latency})
-            if not quiet:
-                print(f"  {label:13s} {e_row.throughput:9.3f} samples/s emulated, {s_row.throughput:9.3f} "
-                      f"simulated ({100 * rows[-1]['rel_diff']:+.2f}%), time_scale {scale:.3g}, "
-                      f"{rows[-1]['wall_s']:.1f} s", flush=True)
-    finally:
-        if own:
-            pool.close()
-        if started:
-            ray.shutdown()
+    with session():
+        pool = pool or ActorPool()
+        try:
+            _emulate_rows(tb, ref, modes, steps, sim, cm, pool, time_scale, run_s, max_rate, latency, quiet,
+                          rows, emu)
+        finally:
+            if own:
+                pool.close()
     rep = Report(tb, sim.reference, steps, emu, sim.ideal_s, {}, sim.plans)
     title = (f"emulated {tb.name}: {tb.n_gpus} Ray actors sleeping the cost model's time, latency={latency}, "
              f"modelled seconds")
@@ -162,6 +140,56 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
         if not quiet:
             print(f"wrote {root / 'bench.json'}")
     return result
+
+
+def _emulate_rows(tb, ref, modes, steps, sim, cm, pool, time_scale, run_s, max_rate, latency, quiet,
+                  rows: list, emu: dict) -> None:
+    """bench_emulated's loop: each simulated row again on the emulated runtime."""
+    import time
+
+    from digenrl.sim.simulate import ROWS
+
+    pool.warm(max(tb.n_gpus, ref.n_gpus))
+    for label in modes:
+        s_row = sim.rows[label]
+        where = ref if ROWS[label][0] == "colocated" else tb
+        end = max(1e-9, s_row.trace.end)
+        scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
+        w0 = time.time()
+        e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, pool=pool)
+        emu[label] = e_row
+        rows.append({"mode": label, "sim_samples_per_s": s_row.throughput,
+                     "emulated_samples_per_s": e_row.throughput,
+                     "rel_diff": e_row.throughput / s_row.throughput - 1.0, "time_scale": scale,
+                     "wall_s": time.time() - w0, **e_row.latency})
+        if not quiet:
+            print(f"  {label:13s} {e_row.throughput:9.3f} samples/s emulated, {s_row.throughput:9.3f} "
+                  f"simulated ({100 * rows[-1]['rel_diff']:+.2f}%), time_scale {scale:.3g}, "
+                  f"{rows[-1]['wall_s']:.1f} s", flush=True)
+
+
+def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: str = "real",
+                 pool=None, keep_trace: bool = False):
+    """`digenrl.sim.report.run_spec` on the emulated runtime: the same Config, contract,
+    workers and durations, measured over the same steady-state window (`report.measure`);
+    a RunResult in modelled seconds with `.latency` (Ray round trips). Ray must be up."""
+    from digenrl.contract import contract
+    from digenrl.runtime.emulated import latency_stats, run_scheduler_emulated
+    from digenrl.sched import Scheduler
+    from digenrl.sim.costs import default_cost_model
+    from digenrl.sim.report import measure
+    from digenrl.sim.workload import config_for, duration_fn
+
+    cm = cm or default_cost_model()
+    cfg = config_for(tb, spec, steps)
+    run = contract(cfg)
+    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline)
+    trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, time_scale, latency=latency, pool=pool)
+    res = measure(tb, spec, trace, fn, steps, keep_trace=True)
+    res.latency = latency_stats(trace)
+    if not keep_trace:
+        res.trace = res.fn = None
+    return res
 
 
 def _report(rows: list[dict], root: Path, title: str) -> list[dict]:

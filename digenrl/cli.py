@@ -127,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
 DELEGATED = [
     ("simulate", "digenrl.sim.cli", "simulate_main", "simulate every mode on a testbed on a virtual clock"),
     ("plan", "digenrl.sim.cli", "plan_main", "choose the rollout/trainer split and knobs for a testbed"),
-    ("bench", "digenrl.runtime.bench", "bench_main", "run every mode side by side (--real tiny model or --emulated)"),
+    ("bench", "digenrl.bench", "bench_main", "run every mode side by side (--real tiny model or --emulated)"),
     ("profile", "digenrl.profile", "profile_main", "measure per-step costs on this machine (calibration JSONL)"),
 ]
 

@@ -8,6 +8,7 @@ allowed.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import typing
 from dataclasses import dataclass, field, fields
@@ -19,9 +20,13 @@ import yaml
 from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.schedule import WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
+from digenrl.models.diffusers_adapters import FAMILIES
+from digenrl.sched import BATCH_MODES
+from digenrl.sched import MODES as SCHED_MODES
+from digenrl.sim.costs import WEIGHT_SYNC_METHODS
 
-MODEL_NAMES = ("tiny-dit", "flux", "sd3", "wan", "qwen-image", "hunyuan-video")
-MODES = ("local", "colocated", "disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
+MODEL_NAMES = ("tiny-dit", *FAMILIES)
+MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
 
 
 class ConfigError(ValueError):
@@ -106,6 +111,10 @@ class DataConfig:
     groups_per_step: int = 8  # prompts per RL step
     group_size: int = 4  # samples per prompt (the GRPO group)
     micro_batch_groups: int = 2  # whole groups per generation / training micro-batch
+    # > 0: micro-batches of this many samples that may cut prompt groups (flow_grpo's
+    # per-GPU batches); only where nothing trains before the whole step is rewarded
+    # (run.mode local, colocated, disagg-sync, one-step-off). 0 = whole groups.
+    micro_batch_samples: int = 0
     eval_samples: int = 8  # samples per eval prompt (same noise at every evaluation)
     eval_max_prompts: int = 16
 
@@ -122,6 +131,9 @@ class DataConfig:
             f"must be in [1, groups_per_step={self.groups_per_step}], got {self.micro_batch_groups}",
         )
         _check(self.eval_samples >= 1, "data.eval_samples", "must be >= 1")
+        _check(0 <= self.micro_batch_samples <= self.groups_per_step * self.group_size,
+               "data.micro_batch_samples",
+               f"must be in [0, samples per step={self.groups_per_step * self.group_size}] (0 = whole groups)")
 
 
 @dataclass
@@ -153,7 +165,10 @@ class TrainConfig:
     beta: float = 0.0  # KL weight to the base model
     max_grad_norm: float = 1.0
     ema_decay: float = 0.0  # 0 = off
-    tsp_chunk: int = 0  # trained denoising steps per training unit; 0 = all in one unit
+    # Trained denoising steps per training unit, in every mode (batch-level modes: an even
+    # data-parallel share). 0 = the mode's default: 1 under TSP (gap+tsp, gap+tsp+tag,
+    # digenrl), else all trained steps in one unit. See digenrl.contract.tsp_chunk.
+    tsp_chunk: int = 0
     backward_batch: int = 0  # samples per forward/backward (activation memory); 0 = whole micro-batch
 
     def __post_init__(self) -> None:
@@ -185,7 +200,6 @@ class RunConfig:
         _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
 
 
-WEIGHT_SYNC = ("object-store", "nccl", "lora-only")
 COMPUTE = ("real", "emulated")
 
 
@@ -209,11 +223,16 @@ class RuntimeConfig:
     """The Ray runtime (every run.mode except local)."""
 
     address: Optional[str] = None  # an existing cluster; None = $RAY_ADDRESS, else start a local one
+    # colocated: one pool of rollout.workers + trainer.workers devices that generate and
+    # train (rollout.workers may be 0); TAG modes may run without a rollout pool too.
     rollout: PoolConfig = field(default_factory=lambda: PoolConfig(workers=2))
     trainer: PoolConfig = field(default_factory=lambda: PoolConfig(workers=1))
     reward: PoolConfig = field(default_factory=lambda: PoolConfig(workers=0))  # 0 = on the generating worker
-    weight_sync: str = "object-store"
-    compute: str = "real"  # emulated: workers sleep for the cost model's time (needs testbed)
+    weight_sync: str = "object-store"  # nccl: emulated compute only until trainer gangs land
+    # emulated: real Ray actors that sleep for the cost model's time of each unit; the
+    # schedule (pools, data shape, shards, segments) is this config's, the hardware and the
+    # model's costs are the testbed's (digenrl.sim.workload)
+    compute: str = "real"
     testbed: Optional[str] = None
     time_scale: float = 1.0  # emulated: wall seconds per modelled second
     tag_segment: int = 1  # denoising steps a trainer generates before checking for training work
@@ -223,10 +242,13 @@ class RuntimeConfig:
     worker_threads: int = 1  # torch intra-op threads per worker process
 
     def __post_init__(self) -> None:
-        self.rollout.check("runtime.rollout", 1)
+        self.rollout.check("runtime.rollout", 0)
         self.trainer.check("runtime.trainer", 1)
         self.reward.check("runtime.reward", 0)
-        _one_of(self.weight_sync, "runtime.weight_sync", WEIGHT_SYNC)
+        _one_of(self.weight_sync, "runtime.weight_sync", WEIGHT_SYNC_METHODS)
+        _check(self.weight_sync != "nccl" or self.compute == "emulated", "runtime.weight_sync",
+               "nccl (the collective weight path) is not built yet for real compute; use object-store "
+               "or lora-only, or model it with runtime.compute=emulated")
         _one_of(self.compute, "runtime.compute", COMPUTE)
         _check(self.compute != "emulated" or bool(self.testbed), "runtime.testbed",
                "compute=emulated needs a testbed (file or preset) whose cost model the workers sleep for")
@@ -249,7 +271,8 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def __post_init__(self) -> None:
-        streaming = self.run.mode not in ("local", "colocated", "disagg-sync")
+        mode, rt = self.run.mode, self.runtime
+        streaming = mode not in ("local", "colocated", "disagg-sync")
         _check(
             not (streaming and self.reward.adv_std == "global"),
             "reward.adv_std",
@@ -261,6 +284,19 @@ class Config:
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
+        _check(not self.data.micro_batch_samples or mode == "local" or mode in BATCH_MODES,
+               "data.micro_batch_samples",
+               f"cuts prompt groups, which run.mode={mode} streams to training before the group's "
+               "advantages exist; use data.micro_batch_groups, or mode local/" + "/".join(BATCH_MODES))
+        if mode != "local":
+            _check(rt.rollout.workers >= 1 or mode == "colocated" or mode in ("gap+tsp+tag", "digenrl"),
+                   "runtime.rollout.workers",
+                   f"run.mode={mode} needs at least one rollout worker (only colocated and the TAG "
+                   "modes generate on trainers)")
+        if rt.compute == "emulated":
+            _check(mode != "local", "runtime.compute", "emulated compute needs a Ray mode, not run.mode=local")
+            _check(rt.reward.workers == 0, "runtime.reward.workers",
+                   "emulated compute models rewards on the generating worker; set 0")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(
@@ -332,9 +368,11 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None) -> Config:
-    """Defaults <- YAML file <- key=value overrides (values parsed as YAML scalars)."""
-    tree: dict = {}
+def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, *,
+                tree: Optional[dict] = None) -> Config:
+    """Defaults <- YAML file (or `tree`, the same mapping in memory) <- key=value overrides
+    (values parsed as YAML scalars)."""
+    tree = copy.deepcopy(tree) if tree else {}
     if path is not None:
         p = Path(path)
         if not p.exists():
@@ -346,3 +384,25 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         key, raw = item.split("=", 1)
         _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
     return _build(Config, tree, "")
+
+
+def dump_config(cfg: Config, only_changed: bool = True) -> str:
+    """`cfg` as YAML that load_config reads back to an equal Config; only_changed: only the
+    keys that differ from the defaults (what `digenrl plan` writes)."""
+    tree = cfg.to_dict()
+    if only_changed:
+        tree = _diff(tree, Config().to_dict())
+    return yaml.safe_dump(tree, sort_keys=False)
+
+
+def _diff(tree: dict, default: dict) -> dict:
+    out = {}
+    for k, v in tree.items():
+        d = default.get(k)
+        if isinstance(v, dict) and isinstance(d, dict) and k not in ("weights", "paths", "resources"):
+            sub = _diff(v, d)
+            if sub:
+                out[k] = sub
+        elif v != d:
+            out[k] = v
+    return out

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from digenrl import checkpoint as ckpt
 from digenrl.config import Config
+from digenrl.contract import step_shape, tsp_chunk
 from digenrl.data import PromptSource, load_prompts
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages, sigma_schedule
@@ -44,9 +45,9 @@ EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation
 @dataclass(frozen=True)
 class MicroBatch:
     index: int
-    groups: tuple[int, ...]
+    groups: tuple[int, ...]  # scheduler groups (digenrl.contract.StepShape)
     prompts: list[str]  # one per sample
-    coords: list[tuple[int, int, int]]  # (step, group, sample)
+    coords: list[tuple[int, int, int]]  # (step, prompt group, sample)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class StepPlan:
 
 
 def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
+    """The step's prompts, noise coordinates, SDE window and micro-batches, cut exactly as
+    the scheduler cuts them (digenrl.contract), so a micro-batch index means one thing."""
     sigmas = sigma_schedule(cfg.sampling.num_steps, cfg.sampling.shift)
     sde_steps, trained = cfg.sampling.sde_window().select(cfg.sampling.num_steps, cfg.run.seed, step)
     spec = SampleSpec(
@@ -75,21 +78,14 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         cfg_scale=cfg.sampling.cfg_scale,
         seed=cfg.run.seed,
     )
-    chunk = cfg.train.tsp_chunk or len(trained)
+    chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
     prompts = source.step_prompts(step)
-    d = cfg.data
+    shape = step_shape(cfg)
     mbs = []
-    for i, first in enumerate(range(0, d.groups_per_step, d.micro_batch_groups)):
-        groups = tuple(range(first, min(first + d.micro_batch_groups, d.groups_per_step)))
-        mbs.append(
-            MicroBatch(
-                index=i,
-                groups=groups,
-                prompts=[prompts[g] for g in groups for _ in range(d.group_size)],
-                coords=[(step, g, s) for g in groups for s in range(d.group_size)],
-            )
-        )
+    for i, groups in enumerate(shape.micro_batches()):
+        rows = shape.samples(groups)  # (prompt group, sample) per row
+        mbs.append(MicroBatch(i, groups, [prompts[g] for g, _ in rows], [(step, g, s) for g, s in rows]))
     return StepPlan(step, spec, trained, chunks, mbs)
 
 

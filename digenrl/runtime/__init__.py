@@ -6,9 +6,12 @@
     shards.py       sample shards: concatenate Generate shards, select a Train shard's rows
     weight_sync.py  object-store and lora-only engines (bytes, seconds)
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
-    emulated.py     EmulatedWorker (sleeps the cost model's time), run_emulated
-    bench.py        bench_real / bench_emulated / bench_main (`digenrl bench`)
+    results.py      the typed record each unit returns to the driver (start, end, ...)
+    emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
     reward_pool.py  a pool of reward actors (used by remote reward serving)
+
+`digenrl bench` (digenrl/bench.py) sits above this package and digenrl.sim: the runtime
+never imports the simulator's reports; both take their schedule from digenrl.contract.
 
 Submodules are imported explicitly (`from digenrl.runtime.driver import RayTrainer`), so
 `import digenrl.runtime` stays cheap. See docs/runtime.md.

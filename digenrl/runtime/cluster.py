@@ -2,6 +2,7 @@
 
     connect(cfg)               runtime.address, else $RAY_ADDRESS, else a local cluster sized
                                for the pools (an already-initialised Ray is used as is)
+    session(address, pools)    the same as a context: shuts down a cluster it started
     actor_options(pool)        num_cpus / num_gpus / accelerator_type / custom resources
     PoolPlacement(pool, n)     the trainer pool in one PACK placement group (gradient
                                all-reduce stays on as few nodes as possible)
@@ -10,7 +11,8 @@
 from __future__ import annotations
 
 import os
-from typing import Optional
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -42,6 +44,17 @@ def connect(address: Optional[str], pools: list[tuple[PoolConfig, int]]) -> bool
              num_gpus=int(-(-gpus // 1)) if gpus else None, resources=custom or None,
              include_dashboard=False, log_to_driver=True)
     return True
+
+
+@contextmanager
+def session(address: Optional[str] = None, pools: list[tuple[PoolConfig, int]] = ()) -> Iterator[None]:
+    """`connect`, and `ray.shutdown()` on exit when this call started the cluster."""
+    started = connect(address, list(pools))
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def actor_options(pool: PoolConfig) -> dict:

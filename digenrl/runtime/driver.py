@@ -2,12 +2,14 @@
 
     driver (this process)                      Ray actors (digenrl.runtime.workers)
     ---------------------                      ------------------------------------
+    contract(cfg) -> SchedConfig + pools       Ray actors (digenrl.runtime.workers)
     Scheduler.assign() --unit--> dispatch -->  rollout-i  generate / reward / load_weights
          ^                                     trainer-j  train / optimizer_step (all-reduce)
-         |   ray.wait(info refs)                          [/ TAG generate / eval / save]
+         |   ray.wait(result refs)                        [/ TAG generate / eval / save]
          +-- complete / worker_lost <-------   reward-k   reward
     rewards -> advantages (per micro-batch)    Trajectories and weights move actor -> actor
-    metrics.jsonl, trace.json, gantt.png       as ObjectRefs; the driver only sees `info`
+    metrics.jsonl, trace.json, gantt.png       as ObjectRefs; the driver only sees the small
+                                               typed results (runtime/results.py)
 
 Outputs mirror the single-device trainer (metrics.jsonl with the same required keys, eval
 on held-out prompts by trainer 0, checkpoints by trainer 0 in the same format, so
@@ -33,16 +35,17 @@ from safetensors.torch import save_file
 
 from digenrl import checkpoint as ckpt
 from digenrl.config import Config
+from digenrl.contract import RunContract, contract
 from digenrl.data import PromptSource, load_prompts
 from digenrl.math import group_advantages
 from digenrl.outputs import MetricsLog, plot_rewards, read_metrics
-from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.workers import PolicyWorker, RewardWorker
-from digenrl.sched import (Generate, OptimizerStep, Reward, SchedConfig, Scheduler, Train, Unit,
-                           WeightSync, Worker)
+from digenrl.sched import (Generate, OptimizerStep, Reward, Scheduler, Train, Unit, WeightSync, Worker,
+                           by_kind)
 from digenrl.trace import Trace, bubble_ratio, plot_gantt, write_chrome_trace
 from digenrl.trainer import StepPlan, plan_step, step_metrics
 
@@ -60,7 +63,6 @@ class RayTrainer:
                  on_dispatch: Optional[Callable[["RayTrainer", str, Unit], None]] = None):
         if cfg.run.mode == "local":
             raise ValueError("run.mode=local runs the single-device Trainer, not the Ray runtime")
-        weight_sync.check_engine(cfg.runtime.weight_sync)
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
         self.on_dispatch = on_dispatch
         self.run_dir = Path(cfg.run.run_dir)
@@ -83,38 +85,22 @@ class RayTrainer:
             self._plans[step] = plan_step(self.cfg, self.source, step)
         return self._plans[step]
 
-    def sched_config(self) -> SchedConfig:
-        cfg, base = self.cfg, self.base
-        return SchedConfig(
-            mode=cfg.run.mode, rl_steps=cfg.train.steps - base,
-            groups_per_step=cfg.data.groups_per_step, group_size=cfg.data.group_size,
-            num_steps=cfg.sampling.num_steps,
-            trained_steps=lambda s: self.plan(base + s).trained_steps,
-            micro_batch_groups=cfg.data.micro_batch_groups, tsp_chunk=cfg.train.tsp_chunk or 1,
-            tag_segment=cfg.runtime.tag_segment, rollout_segment=cfg.runtime.rollout_segment or None,
-            gen_shard=cfg.runtime.gen_shard, train_shard=cfg.runtime.train_shard)
+    def contract(self) -> RunContract:
+        """The scheduler config and pools of this run, from RL step `base` on (digenrl.contract)."""
+        return contract(self.cfg, start_step=self.base, trained=lambda step: self.plan(step).trained_steps)
 
     # -- pools -----------------------------------------------------------------------------
-    def _pools(self) -> list[tuple[str, Any, int]]:
-        rt = self.cfg.runtime
-        if self.colocated:  # every device generates and trains: both pools' devices, trainer-sized
-            return [("colocated", rt.trainer, rt.rollout.workers + rt.trainer.workers),
-                    ("reward", rt.reward, rt.reward.workers)]
-        return [("trainer", rt.trainer, rt.trainer.workers), ("rollout", rt.rollout, rt.rollout.workers),
-                ("reward", rt.reward, rt.reward.workers)]
-
-    def _start_workers(self) -> None:
-        for role, pool, n in self._pools():
-            if n == 0:
+    def _start_workers(self, pools) -> None:
+        for p in pools:
+            if p.workers == 0:
                 continue
             pg = None
-            if role in ("trainer", "colocated"):
-                pg = PoolPlacement(pool, n, name=role)
+            if p.role in ("trainer", "colocated"):  # gradient all-reduce: packed on few nodes
+                pg = PoolPlacement(p.resources, p.workers, name=p.role)
                 self._placements.append(pg)
-            for i in range(n):
-                wid = f"{role}-{i}"
-                opts = pg.options(pool, i) if pg is not None else actor_options(pool)
-                self._spawn(Worker(wid, role), opts)
+            for i in range(p.workers):
+                opts = pg.options(p.resources, i) if pg is not None else actor_options(p.resources)
+                self._spawn(Worker(f"{p.role}-{i}", p.role), opts)
         self.pids.update(zip(self.handles, ray.get([h.ready.remote() for h in self.handles.values()])))
         trainers = self.train_ids
         if len(trainers) > 1:
@@ -160,9 +146,10 @@ class RayTrainer:
         cfg = self.cfg
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
-        started = connect(cfg.runtime.address, [(p, n) for _, p, n in self._pools()])
+        pools = contract(cfg).pools
+        started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools])
         try:
-            self._start_workers()
+            self._start_workers(pools)
             t0 = self.handles[self.train_ids[0]]
             resumed_from, wall0 = None, 0.0
             latest = ckpt.latest_checkpoint(self.run_dir) if resume else None
@@ -184,7 +171,7 @@ class RayTrainer:
                     mlog.log({"step": 0, **ray.get(t0.evaluate.remote(0))})
                 if self.base < cfg.train.steps:
                     backend = RealBackend(self, mlog, weights0, wall0)
-                    sched = Scheduler(self.sched_config(), self.workers)
+                    sched = Scheduler(self.contract().sched, self.workers)
                     loop = EventLoop(sched, backend, on_dispatch=self._hook)
                     backend.loop = loop
                     self.trace = loop.run()
@@ -202,13 +189,21 @@ class RayTrainer:
                 ray.shutdown()
 
     def _train_emulated(self) -> dict[str, Any]:
-        """runtime.compute=emulated: the testbed's workload on sleeping actors; trace only."""
-        from digenrl.runtime.emulated import run_emulated
+        """runtime.compute=emulated: this config's contract (pools, data shape, shards,
+        segments) on Ray actors that sleep the cost model's time of each unit on the
+        testbed's hardware (digenrl.sim.workload); trace and summary only."""
+        from digenrl.runtime.cluster import session
+        from digenrl.runtime.emulated import run_scheduler_emulated
+        from digenrl.sim.costs import default_cost_model
+        from digenrl.sim.testbed import load_testbed
+        from digenrl.sim.workload import duration_fn
         from digenrl.trace import bubble_ratios, staleness
 
         rt = self.cfg.runtime
-        self.trace = run_emulated(rt.testbed, self.cfg.run.mode, steps=self.cfg.train.steps,
-                                  time_scale=rt.time_scale)
+        run = contract(self.cfg)
+        fn = duration_fn(self.cfg, load_testbed(rt.testbed), default_cost_model(), run)
+        with session(rt.address):
+            self.trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, rt.time_scale)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(self.trace, str(self.run_dir / "trace.json"))
         plot_gantt(self.trace, str(self.run_dir / "gantt.png"))
@@ -266,90 +261,103 @@ class RealBackend:
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
         # (step, mb) -> Generate sample shard (None = unsharded) -> its latest segment
         self.trajs: dict[tuple[int, int], dict] = {}
-        self.rewards: dict[tuple[int, int], dict] = {}
+        self.rewards: dict[tuple[int, int], Rewarded] = {}
         self.adv: dict[tuple[int, int], torch.Tensor] = {}
         self.weights: dict[int, ray.ObjectRef] = {0: weights0}  # sched version -> payload
-        self.opt: dict[int, dict[str, dict]] = {}  # step -> worker -> optimizer info
+        self.opt: dict[int, dict[str, Stepped]] = {}  # step -> worker -> its optimizer step
         self.stale: dict[int, int] = {}
-        self.syncs: list[dict] = []  # WeightSync infos since the last step record
+        self.syncs: list[Synced] = []  # WeightSyncs since the last step record
+        # Advantages over the whole step: a global std, or micro-batches that cut prompt groups
+        # (both only where nothing trains before the whole step is rewarded: config checks).
+        self.whole_step = rt.cfg.reward.adv_std == "global" or rt.cfg.data.micro_batch_samples > 0
         self.publisher = None if rt.colocated else rt.train_ids[0]
         self.records: list[tuple[dict, Optional[ray.ObjectRef]]] = []
         self.saves: list[ray.ObjectRef] = []
         self.last_end, self.wall0, self.wall_s = 0.0, wall0, wall0
 
-    # -- dispatch ----------------------------------------------------------------------------
+    # -- dispatch: one actor call per unit kind ----------------------------------------------
     def dispatch(self, wid: str, unit: Unit) -> ray.ObjectRef:
-        h, b, T = self.rt.handles[wid], self.base, type(unit)
-        if T is Generate:
-            plan = self.rt.plan(b + unit.step)
-            mb = plan.micro_batches[unit.mb]
-            prompts, coords = mb.prompts, mb.coords
-            if unit.samples is not None:  # a sample shard: only its rows (same per-sample noise)
-                first, last = unit.samples
-                prompts, coords = prompts[first:last], coords[first:last]
-            prev = self.trajs[(unit.step, unit.mb)][unit.samples] if unit.t_start > 0 else None
-            traj, info = h.generate.options(num_returns=2).remote(
-                unit, b + unit.step, b + unit.version, prompts, coords, plan.spec, prev)
-            self.out[wid] = traj
-            return info
-        if T is Reward:  # every Generate shard of the micro-batch, in row order
-            shards = self.trajs[(unit.step, unit.mb)]
-            n = len(self.rt.plan(b + unit.step).micro_batches[unit.mb].coords)
-            refs, _ = covering(shards, (0, n), n)
-            return h.reward.remote(unit, *refs)
-        if T is Train:
-            plan = self.rt.plan(b + unit.step)
-            n = len(plan.micro_batches[unit.mb].coords)
-            first, last = row_range(unit.samples, n)
-            refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
-            adv = self._advantages(unit)[first:last]
-            return h.train.remote(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
-                                  (first - offset, last - offset), *refs)
-        if T is OptimizerStep:
-            payload, info = h.optimizer_step.options(num_returns=2).remote(
-                unit, b + unit.version, wid == self.publisher)
-            self.out[wid] = payload
-            return info
-        assert T is WeightSync
-        return h.load_weights.remote(unit, b + unit.version, self.weights[unit.version])
+        return _CALL[type(unit)](self, self.rt.handles[wid], wid, unit)
+
+    def _call_generate(self, h, wid: str, unit: Generate) -> ray.ObjectRef:
+        b = self.base
+        plan = self.rt.plan(b + unit.step)
+        mb = plan.micro_batches[unit.mb]
+        prompts, coords = mb.prompts, mb.coords
+        if unit.samples is not None:  # a sample shard: only its rows (same per-sample noise)
+            first, last = unit.samples
+            prompts, coords = prompts[first:last], coords[first:last]
+        prev = self.trajs[(unit.step, unit.mb)][unit.samples] if unit.t_start > 0 else None
+        traj, done = h.generate.options(num_returns=2).remote(
+            unit, b + unit.step, b + unit.version, prompts, coords, plan.spec, prev)
+        self.out[wid] = traj
+        return done
+
+    def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
+        shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
+        n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
+        refs, _ = covering(shards, (0, n), n)
+        return h.reward.remote(unit, *refs)
+
+    def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
+        plan = self.rt.plan(self.base + unit.step)
+        n = len(plan.micro_batches[unit.mb].coords)
+        first, last = row_range(unit.samples, n)
+        refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
+        adv = self._advantages(unit)[first:last]
+        return h.train.remote(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
+                              (first - offset, last - offset), *refs)
+
+    def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
+        payload, done = h.optimizer_step.options(num_returns=2).remote(
+            unit, self.base + unit.version, wid == self.publisher)
+        self.out[wid] = payload
+        return done
+
+    def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
+        return h.load_weights.remote(unit, self.base + unit.version, self.weights[unit.version])
 
     def _advantages(self, unit: Train) -> torch.Tensor:
         key = (unit.step, unit.mb)
         if key not in self.adv:
             cfg = self.cfg.reward
-            if cfg.adv_std == "global":  # batch-level modes only (config check): whole step
+            if self.whole_step:  # batch-level modes only (config checks): every mb is rewarded
                 keys = sorted(k for k in self.rewards if k[0] == unit.step)
-                r = torch.cat([self.rewards[k]["rewards"] for k in keys])
-                g = torch.cat([self.rewards[k]["group_ids"] for k in keys])
+                r = torch.cat([self.rewards[k].rewards for k in keys])
+                g = torch.cat([self.rewards[k].group_ids for k in keys])
                 a = group_advantages(r, g, std=cfg.adv_std, clip=cfg.adv_clip)
-                for k, part in zip(keys, a.split([len(self.rewards[k]["rewards"]) for k in keys])):
+                for k, part in zip(keys, a.split([len(self.rewards[k].rewards) for k in keys])):
                     self.adv[k] = part
             else:  # whole groups per micro-batch: the same numbers as over the whole step
                 r = self.rewards[key]
-                self.adv[key] = group_advantages(r["rewards"], r["group_ids"], std=cfg.adv_std,
-                                                 clip=cfg.adv_clip)
+                self.adv[key] = group_advantages(r.rewards, r.group_ids, std=cfg.adv_std, clip=cfg.adv_clip)
         return self.adv[key]
 
-    # -- completions ---------------------------------------------------------------------------
-    def completed(self, wid: str, unit: Unit, info: dict) -> None:
-        T = type(unit)
-        if T is Generate:
-            self.trajs.setdefault((unit.step, unit.mb), {})[unit.samples] = self.out.pop(wid)
-        elif T is Reward:
-            self.rewards[(unit.step, unit.mb)] = info
-        elif T is Train:
-            self.rt.trained.extend(info["trained"])
-            lag = unit.step - unit.traj_version
-            self.stale[unit.step] = max(self.stale.get(unit.step, lag), lag)
-        elif T is OptimizerStep:
-            self.opt.setdefault(unit.step, {})[wid] = info
-            payload = self.out.pop(wid)
-            if wid == self.publisher:
-                self.weights[unit.version] = payload
-                for v in [v for v in self.weights if v < unit.version - 2]:
-                    del self.weights[v]  # lag <= 1: nobody pulls older versions
-        else:
-            self.syncs.append(info)
+    # -- completions: what each kind's result feeds ----------------------------------------------
+    def completed(self, wid: str, unit: Unit, done: Done) -> None:
+        _DONE[type(unit)](self, wid, unit, done)
+
+    def _generated(self, wid: str, unit: Generate, done: Generated) -> None:
+        self.trajs.setdefault((unit.step, unit.mb), {})[unit.samples] = self.out.pop(wid)
+
+    def _rewarded(self, wid: str, unit: Reward, done: Rewarded) -> None:
+        self.rewards[(unit.step, unit.mb)] = done
+
+    def _trained(self, wid: str, unit: Train, done: Trained) -> None:
+        self.rt.trained.extend(done.trained)
+        lag = unit.step - unit.traj_version
+        self.stale[unit.step] = max(self.stale.get(unit.step, lag), lag)
+
+    def _stepped(self, wid: str, unit: OptimizerStep, done: Stepped) -> None:
+        self.opt.setdefault(unit.step, {})[wid] = done
+        payload = self.out.pop(wid)
+        if wid == self.publisher:
+            self.weights[unit.version] = payload
+            for v in [v for v in self.weights if v < unit.version - 2]:
+                del self.weights[v]  # lag <= 1: nobody pulls older versions
+
+    def _synced(self, wid: str, unit: WeightSync, done: Synced) -> None:
+        self.syncs.append(done)
 
     def replace(self, worker: Worker) -> Worker:
         self.out.pop(worker.id, None)
@@ -359,7 +367,7 @@ class RealBackend:
         """Sched step `step` finished (all optimizer steps reported): one metrics record."""
         cfg, rt = self.cfg, self.rt
         keys = sorted(k for k in self.rewards if k[0] == step)
-        rows = [_Rewarded(self.rewards[k]["rewards"], self.rewards[k]["parts"]) for k in keys]
+        rows = [_Rewarded(self.rewards[k].rewards, self.rewards[k].parts) for k in keys]
         infos = self.opt.pop(step)
         m = step_metrics(rows, _combine_learner(infos, rt.train_ids[0]))
         for k in keys:
@@ -369,17 +377,17 @@ class RealBackend:
         real = self.base + step + 1
         step_s = now - self.last_end
         self.wall_s = self.wall0 + now
-        pub = infos.get(self.publisher, {}) if self.publisher else {}
+        pub = infos.get(self.publisher) if self.publisher else None
         bubbles = self._bubbles(self.last_end, now)
         record = {
             "step": real, **m, "mode": cfg.run.mode,
             "staleness_max": self.stale.pop(step, 0),
             "bubble_ratio_rollout": bubbles.get("rollout", bubbles.get("colocated", 0.0)),
             "bubble_ratio_trainer": bubbles.get("trainer", bubbles.get("colocated", 0.0)),
-            "weight_sync_s": pub.get("publish_s", 0.0) + sum(i["end"] - i["start"] for i in self.syncs),
-            "weight_sync_bytes": sum(i["bytes"] for i in self.syncs),
-            "timing/publish_bytes": pub.get("publish_bytes", 0),
-            "timing/allreduce_s": max(i["reduce_s"] for i in infos.values()),
+            "weight_sync_s": (pub.publish_s if pub else 0.0) + sum(i.end - i.start for i in self.syncs),
+            "weight_sync_bytes": sum(i.bytes for i in self.syncs),
+            "timing/publish_bytes": pub.publish_bytes if pub else 0,
+            "timing/allreduce_s": max(i.reduce_s for i in infos.values()),
             "step_s": step_s, "wall_s": self.wall_s, "samples_per_s": m["samples"] / step_s,
         }
         self.syncs = []
@@ -426,12 +434,19 @@ class _Rewarded:
         self.rewards, self.reward_parts = rewards, parts
 
 
-def _combine_learner(infos: dict[str, dict], first: str) -> dict[str, float]:
+def _combine_learner(infos: dict[str, Stepped], first: str) -> dict[str, float]:
     """Learner metrics of the step over all trainers: sum of weighted sums / sum of weights."""
-    lm = dict(infos[first]["metrics"])  # grad norm etc.: identical after the all-reduce
-    w = sum(i["weight"] for i in infos.values()) or 1.0
-    keys = {k for i in infos.values() for k in i["sums"] if k.startswith("loss/")}
+    lm = dict(infos[first].metrics)  # grad norm etc.: identical after the all-reduce
+    w = sum(i.weight for i in infos.values()) or 1.0
+    keys = {k for i in infos.values() for k in i.sums if k.startswith("loss/")}
     for k in keys:
-        lm[k] = sum(i["sums"].get(k, 0.0) for i in infos.values()) / w
-    lm["train/skipped_units"] = sum(i["sums"].get("train/skipped_units", 0.0) for i in infos.values())
+        lm[k] = sum(i.sums.get(k, 0.0) for i in infos.values()) / w
+    lm["train/skipped_units"] = sum(i.sums.get("train/skipped_units", 0.0) for i in infos.values())
     return lm
+
+
+_CALL = by_kind(generate=RealBackend._call_generate, reward=RealBackend._call_reward,
+                train=RealBackend._call_train, optimizer=RealBackend._call_optimizer,
+                sync=RealBackend._call_sync)
+_DONE = by_kind(generate=RealBackend._generated, reward=RealBackend._rewarded, train=RealBackend._trained,
+                optimizer=RealBackend._stepped, sync=RealBackend._synced)

@@ -8,8 +8,10 @@ this measures the runtime (Ray dispatch, the scheduler, the event loop) at 16-32
 GPUs on a laptop. No torch is imported here: 32 actors fit in a few GB. Any picklable
 `duration_fn(worker, unit) -> seconds` works (e.g. `digenrl.sim.durations.DurationFn`).
 Trace times are divided by `time_scale`, so they read in modelled seconds and compare
-directly with `digenrl.sim.engine.run_virtual` (`emulate_spec` measures them exactly as
-`digenrl.sim.report.run_spec` measures a simulated run).
+directly with `digenrl.sim.engine.run_virtual`. What builds the scheduler and the
+durations is elsewhere: `digenrl train runtime.compute=emulated` (the Config's contract on
+its testbed's cost model, runtime/driver.py) and `digenrl.bench.emulate_spec` (a simulated
+run's spec, measured as the simulator measures it).
 
 Latency. `time_scale` compresses compute, not Ray: a unit's round trip (its enabling
 completion travelling back to the driver, the scheduler's decision, the call reaching the
@@ -44,6 +46,7 @@ from typing import Callable, Iterable, Optional
 import ray
 
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.results import Slept
 from digenrl.sched import Scheduler, Unit, Worker
 from digenrl.trace import Trace
 
@@ -65,7 +68,7 @@ class EmulatedWorker:
     def ready(self) -> bool:
         return True
 
-    def run(self, unit: Unit, t_ref: Optional[float] = None, *inputs) -> dict:
+    def run(self, unit: Unit, t_ref: Optional[float] = None, *inputs) -> Slept:
         """`inputs` are refs of the units this one consumes (resolved by Ray: real messages).
         `t_ref`: wall time (modelled timeline) of the completions that enabled this unit."""
         t0 = time.time()
@@ -88,12 +91,10 @@ class EmulatedWorker:
         # The modelled timeline: the span is d long and ends at its target (the naive mode:
         # where the sleep really was); `behind` is how far the wall clock trails it.
         start, stop = (t0, end) if self.latency == "scaled" else (target - s * d, target)
-        info = {"start": start, "end": stop, "latency": lat, "behind": max(0.0, end - target)}
+        delta = {}
         if over is not None:
             delta = {k: v - before.get(k, 0.0) for k, v in over.items() if v != before.get(k, 0.0)}
-            if delta:
-                info["overhead"] = delta
-        return info
+        return Slept(start, stop, latency=lat, behind=max(0.0, end - target), overhead=delta)
 
 
 class ActorPool:
@@ -107,6 +108,10 @@ class ActorPool:
             self.handles.append(ray.remote(EmulatedWorker).options(
                 num_cpus=self.num_cpus, max_restarts=0).remote())
         return self.handles[:n]
+
+    def warm(self, n: int) -> None:
+        """Start `n` actors now and wait until they are up (actor start-up costs seconds each)."""
+        ray.get([h.ready.remote() for h in self.get(n)])
 
     def close(self) -> None:
         for h in self.handles:
@@ -128,7 +133,7 @@ class EmulatedBackend:
         self._fn_ref = ray.put(duration_fn)
         self.handles = dict(zip((w.id for w in workers), self.pool.get(len(workers))))
         ray.get([self.handles[w.id].configure.remote(w, self._fn_ref, time_scale, latency) for w in workers])
-        self.info: dict[int, dict] = {}  # id(unit) -> worker info
+        self.info: dict[int, Slept] = {}  # id(unit) -> what its worker reported
         self.overhead_ws: dict[str, float] = {}
         self._ref: Optional[float] = None  # end of the latest batch of completions
         self._new_batch = True
@@ -148,12 +153,12 @@ class EmulatedBackend:
         self._new_batch = True
         return self.handles[wid].run.remote(unit, self._ref if self._ref is not None else time.time())
 
-    def completed(self, wid: str, unit: Unit, info: dict) -> None:
+    def completed(self, wid: str, unit: Unit, info: Slept) -> None:
         # EventLoop: completions of one batch, then the dispatches they enabled.
-        self._ref = info["end"] if self._new_batch or self._ref is None else max(self._ref, info["end"])
+        self._ref = info.end if self._new_batch or self._ref is None else max(self._ref, info.end)
         self._new_batch = False
         self.info[id(unit)] = info
-        for k, v in info.get("overhead", {}).items():
+        for k, v in info.overhead.items():
             self.overhead_ws[k] = self.overhead_ws.get(k, 0.0) + v
 
     def replace(self, worker: Worker) -> Worker:
@@ -186,7 +191,7 @@ class EmulatedLoop(EventLoop):
 
 def _modelled_end(ref) -> float:
     try:
-        return ray.get(ref)["end"]
+        return ray.get(ref).end
     except Exception:  # a lost worker: handled first (EventLoop._event)
         return float("-inf")
 
@@ -211,7 +216,7 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
         s.start, s.end = s.start / time_scale, s.end / time_scale
         info = backend.info.get(id(s.unit)) if s.unit is not None else None
         if info is not None:
-            s.extra = {**(s.extra or {}), "latency_ms": 1e3 * info["latency"], "behind_ms": 1e3 * info["behind"]}
+            s.extra = {**(s.extra or {}), "latency_ms": 1e3 * info.latency, "behind_ms": 1e3 * info.behind}
     trace.end = trace.end / time_scale if latency == "scaled" else max((s.end for s in trace.spans), default=0.0)
     trace.alive = {w: [a / time_scale, None if b is None else b / time_scale] for w, (a, b) in trace.alive.items()}
     return trace
@@ -227,56 +232,3 @@ def latency_stats(trace: Trace) -> dict:
     return {"units": len(lat), "latency_ms_median": q(lat, 0.5), "latency_ms_p90": q(lat, 0.9),
             "latency_ms_max": lat[-1], "behind_ms_median": q(behind, 0.5), "behind_ms_p90": q(behind, 0.9),
             "behind_ms_max": behind[-1]}
-
-
-def _build(tb, spec, steps: int, cm):
-    """DurationFn + Scheduler for `spec` on `tb`, as `digenrl.sim.report.run_spec` builds them."""
-    from digenrl.sim.durations import make_duration_fn
-    from digenrl.sim.report import sched_config
-
-    fn = make_duration_fn(tb, cm, spec.mode, n_rollout=spec.n_rollout, style=spec.style,
-                          samples_per_group=spec.samples_per_group, zero_baseline=spec.zero_baseline)
-    return fn, Scheduler(sched_config(tb, spec, steps), fn.layout.workers)
-
-
-def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: str = "real",
-                 pool: Optional[ActorPool] = None, keep_trace: bool = False):
-    """`digenrl.sim.report.run_spec` on the emulated runtime: same workers, same scheduler
-    config, same steady-state window (`measure`); a RunResult in modelled seconds.
-    Ray must be initialised. The trace (kept with keep_trace) carries latency in span.extra."""
-    from digenrl.sim.report import default_cost_model, measure
-
-    cm = cm or default_cost_model()
-    fn, sched = _build(tb, spec, steps, cm)
-    trace = run_scheduler_emulated(sched, fn, time_scale, latency=latency, pool=pool)
-    res = measure(tb, spec, trace, fn, steps, keep_trace=True)
-    res.latency = latency_stats(trace)
-    if not keep_trace:
-        res.trace = res.fn = None
-    return res
-
-
-def run_emulated(testbed, mode: str, steps: int = 3, time_scale: float = 0.01,
-                 gpus: Optional[int] = None, spec=None, *, latency: str = "real",
-                 pool: Optional[ActorPool] = None) -> Trace:
-    """`digenrl bench --emulated`: a testbed (preset name, path or Testbed) in `mode` on Ray.
-
-    Starts a local Ray cluster if none is up (and shuts it down after). `gpus` resizes the
-    testbed (e.g. 4 for a quick check); `spec` is a `digenrl.sim.report.RunSpec` (knobs).
-    """
-    from digenrl.sim.report import RunSpec, default_cost_model, resize
-    from digenrl.sim.testbed import Testbed, load_testbed
-
-    tb = testbed if isinstance(testbed, Testbed) else load_testbed(testbed)
-    if gpus is not None:
-        tb = resize(tb, gpus)
-    spec = spec or RunSpec(mode=mode)
-    fn, sched = _build(tb, spec, steps, default_cost_model())
-    started = not ray.is_initialized()
-    if started:
-        ray.init(include_dashboard=False, log_to_driver=False)
-    try:
-        return run_scheduler_emulated(sched, fn, time_scale, latency=latency, pool=pool)
-    finally:
-        if started:
-            ray.shutdown()

@@ -9,7 +9,7 @@ trainer never waits for a rollout worker.
 
     object-store  the whole module state dict (base + adapters), as mm_grpo ships weights
     lora-only     the trainable tensors only: adapters under LoRA (needs model.lora_rank > 0)
-    nccl          not implemented in this runtime yet (see docs/runtime.md); refused up front
+    nccl          not built yet for real compute; refused by config validation (runtime.weight_sync)
 
 Both engines return (payload, bytes); the driver records bytes and seconds per step.
 """
@@ -21,18 +21,6 @@ from typing import Dict
 import torch
 
 from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
-
-ENGINES = ("object-store", "lora-only")
-
-
-def check_engine(name: str) -> None:
-    if name == "nccl":
-        raise NotImplementedError(
-            "runtime.weight_sync=nccl is not implemented in the Ray runtime yet: a pull-model "
-            "NCCL send needs a side channel on trainer 0 (see docs/runtime.md). "
-            "Use object-store (default) or lora-only.")
-    if name not in ENGINES:
-        raise ValueError(f"runtime.weight_sync={name!r}: allowed values are {', '.join(ENGINES)}")
 
 
 def publish(name: str, module: torch.nn.Module) -> tuple[Dict[str, torch.Tensor], int]:

@@ -1,7 +1,11 @@
 """`digenrl simulate` and `digenrl plan` (wired into digenrl/cli.py by the lead).
 
     digenrl simulate --testbed FILE|PRESET [--steps N] [--modes a,b] [--json OUT] [--out DIR]
-    digenrl plan --testbed FILE|PRESET --gpus N [--mode digenrl] [--exhaustive]
+    digenrl plan --testbed FILE|PRESET --gpus N [--mode digenrl] [--exhaustive] [--out plan.yaml]
+
+`plan` prints the chosen knobs as the config keys that hold them and writes a config YAML
+(--out) that `digenrl train --config plan.yaml` runs as it is: emulated compute on the
+testbed's cost model; `runtime.compute=real model.path=...` runs it for real.
 
 Testbed names resolve to the packaged presets (digenrl/sim/testbeds/*.yaml); a path ending
 in .yaml is read as your own testbed (see docs/simulator.md). Unknown names list the presets.
@@ -56,7 +60,7 @@ def simulate_main(argv=None) -> int:
 
 
 def plan_main(argv=None) -> int:
-    from digenrl.sim.planner import exhaustive, plan
+    from digenrl.sim.planner import PLAN_STEPS, exhaustive, plan
     from digenrl.sim.simulate import ROWS
 
     p = argparse.ArgumentParser(prog="digenrl plan",
@@ -65,6 +69,8 @@ def plan_main(argv=None) -> int:
     p.add_argument("--gpus", type=int, help="resize the testbed's split pool to N GPUs (whole nodes)")
     p.add_argument("--mode", default="digenrl", help=f"one of: {','.join(ROWS)}")
     p.add_argument("--exhaustive", action="store_true", help="also brute-force the same grid and compare")
+    p.add_argument("--steps", type=int, default=None, help="train.steps written into the config (default 12)")
+    p.add_argument("--out", help="write the planned run as a config YAML for `digenrl train --config`")
     a = p.parse_args(argv)
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
@@ -78,7 +84,13 @@ def plan_main(argv=None) -> int:
     except ValueError as e:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2
-    print(f"plan {pl.testbed} ({pl.gpus} GPUs) mode={a.mode}: {pl.spec.knobs()}")
+    from digenrl.config import ConfigError, dump_config
+    from digenrl.sim.testbed import resize
+    from digenrl.sim.workload import config_for
+
+    where = resize(tb, a.gpus)
+    knobs = " ".join(f"{k}={v}" for k, v in pl.spec.overrides(where).items())
+    print(f"plan {pl.testbed} ({pl.gpus} GPUs) mode={a.mode}: {knobs}")
     print(f"  {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s; {pl.evaluated} of {pl.grid_size} grid "
           f"points simulated in {pl.wall_s:.1f} s (analytic split: {pl.analytic_n_rollout})")
     if a.exhaustive:
@@ -86,6 +98,20 @@ def plan_main(argv=None) -> int:
         print(f"exhaustive: {ex.spec.knobs()}")
         print(f"  {ex.step_s:.2f} s/step, {ex.throughput:.3f} samples/s; {ex.evaluated} points in {ex.wall_s:.1f} s")
         print(f"  planner / exhaustive throughput: {pl.throughput / ex.throughput:.4f}")
+    if a.out:
+        ref = a.testbed if a.testbed.endswith((".yaml", ".yml")) else None
+        try:
+            cfg = config_for(where, pl.spec, a.steps or PLAN_STEPS, testbed_ref=ref)
+        except (ConfigError, ValueError) as e:
+            print(f"{p.prog}: the plan cannot be written as a runnable config: {e}", file=sys.stderr)
+            return 2
+        header = (f"# digenrl plan --testbed {a.testbed} --gpus {pl.gpus} --mode {a.mode}\n"
+                  f"# simulated: {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s\n"
+                  "# digenrl train --config THIS_FILE   (emulated compute on the testbed's costs;\n"
+                  "#   runtime.compute=real model.path=... reward.paths.<name>=... for the real run)\n")
+        with open(a.out, "w") as f:
+            f.write(header + dump_config(cfg))
+        print(f"wrote {a.out}")
     return 0
 
 

@@ -28,6 +28,7 @@ slope and the rest as fixed.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -790,3 +791,9 @@ def _reward(name: str):
         return REWARD_MODELS[name]
     except KeyError:
         raise KeyError(f"unknown reward model {name!r}; allowed: {sorted(REWARD_MODELS)}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def default_cost_model() -> CostModel:
+    """The packaged H200 calibration, fitted once per process."""
+    return CostModel()

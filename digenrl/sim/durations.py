@@ -1,7 +1,7 @@
 """Scheduler units -> cost-model seconds, on each worker's own device.
 
-    Testbed (pools, model, workload) --layout(mode, n_rollout)--> Workers + device per worker
-                                      --make_duration_fn-------> duration_fn(worker, unit) -> s
+    Testbed (pools, model, workload) + RunContract --layout--> contract workers on GPUs
+                                                   --make_duration_fn--> duration_fn(worker, unit) -> s
 
 What each unit costs (B = samples in the unit = len(unit.groups) * samples per group, or
 the size of its sample shard, unit.samples = [first, last), when the scheduler shards):
@@ -43,7 +43,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
+from digenrl.contract import RunContract
+from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.costs import (BYTES_GRAD, HOST_COPY_GBPS, CostModel, allgather_s, allreduce_s, get_link,
                                get_model)
 from digenrl.sim.devices import get_device
@@ -65,42 +66,37 @@ class Layout:
         return [w.id for w in self.workers if w.role == role]
 
 
-def layout(tb: Testbed, mode: str, n_rollout: int | None = None) -> Layout:
-    """Workers for `mode` on `tb`.
+def layout(tb: Testbed, run: RunContract) -> Layout:
+    """The contract's workers placed on `tb`'s GPUs.
 
-    Pools with role `any` are one pool to split: colocated uses every GPU as a colocated
-    worker; other modes take the first `n_rollout` GPUs (default: half) as rollout and the
-    rest as trainers, trainers packed at the end so that they fill whole nodes first.
-    Pools with fixed roles (heterogeneous presets) keep them; colocated cannot run there
-    (compare it on the homogeneous reference, see simulate.homogeneous_reference).
+    Pools with role `any` are one pool to split: colocated workers take every GPU; otherwise
+    rollout workers take the first GPUs and trainers the rest, packed at the end so that
+    they fill whole nodes first. Pools with fixed roles (heterogeneous presets) hold the
+    workers of their role, in order. Counts must match (`digenrl.sim.workload.testbed_for`
+    sizes the testbed to the config).
     """
-    workers, device, pool = [], {}, {}
-
-    def add(wid, role, p):
-        workers.append(Worker(wid, role))
-        device[wid], pool[wid] = p.device, p
-
     gpus = [(p, i) for p in tb.pools for i in range(p.count)]
+    workers = [w for w in run.workers() if w.role != "reward"]
+    if len(workers) < len(run.workers()):
+        raise ValueError("runtime.reward.workers: the simulator models rewards on the generating worker; set 0")
     if all(p.role == "any" for p in tb.pools):
-        if mode == "colocated":
-            for p, i in gpus:
-                add(f"{p.name}-{i}", "colocated", p)
-        else:
-            n = len(gpus)
-            r = n // 2 if n_rollout is None else n_rollout
-            if not 1 <= r <= n - 1:
-                raise ValueError(f"n_rollout={r}: need 1..{n - 1} rollout GPUs on {tb.name} ({n} GPUs)")
-            for k, (p, i) in enumerate(gpus):
-                add(f"{p.name}-{i}", "rollout" if k < r else "trainer", p)
+        order = {"colocated": 0, "rollout": 0, "trainer": 1}
+        places = {w.id: g for w, g in zip(sorted(workers, key=lambda w: order[w.role]), gpus)}
+        if len(workers) != len(gpus):
+            raise ValueError(f"{len(workers)} workers on {tb.name} ({len(gpus)} GPUs): sizes differ")
     else:
-        if mode == "colocated":
+        if any(w.role == "colocated" for w in workers):
             raise ValueError(f"testbed {tb.name!r} has fixed rollout/trainer pools; mode 'colocated' "
                              "needs pools with role 'any' (use simulate.homogeneous_reference)")
-        if n_rollout is not None and n_rollout != sum(p.count for p in tb.pool("rollout")):
-            raise ValueError(f"n_rollout={n_rollout}: testbed {tb.name!r} fixes the rollout pool size")
-        for p, i in gpus:
-            add(f"{p.name}-{i}", p.role, p)
-    return Layout(tuple(workers), device, pool)
+        places = {}
+        for role in ("rollout", "trainer"):
+            mine = [w for w in workers if w.role == role]
+            slots = [(p, i) for p in tb.pool(role) for i in range(p.count)]
+            if len(mine) != len(slots):
+                raise ValueError(f"{len(mine)} {role} workers but testbed {tb.name!r} fixes {len(slots)}")
+            places.update({w.id: g for w, g in zip(mine, slots)})
+    return Layout(tuple(workers), {w: p.device for w, (p, _) in places.items()},
+                  {w: p for w, (p, _) in places.items()})
 
 
 @dataclass
@@ -181,39 +177,45 @@ class DurationFn:
 
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:
-        dev = self.layout.device[worker.id]
-        k = type(unit)
-        if k is Generate:
-            r = unit.samples
-            n = len(unit.groups) * self.samples_per_group if r is None else r[1] - r[0]
-            if r is not None:  # absolute sample indices of the shard within the step
-                base = unit.groups[0] * self.samples_per_group
-                r = (base + r[0], base + r[1])
-            t = self._gen(dev, n, unit.t_end - unit.t_start, unit.t_start == 0, r)
-            if self._per_fwd:
-                t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * (unit.t_end - unit.t_start))
-            return t
-        if k is Reward:
-            return self._reward(dev, len(unit.groups) * self.samples_per_group)
-        if k is Train:
-            r = unit.samples
-            n = len(unit.groups) * self.samples_per_group if r is None else r[1] - r[0]
-            t = self._train(dev, n, len(unit.t_steps))
-            if self._recompute:
-                t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
-            if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
-                self._reloaded.add((worker.id, unit.step))
-                t += self._overhead("offload_reload", self._per_step["offload_reload"] / 2)
-            return t
-        if k is OptimizerStep:
-            t = self._opt(dev)
-            if self.mode == "colocated":
-                t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
-                t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
-            return t
-        if k is WeightSync:
-            return self._sync(dev)
-        raise TypeError(f"unknown unit {unit!r}")
+        return _UNIT_COST[type(unit)](self, worker, self.layout.device[worker.id], unit)
+
+    def _rows(self, unit) -> tuple[int, tuple[int, int] | None]:
+        """Samples of a Generate / Train unit, and its shard's sample indices within the step."""
+        r = unit.samples
+        if r is None:
+            return len(unit.groups) * self.samples_per_group, None
+        base = unit.groups[0] * self.samples_per_group
+        return r[1] - r[0], (base + r[0], base + r[1])
+
+    def _generate_unit(self, worker: Worker, dev: str, unit: Generate) -> float:
+        n, rows = self._rows(unit)
+        t = self._gen(dev, n, unit.t_end - unit.t_start, unit.t_start == 0, rows)
+        if self._per_fwd:
+            t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * (unit.t_end - unit.t_start))
+        return t
+
+    def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
+        return self._reward(dev, len(unit.groups) * self.samples_per_group)
+
+    def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
+        n, _ = self._rows(unit)
+        t = self._train(dev, n, len(unit.t_steps))
+        if self._recompute:
+            t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
+        if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
+            self._reloaded.add((worker.id, unit.step))
+            t += self._overhead("offload_reload", self._per_step["offload_reload"] / 2)
+        return t
+
+    def _optimizer_unit(self, worker: Worker, dev: str, unit: OptimizerStep) -> float:
+        t = self._opt(dev)
+        if self.mode == "colocated":
+            t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
+            t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
+        return t
+
+    def _sync_unit(self, worker: Worker, dev: str, unit: WeightSync) -> float:
+        return self._sync(dev)
 
     # ---- cached pieces (floats: the 4,096-GPU benchmark calls these millions of times)
     def _n_fwd(self, n: int) -> int:
@@ -311,9 +313,13 @@ class DurationFn:
         return self._memo(("sync", dev), f)
 
 
-def make_duration_fn(testbed: Testbed, cost_model: CostModel, mode: str, *, n_rollout: int | None = None,
-                     style: str | None = None, samples_per_group: int | None = None,
-                     zero_baseline: bool = False) -> DurationFn:
+_UNIT_COST = by_kind(generate=DurationFn._generate_unit, reward=DurationFn._reward_unit,
+                     train=DurationFn._train_unit, optimizer=DurationFn._optimizer_unit,
+                     sync=DurationFn._sync_unit)
+
+
+def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, *,
+                     style: str | None = None, zero_baseline: bool = False) -> DurationFn:
     """duration_fn(worker, unit) -> seconds for `mode` on `testbed` (see module doc).
 
     The returned object is callable and carries `.layout.workers` (pass them to the
@@ -321,8 +327,8 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, mode: str, *, n_ro
     `.colocated_config` (the colocated memory plan used). `style` picks the colocated
     baseline ("verl-omni" default, or "genrl"); `zero_baseline` removes its extra costs.
     """
-    lay = layout(testbed, mode, n_rollout)
-    spg = testbed.group_size if samples_per_group is None else samples_per_group
+    lay = layout(testbed, run)
+    mode, spg = run.sched.mode, run.sched.group_size
     if testbed.group_size % spg:
         raise ValueError(f"samples_per_group={spg} must divide group_size={testbed.group_size}")
     if mode == "colocated" and style is None:

@@ -41,12 +41,13 @@ import time
 from dataclasses import dataclass, field
 from itertools import product
 
+from digenrl.sched import BATCH_MODES, MODES
 from digenrl.sim.costs import CostModel
-from digenrl.sim.report import RunSpec, default_cost_model, resize, run_spec
-from digenrl.sim.testbed import Testbed
+from digenrl.sim.costs import default_cost_model
+from digenrl.sim.report import RunSpec, run_spec
+from digenrl.sim.testbed import Testbed, resize
 
-GAP_MODES = ("gap", "gap+tsp", "gap+tsp+tag", "digenrl")
-BATCH_MODES = ("colocated", "disagg-sync", "one-step-off")
+GAP_MODES = tuple(m for m in MODES if m not in BATCH_MODES)
 LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
 SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)

@@ -1,11 +1,16 @@
 """Measuring simulated runs, and the report that puts modes side by side.
 
-One run: testbed + mode + knobs -> scheduler on the virtual clock -> metrics.
+One run: testbed + mode + knobs -> the Config that runs them -> its contract (the
+scheduler config and pools the runtime would use) on the virtual clock -> metrics.
 
     RunSpec (mode, n_rollout, micro_batch_groups, samples_per_group, tsp_chunk, tag_segment,
              gen_shard, train_shard)
-      --sched_config--> SchedConfig --Scheduler + make_duration_fn--> run_virtual --> Trace
+      --workload.config_for--> Config --contract--> SchedConfig + workers
+      --Scheduler + workload.duration_fn--> run_virtual --> Trace
       --measure--> RunResult (steady-state throughput, bubbles, staleness, breakdown)
+
+RunSpec is the planner's search point; `RunSpec.overrides` names each knob by the Config
+key that holds it, which is what `digenrl plan` prints and writes.
 
 Steady state. An RL run is long; a simulated one is a few steps, so its ends would
 dominate: the first steps fill the pipeline (the modes that generate ahead, one-step-off and
@@ -22,16 +27,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
-from digenrl.sched import SchedConfig, Scheduler
-from digenrl.sim.costs import CostModel, get_model
+from digenrl.contract import contract
+from digenrl.sched import Scheduler
+from digenrl.sim.costs import CostModel, default_cost_model, get_model
 from digenrl.sim.devices import get_device
-from digenrl.sim.durations import DurationFn, make_duration_fn
+from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.testbed import Testbed
 from digenrl.trace import Trace, bubble_ratio, staleness
 
 KINDS = ("generate", "reward", "train", "optimizer", "sync")
-BATCH_MODES = ("colocated", "disagg-sync", "one-step-off")
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,24 @@ class RunSpec:
 
     def knobs(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
+
+    def overrides(self, tb: Testbed) -> dict:
+        """The knobs as the Config keys that hold them (what `digenrl plan` prints)."""
+        from digenrl.sim.workload import config_for
+
+        cfg = config_for(tb, self, 1)
+        rt, d = cfg.runtime, cfg.data
+        out = {"run.mode": self.mode, "runtime.rollout.workers": rt.rollout.workers,
+               "runtime.trainer.workers": rt.trainer.workers}
+        if d.micro_batch_samples:
+            out["data.micro_batch_samples"] = d.micro_batch_samples
+        else:
+            out["data.micro_batch_groups"] = d.micro_batch_groups
+        for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
+                           ("runtime.gen_shard", self.gen_shard), ("runtime.train_shard", self.train_shard)):
+            if value:
+                out[key] = value
+        return out
 
 
 @dataclass
@@ -78,29 +101,16 @@ class RunResult:
         return d
 
 
-def sched_config(tb: Testbed, spec: RunSpec, steps: int) -> SchedConfig:
-    spg = tb.group_size if spec.samples_per_group is None else spec.samples_per_group
-    groups = tb.samples_per_step // spg
-    # Batch-level baselines train data-parallel: every trainer takes an even share of the
-    # step's batch. The scheduler expresses an even share as Train units of (micro-batch,
-    # chunk of trained steps): the same compute per trainer, gradients accumulated, one
-    # all-reduce. (In the GAP modes this split is TSP proper, set by the mode preset.)
-    tsp = True if spec.mode in BATCH_MODES and spec.tsp_chunk is not None else None
-    return SchedConfig(mode=spec.mode, rl_steps=steps, groups_per_step=groups, group_size=spg,
-                       num_steps=tb.denoise_steps, trained_steps=tuple(range(tb.trained_steps)),
-                       micro_batch_groups=min(spec.micro_batch_groups, groups), tsp_chunk=spec.tsp_chunk or 1,
-                       tag_segment=spec.tag_segment or 1, tsp=tsp, gen_shard=spec.gen_shard or 1,
-                       train_shard=spec.train_shard or 1)
-
-
 def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = None,
              keep_trace: bool = False) -> RunResult:
     """Simulate `steps` RL steps of `spec` on `tb` and measure the steady state."""
+    from digenrl.sim.workload import config_for, duration_fn
+
     cm = cm or default_cost_model()
-    fn = make_duration_fn(tb, cm, spec.mode, n_rollout=spec.n_rollout, style=spec.style,
-                          samples_per_group=spec.samples_per_group, zero_baseline=spec.zero_baseline)
-    sched = Scheduler(sched_config(tb, spec, steps), fn.layout.workers)
-    trace = run_virtual(sched, fn)
+    cfg = config_for(tb, spec, steps)
+    run = contract(cfg)
+    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline)
+    trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
     return measure(tb, spec, trace, fn, steps, keep_trace)
 
 
@@ -137,27 +147,6 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     return RunResult(spec, tb.name, n, step_s, thr, thr / n, usd, thr * 3600 / usd,
                      {p: bubble_ratio(trace, p, t0, t1) for p in pools}, max(st.values(), default=0),
                      bd, over, fn.colocated_config, trace if keep_trace else None, fn if keep_trace else None)
-
-
-_CM: CostModel | None = None
-
-
-def default_cost_model() -> CostModel:
-    """The packaged H200 calibration (fitted once per process)."""
-    global _CM
-    if _CM is None:
-        _CM = CostModel()
-    return _CM
-
-
-def resize(tb: Testbed, gpus: int | None) -> Testbed:
-    """The testbed with its single split pool resized to `gpus` (fixed-role testbeds: unchanged)."""
-    if gpus is None or gpus == tb.n_gpus:
-        return tb
-    if len(tb.pools) != 1 or tb.pools[0].role != "any":
-        raise ValueError(f"--gpus {gpus}: testbed {tb.name!r} has fixed pools ({tb.n_gpus} GPUs); "
-                         "edit its YAML to change pool sizes")
-    return replace(tb, pools=(replace(tb.pools[0], count=gpus),), name=f"{tb.name}@{gpus}")
 
 
 # ----------------------------------------------------------------------------- ideal bound

@@ -31,7 +31,8 @@ from pathlib import Path
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
 from digenrl.sim.planner import PLAN_STEPS, plan
-from digenrl.sim.report import Report, default_cost_model, ideal_step_s, run_spec
+from digenrl.sim.costs import default_cost_model
+from digenrl.sim.report import Report, ideal_step_s, run_spec
 from digenrl.sim.testbed import Pool, Testbed, load_testbed
 
 # row -> (scheduler mode, colocated style)

@@ -223,3 +223,14 @@ def _validate(tb: Testbed) -> None:
         tokens_for(m, Shape(tb.height, tb.width, tb.frames))
     except ValueError as e:
         raise TestbedError(f"keys 'height'/'width'/'frames': {e}") from None
+
+
+def resize(tb: Testbed, gpus: int | None) -> Testbed:
+    """The testbed with its single split pool resized to `gpus` (fixed-role testbeds: unchanged)."""
+    if gpus is None or gpus == tb.n_gpus:
+        return tb
+    if len(tb.pools) != 1 or tb.pools[0].role != "any":
+        raise ValueError(f"--gpus {gpus}: testbed {tb.name!r} has fixed pools ({tb.n_gpus} GPUs); "
+                         "edit its YAML to change pool sizes")
+    return dataclasses.replace(tb, pools=(dataclasses.replace(tb.pools[0], count=gpus),),
+                               name=f"{tb.name.split('@')[0]}@{gpus}")

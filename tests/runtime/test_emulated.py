@@ -2,7 +2,8 @@
 
 import pytest
 
-from digenrl.runtime.emulated import run_emulated, run_scheduler_emulated
+from digenrl.config import load_config
+from digenrl.runtime.emulated import run_scheduler_emulated
 from digenrl.sched import SchedConfig, Scheduler, Worker, kind
 from digenrl.sim.engine import run_virtual
 from digenrl.trace import staleness
@@ -32,10 +33,23 @@ def test_any_duration_fn_matches_virtual_clock(ray_cluster):
     assert max(staleness(real).values()) == 1
 
 
-def test_testbed_preset_runs_emulated(ray_cluster):
-    from digenrl.sim.report import resize
-    from digenrl.sim.testbed import load_testbed
+def test_emulated_compute_runs_the_configs_own_schedule(ray_cluster, tmp_path):
+    """runtime.compute=emulated: the pools, data shape, shards and segments of the config act
+    (the testbed gives only hardware and model costs)."""
+    from digenrl.runtime.driver import RayTrainer
 
-    trace = run_emulated(resize(load_testbed("h200x16-flux"), 4), "gap", steps=2, time_scale=0.002)
-    assert {s.kind for s in trace.spans} >= {"generate", "train", "optimizer", "sync"}
+    cfg = load_config(None, [
+        f"run.run_dir={tmp_path}", "run.mode=gap", "model.name=flux", "train.steps=2",
+        "runtime.compute=emulated", "runtime.testbed=h200x16-flux", "runtime.time_scale=0.002",
+        "runtime.rollout.workers=3", "runtime.trainer.workers=1", "runtime.gen_shard=2",
+        "data.groups_per_step=3", "data.group_size=4", "data.micro_batch_groups=1",
+        "sampling.num_steps=6", "sampling.window=contiguous", "sampling.window_size=2"])
+    trainer = RayTrainer(cfg, progress=False)
+    summary = trainer.train()
+    trace = trainer.trace
+    assert summary["compute"] == "emulated" and (tmp_path / "gantt.png").exists()
+    assert set(trace.workers) == {"trainer-0", "rollout-0", "rollout-1", "rollout-2"}
+    gens = [s.unit for s in trace.spans if s.kind == "generate"]
+    assert len(gens) == 2 * 3 * 2 and {g.samples for g in gens} == {(0, 2), (2, 4)}  # gen_shard=2
+    assert all(len(s.unit.t_steps) == 2 for s in trace.spans if s.kind == "train")  # the SDE window
     assert set(staleness(trace).values()) == {0}

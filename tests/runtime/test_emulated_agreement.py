@@ -15,9 +15,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from digenrl.runtime.emulated import ActorPool, emulate_spec  # noqa: E402
+from digenrl.bench import emulate_spec  # noqa: E402
+from digenrl.runtime.emulated import ActorPool  # noqa: E402
 from digenrl.sim.planner import PLAN_STEPS, plan  # noqa: E402
-from digenrl.sim.report import default_cost_model, run_spec  # noqa: E402
+from digenrl.sim.costs import default_cost_model  # noqa: E402
+from digenrl.sim.report import run_spec  # noqa: E402
 from digenrl.sim.simulate import ROWS  # noqa: E402
 from digenrl.sim.testbed import load_testbed  # noqa: E402
 
@@ -32,7 +34,7 @@ TIME_SCALE = 0.3
 def actors():
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     pool = ActorPool()
-    ray.get([h.ready.remote() for h in pool.get(16)])
+    pool.warm(16)
     yield pool
     pool.close()
     ray.shutdown()

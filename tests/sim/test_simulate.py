@@ -7,7 +7,7 @@ import pytest
 
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
 from digenrl.sim.costs import CostModel
-from digenrl.sim.durations import make_duration_fn
+from digenrl.sim.workload import config_for, duration_fn
 from digenrl.sim.report import RunSpec, ideal_step_s, run_spec, useful_work
 from digenrl.sim.simulate import ALL, BASELINES, homogeneous_reference, simulate
 from digenrl.sim.testbed import load_testbed
@@ -97,8 +97,10 @@ def test_homogeneous_reference_same_budget():
 
 def test_duration_fn_units(cm):
     tb = load_testbed(SMALL)
-    fn = make_duration_fn(tb, cm, "digenrl", n_rollout=8)
-    r, t = Worker("h200-0", "rollout"), Worker("h200-15", "trainer")
+    cfg = config_for(tb, RunSpec("digenrl", n_rollout=8), 4)
+    fn = duration_fn(cfg, tb, cm)
+    r, t = Worker("rollout-0", "rollout"), Worker("trainer-7", "trainer")
+    assert fn.layout.device["trainer-7"] == "H200" and len(fn.layout.workers) == 16
     g = fn(r, Generate(0, 0, (0,), 0, 0, 4))
     assert fn(r, Generate(0, 0, (0,), 0, 2, 4)) < g / 2  # no prompt encoding mid-trajectory
     assert fn(r, Reward(0, 0, (0,))) > 0

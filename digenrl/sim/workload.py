@@ -1,0 +1,141 @@
+"""The simulator speaks the runtime's vocabulary: a planned run is a Config.
+
+    Testbed + RunSpec --config_for--> Config  (what `digenrl plan` writes, `digenrl train` runs)
+    Config + Testbed  --testbed_for-> Testbed (the testbed's hardware and model costs, the
+                                               Config's pools and workload)
+    Config + Testbed  --duration_fn-> DurationFn on the Config's contract workers
+
+The schedule of a simulated, emulated or real run is always `digenrl.contract.contract(cfg)`:
+the simulator never builds a SchedConfig of its own. A testbed the runtime cannot express
+(e.g. every denoising step trained, which no SDE window allows) is refused here with the
+Config key that cannot hold it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Optional
+
+from digenrl.config import Config, ConfigError, load_config
+from digenrl.contract import RunContract, contract
+from digenrl.sched import BATCH_MODES
+from digenrl.sim.costs import CostModel, get_model
+from digenrl.sim.durations import DurationFn, make_duration_fn
+from digenrl.sim.testbed import Testbed, resize
+
+if TYPE_CHECKING:
+    from digenrl.sim.report import RunSpec
+
+# digenrl.config model.name (a diffusers family) -> prefix of its cost-model entries
+FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image": "qwen-image",
+                 "hunyuan-video": "hunyuanvideo"}
+CFG_SCALE = 4.5  # a guidance scale > 1 (the testbed only says "CFG on"); flow_grpo's SD3 default
+KL_BETA = 0.04  # likewise for "KL on": flow_grpo's default beta
+
+
+def family(model: str) -> str:
+    """The model.name of a cost-model entry (e.g. 'flux.1-12b' -> 'flux')."""
+    for name, prefix in FAMILY_PREFIX.items():
+        if model.startswith(prefix):
+            return name
+    raise ConfigError(f"model.name: the cost model's {model!r} has no runtime adapter; "
+                      f"known families: {', '.join(FAMILY_PREFIX)}")
+
+
+def _split(tb: Testbed) -> bool:
+    return all(p.role == "any" for p in tb.pools)
+
+
+def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[str] = None) -> Config:
+    """The Config that runs `spec` on `tb` for `steps` RL steps (emulated compute on the
+    testbed's cost model; set runtime.compute=real and model.path for the real thing).
+
+    `testbed_ref` is what runtime.testbed will say (a preset name or a YAML path; default
+    tb.name, with '@N' resized presets written as the preset and the Config's pool sizes).
+    """
+    n = tb.n_gpus
+    if spec.mode == "colocated":
+        if not _split(tb):
+            raise ConfigError(f"run.mode: colocated needs a testbed whose pools have role 'any'; "
+                              f"{tb.name!r} fixes rollout/trainer pools")
+        rollout, trainer = 0, n
+    elif _split(tb):
+        rollout = n // 2 if spec.n_rollout is None else spec.n_rollout
+        trainer = n - rollout
+    else:
+        rollout = sum(p.count for p in tb.pool("rollout"))
+        trainer = sum(p.count for p in tb.pool("trainer"))
+        if spec.n_rollout is not None and spec.n_rollout != rollout:
+            raise ValueError(f"n_rollout={spec.n_rollout}: testbed {tb.name!r} fixes the rollout pool size")
+    if not (spec.mode == "colocated" or 1 <= rollout <= n - 1):
+        raise ValueError(f"n_rollout={rollout}: need 1..{n - 1} rollout GPUs on {tb.name} ({n} GPUs)")
+    spg = spec.samples_per_group
+    if spg not in (None, 1, tb.group_size):
+        raise ConfigError(f"data.micro_batch_samples: samples_per_group={spg} has no config key "
+                          f"(1 = micro-batches of samples, or {tb.group_size} = whole groups)")
+    per_sample = spg == 1 and tb.group_size > 1
+    trained, usable = tb.trained_steps, tb.denoise_steps - 1
+    if trained > usable:
+        raise ConfigError(f"sampling.window_size: {tb.name!r} trains {trained} of {tb.denoise_steps} steps; "
+                          f"an SDE window trains at most {usable} (the last step is always ODE)")
+    dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
+    rpool = (tb.pool("rollout") or tb.pools)[0]
+    tpool = (tb.pool("trainer") or tb.pools)[0]
+    tree = {
+        "model": {"name": family(tb.model), "device": "cuda", "height": tb.height, "width": tb.width,
+                  "frames": tb.frames if get_model(tb.model).kind == "video" else 0,
+                  "lora_rank": tb.lora_rank if tb.lora else 0, "grad_ckpt": tb.grad_ckpt,
+                  "dtype": "bfloat16"},
+        "sampling": {"num_steps": tb.denoise_steps, "cfg_scale": CFG_SCALE if tb.cfg else 1.0,
+                     **({"window": "all-but-last"} if trained == usable
+                        else {"window": "contiguous", "window_size": trained})},
+        "data": {"groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
+                 "micro_batch_groups": 1 if per_sample else min(spec.micro_batch_groups, tb.groups_per_step),
+                 "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
+        "reward": {"weights": {tb.reward: 1.0}} if tb.reward in ("pickscore", "hpsv2") else {},
+        "train": {"steps": steps, "tsp_chunk": spec.tsp_chunk or 0, "beta": KL_BETA if tb.kl else 0.0,
+                  "backward_batch": tb.micro_batch},
+        "run": {"mode": spec.mode},
+        "runtime": {"compute": "emulated", "testbed": testbed_ref or tb.name.split("@")[0],
+                    "weight_sync": tb.weight_sync,
+                    "rollout": {"workers": rollout, **dev(rpool)}, "trainer": {"workers": trainer, **dev(tpool)},
+                    "tag_segment": spec.tag_segment or 1, "gen_shard": spec.gen_shard or 1,
+                    "train_shard": spec.train_shard or 1},
+    }
+    if per_sample and spec.mode not in BATCH_MODES:
+        raise ConfigError(f"data.micro_batch_samples: run.mode={spec.mode} streams whole prompt groups")
+    return load_config(None, tree=tree)
+
+
+def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
+    """`tb`'s devices, links and model costs with `cfg`'s pool sizes and workload."""
+    if family(tb.model) != cfg.model.name:
+        raise ConfigError(f"model.name: {cfg.model.name!r} but runtime.testbed {tb.name!r} models "
+                          f"{tb.model!r} (model.name={family(tb.model)})")
+    rt, d = cfg.runtime, cfg.data
+    n = rt.rollout.workers + rt.trainer.workers
+    if _split(tb):
+        if n != tb.n_gpus and len(tb.pools) != 1:
+            raise ConfigError(f"runtime.trainer.workers: {n} workers but testbed {tb.name!r} has "
+                              f"{tb.n_gpus} GPUs in several pools")
+        tb = resize(tb, n)
+    else:
+        for role in ("rollout", "trainer"):
+            have, want = sum(p.count for p in tb.pool(role)), getattr(rt, role).workers
+            if have != want:
+                raise ConfigError(f"runtime.{role}.workers: {want}, but testbed {tb.name!r} has {have} "
+                                  f"{role} GPUs (its pools are fixed)")
+    sde = cfg.sampling
+    n_trained = len(sde.sde_window().select(sde.num_steps, cfg.run.seed, 0)[1])
+    return replace(tb, denoise_steps=sde.num_steps, trained_steps=n_trained, group_size=d.group_size,
+                   groups_per_step=d.groups_per_step, lora=cfg.model.lora_rank > 0,
+                   lora_rank=cfg.model.lora_rank or tb.lora_rank, cfg=sde.cfg_scale > 1.0,
+                   kl=cfg.train.beta > 0, grad_ckpt=cfg.model.grad_ckpt,
+                   micro_batch=cfg.train.backward_batch or tb.micro_batch, weight_sync=rt.weight_sync)
+
+
+def duration_fn(cfg: Config, tb: Testbed, cm: CostModel, run: Optional[RunContract] = None, *,
+                style: Optional[str] = None, zero_baseline: bool = False) -> DurationFn:
+    """Seconds per unit for the workers of `cfg`'s contract on `tb`'s hardware."""
+    run = run or contract(cfg)
+    return make_duration_fn(testbed_for(cfg, tb), cm, run, style=style, zero_baseline=zero_baseline)
