@@ -15,7 +15,8 @@ from safetensors.torch import save
 from digenrl.rewards.base import score_media
 from digenrl.rewards.client import RemoteReward, RemoteRewardError
 from digenrl.rewards.clip_models import ClipScore
-from digenrl.rewards.server import RewardServer, decode_request, encode_request
+from digenrl.rewards.server import RewardServer
+from digenrl.rewards.wire import decode_request, encode_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -213,7 +214,7 @@ def test_unreachable_server_raises_after_retries():
 
 
 def test_reward_spec_errors_are_clear():
-    from digenrl.rewards.server import resolve_reward
+    from digenrl.rewards.specs import resolve_reward
 
     with pytest.raises(ValueError, match="unknown reward 'nope'.*pickscore"):
         resolve_reward("nope")
