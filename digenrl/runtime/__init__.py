@@ -8,7 +8,6 @@
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     emulated.py     EmulatedWorker (sleeps the cost model's time), run_emulated
     bench.py        bench_real / bench_emulated / bench_main (`digenrl bench`)
-    reward_pool.py  a pool of reward actors (used by remote reward serving)
 
 Submodules are imported explicitly (`from digenrl.runtime.driver import RayTrainer`), so
 `import digenrl.runtime` stays cheap. See docs/runtime.md.
