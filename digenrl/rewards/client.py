@@ -1,4 +1,5 @@
-"""`RemoteReward`: the reward protocol over HTTP, talking to `digenrl.rewards.server`.
+"""`RemoteReward`: the reward protocol over HTTP, talking to `digenrl.rewards.server`
+(request bodies in the `digenrl.rewards.wire` format).
 
 Retries connection failures and 5xx answers (server overloaded, reward crashed, 504
 timeout) with exponential backoff; 4xx answers (our request is wrong) fail at once. Either
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 import torch
 
 from digenrl.rewards.base import check_media
-from digenrl.rewards.server import encode_request
+from digenrl.rewards.wire import encode_request
 
 
 class RemoteRewardError(RuntimeError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from digenrl.rewards.server import resolve_reward
+from digenrl.rewards.specs import resolve_reward
 
 _FIRST_ARGUMENT = {"pickscore": "path", "clip-score": "path", "hpsv2": "checkpoint_path"}
 

@@ -8,7 +8,6 @@
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     results.py      the typed record each unit returns to the driver (start, end, ...)
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
-    reward_pool.py  a pool of reward actors (used by remote reward serving)
 
 `digenrl bench` (digenrl/bench.py) sits above this package and digenrl.sim: the runtime
 never imports the simulator's reports; both take their schedule from digenrl.contract.

@@ -19,7 +19,7 @@ from digenrl.rewards.clip_models import (
     ocr_similarity,
     ocr_target,
 )
-from digenrl.rewards.server import resolve_reward
+from digenrl.rewards.specs import resolve_reward
 
 PROMPTS = ["a red cat", "a dog on grass", "a red cat", "text saying 42"]
 

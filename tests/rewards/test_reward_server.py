@@ -12,10 +12,12 @@ import pytest
 import torch
 from safetensors.torch import save
 
+from digenrl.rewards import build_reward
 from digenrl.rewards.base import score_media
 from digenrl.rewards.client import RemoteReward, RemoteRewardError
 from digenrl.rewards.clip_models import ClipScore
-from digenrl.rewards.server import RewardServer, decode_request, encode_request
+from digenrl.rewards.server import RewardServer
+from digenrl.rewards.wire import decode_request, encode_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -212,8 +214,31 @@ def test_unreachable_server_raises_after_retries():
         client(torch.rand(1, 3, 4, 4), ["a"])
 
 
+class CrashesOnce(Brightness):
+    """Brightness whose first call raises, like a reward process that dies once and comes back."""
+
+    def __call__(self, images, prompts):
+        if not self.batch_sizes:
+            self.batch_sizes.append(0)
+            raise RuntimeError("crashed")
+        return super().__call__(images, prompts)
+
+
+def test_remote_reward_from_config_recovers_from_a_crash():
+    # The runtime's path to a served reward: reward.paths.remote=URL#name -> build_reward ->
+    # RemoteReward. Its first request gets a 500 and is retried; every batch is still scored.
+    reward = CrashesOnce()
+    with RewardServer(reward, timeout_s=10) as s:
+        remote = build_reward("remote", {"remote": f"{s.url}#brightness"})
+        assert isinstance(remote, RemoteReward) and remote.name == "brightness"
+        for x, p in [(torch.rand(3, 3, 8, 8), ["a", "bb", "ccc"]), (torch.rand(2, 4, 3, 8, 8), ["video", "v"])]:
+            torch.testing.assert_close(remote(x, p), Brightness()(quantized(x), p))
+        assert reward.batch_sizes == [0, 3, 2]  # the crashed call, then one call per batch
+        assert s.health()["served"] == 2
+
+
 def test_reward_spec_errors_are_clear():
-    from digenrl.rewards.server import resolve_reward
+    from digenrl.rewards.specs import resolve_reward
 
     with pytest.raises(ValueError, match="unknown reward 'nope'.*pickscore"):
         resolve_reward("nope")
