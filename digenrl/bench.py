@@ -1,11 +1,13 @@
 """Modes side by side in one run: `digenrl bench --real` (tiny model) or `--emulated` (testbed).
 
-    digenrl bench --real [--config FILE] [--modes gap,digenrl] [--steps 3] [--out DIR] [key=value ...]
+    digenrl bench --real [--config FILE] [--modes gap,digenrl] [--plans never,auto] [--steps 3] [--out DIR]
+                  [key=value ...]
     digenrl bench --emulated --testbed h200x16-flux [--gpus 4] [--time-scale S | --run-s 10]
                   [--latency real|hidden|scaled] [--modes ...] [--steps 12] [--out DIR]
 
 Real: every mode runs the same config (pools from runtime.*) for `--steps` RL steps on
-one Ray cluster; throughput is trained samples per wall second over the steps after the
+one Ray cluster, once per `--plans` value of runtime.plan (never: the config's pools and
+knobs as given; auto/always: planned on this machine, digenrl.sim.here); throughput is trained samples per wall second over the steps after the
 first (warm-up), bubble ratios are means over those steps; prints a table, writes
 `bench.json` and `bench.png` (samples/s per mode) under --out. Emulated: every row of
 `digenrl simulate` (same planner knobs, steps and steady-state window) on the runtime with
@@ -25,14 +27,15 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from digenrl.config import MODES as RUN_MODES, Config, ConfigError, load_config
+from digenrl.config import MODES as RUN_MODES, PLAN, Config, ConfigError, load_config
 
 MODES = tuple(m for m in RUN_MODES if m != "local")
 
 
 def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
-               out: Optional[str] = None) -> list[dict]:
-    """Run each mode for `steps` RL steps on the tiny model; returns one row per mode."""
+               out: Optional[str] = None, plans: Sequence[Optional[str]] = (None,)) -> list[dict]:
+    """Run each mode (x each runtime.plan value in `plans`; None = the config's) for `steps`
+    RL steps on the tiny model; returns one row per run."""
     from digenrl.outputs import read_metrics
     from digenrl.runtime.cluster import session
     from digenrl.runtime.driver import RayTrainer
@@ -43,18 +46,27 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
     rows = []
     with session(rt.address, [(rt.rollout, rt.rollout.workers), (rt.trainer, rt.trainer.workers),
                               (rt.reward, rt.reward.workers)]):
-        for mode in modes:
+        for mode, plan in [(m, p) for m in modes for p in plans]:
             if mode not in RUN_MODES:
                 raise ValueError(f"--modes: {mode!r} is not one of {', '.join(RUN_MODES)}")
             c = copy.deepcopy(cfg)
-            c.run.mode, c.train.steps, c.run.run_dir = mode, steps, str(root / mode.replace("+", "_"))
+            label = mode if plan is None or mode == "local" else f"{mode} [plan {plan}]"
+            c.run.mode, c.train.steps = mode, steps
+            c.run.run_dir = str(root / label.replace("+", "_").replace(" [plan ", "-").rstrip("]"))
             c.run.tensorboard, c.run.checkpoint_every = False, 0
+            if plan is not None:
+                c.runtime.plan = plan
+            summary = {}
             if mode == "local":
                 Trainer(c, progress=False).train()
             else:
-                RayTrainer(c, progress=False, evaluate=False).train()
-            rows.append(_row(mode, [r for r in read_metrics(Path(c.run.run_dir)) if r["step"] > 0]))
-            print(f"  {mode:13s} {rows[-1]['samples_per_s']:7.2f} samples/s", flush=True)
+                summary = RayTrainer(c, progress=False, evaluate=False).train()
+            rows.append(_row(label, [r for r in read_metrics(Path(c.run.run_dir)) if r["step"] > 0]))
+            rows[-1]["plan"] = summary.get("plan")
+            print(f"  {label:22s} {rows[-1]['samples_per_s']:7.2f} samples/s"
+                  + (f"  ({rows[-1]['plan']})" if rows[-1]["plan"] else ""), flush=True)
+            if mode == "local":
+                break  # runtime.plan does not apply to the single-device trainer
     return _report(rows, root, "real (tiny model, wall seconds)")
 
 
@@ -193,15 +205,15 @@ def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: s
 
 
 def _report(rows: list[dict], root: Path, title: str) -> list[dict]:
-    ref = next((r["samples_per_s"] for r in rows if r["mode"] == "colocated"), None)
+    ref = next((r["samples_per_s"] for r in rows if r["mode"].split(" ")[0] == "colocated"), None)
     for r in rows:
         r["vs_colocated"] = r["samples_per_s"] / ref if ref else None
     print(f"\n{title}")
-    print(f"{'mode':13s} {'samples/s':>10s} {'vs coloc':>9s} {'step s':>8s} {'bubble r':>9s} "
+    print(f"{'mode':22s} {'samples/s':>10s} {'vs coloc':>9s} {'step s':>8s} {'bubble r':>9s} "
           f"{'bubble t':>9s} {'stale':>6s}")
     for r in rows:
         vs = f"{r['vs_colocated']:.2f}x" if r["vs_colocated"] else "-"
-        print(f"{r['mode']:13s} {r['samples_per_s']:10.2f} {vs:>9s} {r['step_s']:8.3f} "
+        print(f"{r['mode']:22s} {r['samples_per_s']:10.2f} {vs:>9s} {r['step_s']:8.3f} "
               f"{r['bubble_rollout']:9.2f} {r['bubble_trainer']:9.2f} {r['staleness_max']:6d}")
     root.mkdir(parents=True, exist_ok=True)
     (root / "bench.json").write_text(json.dumps({"title": title, "rows": rows}, indent=1))
@@ -231,6 +243,8 @@ def bench_main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--modes", help="comma-separated run modes (--emulated: rows of `digenrl simulate`, "
                    "genrl included); default all")
     p.add_argument("--steps", type=int, help="RL steps per mode (--real: 3; --emulated: as simulate, 12)")
+    p.add_argument("--plans", help="--real: comma-separated runtime.plan values to run each mode with "
+                   "(never, auto, always); default: the config's")
     p.add_argument("--out", help="output folder (bench.json, bench.png, one run dir per mode)")
     p.add_argument("--config", help="--real: YAML config (pools from runtime.*)")
     p.add_argument("--testbed", help="--emulated: testbed preset or YAML")
@@ -269,7 +283,11 @@ def bench_main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as e:
         print(f"digenrl bench: invalid configuration: {e}", file=sys.stderr)
         return 2
-    bench_real(cfg, modes or MODES, args.steps or 3, args.out)
+    plans = [x for x in (args.plans or "").split(",") if x] or [None]
+    bad = [x for x in plans if x not in (None, *PLAN)]
+    if bad:
+        p.error(f"--plans: unknown {bad}; allowed: {', '.join(PLAN)}")
+    bench_real(cfg, modes or MODES, args.steps or 3, args.out, plans)
     return 0
 
 

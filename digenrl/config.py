@@ -201,6 +201,7 @@ class RunConfig:
 
 
 COMPUTE = ("real", "emulated")
+PLAN = ("auto", "always", "never")  # not on/off: YAML reads those as booleans
 
 
 @dataclass
@@ -240,6 +241,10 @@ class RuntimeConfig:
     gen_shard: int = 1  # Generate units per micro-batch along the sample axis (1 = whole micro-batch)
     train_shard: int = 1  # Train units per (micro-batch, TSP chunk) along the sample axis (1 = off)
     worker_threads: int = 1  # torch intra-op threads per worker process
+    # Plan the run at hand (digenrl.sim.here): time each unit kind on this cluster, then pick
+    # the pool split (same total), data.micro_batch_groups and train.tsp_chunk that the
+    # config does not set. auto: only when no pool size is given; always; never.
+    plan: str = "auto"
 
     def __post_init__(self) -> None:
         self.rollout.check("runtime.rollout", 0)
@@ -250,6 +255,7 @@ class RuntimeConfig:
                "nccl (the collective weight path) is not built yet for real compute; use object-store "
                "or lora-only, or model it with runtime.compute=emulated")
         _one_of(self.compute, "runtime.compute", COMPUTE)
+        _one_of(self.plan, "runtime.plan", PLAN)
         _check(self.compute != "emulated" or bool(self.testbed), "runtime.testbed",
                "compute=emulated needs a testbed (file or preset) whose cost model the workers sleep for")
         _check(self.time_scale > 0, "runtime.time_scale", "must be > 0")
@@ -307,6 +313,20 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def given(self) -> frozenset:
+        """Dotted keys the YAML file or overrides set (e.g. 'runtime.rollout.workers');
+        empty for a Config built in code. runtime.plan leaves these as they are."""
+        return getattr(self, "_given", frozenset())
+
+    def wants_plan(self) -> bool:
+        """Does this run plan its knobs on the cluster at hand (runtime.plan)?"""
+        rt = self.runtime
+        if self.run.mode == "local" or rt.compute != "real" or rt.plan == "never":
+            return False
+        pools = {"runtime.rollout.workers", "runtime.trainer.workers"}
+        return rt.plan == "always" or not (pools & self.given)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -383,7 +403,19 @@ def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]
         _check("=" in item, item, "overrides are key=value, e.g. train.steps=20")
         key, raw = item.split("=", 1)
         _set_dotted(tree, key.strip(), yaml.safe_load(raw) if raw.strip() else "")
-    return _build(Config, tree, "")
+    cfg = _build(Config, tree, "")
+    cfg._given = frozenset(_dotted_keys(tree))
+    return cfg
+
+
+def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in tree.items():
+        key = f"{prefix}{k}"
+        out.append(key)
+        if isinstance(v, dict):
+            out += _dotted_keys(v, key + ".")
+    return out
 
 
 def dump_config(cfg: Config, only_changed: bool = True) -> str:

@@ -76,6 +76,7 @@ class RayTrainer:
         self.trace: Optional[Trace] = None
         self.base = 0  # RL step the run starts from (resume)
         self._placements: list[PoolPlacement] = []
+        self.here = None  # digenrl.sim.here.HerePlan when runtime.plan planned this run
         self._n_replaced = 0
 
     # -- plan and scheduler config ---------------------------------------------------------
@@ -149,6 +150,9 @@ class RayTrainer:
         pools = contract(cfg).pools
         started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools])
         try:
+            if cfg.wants_plan():
+                cfg = self.cfg = self._plan_here()
+                pools = contract(cfg).pools
             self._start_workers(pools)
             t0 = self.handles[self.train_ids[0]]
             resumed_from, wall0 = None, 0.0
@@ -187,6 +191,19 @@ class RayTrainer:
             self._shutdown()
             if started:
                 ray.shutdown()
+
+    def _plan_here(self) -> Config:
+        """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
+        pick the knobs the config leaves open on the simulator (digenrl.sim.here)."""
+        from digenrl.sim.here import plan_here, with_overrides
+
+        cfg, rt = self.cfg, self.cfg.runtime
+        lines, cores = ray.get(ray.remote(_profile_here).options(**actor_options(rt.trainer)).remote(cfg))
+        gpu = rt.trainer.num_gpus > 0 and rt.rollout.num_gpus > 0  # no shared cores between workers
+        self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
+        if self.progress:
+            print(self.here.describe(), flush=True)
+        return with_overrides(cfg, self.here.overrides)
 
     def _train_emulated(self) -> dict[str, Any]:
         """runtime.compute=emulated: this config's contract (pools, data shape, shards,
@@ -245,10 +262,21 @@ class RayTrainer:
             "final_policy": str(final / "policy.safetensors"),
             "reward_plot": str(plot),
             "scheduler": self.stats,
+            "plan": self.here.describe() if self.here is not None else None,
             **out,
         }
         (run / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def _profile_here(cfg: Config) -> tuple[list[dict], int]:
+    """A Ray task on one trainer-pool slot: calibration lines of this config's policy and
+    rewarder (digenrl.profile.profile_run), and the cores of the node it ran on."""
+    import os
+
+    from digenrl.profile import profile_run
+
+    return profile_run(cfg), os.cpu_count() or 1
 
 
 class RealBackend:

@@ -1,0 +1,55 @@
+"""Planning the run at hand from measured per-unit costs (digenrl.sim.here)."""
+
+import pytest
+
+from digenrl.config import load_config
+from digenrl.contract import contract
+from digenrl.sched import Generate, Train
+from digenrl.sim.here import Linear, MeasuredCosts, MeasuredDurations, plan_here
+
+
+def lines(train_ms_per_sample: float) -> list[dict]:
+    """Synthetic calibration lines: ms = fixed + slope * batch at batches 1, 2, 4, 8."""
+    out = []
+    for b in (1, 2, 4, 8):
+        out += [{"what": "forward", "batch": b, "ms": 2.0 + 1.0 * b},
+                {"what": "fwd+bwd-frozen-base", "batch": b, "ms": 6.0 + train_ms_per_sample * b},
+                {"what": "reward", "batch": b, "ms": 1.0 + 0.5 * b}]
+    return out + [{"what": "optimizer", "batch": 1, "ms": 5.0}, {"what": "weights", "batch": 1, "ms": 1.0,
+                                                                   "bytes": 1000}]
+
+
+def test_linear_fit_recovers_a_line():
+    f = Linear.fit([(1, 3.0), (2, 4.0), (4, 6.0), (8, 10.0)])
+    assert f.fixed == pytest.approx(2.0) and f.per_sample == pytest.approx(1.0) and f(3) == pytest.approx(5.0)
+
+
+def test_measured_durations_scale_with_work():
+    cfg = load_config(None, ["run.mode=digenrl", "sampling.num_steps=4"])
+    run = contract(cfg)
+    fn = MeasuredDurations(MeasuredCosts.from_lines(lines(3.0)), run, slowdown=2.0)
+    w = run.workers()[0]
+    g = fn(w, Generate(0, 0, (0, 1), 0, 0, 4))  # 8 samples, 4 denoising steps
+    assert g == pytest.approx(2.0 * 4 * (2.0 + 8.0) / 1e3)
+    assert fn(w, Train(0, 0, (0,), (0, 1), 0)) == pytest.approx(2.0 * 2 * (6.0 + 12.0) / 1e3)
+
+
+def test_expensive_training_moves_workers_to_the_trainer_pool():
+    cfg = load_config(None, ["sampling.num_steps=4", "data.groups_per_step=4"])  # default 2 + 1, digenrl
+    cheap = plan_here(cfg, lines(0.5), cores=64)
+    dear = plan_here(cfg, lines(12.0), cores=64)
+    assert dear.overrides["runtime.trainer.workers"] > cheap.overrides["runtime.trainer.workers"]
+    assert dear.rate >= dear.given_rate * (1 - 1e-9)  # never worse than the config as given
+    assert sum(dear.overrides[k] for k in ("runtime.rollout.workers", "runtime.trainer.workers")) == 3
+
+
+def test_given_keys_stay_as_given():
+    cfg = load_config(None, ["sampling.num_steps=4", "data.micro_batch_groups=2", "runtime.plan=always",
+                             "runtime.rollout.workers=2", "runtime.trainer.workers=1"])
+    plan = plan_here(cfg, lines(12.0), cores=64, given=cfg.given)
+    assert set(plan.overrides) == {"train.tsp_chunk"}
+
+
+def test_a_profile_without_a_kind_is_refused():
+    with pytest.raises(ValueError, match="optimizer"):
+        MeasuredCosts.from_lines([r for r in lines(1.0) if r["what"] != "optimizer"])
