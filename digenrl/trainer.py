@@ -13,13 +13,12 @@ same config gives the same run on any batch layout, and `--resume` continues exa
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -29,17 +28,16 @@ from digenrl import checkpoint as ckpt
 from digenrl.config import Config
 from digenrl.contract import step_shape, tsp_chunk
 from digenrl.data import PromptSource, load_prompts
+from digenrl.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages, sigma_schedule
 from digenrl.models import build_policy
 from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
-from digenrl.outputs import MetricsLog, plot_rewards, save_grid
+from digenrl.outputs import MetricsLog, plot_rewards
 from digenrl.rewards import AsyncRewarder, build_reward
 from digenrl.rollout import SampleSpec, Trajectories, generate
 
 log = logging.getLogger(__name__)
-
-EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation
 
 
 @dataclass(frozen=True)
@@ -141,8 +139,8 @@ class Trainer:
             ),
         )
         self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
-        self.eval_prompts = load_prompts(cfg.data.eval_prompts)[: cfg.data.eval_max_prompts]
         self.rewarder = build_rewarder(cfg)
+        self.evaluator = Evaluator(cfg, self.policy, self.rewarder)
         self.step = 0  # next RL step to run == policy version
         self.wall_s = 0.0
 
@@ -174,36 +172,10 @@ class Trainer:
         return metrics
 
     # -- evaluation ---------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self, step: int, save_images: bool = True) -> dict[str, Any]:
-        """Held-out prompts, deterministic ODE sampling from fixed noise."""
-        s = self.cfg.sampling
-        spec = SampleSpec(
-            sigmas=sigma_schedule(s.eval_num_steps, s.shift), sde_steps=(), cfg_scale=s.cfg_scale, seed=self.cfg.run.seed
-        )
-        n = self.cfg.data.eval_samples
-        prompts = [p for p in self.eval_prompts for _ in range(n)]
-        coords = [(EVAL_STEP, i, j) for i in range(len(self.eval_prompts)) for j in range(n)]
-        self.policy.module.eval()
-        ctx = self.learner.ema.applied() if self.learner.ema is not None else contextlib.nullcontext()
-        images, rewards, parts = [], [], {}
-        bs = self.cfg.data.micro_batch_groups * self.cfg.data.group_size
-        with ctx:
-            for i in range(0, len(prompts), bs):
-                traj = generate(self.policy, prompts[i : i + bs], coords[i : i + bs], spec, step=EVAL_STEP, version=step)
-                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
-                images.append(traj.images)
-                rewards.append(total)
-                for k, v in p.items():
-                    parts.setdefault(k, []).append(v)
-        images_t = torch.cat(images)
-        self.last_eval_rewards = torch.cat(rewards)  # per sample, in prompt order: paired comparisons
-        if save_images and images_t.ndim == 4:
-            out = self.run_dir / "samples" / f"step_{step:06d}.png"
-            save_grid(images_t, out, nrow=n * 4)
-            (out.with_suffix(".json")).write_text(json.dumps(prompts))
-        metrics = {"eval/reward_mean": float(torch.cat(rewards).mean())}
-        metrics.update({f"eval/{k}": float(torch.cat(v).mean()) for k, v in parts.items()})
+        """Held-out prompts, deterministic ODE sampling from fixed noise (EMA weights if on)."""
+        metrics = self.evaluator.evaluate(step, ema=self.learner.ema, save_images=save_images)
+        self.last_eval_rewards = self.evaluator.last_rewards
         return metrics
 
     # -- checkpoints ----------------------------------------------------------------

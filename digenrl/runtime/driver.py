@@ -43,7 +43,7 @@ from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import covering, row_range
-from digenrl.runtime.workers import PolicyWorker, RewardWorker
+from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
 from digenrl.sched import (Generate, OptimizerStep, Reward, Scheduler, Train, Unit, WeightSync, Worker,
                            by_kind)
 from digenrl.trace import Trace, bubble_ratio, plot_gantt, write_chrome_trace
@@ -77,6 +77,7 @@ class RayTrainer:
         self.base = 0  # RL step the run starts from (resume)
         self._placements: list[PoolPlacement] = []
         self.here = None  # digenrl.sim.here.HerePlan when runtime.plan planned this run
+        self.evaluator = None  # the EvalWorker actor, started at the first evaluation
         self._n_replaced = 0
 
     # -- plan and scheduler config ---------------------------------------------------------
@@ -138,6 +139,9 @@ class RayTrainer:
                 pass
             ray.kill(h)
         self.handles.clear()
+        if self.evaluator is not None:
+            ray.kill(self.evaluator)
+            self.evaluator = None
         for pg in self._placements:
             pg.remove()
         self._placements.clear()
@@ -148,7 +152,8 @@ class RayTrainer:
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
         pools = contract(cfg).pools
-        started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools])
+        evaluator = [(self._eval_pool(), 1)] if self.do_eval else []
+        started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools] + evaluator)
         try:
             if cfg.wants_plan():
                 cfg = self.cfg = self._plan_here()
@@ -171,10 +176,11 @@ class RayTrainer:
             (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
             mlog = MetricsLog(self.run_dir, tensorboard=cfg.run.tensorboard, resume_after=resumed_from)
             try:
-                if self.base == 0 and self.do_eval:
-                    mlog.log({"step": 0, **ray.get(t0.evaluate.remote(0))})
+                first = self.evaluate(0) if self.base == 0 else None  # overlaps the first step
                 if self.base < cfg.train.steps:
                     backend = RealBackend(self, mlog, weights0, wall0)
+                    if first is not None:
+                        backend.records.append(({"step": 0}, first))
                     sched = Scheduler(self.contract().sched, self.workers)
                     loop = EventLoop(sched, backend, on_dispatch=self._hook)
                     backend.loop = loop
@@ -183,6 +189,8 @@ class RayTrainer:
                     self.stats = dict(sched.stats)
                     self.wall_s = backend.wall_s
                 else:
+                    if first is not None:
+                        mlog.log({"step": 0, **ray.get(first)})
                     self.stats, self.wall_s = {}, wall0
             finally:
                 mlog.close()
@@ -191,6 +199,24 @@ class RayTrainer:
             self._shutdown()
             if started:
                 ray.shutdown()
+
+    def _eval_pool(self):
+        """What the evaluation actor reserves: a rollout-pool device, but no CPU slot (on a
+        CPU it is niced and takes idle cycles only)."""
+        from dataclasses import replace
+
+        return replace(self.cfg.runtime.rollout, num_cpus=0.0)
+
+    def evaluate(self, step: int) -> Optional[ray.ObjectRef]:
+        """Held-out evaluation of trainer 0's current weights on the evaluation actor; returns
+        the ref of its metrics (None with evaluate=False). Call it before any unit of the
+        next step is sent: trainer 0 copies its weights in call order."""
+        if not self.do_eval:
+            return None
+        if self.evaluator is None:
+            self.evaluator = ray.remote(EvalWorker).options(**actor_options(self._eval_pool())).remote(self.cfg)
+        weights = self.handles[self.train_ids[0]].eval_weights.remote()
+        return self.evaluator.evaluate.remote(step, weights)
 
     def _plan_here(self) -> Config:
         """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
@@ -423,8 +449,8 @@ class RealBackend:
         last = real == cfg.train.steps
         t0 = rt.handles[rt.train_ids[0]]
         eval_ref = None
-        if rt.do_eval and (last or (cfg.run.eval_every and real % cfg.run.eval_every == 0)):
-            eval_ref = t0.evaluate.remote(real)  # queued before any new unit: these weights
+        if last or (cfg.run.eval_every and real % cfg.run.eval_every == 0):
+            eval_ref = rt.evaluate(real)  # trainer 0's weights are copied before any new unit
         if last or (cfg.run.checkpoint_every and real % cfg.run.checkpoint_every == 0):
             self.saves.append(t0.save.remote(real, self.wall_s))
         self.records.append((record, eval_ref))

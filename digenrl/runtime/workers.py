@@ -5,6 +5,8 @@
     PolicyWorker(role="colocated")    train / optimizer_step (all-reduce) / TAG generate /
                                       evaluate / save / load, and publishes weights (worker 0)
     RewardWorker                    the configured rewarder only (runtime.reward.workers > 0)
+    EvalWorker                      held-out evaluation off the critical path (its own policy
+                                    copy, at low CPU priority), from weights trainer 0 hands it
 
 Every unit method returns a small typed record (`digenrl.runtime.results`) with worker-side
 wall times (`start`, `end`: time.time()); the driver waits on that record's ref and passes
@@ -134,6 +136,16 @@ class PolicyWorker:
         return Synced(**_times(t0), bytes=nbytes)
 
     # -- trainer-only services -----------------------------------------------------------
+    def eval_weights(self) -> dict:
+        """The trainable tensors to evaluate: EMA-averaged when train.ema_decay > 0."""
+        from contextlib import nullcontext
+
+        from digenrl.models.lora import trainable_state_dict
+
+        ema = self.learner.ema
+        with ema.applied() if ema is not None else nullcontext():
+            return {k: v.detach().to("cpu", copy=True) for k, v in trainable_state_dict(self.policy.module).items()}
+
     def publish(self) -> dict:
         """The current weights as a payload (initial sync, resume)."""
         return weight_sync.publish(self.engine, self.policy.module)[0]
@@ -168,9 +180,6 @@ class PolicyWorker:
             if h > 0:
                 p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
             offset += n
-
-    def evaluate(self, step: int) -> dict:
-        return self.trainer.evaluate(step)
 
     def save(self, step: int, wall_s: float) -> str:
         self.trainer.step, self.trainer.wall_s = step, wall_s
@@ -212,6 +221,35 @@ class RewardWorker:
 
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
         return _score(self.rewarder, shards)
+
+    def shutdown(self) -> None:
+        self.rewarder.close()
+
+
+class EvalWorker:
+    """Evaluates held-out prompts on its own copy of the policy, so that neither pool stops
+    for it. Niced: on a shared CPU it takes the cycles the pools leave idle."""
+
+    def __init__(self, cfg: Config, role: str = "eval", worker_id: str = "eval-0"):
+        from digenrl.evaluation import Evaluator
+        from digenrl.models import build_policy
+        from digenrl.trainer import build_rewarder
+
+        os.nice(10)
+        torch.set_num_threads(cfg.runtime.worker_threads)
+        self.policy = build_policy(cfg.model, progress=False)
+        self.rewarder = build_rewarder(cfg)
+        self.evaluator = Evaluator(cfg, self.policy, self.rewarder)
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def evaluate(self, step: int, weights: dict) -> dict:
+        """Load trainer 0's trainable tensors of RL step `step`, evaluate, write the sample grid."""
+        from digenrl.models.lora import load_trainable_state_dict
+
+        load_trainable_state_dict(self.policy.module, weights)
+        return self.evaluator.evaluate(step)
 
     def shutdown(self) -> None:
         self.rewarder.close()

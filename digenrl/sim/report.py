@@ -24,7 +24,7 @@ b = steps - 2:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from digenrl.contract import contract
