@@ -1,10 +1,14 @@
 """The run recorder: cadence rules, the per-step line, and one summary for both trainers."""
 
+import json
+import re
+
 import pytest
 
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
-from digenrl.recorder import RunRecorder, step_line
+from digenrl.recorder import SUMMARY_KEYS, RunRecorder, step_line
+from digenrl.trainer import Trainer
 
 
 def _recorder(tmp_path, *extra, progress=False):
@@ -76,3 +80,53 @@ def test_extra_summary_keys_may_not_replace_common_ones(tmp_path):
     rec = _recorder(tmp_path)
     with pytest.raises(ValueError, match="wall_s"):
         rec.finish({}, None, steps=0, wall_s=0.0, extra={"wall_s": 1.0})
+
+
+# -- one summary for the local and the Ray trainer ----------------------------------------------
+TINY = ["train.steps=2", "data.groups_per_step=2", "data.micro_batch_groups=1", "data.eval_samples=1",
+        "data.eval_max_prompts=2", "sampling.num_steps=3", "run.tensorboard=false", "reward.threads=1"]
+LINE = re.compile(r"^step +(\d+)  reward \d\.\d{4} \+- \d\.\d{4}  loss [+-]\d\.\d\de[+-]\d\d  [\d.]+ samples/s")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_local_and_ray_runs_write_the_same_summary(ray_cluster, tmp_path, capsys):
+    from digenrl.runtime.driver import RayTrainer
+
+    local = Trainer(load_config(None, ["run.mode=local", *TINY, f"run.run_dir={tmp_path / 'local'}"])).train()
+    local_out = capsys.readouterr().out
+    ray_cfg = load_config(None, ["run.mode=gap", *TINY, f"run.run_dir={tmp_path / 'gap'}",
+                                 "runtime.rollout.workers=1", "runtime.trainer.workers=1"])
+    ray = RayTrainer(ray_cfg).train()
+    ray_out = capsys.readouterr().out
+
+    for summary, run in ((local, tmp_path / "local"), (ray, tmp_path / "gap")):
+        assert json.loads((run / "summary.json").read_text()) == summary
+    assert set(local) == set(SUMMARY_KEYS)
+    assert set(ray) >= set(local) and {"scheduler", "trace", "gantt"} <= set(ray)
+    assert (local["mode"], ray["mode"]) == ("local", "gap")
+    # same meaning: the gap mode is on-policy, so it evaluates the same base model and ends
+    # with the same weights (up to summation order, see tests/runtime/test_equivalence.py)
+    assert local["steps"] == ray["steps"] == 2
+    assert ray["eval_reward_before"] == pytest.approx(local["eval_reward_before"], abs=1e-6)
+    assert ray["eval_reward_after"] == pytest.approx(local["eval_reward_after"], abs=1e-4)
+    for s in (local, ray):
+        assert s["wall_s"] > 0
+        assert s["final_policy"] == str(tmp_path / s["mode"] / "final" / "policy.safetensors")
+        assert (tmp_path / s["mode"] / "final" / "policy.safetensors").exists()
+        assert (tmp_path / s["mode"] / "reward_curve.png").exists()
+
+    # one per-step line format: the Ray lines are the local ones plus Ray's optional fields
+    local_lines = [l for l in local_out.splitlines() if LINE.match(l)]
+    ray_lines = [l for l in ray_out.splitlines() if LINE.match(l)]
+    assert [LINE.match(l).group(1) for l in local_lines] == ["1", "2"]
+    assert [LINE.match(l).group(1) for l in ray_lines] == ["1", "2"]
+    assert all("staleness" not in l and "bubble" not in l for l in local_lines)
+    assert all("  staleness 0  bubble r/t " in l for l in ray_lines)
+    assert "eval " in local_lines[-1] and "eval " in ray_lines[-1]  # the last step is evaluated

@@ -29,13 +29,12 @@ from typing import Any, Callable, Optional
 
 import ray
 import torch
-from safetensors.torch import save_file
 
-from digenrl import checkpoint as ckpt
 from digenrl.config import Config
 from digenrl.data import PromptSource, load_prompts
 from digenrl.math import group_advantages
-from digenrl.outputs import MetricsLog, plot_rewards, read_metrics
+from digenrl.outputs import MetricsLog
+from digenrl.recorder import RunRecorder
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.loop import EventLoop
@@ -160,14 +159,13 @@ class RayTrainer:
         cfg = self.cfg
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
+        self.recorder = RunRecorder(cfg, progress=self.progress)  # files, cadence, bar, summary
         started = connect(cfg.runtime.address, [(p, n) for _, p, n in self._pools()])
         try:
             self._start_workers()
-            t0 = self.handles[self.train_ids[0]]
+            t0, rec = self.handles[self.train_ids[0]], self.recorder
             resumed_from, wall0 = None, 0.0
-            latest = ckpt.latest_checkpoint(self.run_dir) if resume else None
-            if resume and latest is None:
-                log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir)
+            latest = rec.resume_checkpoint() if resume else None
             if latest is not None:
                 steps = ray.get([self.handles[w].load.remote(str(latest)) for w in self.train_ids])
                 self.base = resumed_from = steps[0]
@@ -176,14 +174,12 @@ class RayTrainer:
             weights0 = t0.publish.remote()
             ray.get([self.handles[w.id].load_weights.remote(None, self.base, weights0)
                      for w in self.workers if w.role != "reward" and w.id != self.train_ids[0]])
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-            mlog = MetricsLog(self.run_dir, tensorboard=cfg.run.tensorboard, resume_after=resumed_from)
+            rec.open(resumed_from)
             try:
-                if self.base == 0 and self.do_eval:
-                    mlog.log({"step": 0, **ray.get(t0.evaluate.remote(0))})
+                if self.do_eval and rec.eval_due(self.base):  # the base model, on a fresh run
+                    rec.log({"step": self.base, **ray.get(t0.evaluate.remote(self.base))})
                 if self.base < cfg.train.steps:
-                    backend = RealBackend(self, mlog, weights0, wall0)
+                    backend = RealBackend(self, rec, weights0, wall0)  # logs through the recorder
                     sched = Scheduler(self.sched_config(), self.workers)
                     loop = EventLoop(sched, backend, on_dispatch=self._hook)
                     backend.loop = loop
@@ -194,7 +190,7 @@ class RayTrainer:
                 else:
                     self.stats, self.wall_s = {}, wall0
             finally:
-                mlog.close()
+                rec.close()
             return self._finish()
         finally:
             self._shutdown()
@@ -225,35 +221,16 @@ class RayTrainer:
             self.on_dispatch(self, wid, unit)
 
     def _finish(self) -> dict[str, Any]:
-        cfg, run = self.cfg, self.run_dir
-        final = run / "final"
-        final.mkdir(parents=True, exist_ok=True)
+        run = self.run_dir
         state, ema = ray.get(self.handles[self.train_ids[0]].final_state.remote())
-        meta = {"config": json.dumps(cfg.to_dict()), "step": str(cfg.train.steps)}
-        save_file(state, str(final / "policy.safetensors"), metadata=meta)
-        if ema is not None:
-            save_file(ema, str(final / "ema.safetensors"), metadata=meta)
-        out = {}
+        extra: dict[str, Any] = {"scheduler": self.stats}
         if self.trace is not None:
             write_chrome_trace(self.trace, str(run / "trace.json"))
             plot_gantt(self.trace, str(run / "gantt.png"))
-            out = {"trace": str(run / "trace.json"), "gantt": str(run / "gantt.png")}
-        plot = plot_rewards(run)
-        evals = [r for r in read_metrics(run) if "eval/reward_mean" in r]
-        summary = {
-            "steps": cfg.train.steps,
-            "mode": cfg.run.mode,
-            "eval_reward_before": evals[0]["eval/reward_mean"] if evals else None,
-            "eval_reward_after": evals[-1]["eval/reward_mean"] if evals else None,
-            "wall_s": self.wall_s,
-            "run_dir": str(run),
-            "final_policy": str(final / "policy.safetensors"),
-            "reward_plot": str(plot),
-            "scheduler": self.stats,
-            **out,
-        }
-        (run / "summary.json").write_text(json.dumps(summary, indent=1))
-        return summary
+            extra.update(trace=str(run / "trace.json"), gantt=str(run / "gantt.png"))
+        # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)
+        return self.recorder.finish(state, ema, steps=max(self.base, self.cfg.train.steps), wall_s=self.wall_s,
+                                    extra=extra)
 
 
 class RealBackend:
@@ -384,12 +361,11 @@ class RealBackend:
         }
         self.syncs = []
         self.last_end = now
-        last = real == cfg.train.steps
         t0 = rt.handles[rt.train_ids[0]]
         eval_ref = None
-        if rt.do_eval and (last or (cfg.run.eval_every and real % cfg.run.eval_every == 0)):
+        if rt.do_eval and rt.recorder.eval_due(real):
             eval_ref = t0.evaluate.remote(real)  # queued before any new unit: these weights
-        if last or (cfg.run.checkpoint_every and real % cfg.run.checkpoint_every == 0):
+        if rt.recorder.checkpoint_due(real):
             self.saves.append(t0.save.remote(real, self.wall_s))
         self.records.append((record, eval_ref))
         self.flush(block=False)
@@ -408,13 +384,7 @@ class RealBackend:
                     return
                 record.update(ray.get(ref))
             self.records.pop(0)
-            self.mlog.log(record)
-            if self.rt.progress:
-                print(f"[{record['mode']}] step {record['step']:4d}  reward {record['reward_mean']:.4f}  "
-                      f"{record['samples_per_s']:.1f} samples/s  staleness {record['staleness_max']}  "
-                      f"bubble r/t {record['bubble_ratio_rollout']:.2f}/{record['bubble_ratio_trainer']:.2f}"
-                      + (f"  eval {record['eval/reward_mean']:.4f}" if "eval/reward_mean" in record else ""),
-                      flush=True)
+            self.mlog.log(record)  # the RunRecorder: metrics.jsonl, progress bar, step line
         if block:
             ray.get(self.saves)
 
