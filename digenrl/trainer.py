@@ -14,15 +14,13 @@ same config gives the same run on any batch layout, and `--resume` continues exa
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from safetensors.torch import load_file
 
 from digenrl import checkpoint as ckpt
 from digenrl.config import Config
@@ -33,11 +31,9 @@ from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages, sigma_schedule
 from digenrl.models import build_policy
 from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
-from digenrl.outputs import MetricsLog, plot_rewards
+from digenrl.recorder import RunRecorder
 from digenrl.rewards import AsyncRewarder, build_reward
 from digenrl.rollout import SampleSpec, Trajectories, generate
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -141,6 +137,7 @@ class Trainer:
         self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
         self.rewarder = build_rewarder(cfg)
         self.evaluator = Evaluator(cfg, self.policy, self.rewarder)
+        self.recorder = RunRecorder(cfg, progress=progress)
         self.step = 0  # next RL step to run == policy version
         self.wall_s = 0.0
 
@@ -209,68 +206,33 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------
     def train(self, *, resume: bool = False) -> dict[str, Any]:
-        cfg = self.cfg
-        resumed_from = None
-        if resume:
-            latest = ckpt.latest_checkpoint(self.run_dir)
-            if latest is None:
-                log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir)
-            else:
-                self.load(latest)
-                resumed_from = self.step
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-        metrics_log = MetricsLog(self.run_dir, tensorboard=cfg.run.tensorboard, resume_after=resumed_from)
+        cfg, rec = self.cfg, self.recorder
+        latest = rec.resume_checkpoint() if resume else None
+        if latest is not None:
+            self.load(latest)
+        rec.open(resumed_from=self.step if latest is not None else None)
         try:
-            if self.step == 0:
-                metrics_log.log({"step": 0, **self.evaluate(0)})
-            bar = tqdm(range(self.step, cfg.train.steps), desc="GRPO", initial=self.step, total=cfg.train.steps,
-                       disable=not self.progress)
-            for step in bar:
+            if rec.eval_due(self.step):  # the base model, on a fresh run
+                rec.log({"step": self.step, **self.evaluate(self.step)})
+            for step in range(self.step, cfg.train.steps):
                 t0 = time.perf_counter()
                 m = self.rl_step(step)
                 self.step = step + 1
                 dt = time.perf_counter() - t0
                 self.wall_s += dt
                 record = {"step": self.step, **m, "step_s": dt, "wall_s": self.wall_s, "samples_per_s": m["samples"] / dt}
-                last = self.step == cfg.train.steps
-                if last or (cfg.run.eval_every and self.step % cfg.run.eval_every == 0):
+                if rec.eval_due(self.step):
                     record.update(self.evaluate(self.step))
-                metrics_log.log(record)
-                bar.set_postfix(reward=f"{m['reward_mean']:.3f}")
-                if self.progress:
-                    tqdm.write(
-                        f"step {self.step:4d}  reward {m['reward_mean']:.4f} +- {m['reward_std']:.4f}  "
-                        f"loss {record['loss']:+.2e}  {record['samples_per_s']:.1f} samples/s"
-                        + (f"  eval {record['eval/reward_mean']:.4f}" if "eval/reward_mean" in record else "")
-                    )
-                if last or (cfg.run.checkpoint_every and self.step % cfg.run.checkpoint_every == 0):
+                rec.log(record)
+                if rec.checkpoint_due(self.step):
                     self.save()
         finally:
-            metrics_log.close()
+            rec.close()
             self.rewarder.close()
         return self.finish()
 
     def finish(self) -> dict[str, Any]:
-        final = self.run_dir / "final"
-        final.mkdir(parents=True, exist_ok=True)
-        meta = {"config": json.dumps(self.cfg.to_dict()), "step": str(self.step)}
-        state = trainable_state_dict(self.policy.module)
-        save_file({k: v.contiguous() for k, v in state.items()}, str(final / "policy.safetensors"), metadata=meta)
-        if self.learner.ema is not None:
-            save_file(self.learner.ema.state_dict(), str(final / "ema.safetensors"), metadata=meta)
-        plot = plot_rewards(self.run_dir)
-        from digenrl.outputs import read_metrics
-
-        evals = [r for r in read_metrics(self.run_dir) if "eval/reward_mean" in r]
-        summary = {
-            "steps": self.step,
-            "eval_reward_before": evals[0]["eval/reward_mean"] if evals else None,
-            "eval_reward_after": evals[-1]["eval/reward_mean"] if evals else None,
-            "wall_s": self.wall_s,
-            "run_dir": str(self.run_dir),
-            "final_policy": str(final / "policy.safetensors"),
-            "reward_plot": str(plot),
-        }
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-        return summary
+        """Final weights, reward plot and summary.json (see `RunRecorder.finish`)."""
+        ema = self.learner.ema.state_dict() if self.learner.ema is not None else None
+        return self.recorder.finish(trainable_state_dict(self.policy.module), ema, steps=self.step,
+                                    wall_s=self.wall_s)

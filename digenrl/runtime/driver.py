@@ -31,14 +31,12 @@ from typing import Any, Callable, Optional
 
 import ray
 import torch
-from safetensors.torch import save_file
 
-from digenrl import checkpoint as ckpt
 from digenrl.config import Config
 from digenrl.contract import RunContract, contract
 from digenrl.data import PromptSource, load_prompts
 from digenrl.math import group_advantages
-from digenrl.outputs import MetricsLog, plot_rewards, read_metrics
+from digenrl.recorder import RunRecorder
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained
@@ -151,19 +149,19 @@ class RayTrainer:
         cfg = self.cfg
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
+        self.recorder = RunRecorder(cfg, progress=self.progress)  # files, cadence, bar, summary
         pools = contract(cfg).pools
         evaluator = [(self._eval_pool(), 1)] if self.do_eval else []
         started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools] + evaluator)
         try:
             if cfg.wants_plan():
                 cfg = self.cfg = self._plan_here()
+                self.recorder = RunRecorder(cfg, progress=self.progress)  # config.json: the planned run
                 pools = contract(cfg).pools
             self._start_workers(pools)
-            t0 = self.handles[self.train_ids[0]]
+            t0, rec = self.handles[self.train_ids[0]], self.recorder
             resumed_from, wall0 = None, 0.0
-            latest = ckpt.latest_checkpoint(self.run_dir) if resume else None
-            if resume and latest is None:
-                log.warning("--resume: no checkpoint under %s; starting from scratch", self.run_dir)
+            latest = rec.resume_checkpoint() if resume else None
             if latest is not None:
                 steps = ray.get([self.handles[w].load.remote(str(latest)) for w in self.train_ids])
                 self.base = resumed_from = steps[0]
@@ -172,15 +170,13 @@ class RayTrainer:
             weights0 = t0.publish.remote()
             ray.get([self.handles[w.id].load_weights.remote(None, self.base, weights0)
                      for w in self.workers if w.role != "reward" and w.id != self.train_ids[0]])
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-            mlog = MetricsLog(self.run_dir, tensorboard=cfg.run.tensorboard, resume_after=resumed_from)
+            rec.open(resumed_from)
             try:
-                first = self.evaluate(0) if self.base == 0 else None  # overlaps the first step
+                first = self.evaluate(self.base) if rec.eval_due(self.base) else None  # overlaps step 1
                 if self.base < cfg.train.steps:
-                    backend = RealBackend(self, mlog, weights0, wall0)
+                    backend = RealBackend(self, rec, weights0, wall0)  # logs through the recorder
                     if first is not None:
-                        backend.records.append(({"step": 0}, first))
+                        backend.records.append(({"step": self.base}, first))
                     sched = Scheduler(self.contract().sched, self.workers)
                     loop = EventLoop(sched, backend, on_dispatch=self._hook)
                     backend.loop = loop
@@ -190,10 +186,10 @@ class RayTrainer:
                     self.wall_s = backend.wall_s
                 else:
                     if first is not None:
-                        mlog.log({"step": 0, **ray.get(first)})
+                        rec.log({"step": self.base, **ray.get(first)})
                     self.stats, self.wall_s = {}, wall0
             finally:
-                mlog.close()
+                rec.close()
             return self._finish()
         finally:
             self._shutdown()
@@ -263,36 +259,18 @@ class RayTrainer:
             self.on_dispatch(self, wid, unit)
 
     def _finish(self) -> dict[str, Any]:
-        cfg, run = self.cfg, self.run_dir
-        final = run / "final"
-        final.mkdir(parents=True, exist_ok=True)
+        run = self.run_dir
         state, ema = ray.get(self.handles[self.train_ids[0]].final_state.remote())
-        meta = {"config": json.dumps(cfg.to_dict()), "step": str(cfg.train.steps)}
-        save_file(state, str(final / "policy.safetensors"), metadata=meta)
-        if ema is not None:
-            save_file(ema, str(final / "ema.safetensors"), metadata=meta)
-        out = {}
+        extra: dict[str, Any] = {"scheduler": self.stats}
         if self.trace is not None:
             write_chrome_trace(self.trace, str(run / "trace.json"))
             plot_gantt(self.trace, str(run / "gantt.png"))
-            out = {"trace": str(run / "trace.json"), "gantt": str(run / "gantt.png")}
-        plot = plot_rewards(run)
-        evals = [r for r in read_metrics(run) if "eval/reward_mean" in r]
-        summary = {
-            "steps": cfg.train.steps,
-            "mode": cfg.run.mode,
-            "eval_reward_before": evals[0]["eval/reward_mean"] if evals else None,
-            "eval_reward_after": evals[-1]["eval/reward_mean"] if evals else None,
-            "wall_s": self.wall_s,
-            "run_dir": str(run),
-            "final_policy": str(final / "policy.safetensors"),
-            "reward_plot": str(plot),
-            "scheduler": self.stats,
-            "plan": self.here.describe() if self.here is not None else None,
-            **out,
-        }
-        (run / "summary.json").write_text(json.dumps(summary, indent=1))
-        return summary
+            extra.update(trace=str(run / "trace.json"), gantt=str(run / "gantt.png"))
+        if self.here is not None:
+            extra["plan"] = self.here.describe()
+        # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)
+        return self.recorder.finish(state, ema, steps=max(self.base, self.cfg.train.steps), wall_s=self.wall_s,
+                                    extra=extra)
 
 
 def _profile_here(cfg: Config) -> tuple[list[dict], int]:
@@ -308,8 +286,8 @@ def _profile_here(cfg: Config) -> tuple[list[dict], int]:
 class RealBackend:
     """What each unit means with real models: actor calls, object refs, per-step metrics."""
 
-    def __init__(self, rt: RayTrainer, mlog: MetricsLog, weights0, wall0: float):
-        self.rt, self.mlog, self.cfg = rt, mlog, rt.cfg
+    def __init__(self, rt: RayTrainer, recorder: RunRecorder, weights0, wall0: float):
+        self.rt, self.recorder, self.cfg = rt, recorder, rt.cfg
         self.base = rt.base
         self.loop: Optional[EventLoop] = None
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
@@ -446,12 +424,11 @@ class RealBackend:
         }
         self.syncs = []
         self.last_end = now
-        last = real == cfg.train.steps
         t0 = rt.handles[rt.train_ids[0]]
         eval_ref = None
-        if last or (cfg.run.eval_every and real % cfg.run.eval_every == 0):
+        if rt.recorder.eval_due(real):
             eval_ref = rt.evaluate(real)  # trainer 0's weights are copied before any new unit
-        if last or (cfg.run.checkpoint_every and real % cfg.run.checkpoint_every == 0):
+        if rt.recorder.checkpoint_due(real):
             self.saves.append(t0.save.remote(real, self.wall_s))
         self.records.append((record, eval_ref))
         self.flush(block=False)
@@ -470,13 +447,7 @@ class RealBackend:
                     return
                 record.update(ray.get(ref))
             self.records.pop(0)
-            self.mlog.log(record)
-            if self.rt.progress:
-                print(f"[{record['mode']}] step {record['step']:4d}  reward {record['reward_mean']:.4f}  "
-                      f"{record['samples_per_s']:.1f} samples/s  staleness {record['staleness_max']}  "
-                      f"bubble r/t {record['bubble_ratio_rollout']:.2f}/{record['bubble_ratio_trainer']:.2f}"
-                      + (f"  eval {record['eval/reward_mean']:.4f}" if "eval/reward_mean" in record else ""),
-                      flush=True)
+            self.recorder.log(record)  # metrics.jsonl, progress bar, step line
         if block:
             ray.get(self.saves)
 

@@ -1,0 +1,132 @@
+"""The run recorder: cadence rules, the per-step line, and one summary for both trainers."""
+
+import json
+import re
+
+import pytest
+
+from digenrl.config import load_config
+from digenrl.outputs import read_metrics
+from digenrl.recorder import SUMMARY_KEYS, RunRecorder, step_line
+from digenrl.trainer import Trainer
+
+
+def _recorder(tmp_path, *extra, progress=False):
+    cfg = load_config(None, [f"run.run_dir={tmp_path}", "run.mode=local", "run.tensorboard=false", *extra])
+    return RunRecorder(cfg, progress=progress)
+
+
+# -- cadence ------------------------------------------------------------------------------------
+def test_cadence_of_a_fresh_run(tmp_path):
+    rec = _recorder(tmp_path, "train.steps=7", "run.eval_every=2", "run.checkpoint_every=3")
+    rec.open(None)
+    # eval: the base model (0), every 2nd step, and the last (7)
+    assert [s for s in range(8) if rec.eval_due(s)] == [0, 2, 4, 6, 7]
+    # checkpoints: every 3rd step and the last; never the base model
+    assert [s for s in range(8) if rec.checkpoint_due(s)] == [3, 6, 7]
+    rec.close()
+
+
+def test_cadence_of_a_resumed_run(tmp_path):
+    rec = _recorder(tmp_path, "train.steps=7", "run.eval_every=2", "run.checkpoint_every=3")
+    rec.open(4)
+    # step 4 was evaluated and saved before the interruption; the base model is not redone
+    assert [s for s in range(8) if rec.eval_due(s)] == [6, 7]
+    assert [s for s in range(8) if rec.checkpoint_due(s)] == [6, 7]
+    rec.close()
+
+
+def test_cadence_zero_means_last_step_only(tmp_path):
+    rec = _recorder(tmp_path, "train.steps=5", "run.eval_every=0", "run.checkpoint_every=0")
+    rec.open(None)
+    assert [s for s in range(6) if rec.eval_due(s)] == [0, 5]
+    assert [s for s in range(6) if rec.checkpoint_due(s)] == [5]
+    rec.close()
+
+
+# -- per-step records ---------------------------------------------------------------------------
+RECORD = {"step": 3, "reward_mean": 0.51234, "reward_std": 0.04321, "loss": -1.5e-6, "samples_per_s": 12.345}
+
+
+def test_step_line_fields():
+    assert step_line(RECORD) == "step    3  reward 0.5123 +- 0.0432  loss -1.50e-06  12.3 samples/s"
+    ray = {**RECORD, "staleness_max": 1, "bubble_ratio_rollout": 0.125, "bubble_ratio_trainer": 0.5,
+           "eval/reward_mean": 0.7}
+    assert step_line(ray) == ("step    3  reward 0.5123 +- 0.0432  loss -1.50e-06  12.3 samples/s"
+                              "  staleness 1  bubble r/t 0.12/0.50  eval 0.7000")
+
+
+def test_log_writes_every_record_and_prints_step_records_only(tmp_path, capsys):
+    rec = _recorder(tmp_path, "train.steps=4", progress=True)
+    rec.open(None)
+    rec.log({"step": 0, "eval/reward_mean": 0.5})  # the base model's evaluation: no step line
+    rec.log(RECORD)
+    assert rec._bar.n == 3  # the bar follows the record's step
+    rec.close()
+    assert [r["step"] for r in read_metrics(tmp_path)] == [0, 3]
+    assert capsys.readouterr().out.splitlines() == [step_line(RECORD)]
+
+
+def test_quiet_recorder_prints_nothing(tmp_path, capsys):
+    rec = _recorder(tmp_path, "train.steps=4")
+    rec.open(None)
+    rec.log(RECORD)
+    rec.close()
+    assert capsys.readouterr().out == ""
+    assert len(read_metrics(tmp_path)) == 1
+
+
+def test_extra_summary_keys_may_not_replace_common_ones(tmp_path):
+    rec = _recorder(tmp_path)
+    with pytest.raises(ValueError, match="wall_s"):
+        rec.finish({}, None, steps=0, wall_s=0.0, extra={"wall_s": 1.0})
+
+
+# -- one summary for the local and the Ray trainer ----------------------------------------------
+TINY = ["train.steps=2", "data.groups_per_step=2", "data.micro_batch_groups=1", "data.eval_samples=1",
+        "data.eval_max_prompts=2", "sampling.num_steps=3", "run.tensorboard=false", "reward.threads=1"]
+LINE = re.compile(r"^step +(\d+)  reward \d\.\d{4} \+- \d\.\d{4}  loss [+-]\d\.\d\de[+-]\d\d  [\d.]+ samples/s")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_local_and_ray_runs_write_the_same_summary(ray_cluster, tmp_path, capsys):
+    from digenrl.runtime.driver import RayTrainer
+
+    local = Trainer(load_config(None, ["run.mode=local", *TINY, f"run.run_dir={tmp_path / 'local'}"])).train()
+    local_out = capsys.readouterr().out
+    ray_cfg = load_config(None, ["run.mode=gap", *TINY, f"run.run_dir={tmp_path / 'gap'}",
+                                 "runtime.rollout.workers=1", "runtime.trainer.workers=1"])
+    ray = RayTrainer(ray_cfg).train()
+    ray_out = capsys.readouterr().out
+
+    for summary, run in ((local, tmp_path / "local"), (ray, tmp_path / "gap")):
+        assert json.loads((run / "summary.json").read_text()) == summary
+    assert set(local) == set(SUMMARY_KEYS)
+    assert set(ray) >= set(local) and {"scheduler", "trace", "gantt"} <= set(ray)
+    assert (local["mode"], ray["mode"]) == ("local", "gap")
+    # same meaning: the gap mode is on-policy, so it evaluates the same base model and ends
+    # with the same weights (up to summation order, see tests/runtime/test_equivalence.py)
+    assert local["steps"] == ray["steps"] == 2
+    assert ray["eval_reward_before"] == pytest.approx(local["eval_reward_before"], abs=1e-6)
+    assert ray["eval_reward_after"] == pytest.approx(local["eval_reward_after"], abs=1e-4)
+    for s in (local, ray):
+        assert s["wall_s"] > 0
+        assert s["final_policy"] == str(tmp_path / s["mode"] / "final" / "policy.safetensors")
+        assert (tmp_path / s["mode"] / "final" / "policy.safetensors").exists()
+        assert (tmp_path / s["mode"] / "reward_curve.png").exists()
+
+    # one per-step line format: the Ray lines are the local ones plus Ray's optional fields
+    local_lines = [l for l in local_out.splitlines() if LINE.match(l)]
+    ray_lines = [l for l in ray_out.splitlines() if LINE.match(l)]
+    assert [LINE.match(l).group(1) for l in local_lines] == ["1", "2"]
+    assert [LINE.match(l).group(1) for l in ray_lines] == ["1", "2"]
+    assert all("staleness" not in l and "bubble" not in l for l in local_lines)
+    assert all("  staleness 0  bubble r/t " in l for l in ray_lines)
+    assert "eval " in local_lines[-1] and "eval " in ray_lines[-1]  # the last step is evaluated
