@@ -44,8 +44,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
-from digenrl.sim.costs import (BYTES_GRAD, HOST_COPY_GBPS, CostModel, allgather_s, allreduce_s, get_link,
-                               get_model)
+from digenrl.sim.catalogue import BYTES_GRAD, get_link, get_model
+from digenrl.sim.costs import HOST_COPY_GBPS, CostModel, allgather_s, allreduce_s
 from digenrl.sim.devices import get_device
 from digenrl.sim.testbed import Testbed
 

@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 from digenrl.sched import SchedConfig, Scheduler
-from digenrl.sim.costs import CostModel, get_model
+from digenrl.sim.catalogue import get_model
+from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.engine import run_virtual

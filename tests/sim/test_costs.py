@@ -5,9 +5,8 @@ import pickle
 
 import pytest
 
-from digenrl.sim.costs import (
-    GIB, LINKS, MODELS, CostModel, Shape, allgather_s, allreduce_s, broadcast_s, forward_flops, tokens_for,
-)
+from digenrl.sim.catalogue import GIB, LINKS, MODELS, Shape, forward_flops, tokens_for
+from digenrl.sim.costs import CostModel, allgather_s, allreduce_s, broadcast_s
 from digenrl.sim.devices import DEVICES, Cost, scale_seconds
 from digenrl.sim.testbed import Testbed, TestbedError, list_presets, load_testbed
 
