@@ -29,39 +29,16 @@ slope and the rest as fixed.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from digenrl.sim.catalogue import (BYTES_GRAD, BYTES_LORA, BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, GIB, MODELS, MS,
-                                   REWARD_MFU, TEXT_ENCODERS, VAES, WEIGHT_SYNC_METHODS, Link, Shape, forward_flops,
+                                   REWARD_MFU, TEXT_ENCODERS, VAES, WEIGHT_SYNC_METHODS, Shape, forward_flops,
                                    get_link, get_model, get_reward, lora_params_B, tokens_for)
+from digenrl.sim.collectives import (allgather_s, allgather_traffic, broadcast_s, object_store_fanout_s,
+                                     object_store_receive_s, object_store_send_s)
 from digenrl.sim.devices import REFERENCE, Cost, get_device, scale_seconds, scaled, total
-
-
-def allreduce_s(nbytes: float, n: int, link: str | Link) -> Cost:
-    """Ring all-reduce: 2(n-1)/n * bytes / bw + 2(n-1) * latency (reduce-scatter + all-gather)."""
-    lk = get_link(link)
-    if n <= 1:
-        return Cost(0.0)
-    return Cost(2 * (n - 1) / n * nbytes / (lk.gbps * 1e9) + 2 * (n - 1) * lk.latency_s, True, f"ring allreduce on {lk.name}")
-
-
-def allgather_s(nbytes: float, n: int, link: str | Link) -> Cost:
-    """Ring all-gather of a tensor whose full (gathered) size is nbytes: (n-1)/n * bytes / bw."""
-    lk = get_link(link)
-    if n <= 1:
-        return Cost(0.0)
-    return Cost((n - 1) / n * nbytes / (lk.gbps * 1e9) + (n - 1) * lk.latency_s, True, f"ring allgather on {lk.name}")
-
-
-def broadcast_s(nbytes: float, link: str | Link, n_receivers: int = 1) -> Cost:
-    """Pipelined (chunked chain) broadcast: bytes / bw + one latency per receiver."""
-    lk = get_link(link)
-    if n_receivers <= 0:
-        return Cost(0.0)
-    return Cost(nbytes / (lk.gbps * 1e9) + n_receivers * lk.latency_s, True, f"pipelined broadcast on {lk.name}")
 
 
 # ----------------------------------------------------------------------------- fits
@@ -391,12 +368,8 @@ class CostModel:
             return Cost(0.0)
         if method == "nccl":
             return broadcast_s(nbytes, link, n_receivers)
-        lk = get_link(link)
-        d2h, h2d = get_device(sender_device).pcie_gbps * 1e9, get_device(receiver_device).pcie_gbps * 1e9
-        nodes = math.ceil(n_receivers / gpus_per_node)
-        hops = math.ceil(math.log2(nodes + 1))
-        t = nbytes / d2h + nbytes / (HOST_COPY_GBPS * 1e9) + hops * (nbytes / (0.5 * lk.gbps * 1e9) + lk.latency_s)
-        return Cost(t + nbytes / h2d, True, f"{method} via {lk.name}")
+        t = object_store_send_s(nbytes, sender_device) + object_store_fanout_s(nbytes, link, n_receivers, gpus_per_node)
+        return Cost(t + object_store_receive_s(nbytes, receiver_device), True, f"{method} via {get_link(link).name}")
 
     # ---- memory --------------------------------------------------------------
 
@@ -517,9 +490,7 @@ class CostModel:
         """
         if n_shards <= 1:
             return Cost(0.0)
-        m = get_model(model)
-        lk = get_link(link)
-        gather = (n_shards - 1) / n_shards * self.weight_bytes(model) / (lk.gbps * 1e9) + m.layers * (n_shards - 1) * lk.latency_s
+        gather = allgather_traffic(self.weight_bytes(model), n_shards, chunks=get_model(model).layers).seconds(link)
         if not overlapped:
             return Cost(gather, True, "FSDP rollout all-gather, not overlapped")
         fwd = self.denoise_s(model, device, batch, cfg, shape)
@@ -606,5 +577,4 @@ class CostModel:
         return rows
 
 
-HOST_COPY_GBPS = 10.0  # serialising into Ray's object store: one host memcpy (estimate)
 PHASE_SWITCH_FIXED_S = 0.1  # estimate: mode toggles, torch.cuda.empty_cache, a device sync

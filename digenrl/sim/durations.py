@@ -44,9 +44,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
-from digenrl.sim.catalogue import BYTES_GRAD, get_link, get_model
-from digenrl.sim.costs import HOST_COPY_GBPS, CostModel, allgather_s, allreduce_s
-from digenrl.sim.devices import get_device
+from digenrl.sim.catalogue import BYTES_GRAD, get_model
+from digenrl.sim.collectives import allgather_s, allreduce_s, object_store_send_s, wire_s
+from digenrl.sim.costs import CostModel
 from digenrl.sim.testbed import Testbed
 
 # Baseline styles of the colocated mode (see module doc and docs/simulator.md).
@@ -292,9 +292,9 @@ class DurationFn:
         t = 0.0
         if self.opt_shards > 1 and not lora:
             t += float(allgather_s(nbytes, self.n_trainers, tb.link(self.trainer_pool, self.n_trainers)))
-        if tb.weight_sync == "nccl":
-            return t + nbytes / (get_link(tb.links.inter_pool).gbps * 1e9)
-        return t + nbytes / (get_device(dev).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
+        if tb.weight_sync == "nccl":  # the bytes leave the sender once; latencies are the receivers'
+            return t + wire_s(nbytes, tb.links.inter_pool)
+        return t + object_store_send_s(nbytes, dev)
 
     def _sync(self, dev: str) -> float:
         def f():
@@ -306,8 +306,7 @@ class DurationFn:
                                           self.trainer_device, dev, rpool.gpus_per_node))
             if tb.weight_sync == "nccl":
                 return full
-            sender = nbytes / (get_device(self.trainer_device).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
-            return full - sender  # the sender's part is in OptimizerStep
+            return full - object_store_send_s(nbytes, self.trainer_device)  # the sender's leg is in OptimizerStep
         return self._memo(("sync", dev), f)
 
 

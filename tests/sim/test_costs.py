@@ -6,7 +6,8 @@ import pickle
 import pytest
 
 from digenrl.sim.catalogue import GIB, LINKS, MODELS, Shape, forward_flops, tokens_for
-from digenrl.sim.costs import CostModel, allgather_s, allreduce_s, broadcast_s
+from digenrl.sim.collectives import allgather_s, allreduce_s, broadcast_s
+from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import DEVICES, Cost, scale_seconds
 from digenrl.sim.testbed import Testbed, TestbedError, list_presets, load_testbed
 
