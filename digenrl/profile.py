@@ -562,7 +562,7 @@ def profile_main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     base = []
     if args.fill_from_h200:
-        from digenrl.sim.costs import load_calibration
+        from digenrl.sim.calibration import load_calibration
 
         base = load_calibration()
     if out.exists():
