@@ -201,9 +201,9 @@ class CostModel:
         """memory.fits with this model's table: can one GPU of `device` hold `roles` at once?"""
         return memory.fits(self.table, model, roles, device, **kw)
 
-    # ---- colocated baselines (DESIGN.md sec. 3) ------------------------------
-    # Each returns 0 when it does not apply; none is tuned down. `colocated_plan` picks the
-    # cheapest configuration that fits, which is the baseline's best legitimate one.
+    # ---- colocated baselines' extra costs (DESIGN.md sec. 3) ------------------
+    # Each returns 0 when it does not apply; none is tuned down. baselines.colocated_plan
+    # picks the cheapest configuration that fits, which is the baseline's best legitimate one.
 
     def phase_switch_s(self, model: str, device, n_gpus: int, link: str, rebuild_rollout_copy: bool) -> Cost:
         """Once per RL step, switching a colocated worker from training to generation.
@@ -263,58 +263,6 @@ class CostModel:
         """Synchronous rewards: decode + reward forward on the critical path between generation
         and training (colocated systems); identical to reward_s, named for the breakdown."""
         return self.reward_s(model, device, batch, reward, shape)
-
-    def colocated_plan(self, model: str, device, n_gpus: int, *, gpus_per_node: int = 8,
-                       intra: str = "nvlink", inter: str = "ib-400g", gen_batch: int = 1,
-                       train_batch: int = 1, lora: bool = False, grad_ckpt: bool = True,
-                       cfg: bool = False, shape: Shape | None = None, kl: bool = False,
-                       reward: str = "pickscore", denoise_steps: int = 1) -> dict:
-        """The cheapest colocated configuration that fits, and its extra costs.
-
-        Options, in order (all hold text encoder + VAE + reward model resident, as colocated
-        flow_grpo/DanceGRPO do):
-          replicated     full training state on every GPU (DDP), sampling with the same module
-          fsdp-copy      FSDP-sharded trainer + full bf16 rollout copy (veRL hybrid engine):
-                         rebuild the copy each step (phase_switch_s)
-          fsdp-sample    sample with the sharded module: exposed all-gather every denoising step
-          */node         the FSDP options sharded within a node only (HSDP), gathers over NVLink
-          *+offload      the above with optimizer state offloaded to host during generation
-        Gradient all-reduce is not here: every mode pays it and the scheduler charges it.
-        Returns {"config", "fits", "per_step_s", "per_forward_s", "options"}: per_step_s are
-        once-per-RL-step costs, per_forward_s is added to every denoising step.
-        """
-        link = inter if n_gpus > gpus_per_node else intra
-        common = ["text_encoder", "vae", "reward"] + (["ref"] if kl and not lora else [])
-        kw = dict(lora=lora, grad_ckpt=grad_ckpt, cfg=cfg, shape=shape, reward=reward,
-                  gen_batch=gen_batch, train_batch=train_batch)
-        trainable = self.lora_params_B(model) if lora else get_model(model).params_B
-        options = {}
-        groups = [(n_gpus, link, "")]  # FSDP over all GPUs; HSDP: shard within a node, replicate across
-        if n_gpus > gpus_per_node:
-            groups.append((gpus_per_node, intra, "/node"))
-        configs = [("replicated", 1, intra, "rollout_shared", False)]
-        for shards, lk, tag in groups:
-            configs += [("fsdp-copy" + tag, shards, lk, "rollout", True),  # the rollout copy is whole
-                        ("fsdp-sample" + tag, shards, lk, "rollout_shared", False)]
-        for name, shards, lk, sampler, copy in configs:
-            per_fwd = (self.fsdp_gather_per_forward_s(model, device, shards, lk, gen_batch, cfg, shape)
-                       if sampler == "rollout_shared" else Cost(0.0))
-            switch = self.phase_switch_s(model, device, shards, lk, rebuild_rollout_copy=copy)
-            for off in (False, True):
-                rep = self.fits(model, ["trainer", sampler] + common, device, fsdp_shards=shards,
-                                shards={"rollout": 1}, offload_optimizer=off, **kw)
-                step = {"phase_switch": switch,
-                        "offload_reload": self.offload_reload_s(trainable, device, shards, needed=off)}
-                cost = sum(float(c) for c in step.values()) + denoise_steps * float(per_fwd)
-                options[name + ("+offload" if off else "")] = dict(
-                    fits=rep.fits, report=rep, per_step_s=step, per_forward_s=per_fwd, cost=cost)
-        viable = {k: v for k, v in options.items() if v["fits"]}
-        if not viable:
-            return {"config": None, "fits": False, "per_step_s": {}, "per_forward_s": Cost(0.0), "options": options}
-        best = min(viable, key=lambda k: (viable[k]["cost"], list(options).index(k)))
-        o = viable[best]
-        return {"config": best, "fits": True, "per_step_s": o["per_step_s"], "per_forward_s": o["per_forward_s"],
-                "options": options}
 
     # ---- reporting -----------------------------------------------------------
 

@@ -44,13 +44,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
+from digenrl.sim.baselines import style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, get_model
 from digenrl.sim.collectives import allgather_s, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import CostModel
 from digenrl.sim.testbed import Testbed
-
-# Baseline styles of the colocated mode (see module doc and docs/simulator.md).
-STYLES = ("verl-omni", "genrl")
 
 
 @dataclass(frozen=True)
@@ -117,7 +115,7 @@ class DurationFn:
     mode: str
     layout: Layout
     samples_per_group: int
-    style: str | None = None  # colocated baseline style (STYLES)
+    style: str | None = None  # colocated baseline style (baselines.STYLES)
     zero_baseline: bool = False  # measure a baseline with its extra costs removed
     colocated_config: str | None = None
     overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
@@ -140,34 +138,22 @@ class DurationFn:
                            lora_rank=tb.lora_rank)
         self.opt_shards = 1 if fit.fits else self.n_trainers
         if self.mode == "colocated":
-            if self.style not in STYLES:
-                raise ValueError(f"colocated needs style in {STYLES}, got {self.style!r}")
             self._colocated_costs()
         self._cache: dict = {}
 
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
-        tb, cm = self.tb, self.cm
-        p = self.trainer_pool
-        plan = cm.colocated_plan(tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
-                                 intra=p.intra_link or tb.links.intra_node,
-                                 inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
-                                 train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
-                                 cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
-                                 denoise_steps=tb.denoise_steps)
+        tb, p = self.tb, self.trainer_pool
+        plan = style_plan(self.cm, self.style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
+                          intra=p.intra_link or tb.links.intra_node,
+                          inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
+                          train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
+                          cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
+                          denoise_steps=tb.denoise_steps)
         if not plan["fits"]:
             raise ValueError(f"{tb.name}: no colocated configuration fits on {p.device}")
-        if self.style == "genrl":
-            # GenRL (ModelTC): torchrun + FSDP FULL_SHARD over the whole world for training and
-            # sampling (no hybrid-engine copy, no HSDP); offload only if that does not fit.
-            opts = plan["options"]
-            name = "fsdp-sample" if opts["fsdp-sample"]["fits"] else "fsdp-sample+offload"
-            if not opts[name]["fits"]:
-                name = plan["config"]
-            o = opts[name]
-            plan = {"config": name, "per_step_s": o["per_step_s"], "per_forward_s": o["per_forward_s"]}
         self.colocated_config = plan["config"]
-        self._recompute = self.style == "verl-omni"
+        self._recompute = plan["recompute_logp"]
         if self.zero_baseline:
             self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
         else:
