@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
 from digenrl.sim.baselines import style_plan
-from digenrl.sim.catalogue import BYTES_GRAD, get_model
+from digenrl.sim.catalogue import BYTES_GRAD, trainable_params_B
 from digenrl.sim.collectives import allgather_s, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import CostModel
 from digenrl.sim.testbed import Testbed
@@ -128,7 +128,7 @@ class DurationFn:
         tb = self.tb
         self.n_trainers = sum(w.role in ("trainer", "colocated") for w in self.layout.workers)
         self.n_rollout = sum(w.role == "rollout" for w in self.layout.workers)
-        self.trainable_B = self.cm.lora_params_B(tb.model, tb.lora_rank) if tb.lora else get_model(tb.model).params_B
+        self.trainable_B = trainable_params_B(tb.model, tb.lora, tb.lora_rank)
         self.trainer_pool = next(self.layout.pool[w.id] for w in self.layout.workers
                                  if w.role in ("trainer", "colocated"))
         self.trainer_device = self.trainer_pool.device
@@ -236,22 +236,18 @@ class DurationFn:
 
     def _train(self, dev: str, n: int, k: int) -> float:
         tb, cm = self.tb, self.cm
-        mb = tb.micro_batch
 
-        def per_step():
-            full, rest = divmod(n, mb)
-            ts = lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape)
-            return full * ts(mb) + (ts(rest) if rest else 0.0)
+        def per_step():  # one trained denoising step of n samples, in micro-batches
+            return _in_batches(n, tb.micro_batch,
+                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
         return k * self._memo(("train", dev, n), per_step)
 
     def _recompute_s(self, dev: str, n: int, k: int) -> float:
         tb, cm = self.tb, self.cm
-        mb = tb.micro_batch
 
-        def per_step():
-            full, rest = divmod(n, mb)
-            f = lambda b: cm.denoise_s(tb.model, dev, b, tb.train_cfg, tb.shape)
-            return full * f(mb) + (f(rest) if rest else 0.0)
+        def per_step():  # old log-probs of one trained step, same micro-batches as _train
+            return _in_batches(n, tb.micro_batch,
+                               lambda b: cm.recompute_logp_s(tb.model, dev, b, 1, tb.train_cfg, tb.shape))
         return k * self._memo(("recompute", dev, n), per_step)
 
     def _opt(self, dev: str) -> float:
