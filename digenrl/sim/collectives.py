@@ -15,8 +15,9 @@ The *_s functions return a `devices.Cost` (always estimated: no link was measure
 when there is nobody to talk to. The object-store path (Ray's default weight transfer)
 crosses PCIe and host memory as well as the network, so it is priced in its three legs:
 the sender's (object_store_send_s), the fan-out (object_store_fanout_s) and the
-receiver's (object_store_receive_s). CostModel.weight_sync_s sums them; the simulator's
-duration functions charge the sender's leg to the trainer and the rest to the rollout.
+receiver's host -> device copy (pcie_s, also the optimizer offload's path).
+CostModel.weight_sync_s sums them; the simulator's duration functions charge the
+sender's leg to the trainer and the rest to the rollout.
 
 This module knows links and devices only: what is sent (weight, gradient bytes) is the
 caller's business (catalogue.BYTES_*, CostModel.weight_bytes).
@@ -100,13 +101,18 @@ def broadcast_s(nbytes: float, link: str | Link, n_receivers: int = 1) -> Cost:
     return Cost(broadcast_traffic(nbytes, n_receivers).seconds(lk), True, f"pipelined broadcast on {lk.name}")
 
 
-# ----------------------------------------------------------------------------- object store
+# ----------------------------------------------------------------------------- host <-> device, object store
+
+
+def pcie_s(nbytes: float, device) -> float:
+    """One copy between host and `device` over its PCIe (either direction; devices.Device.pcie_gbps)."""
+    return nbytes / (get_device(device).pcie_gbps * 1e9)
 
 
 def object_store_send_s(nbytes: float, sender_device) -> float:
     """Sender's leg of an object-store transfer: device -> host over the sender's PCIe, then one
     host memcpy into the store (HOST_COPY_GBPS)."""
-    return nbytes / (get_device(sender_device).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
+    return pcie_s(nbytes, sender_device) + nbytes / (HOST_COPY_GBPS * 1e9)
 
 
 def object_store_hops(n_receivers: int, gpus_per_node: int) -> int:
@@ -121,7 +127,3 @@ def object_store_fanout_s(nbytes: float, link: str | Link, n_receivers: int, gpu
     hops = object_store_hops(n_receivers, gpus_per_node)
     return hops * (nbytes / (TCP_FRACTION * lk.gbps * 1e9) + lk.latency_s)
 
-
-def object_store_receive_s(nbytes: float, receiver_device) -> float:
-    """Receiver's leg: host -> device over the receiver's PCIe."""
-    return nbytes / (get_device(receiver_device).pcie_gbps * 1e9)

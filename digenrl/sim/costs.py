@@ -1,29 +1,32 @@
-"""Cost model: seconds and GiB for every unit the scheduler runs, from H200 measurements.
+"""Cost model: seconds for every unit the scheduler runs, from H200 measurements.
 
-    calibration/h200.jsonl --fit--> LinearFit per (model, op): fixed + per_sample * batch
+    calibration.fit_table: LinearFit per (model, op), fixed + per_sample * batch, H200
           |                                   |
           |                  token scaling (other resolutions / frame counts)
           |                  device scaling (devices.scale_seconds)
           v                                   v
     CostModel.generate_s / train_chunk_s / reward_s / optimizer_step_s / weight_sync_s
-    CostModel.memory_gib / fits             (what a worker can hold at once)
-    CostModel.colocated_overheads          (the real costs colocated baselines pay)
+    CostModel.phase_switch_s / offload_reload_s / fsdp_gather_per_forward_s / recompute_logp_s
+                                            (the real costs colocated baselines pay)
+    CostModel.memory_gib / fits             (memory.py on the same fits: what a worker holds)
 
-Conventions. Seconds everywhere. Memory in GiB (2**30 B): torch and the calibration
-file's `peak_GB` use GiB (FLUX's forward peak, 22.69, is below its bf16 weights in
-decimal GB, 23.8, so the file cannot be decimal). Every returned number is a
+CostModel is the one object the simulator passes around: it holds the fitted table and
+answers time queries, composed of the pieces with one job each:
+
+    catalogue.py     architectures, links, bytes per parameter (facts, no measurement)
+    calibration.py   reading and fitting the calibration file
+    collectives.py   bytes on links -> seconds (all-reduce, all-gather, broadcast, object store)
+    memory.py        GiB per role and the fit check
+    baselines.py     which configuration a colocated baseline runs (asks this model)
+
+What stays here is what needs the fits and a device at once: the compute units (the batch
+fit moved to a shape and a GPU) and the transfers priced from model sizes. memory_gib,
+fits and lora_params_B are methods too because callers hold a CostModel, not a table.
+
+Conventions. Seconds everywhere (memory: GiB, see memory.py). Every returned number is a
 `devices.Cost`: a float with `.estimated` (True when it was extrapolated in batch beyond
-the FLOP-rule floor, in tokens, to another device, or comes from no measurement at all)
+the measured points, in tokens, to another device, or comes from no measurement at all)
 and `.source`.
-
-The batch fit. One denoising step (or one training step) on a batch of b samples takes
-fixed + per_sample * b: the fixed part is the weights read once, kernel launches and
-Python; the per-sample part is the FLOPs. Least squares over the measured batch sizes,
-with fixed >= 0 and, for training, per_sample >= k * (forward per_sample), k = 3 without
-and 4 with gradient checkpointing (backward = 2 forwards; checkpointing recomputes one):
-measured wan2.1 ratios are 3.06 / 4.07, so the floor only bites where a point is off
-(qwen-image-20b ckpt batch 1, see FIT_NOTES). A single measured point gets the floor as
-slope and the rest as fixed.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from digenrl.sim.catalogue import (BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, G
                                    get_link, get_model, get_reward, lora_params_B, tokens_for)
 from digenrl.sim.calibration import adamw_ms_per_B, fit_table, load_calibration
 from digenrl.sim.collectives import (allgather_s, allgather_traffic, broadcast_s, object_store_fanout_s,
-                                     object_store_receive_s, object_store_send_s)
+                                     object_store_send_s, pcie_s)
 from digenrl.sim.devices import REFERENCE, Cost, get_device, scale_seconds, scaled, total
 
 
@@ -45,9 +48,7 @@ from digenrl.sim.devices import REFERENCE, Cost, get_device, scale_seconds, scal
 # fwd+bwd = 2 forwards (3 with checkpointing) instead of 3 (4). Used when no
 # fwd+bwd-frozen-base measurement exists.
 LORA_TRAIN_FACTOR = {False: 2.0 / 3.0, True: 3.0 / 4.0}
-
-
-# ----------------------------------------------------------------------------- the model
+PHASE_SWITCH_FIXED_S = 0.1  # estimate: mode toggles, torch.cuda.empty_cache, a device sync
 
 
 @dataclass
@@ -162,7 +163,7 @@ class CostModel:
 
     def weight_bytes(self, model: str, lora: bool = False, rank: int = DEFAULT_LORA_RANK) -> int:
         """Bytes a weight sync moves: the bf16 weights the rollout runs (adapters only for LoRA)."""
-        p = self.lora_params_B(model, rank) if lora else get_model(model).params_B
+        p = lora_params_B(model, rank) if lora else get_model(model).params_B
         return int(BYTES_WEIGHT * p * 1e9)
 
     def weight_sync_s(self, nbytes: float, link: str, n_receivers: int, method: str = "object-store",
@@ -183,7 +184,7 @@ class CostModel:
         if method == "nccl":
             return broadcast_s(nbytes, link, n_receivers)
         t = object_store_send_s(nbytes, sender_device) + object_store_fanout_s(nbytes, link, n_receivers, gpus_per_node)
-        return Cost(t + object_store_receive_s(nbytes, receiver_device), True, f"{method} via {get_link(link).name}")
+        return Cost(t + pcie_s(nbytes, receiver_device), True, f"{method} via {get_link(link).name}")  # + host->device
 
     # ---- memory (memory.py, on this model's activation fits) ----------------------
 
@@ -229,8 +230,7 @@ class CostModel:
         if not needed:
             return Cost(0.0)
         nbytes = BYTES_OPT * params_B * 1e9 / max(1, fsdp_shards)
-        pcie = get_device(device).pcie_gbps * 1e9
-        return Cost(2 * nbytes / pcie, True, "optimizer state offload + reload over PCIe")
+        return Cost(2 * pcie_s(nbytes, device), True, "optimizer state offload + reload over PCIe")
 
     def fsdp_gather_per_forward_s(self, model: str, device, n_shards: int, link: str, batch: int,
                                   cfg: bool = False, shape: Shape | None = None, overlapped: bool = True) -> Cost:
@@ -274,6 +274,3 @@ class CostModel:
                 rows.append(dict(model=model, op=op, fixed_ms=fit.fixed / MS, per_sample_ms=fit.per_sample / MS,
                                  points=len(fit.points), estimated=fit.estimated, note=fit.note))
         return rows
-
-
-PHASE_SWITCH_FIXED_S = 0.1  # estimate: mode toggles, torch.cuda.empty_cache, a device sync

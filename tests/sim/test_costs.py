@@ -20,7 +20,7 @@ def cm():
 
 # ---- the fit reproduces the calibration ------------------------------------------
 
-# The one point a linear fit with a physical slope cannot reach (see costs.FIT_NOTES).
+# The one point a linear fit with a physical slope cannot reach (see calibration.FIT_NOTES).
 OUTLIERS = {("qwen-image-20b", "fwd+bwd", True)}
 
 
