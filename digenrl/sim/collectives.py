@@ -42,11 +42,13 @@ class Traffic(NamedTuple):
     messages: int  # sequential messages, each paying the link latency once
 
     def seconds(self, link: str | Link) -> float:
+        """Time on `link` (wire_s)."""
         return wire_s(self.nbytes, link, self.messages)
 
 
 def wire_s(nbytes: float, link: str | Link, messages: int = 0) -> float:
-    """Seconds to send nbytes over `link` in `messages` sequential messages: bytes / bw + messages * latency."""
+    """Seconds to send nbytes over `link` in `messages` sequential messages: bytes / bw + messages * latency
+    (messages=0: the bandwidth term alone, e.g. a sender feeding a pipelined chain)."""
     lk = get_link(link)
     return nbytes / (lk.gbps * 1e9) + messages * lk.latency_s
 
