@@ -23,7 +23,7 @@ from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import FAMILIES
 from digenrl.sched import BATCH_MODES
 from digenrl.sched import MODES as SCHED_MODES
-from digenrl.sim.costs import WEIGHT_SYNC_METHODS
+from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
 
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler

@@ -18,7 +18,7 @@ params_B, tokens, shape, what, batch, grad_ckpt, ms, peak_GB, device):
     digenrl profile --arch sd3 --random --tiny --device cpu         # CPU smoke test
 
 Loading the result: `CostModel(calibration="my_gpu.jsonl")`. CostModel fits only the
-model names of `digenrl.sim.costs.MODELS` at their calibration shapes, treats every number
+model names of `digenrl.sim.catalogue.MODELS` at their calibration shapes, treats every number
 as measured on the reference device (H200: query it with device="H200" to mean "my GPU"),
 and needs the VAE, T5 and AdamW lines too; a file with one model therefore loads only when
 completed from the packaged H200 file: `--fill-from-h200` does that, replacing each
@@ -47,7 +47,7 @@ from digenrl.models.protocol import Cond, cond_repeat
 SIGMA, SIGMA_NEXT, NOISE_LEVEL = 0.8, 0.7, 0.7
 MEASUREMENTS = ("forward", "train", "lora", "vae", "text", "adamw", "pcie")
 DIFFUSERS_FAMILIES = ("flux", "sd3", "wan", "qwen-image", "hunyuan-video")
-# digenrl.sim.costs.MODELS name prefix of each family (the size picks the entry)
+# digenrl.sim.catalogue.MODELS name prefix of each family (the size picks the entry)
 COST_MODEL_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image": "qwen-image",
                      "hunyuan-video": "hunyuanvideo"}
 # text tokens inside the joint attention sequence (wan: cross-attention, none)
@@ -310,8 +310,8 @@ def _peak(gib: Optional[float]) -> dict:
 
 
 def cost_model_name(family: str, params_B: float) -> Optional[str]:
-    """The digenrl.sim.costs.MODELS entry this family and size is (within 10% of its params)."""
-    from digenrl.sim.costs import MODELS
+    """The digenrl.sim.catalogue.MODELS entry this family and size is (within 10% of its params)."""
+    from digenrl.sim.catalogue import MODELS
 
     prefix = COST_MODEL_PREFIX.get(family)
     for name, spec in MODELS.items():
@@ -330,7 +330,7 @@ def _tokens(latent_shape: tuple[int, ...], text: int) -> int:
 def _finish_diffusers(policy, cond: Cond, family: str, name: Optional[str], tiny: bool,
                       log: Callable[[str], None]) -> Target:
     """The records' names, token count and shape string of a diffusers policy (see the module docstring)."""
-    from digenrl.sim.costs import MODELS, Shape
+    from digenrl.sim.catalogue import MODELS, Shape
 
     params_B = sum(p.numel() for p in policy.module.parameters()) / 1e9
     video = policy.output == "video"
@@ -402,7 +402,7 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     if not args.path:
         raise SystemExit(f"--model {model}: pass --path <diffusers pipeline folder> (or --random for sd3/flux)")
     from digenrl.models.diffusers_adapters import load_policy
-    from digenrl.sim.costs import MODELS
+    from digenrl.sim.catalogue import MODELS
 
     # default shape: the cost model's calibration shape for this family, if the size is known
     shape_opts = {}
@@ -562,7 +562,7 @@ def profile_main(argv: Optional[list[str]] = None) -> int:
     out = Path(args.out)
     base = []
     if args.fill_from_h200:
-        from digenrl.sim.costs import load_calibration
+        from digenrl.sim.calibration import load_calibration
 
         base = load_calibration()
     if out.exists():

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from digenrl.profile import PeakMemory, merge_records, profile_main
-from digenrl.sim.costs import CostModel, load_calibration
+from digenrl.sim.calibration import load_calibration
+from digenrl.sim.costs import CostModel
 
 # the keys of a model line in digenrl/sim/calibration/h200.jsonl
 MODEL_KEYS = {"model", "params_B", "tokens", "shape", "what", "batch", "ms", "device"}

@@ -1,367 +1,55 @@
-"""Cost model: seconds and GiB for every unit the scheduler runs, from H200 measurements.
+"""Cost model: seconds for every unit the scheduler runs, from H200 measurements.
 
-    calibration/h200.jsonl --fit--> LinearFit per (model, op): fixed + per_sample * batch
+    calibration.fit_table: LinearFit per (model, op), fixed + per_sample * batch, H200
           |                                   |
           |                  token scaling (other resolutions / frame counts)
           |                  device scaling (devices.scale_seconds)
           v                                   v
     CostModel.generate_s / train_chunk_s / reward_s / optimizer_step_s / weight_sync_s
-    CostModel.memory_gib / fits             (what a worker can hold at once)
-    CostModel.colocated_overheads          (the real costs colocated baselines pay)
+    CostModel.phase_switch_s / offload_reload_s / fsdp_gather_per_forward_s / recompute_logp_s
+                                            (the real costs colocated baselines pay)
+    CostModel.memory_gib / fits             (memory.py on the same fits: what a worker holds)
 
-Conventions. Seconds everywhere. Memory in GiB (2**30 B): torch and the calibration
-file's `peak_GB` use GiB (FLUX's forward peak, 22.69, is below its bf16 weights in
-decimal GB, 23.8, so the file cannot be decimal). Every returned number is a
+CostModel is the one object the simulator passes around: it holds the fitted table and
+answers time queries, composed of the pieces with one job each:
+
+    catalogue.py     architectures, links, bytes per parameter (facts, no measurement)
+    calibration.py   reading and fitting the calibration file
+    collectives.py   bytes on links -> seconds (all-reduce, all-gather, broadcast, object store)
+    memory.py        GiB per role and the fit check
+    baselines.py     which configuration a colocated baseline runs (asks this model)
+
+What stays here is what needs the fits and a device at once: the compute units (the batch
+fit moved to a shape and a GPU) and the transfers priced from model sizes. memory_gib,
+fits and lora_params_B are methods too because callers hold a CostModel, not a table.
+
+Conventions. Seconds everywhere (memory: GiB, see memory.py). Every returned number is a
 `devices.Cost`: a float with `.estimated` (True when it was extrapolated in batch beyond
-the FLOP-rule floor, in tokens, to another device, or comes from no measurement at all)
+the measured points, in tokens, to another device, or comes from no measurement at all)
 and `.source`.
-
-The batch fit. One denoising step (or one training step) on a batch of b samples takes
-fixed + per_sample * b: the fixed part is the weights read once, kernel launches and
-Python; the per-sample part is the FLOPs. Least squares over the measured batch sizes,
-with fixed >= 0 and, for training, per_sample >= k * (forward per_sample), k = 3 without
-and 4 with gradient checkpointing (backward = 2 forwards; checkpointing recomputes one):
-measured wan2.1 ratios are 3.06 / 4.07, so the floor only bites where a point is off
-(qwen-image-20b ckpt batch 1, see FIT_NOTES). A single measured point gets the floor as
-slope and the rest as fixed.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import math
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
+from digenrl.sim import memory
+from digenrl.sim.catalogue import (BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, GIB, MODELS, MS, REWARD_MFU,
+                                   TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, WEIGHT_SYNC_METHODS, Shape, forward_flops,
+                                   get_link, get_model, get_reward, lora_params_B, tokens_for)
+from digenrl.sim.calibration import adamw_ms_per_B, fit_table, load_calibration
+from digenrl.sim.collectives import (allgather_s, allgather_traffic, broadcast_s, object_store_fanout_s,
+                                     object_store_send_s, pcie_s)
 from digenrl.sim.devices import REFERENCE, Cost, get_device, scale_seconds, scaled, total
 
-GIB = 2.0**30
-MS = 1e-3
 
-# ----------------------------------------------------------------------------- models
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Output size of one sample: pixels, and frames for video (1 for images)."""
-
-    height: int
-    width: int
-    frames: int = 1
-
-    @property
-    def pixels(self) -> int:
-        return self.height * self.width * self.frames
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the cost model needs to know about a generator's architecture.
-
-    hidden/layers: width and number of attention layers over the whole sequence (the T^2
-    part). tok_params_B: linear-layer parameters each token passes through (FLOPs per
-    token = 2x); dual-stream MMDiT blocks hold text and image weights but each token uses
-    one stream, so this is ~12 d^2 per layer, not params/layers. lora_mats: number of
-    adapted d x d attention projections over all layers (q, k, v, out per stream).
-    """
-
-    name: str
-    params_B: float
-    kind: str  # "image" | "video"
-    hidden: int
-    layers: int
-    tok_params_B: float
-    text_tokens: int  # text tokens inside the joint sequence (0: text via cross-attention)
-    calib_shape: Shape
-    vae: str
-    text_encoder: str
-    lora_mats: int
-    scaled_from: str | None = None  # no measurement: costs scaled from this model
-
-
-MODELS: dict[str, ModelSpec] = {
-    m.name: m
-    for m in [
-        # MMDiT-X, 24 joint layers of width 1536 (+ self-attention in the first 13); text = 77 CLIP + 256 T5.
-        ModelSpec("sd3.5-medium", 2.243, "image", 1536, 24, 0.80, 333, Shape(512, 512), "sd3-vae",
-                  "t5xxl+clip-l+clip-g", 24 * 8),
-        # 19 double-stream + 38 single-stream blocks, width 3072: 57 * 12 * 3072^2 = 6.45B per token.
-        ModelSpec("flux.1-12b", 11.901, "image", 3072, 57, 6.45, 512, Shape(1024, 1024), "flux-vae",
-                  "t5xxl+clip-l", 19 * 8 + 38 * 4),
-        # 30 layers, width 1536, FFN 8960: (4 self + 2 cross q/o + 11.7 FFN) d^2 per layer. Text by cross-attention.
-        ModelSpec("wan2.1-1.3b", 1.419, "video", 1536, 30, 1.25, 0, Shape(480, 832, 33), "wan-vae",
-                  "umt5-xxl", 30 * 8),
-        # 40 layers, width 5120, FFN 13824: (4 + 2 + 5.4) d^2 * 40 = 11.95B per token.
-        ModelSpec("wan2.1-14b", 14.288, "video", 5120, 40, 11.95, 0, Shape(480, 832, 33), "wan-vae",
-                  "umt5-xxl", 40 * 8),
-        # 60 dual-stream layers, width 3072: 60 * 12 * 3072^2 = 6.79B per token (params 20.4B: two streams).
-        ModelSpec("qwen-image-20b", 20.430, "image", 3072, 60, 6.79, 256, Shape(1024, 1024), "qwen-image-vae",
-                  "qwen2.5-vl-7b", 60 * 8),
-        # HunyuanVideo: 20 double + 40 single blocks, width 3072, 256 LLaVA text tokens in the sequence.
-        # NOT measured: every cost scaled from wan2.1-14b by FLOPs (see _scale_model), flagged estimated.
-        ModelSpec("hunyuanvideo-13b", 12.821, "video", 3072, 60, 6.79, 256, Shape(480, 832, 33), "hunyuan-vae",
-                  "llava-llama3-8b+clip-l", 20 * 8 + 40 * 4, scaled_from="wan2.1-14b"),
-    ]
-}
-
-
-def get_model(name: str) -> ModelSpec:
-    try:
-        return MODELS[name]
-    except KeyError:
-        raise KeyError(f"unknown model {name!r}; allowed: {sorted(MODELS)}") from None
-
-
-def tokens_for(model: str | ModelSpec, shape: Shape | None = None) -> int:
-    """Sequence length of one sample: latent patches (+ text tokens in joint attention).
-
-    Image models: VAE /8, patch 2 -> (H/16)(W/16). Video (Wan, HunyuanVideo): causal
-    VAE 4x in time, 8x in space, patch 1x2x2 -> ((F-1)/4 + 1)(H/16)(W/16).
-    """
-    m = get_model(model) if isinstance(model, str) else model
-    s = shape or m.calib_shape
-    if s.height % 16 or s.width % 16:
-        raise ValueError(f"height and width must be multiples of 16 for {m.name}, got {s.height}x{s.width}")
-    patches = (s.height // 16) * (s.width // 16)
-    if m.kind == "video":
-        if (s.frames - 1) % 4:
-            raise ValueError(f"frames must be 4k+1 for {m.name} (causal video VAE), got {s.frames}")
-        patches *= (s.frames - 1) // 4 + 1
-    return patches + m.text_tokens
-
-
-def forward_flops(model: str | ModelSpec, tokens: int) -> float:
-    """FLOPs of one forward for one sample: 2 * linear params * T + 4 * d * L * T^2 (QK^T, AV)."""
-    m = get_model(model) if isinstance(model, str) else model
-    return 2e9 * m.tok_params_B * tokens + 4.0 * m.hidden * m.layers * tokens**2
-
-
-# Text encoders: (params_B, text tokens per prompt). Only T5-XXL at 512 tokens is measured;
-# the others scale that per-sample cost by params * tokens (estimated).
-TEXT_ENCODERS = {
-    "t5xxl": (4.762, 512),
-    "t5xxl+clip-l": (4.885, 512),
-    "t5xxl+clip-l+clip-g": (5.580, 333),
-    "umt5-xxl": (5.680, 512),
-    "qwen2.5-vl-7b": (8.290, 256),  # whole VLM resident; text-only prompts use the 7.6B LM
-    "llava-llama3-8b+clip-l": (8.400, 256),
-}
-
-# VAEs: decoder params_B, the calibration entry whose per-pixel cost it uses, and a factor.
-VAES = {
-    "flux-vae": (0.084, "flux-vae", 1.0),
-    "sd3-vae": (0.084, "flux-vae", 1.0),  # same 16-channel design as FLUX's
-    "qwen-image-vae": (0.127, "flux-vae", 1.0),  # Wan-derived image VAE; per-pixel cost taken from flux-vae
-    "wan-vae": (0.127, "wan-vae", 1.0),
-    # Wan2.1 report: Wan-VAE decodes ~2.5x faster than HunyuanVideo's VAE on the same GPU.
-    "hunyuan-vae": (0.246, "wan-vae", 2.5),
-}
-
-# Reward models: params_B, FLOPs per sample, fixed seconds (launches + preprocessing).
-# No measurement: seconds = FLOPs / (H200 peak * 0.4 MFU) + fixed, always estimated.
-#   PickScore / HPSv2: CLIP ViT-H/14, image tower 0.63B at 257 tokens + text tower 0.35B at 77.
-#   VideoAlign (DanceGRPO's video reward): Qwen2-VL-2B over ~1200 visual + 100 text tokens.
-REWARD_MODELS = {
-    "pickscore": (0.99, 2 * (0.63e9 * 257 + 0.35e9 * 77), 10 * MS),
-    "hpsv2": (0.99, 2 * (0.63e9 * 257 + 0.35e9 * 77), 10 * MS),
-    "videoalign": (2.21, 2 * 2.21e9 * 1300, 20 * MS),
-}
-REWARD_MFU = 0.4
-
-# ----------------------------------------------------------------------------- links
-
-
-@dataclass(frozen=True)
-class Link:
-    """A point-to-point path: effective GB/s per direction and per-message latency."""
-
-    name: str
-    gbps: float
-    latency_s: float
-    note: str = ""
-
-
-# NCCL collectives reach ~80% of link peak (nccl-tests bus bandwidth); that factor is in.
-LINKS = {
-    lk.name: lk
-    for lk in [
-        Link("nvlink", 0.8 * 450.0, 10e-6, "NVLink4 (H100/H200): 900 GB/s bidirectional = 450 per direction"),
-        Link("nvlink3", 0.8 * 300.0, 10e-6, "NVLink3 (A100): 600 GB/s bidirectional"),
-        Link("ib-400g", 0.8 * 50.0, 20e-6, "InfiniBand NDR 400 Gb/s per GPU (one NIC per GPU)"),
-        Link("ib-200g", 0.8 * 25.0, 20e-6, "InfiniBand HDR 200 Gb/s per GPU"),
-        Link("pcie", 55.0, 10e-6, "PCIe Gen5 x16, measured 55 GB/s pinned on the H200 (no 0.8 factor)"),
-        Link("pcie4", 27.5, 10e-6, "PCIe Gen4 x16, 86% of 32 GB/s like the Gen5 measurement"),
-        Link("eth-100g", 0.8 * 12.5, 50e-6, "100 Gb/s Ethernet (RoCE/TCP)"),
-        Link("eth-25g", 0.8 * 3.125, 50e-6, "25 Gb/s Ethernet"),
-    ]
-}
-
-
-def get_link(name: str | Link) -> Link:
-    if isinstance(name, Link):
-        return name
-    try:
-        return LINKS[name]
-    except KeyError:
-        raise KeyError(f"unknown link {name!r}; allowed: {sorted(LINKS)}") from None
-
-
-def allreduce_s(nbytes: float, n: int, link: str | Link) -> Cost:
-    """Ring all-reduce: 2(n-1)/n * bytes / bw + 2(n-1) * latency (reduce-scatter + all-gather)."""
-    lk = get_link(link)
-    if n <= 1:
-        return Cost(0.0)
-    return Cost(2 * (n - 1) / n * nbytes / (lk.gbps * 1e9) + 2 * (n - 1) * lk.latency_s, True, f"ring allreduce on {lk.name}")
-
-
-def allgather_s(nbytes: float, n: int, link: str | Link) -> Cost:
-    """Ring all-gather of a tensor whose full (gathered) size is nbytes: (n-1)/n * bytes / bw."""
-    lk = get_link(link)
-    if n <= 1:
-        return Cost(0.0)
-    return Cost((n - 1) / n * nbytes / (lk.gbps * 1e9) + (n - 1) * lk.latency_s, True, f"ring allgather on {lk.name}")
-
-
-def broadcast_s(nbytes: float, link: str | Link, n_receivers: int = 1) -> Cost:
-    """Pipelined (chunked chain) broadcast: bytes / bw + one latency per receiver."""
-    lk = get_link(link)
-    if n_receivers <= 0:
-        return Cost(0.0)
-    return Cost(nbytes / (lk.gbps * 1e9) + n_receivers * lk.latency_s, True, f"pipelined broadcast on {lk.name}")
-
-
-# ----------------------------------------------------------------------------- fits
-
-
-@dataclass(frozen=True)
-class LinearFit:
-    """y(b) = fixed + per_sample * b, at the model's calibration shape, on the H200."""
-
-    fixed: float
-    per_sample: float
-    points: tuple[tuple[int, float], ...] = ()  # (batch, measured y)
-    estimated: bool = False  # no measurement behind it at all (derived or scaled)
-    note: str = ""
-
-    def __call__(self, batch: float) -> float:
-        return self.fixed + self.per_sample * batch
-
-
-def fit_linear(points: list[tuple[int, float]], min_slope: float = 0.0, note: str = "",
-               single: str = "floor") -> LinearFit:
-    """Least-squares fixed + slope * b with fixed >= 0 and slope >= min_slope.
-
-    One point: single="floor" takes min_slope as the slope and the rest as fixed (times);
-    single="origin" puts it all per sample (memory: the pessimistic reading).
-    """
-    bs = [float(b) for b, _ in points]
-    ys = [float(y) for _, y in points]
-    n = len(points)
-    if n == 1:
-        slope = ys[0] / bs[0] if single == "origin" else min(max(min_slope, 0.0), ys[0] / bs[0])
-        return LinearFit(ys[0] - slope * bs[0], slope, tuple(points), False, note)
-    mb, my = sum(bs) / n, sum(ys) / n
-    sbb = sum((b - mb) ** 2 for b in bs)
-    slope = sum((b - mb) * (y - my) for b, y in zip(bs, ys)) / sbb if sbb > 0 else 0.0
-    slope = max(slope, min_slope)
-    fixed = my - slope * mb
-    if fixed < 0:  # through the origin instead
-        fixed = 0.0
-        slope = max(min_slope, sum(b * y for b, y in zip(bs, ys)) / sum(b * b for b in bs))
-    return LinearFit(fixed, slope, tuple(points), False, note)
-
-
-TRAIN_SLOPE_FLOOR = {False: 3.0, True: 4.0}  # x forward per-sample, by grad_ckpt
-# Training without checkpointing not measured: model -> same-family model whose activations scale.
-DERIVED_NO_CKPT = {"wan2.1-14b": "wan2.1-1.3b"}
 # LoRA with a frozen base skips the weight-gradient GEMMs (one of the backward's two):
 # fwd+bwd = 2 forwards (3 with checkpointing) instead of 3 (4). Used when no
 # fwd+bwd-frozen-base measurement exists.
 LORA_TRAIN_FACTOR = {False: 2.0 / 3.0, True: 3.0 / 4.0}
-
-FIT_NOTES = {
-    ("qwen-image-20b", "train_ckpt"): (
-        "batch 1 (1342 ms) is 1.82x the no-ckpt batch 1; checkpointing costs 1.29-1.35x in every "
-        "other model, and batch 2 (1579 ms, 790/sample) is consistent. The FLOP floor (4 x forward "
-        "per-sample) sets the slope; the fit misses batch 1 by -18% and batch 2 by +15%."
-    ),
-}
-
-
-def _default_calibration() -> Path:
-    return Path(str(resources.files("digenrl.sim") / "calibration" / "h200.jsonl"))
-
-
-def load_calibration(path: str | Path | None = None) -> list[dict]:
-    p = Path(path) if path else _default_calibration()
-    with open(p) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-# ----------------------------------------------------------------------------- memory
-
-
-@dataclass(frozen=True)
-class Memory:
-    """GiB one role holds on one GPU. `activations` is transient (one phase at a time)."""
-
-    weights: float = 0.0
-    grads: float = 0.0
-    optimizer: float = 0.0
-    activations: float = 0.0
-    estimated: bool = False
-
-    @property
-    def resident(self) -> float:
-        return self.weights + self.grads + self.optimizer
-
-    @property
-    def total(self) -> float:
-        return self.resident + self.activations
-
-
-@dataclass(frozen=True)
-class FitReport:
-    """Does a set of roles fit on one GPU at once?
-
-    A worker runs one phase at a time. Weights and optimizer state stay resident; gradients
-    live only in the train phase (freed by zero_grad(set_to_none=True) after the optimizer
-    step, before the next generation); activations belong to their role's phase. So
-        train_peak = weights + optimizer + grads + trainer activations
-        other_peak = weights + optimizer + largest other activations  (generate, decode, reward)
-    and with offload_optimizer the optimizer state is on the host outside the train phase.
-    """
-
-    device: str
-    roles: dict[str, Memory]
-    train_peak_gib: float
-    other_peak_gib: float
-    usable_gib: float
-    estimated: bool
-
-    @property
-    def peak_gib(self) -> float:
-        return max(self.train_peak_gib, self.other_peak_gib)
-
-    @property
-    def fits(self) -> bool:
-        return self.peak_gib <= self.usable_gib
-
-
-ROLES = ("rollout", "rollout_shared", "trainer", "ref", "text_encoder", "vae", "reward")
-# Usable memory: 95% of the device (allocator fragmentation) minus 1 GiB (CUDA context, NCCL buffers).
-USABLE_FRACTION, RESERVED_GIB = 0.95, 1.0
-# Bytes per trainable parameter, mixed-precision AdamW (ZeRO paper, Rajbhandari et al. 2020,
-# sec. 3.1): bf16 weights 2 + bf16 grads 2 + fp32 master 4 + Adam m 4 + v 4 = 16.
-# LoRA adapters are kept fp32 (peft default; flow_grpo): weights 4 + grads 4 + m, v 8 = 16.
-BYTES_WEIGHT, BYTES_GRAD, BYTES_OPT = 2, 2, 12
-BYTES_LORA = (4, 4, 8)
-DEFAULT_LORA_RANK = 32  # flow_grpo's SD3.5 LoRA rank
-
-
-# ----------------------------------------------------------------------------- the model
+PHASE_SWITCH_FIXED_S = 0.1  # estimate: mode toggles, torch.cuda.empty_cache, a device sync
 
 
 @dataclass
@@ -374,75 +62,7 @@ class CostModel:
 
     def __post_init__(self):
         self.records = load_calibration(self.calibration)
-        self._fit_all()
-
-    # ---- fitting -------------------------------------------------------------
-
-    def _points(self, model: str, what: str, grad_ckpt: bool | None = None, key: str = "ms"):
-        pts = []
-        for r in self.records:
-            if r.get("model") != model or r.get("what") != what:
-                continue
-            if grad_ckpt is not None and bool(r.get("grad_ckpt")) != grad_ckpt:
-                continue
-            if key in r:
-                pts.append((int(r["batch"]), float(r[key])))
-        return sorted(pts)
-
-    def _fit_all(self) -> None:
-        f = self.table
-        for name, m in MODELS.items():
-            if m.scaled_from or not self._points(name, "forward"):
-                continue
-            w_gib = BYTES_WEIGHT * m.params_B * 1e9 / GIB
-            f[name, "forward"] = fit_linear([(b, t * MS) for b, t in self._points(name, "forward")])
-            f[name, "act_forward"] = fit_linear(  # peak minus bf16 weights
-                [(b, max(0.0, p - w_gib)) for b, p in self._points(name, "forward", key="peak_GB")], single="origin")
-            fwd_per = f[name, "forward"].per_sample
-            for ckpt in (False, True):
-                op = "train_ckpt" if ckpt else "train"
-                if pts := self._points(name, "fwd+bwd", ckpt):
-                    f[name, op] = fit_linear([(b, t * MS) for b, t in pts], TRAIN_SLOPE_FLOOR[ckpt] * fwd_per,
-                                             FIT_NOTES.get((name, op), ""))
-                    mem = self._points(name, "fwd+bwd", ckpt, key="peak_GB")  # bf16 weights + grads + activations
-                    f[name, "act_" + op] = fit_linear([(b, max(0.0, p - 2 * w_gib)) for b, p in mem], single="origin")
-                if lora := self._points(name, "fwd+bwd-frozen-base", ckpt):
-                    f[name, "lora_" + op] = fit_linear([(b, t * MS) for b, t in lora])
-        # wan2.1-14b without checkpointing was not measured (it cannot fit: ~200 GiB of activations
-        # per sample). Time: 3 forwards (the FLOP rule). Activations: wan2.1-1.3b's scaled by
-        # hidden * layers (activation bytes per token; same tokens).
-        for name, src in DERIVED_NO_CKPT.items():
-            fw = f[name, "forward"]
-            f.setdefault((name, "train"), LinearFit(3 * fw.fixed, 3 * fw.per_sample, (), True, "3 x forward (no measurement)"))
-            m, o, a = get_model(name), get_model(src), f[src, "act_train"]
-            k = (m.hidden * m.layers * tokens_for(m)) / (o.hidden * o.layers * tokens_for(o))
-            f.setdefault((name, "act_train"), LinearFit(a.fixed * k, a.per_sample * k, (), True, f"{src} x {k:.2f}"))
-        for name, m in MODELS.items():
-            if m.scaled_from:
-                self._scale_model(name, m.scaled_from)
-        # VAEs and the text encoder (per-sample scaling happens at query time).
-        for calib in ("flux-vae", "wan-vae"):
-            what = next(r["what"] for r in self.records if r.get("model") == calib)
-            # one measured point (wan-vae): all of it per sample, so it scales with batch and frames
-            f[calib, "decode"] = fit_linear([(b, t * MS) for b, t in self._points(calib, what)], single="origin")
-            f[calib, "decode_mem"] = fit_linear(self._points(calib, what, key="peak_GB"), single="origin")
-        f["t5xxl", "encode"] = fit_linear(
-            [(b, t * MS) for b, t in self._points("t5-v1.1-xxl-encoder", "encode-512-tokens")])
-
-    def _scale_model(self, name: str, src: str) -> None:
-        """No measurement: per-sample work scaled by forward FLOPs at the calibration shapes,
-        fixed (weight reads) by parameter count, activations by hidden * layers * tokens."""
-        m, s = get_model(name), get_model(src)
-        k_flops = forward_flops(m, tokens_for(m)) / forward_flops(s, tokens_for(s))
-        k_params = m.params_B / s.params_B
-        k_act = (m.hidden * m.layers * tokens_for(m)) / (s.hidden * s.layers * tokens_for(s))
-        for (model, op), fit in list(self.table.items()):
-            if model != src:
-                continue
-            k_per = k_act if op.startswith("act_") else k_flops
-            k_fix = k_act if op.startswith("act_") else k_params
-            self.table[name, op] = LinearFit(fit.fixed * k_fix, fit.per_sample * k_per, (), True,
-                                            f"scaled from {src} (per-sample x {k_per:.2f}, fixed x {k_fix:.2f})")
+        self.table = fit_table(self.records)
 
     # ---- compute units -------------------------------------------------------
 
@@ -501,9 +121,8 @@ class CostModel:
         m = get_model(model)
         _, calib, factor = VAES[m.vae]
         fit = self.table[calib, "decode"]
-        ref_px = Shape(1024, 1024).pixels if calib == "flux-vae" else Shape(480, 832, 33).pixels
         s = shape or m.calib_shape
-        k = factor * s.pixels / ref_px
+        k = factor * s.pixels / VAE_CALIB_SHAPES[calib].pixels
         est = k != 1.0 or m.vae != calib
         return scale_seconds(Cost(fit.per_sample * k * batch, est), 0.0, fit.fixed * factor, device,
                              source=f"{m.vae} from {calib} x {k:.2f}")
@@ -519,7 +138,7 @@ class CostModel:
 
     def reward_model_s(self, reward: str, device, batch: int) -> Cost:
         """Reward-model forward only (no VAE): FLOPs / (H200 peak * REWARD_MFU) + fixed; estimated."""
-        _, flops, fixed = _reward(reward)
+        _, flops, fixed = get_reward(reward)
         t_comp = batch * flops / (get_device(REFERENCE).bf16_tflops * 1e12 * REWARD_MFU)
         return scale_seconds(Cost(t_comp, True), 0.0, Cost(fixed, True), device, source=f"{reward}: FLOP estimate")
 
@@ -534,19 +153,18 @@ class CostModel:
 
         Measured 8.11 ms per billion on the H200; memory-bound, so scaled by HBM bandwidth.
         """
-        per_B = next(r["ms_per_B_params"] for r in self.records if r.get("what") == "adamw-fused-step-fp32")
+        per_B = adamw_ms_per_B(self.records)
         return scale_seconds(0.0, per_B * MS * params_B, 0.0, device, source="adamw-fused-step-fp32")
 
     # ---- weights and sync ----------------------------------------------------
 
     def lora_params_B(self, model: str, rank: int = DEFAULT_LORA_RANK) -> float:
-        """LoRA on the attention projections: rank * (d_in + d_out) per adapted d x d matrix."""
-        m = get_model(model)
-        return rank * 2 * m.hidden * m.lora_mats / 1e9
+        """catalogue.lora_params_B: LoRA adapter parameters (billions), for callers holding a CostModel."""
+        return lora_params_B(model, rank)
 
     def weight_bytes(self, model: str, lora: bool = False, rank: int = DEFAULT_LORA_RANK) -> int:
         """Bytes a weight sync moves: the bf16 weights the rollout runs (adapters only for LoRA)."""
-        p = self.lora_params_B(model, rank) if lora else get_model(model).params_B
+        p = lora_params_B(model, rank) if lora else get_model(model).params_B
         return int(BYTES_WEIGHT * p * 1e9)
 
     def weight_sync_s(self, nbytes: float, link: str, n_receivers: int, method: str = "object-store",
@@ -566,95 +184,28 @@ class CostModel:
             return Cost(0.0)
         if method == "nccl":
             return broadcast_s(nbytes, link, n_receivers)
-        lk = get_link(link)
-        d2h, h2d = get_device(sender_device).pcie_gbps * 1e9, get_device(receiver_device).pcie_gbps * 1e9
-        nodes = math.ceil(n_receivers / gpus_per_node)
-        hops = math.ceil(math.log2(nodes + 1))
-        t = nbytes / d2h + nbytes / (HOST_COPY_GBPS * 1e9) + hops * (nbytes / (0.5 * lk.gbps * 1e9) + lk.latency_s)
-        return Cost(t + nbytes / h2d, True, f"{method} via {lk.name}")
+        t = object_store_send_s(nbytes, sender_device) + object_store_fanout_s(nbytes, link, n_receivers, gpus_per_node)
+        return Cost(t + pcie_s(nbytes, receiver_device), True, f"{method} via {get_link(link).name}")  # + host->device
 
-    # ---- memory --------------------------------------------------------------
+    # ---- memory (memory.py, on this model's activation fits) ----------------------
 
-    def _act(self, model: str, op: str, batch: float, shape: Shape | None) -> tuple[float, bool]:
-        fit = self.table[model, op]
-        m = get_model(model)
-        tok_est = shape is not None and shape != m.calib_shape
-        k = tokens_for(m, shape) / tokens_for(m) if tok_est else 1.0  # flash attention: linear in tokens
-        return fit.fixed + fit.per_sample * k * batch, fit.estimated or tok_est
-
-    def memory_gib(self, model: str, role: str, device=REFERENCE, *, batch: int = 1, lora: bool = False,
-                   grad_ckpt: bool = True, fsdp_shards: int = 1, cfg: bool = False, shape: Shape | None = None,
-                   lora_rank: int = DEFAULT_LORA_RANK, reward: str = "pickscore") -> Memory:
-        """GiB a role holds on one GPU (see ROLES).
-
-        rollout         own bf16 copy (sharded / fsdp_shards + two gathered layers) + forward activations
-        rollout_shared  forward activations only: it samples with the trainer's module (flow_grpo)
-        trainer         16 B/param full (ZeRO accounting) / fsdp_shards, or bf16 base + fp32 LoRA
-                        state; + fwd+bwd activations of a micro-batch
-        ref             bf16 reference copy for the KL term (0 with LoRA: adapters disabled)
-        text_encoder, vae (+ decode activations), reward
-        """
-        if role not in ROLES:
-            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
-        m = get_model(model)
-        n = max(1, fsdp_shards)
-        p = m.params_B * 1e9
-        gathered = 2 * BYTES_WEIGHT * p / m.layers / GIB if n > 1 else 0.0  # FSDP: layer in use + prefetched
-        b = batch * (2 if cfg else 1)
-        if role in ("rollout", "rollout_shared"):
-            act, est = self._act(model, "act_forward", b, shape)
-            w = 0.0 if role == "rollout_shared" else BYTES_WEIGHT * p / n / GIB + gathered
-            return Memory(weights=w, activations=act, estimated=est)
-        if role == "trainer":
-            act, est = self._act(model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
-            if lora:
-                pl = self.lora_params_B(model, lora_rank) * 1e9
-                bw, bg, bo = BYTES_LORA
-                return Memory(BYTES_WEIGHT * p / n / GIB + gathered + bw * pl / GIB, bg * pl / GIB,
-                              bo * pl / GIB, act, est)
-            return Memory(BYTES_WEIGHT * p / n / GIB + gathered, BYTES_GRAD * p / n / GIB, BYTES_OPT * p / n / GIB,
-                          act, est)
-        if role == "ref":
-            return Memory(0.0 if lora else BYTES_WEIGHT * p / n / GIB + gathered)
-        if role == "text_encoder":
-            return Memory(BYTES_WEIGHT * TEXT_ENCODERS[m.text_encoder][0] * 1e9 / GIB)
-        if role == "vae":
-            params_B, calib, factor = VAES[m.vae]
-            mem = self.table[calib, "decode_mem"]
-            ref_px = Shape(1024, 1024).pixels if calib == "flux-vae" else Shape(480, 832, 33).pixels
-            k = (shape or m.calib_shape).pixels / ref_px
-            # Decode peaks include the VAE weights; activations scale with pixels (tiling would cap this).
-            return Memory(BYTES_WEIGHT * params_B * 1e9 / GIB, activations=mem(batch) * k, estimated=True)
-        params_B, _, _ = _reward(reward)
-        return Memory(BYTES_WEIGHT * params_B * 1e9 / GIB, activations=0.5 + 0.05 * batch, estimated=True)  # guess
+    def memory_gib(self, model: str, role: str, device=REFERENCE, **kw) -> memory.Memory:
+        """memory.memory_gib with this model's table; kw: batch, lora, grad_ckpt, fsdp_shards,
+        cfg, shape, lora_rank, reward. `device` does not change GiB (kept for symmetry with the
+        time queries)."""
+        return memory.memory_gib(self.table, model, role, **kw)
 
     def memory_gb(self, *args, **kwargs) -> float:
         """Total of memory_gib in decimal GB (1e9 B), for comparison with datasheet numbers."""
         return self.memory_gib(*args, **kwargs).total * GIB / 1e9
 
-    def fits(self, model: str, roles, device=REFERENCE, *, gen_batch: int = 1, train_batch: int = 1,
-             shards: dict | None = None, offload_optimizer: bool = False, **kw) -> FitReport:
-        """Can one GPU hold `roles` (see ROLES, FitReport) at once? Usable memory is
-        USABLE_FRACTION * HBM - RESERVED_GIB. kw go to memory_gib (lora, grad_ckpt,
-        fsdp_shards, cfg, shape, reward); `shards` overrides fsdp_shards per role."""
-        dev = get_device(device)
-        mems = {}
-        for role in roles:
-            kw_role = dict(kw, fsdp_shards=(shards or {}).get(role, kw.get("fsdp_shards", 1)))
-            mems[role] = self.memory_gib(model, role, dev, batch=train_batch if role == "trainer" else gen_batch,
-                                         **kw_role)
-        weights = sum(mm.weights for mm in mems.values())
-        opt = sum(mm.optimizer for mm in mems.values())
-        grads = sum(mm.grads for mm in mems.values())
-        train_peak = weights + opt + grads + mems["trainer"].activations if "trainer" in mems else 0.0
-        other_act = max((mm.activations for r, mm in mems.items() if r != "trainer"), default=None)
-        other_peak = 0.0 if other_act is None else weights + (0.0 if offload_optimizer else opt) + other_act
-        est = any(mm.estimated for mm in mems.values()) or dev.name != REFERENCE
-        return FitReport(dev.name, mems, train_peak, other_peak, USABLE_FRACTION * dev.hbm_gib - RESERVED_GIB, est)
+    def fits(self, model: str, roles, device=REFERENCE, **kw) -> memory.FitReport:
+        """memory.fits with this model's table: can one GPU of `device` hold `roles` at once?"""
+        return memory.fits(self.table, model, roles, device, **kw)
 
-    # ---- colocated baselines (DESIGN.md sec. 3) ------------------------------
-    # Each returns 0 when it does not apply; none is tuned down. `colocated_plan` picks the
-    # cheapest configuration that fits, which is the baseline's best legitimate one.
+    # ---- colocated baselines' extra costs (DESIGN.md sec. 3) ------------------
+    # Each returns 0 when it does not apply; none is tuned down. baselines.colocated_plan
+    # picks the cheapest configuration that fits, which is the baseline's best legitimate one.
 
     def phase_switch_s(self, model: str, device, n_gpus: int, link: str, rebuild_rollout_copy: bool) -> Cost:
         """Once per RL step, switching a colocated worker from training to generation.
@@ -680,8 +231,7 @@ class CostModel:
         if not needed:
             return Cost(0.0)
         nbytes = BYTES_OPT * params_B * 1e9 / max(1, fsdp_shards)
-        pcie = get_device(device).pcie_gbps * 1e9
-        return Cost(2 * nbytes / pcie, True, "optimizer state offload + reload over PCIe")
+        return Cost(2 * pcie_s(nbytes, device), True, "optimizer state offload + reload over PCIe")
 
     def fsdp_gather_per_forward_s(self, model: str, device, n_shards: int, link: str, batch: int,
                                   cfg: bool = False, shape: Shape | None = None, overlapped: bool = True) -> Cost:
@@ -692,9 +242,7 @@ class CostModel:
         """
         if n_shards <= 1:
             return Cost(0.0)
-        m = get_model(model)
-        lk = get_link(link)
-        gather = (n_shards - 1) / n_shards * self.weight_bytes(model) / (lk.gbps * 1e9) + m.layers * (n_shards - 1) * lk.latency_s
+        gather = allgather_traffic(self.weight_bytes(model), n_shards, chunks=get_model(model).layers).seconds(link)
         if not overlapped:
             return Cost(gather, True, "FSDP rollout all-gather, not overlapped")
         fwd = self.denoise_s(model, device, batch, cfg, shape)
@@ -717,58 +265,6 @@ class CostModel:
         and training (colocated systems); identical to reward_s, named for the breakdown."""
         return self.reward_s(model, device, batch, reward, shape)
 
-    def colocated_plan(self, model: str, device, n_gpus: int, *, gpus_per_node: int = 8,
-                       intra: str = "nvlink", inter: str = "ib-400g", gen_batch: int = 1,
-                       train_batch: int = 1, lora: bool = False, grad_ckpt: bool = True,
-                       cfg: bool = False, shape: Shape | None = None, kl: bool = False,
-                       reward: str = "pickscore", denoise_steps: int = 1) -> dict:
-        """The cheapest colocated configuration that fits, and its extra costs.
-
-        Options, in order (all hold text encoder + VAE + reward model resident, as colocated
-        flow_grpo/DanceGRPO do):
-          replicated     full training state on every GPU (DDP), sampling with the same module
-          fsdp-copy      FSDP-sharded trainer + full bf16 rollout copy (veRL hybrid engine):
-                         rebuild the copy each step (phase_switch_s)
-          fsdp-sample    sample with the sharded module: exposed all-gather every denoising step
-          */node         the FSDP options sharded within a node only (HSDP), gathers over NVLink
-          *+offload      the above with optimizer state offloaded to host during generation
-        Gradient all-reduce is not here: every mode pays it and the scheduler charges it.
-        Returns {"config", "fits", "per_step_s", "per_forward_s", "options"}: per_step_s are
-        once-per-RL-step costs, per_forward_s is added to every denoising step.
-        """
-        link = inter if n_gpus > gpus_per_node else intra
-        common = ["text_encoder", "vae", "reward"] + (["ref"] if kl and not lora else [])
-        kw = dict(lora=lora, grad_ckpt=grad_ckpt, cfg=cfg, shape=shape, reward=reward,
-                  gen_batch=gen_batch, train_batch=train_batch)
-        trainable = self.lora_params_B(model) if lora else get_model(model).params_B
-        options = {}
-        groups = [(n_gpus, link, "")]  # FSDP over all GPUs; HSDP: shard within a node, replicate across
-        if n_gpus > gpus_per_node:
-            groups.append((gpus_per_node, intra, "/node"))
-        configs = [("replicated", 1, intra, "rollout_shared", False)]
-        for shards, lk, tag in groups:
-            configs += [("fsdp-copy" + tag, shards, lk, "rollout", True),  # the rollout copy is whole
-                        ("fsdp-sample" + tag, shards, lk, "rollout_shared", False)]
-        for name, shards, lk, sampler, copy in configs:
-            per_fwd = (self.fsdp_gather_per_forward_s(model, device, shards, lk, gen_batch, cfg, shape)
-                       if sampler == "rollout_shared" else Cost(0.0))
-            switch = self.phase_switch_s(model, device, shards, lk, rebuild_rollout_copy=copy)
-            for off in (False, True):
-                rep = self.fits(model, ["trainer", sampler] + common, device, fsdp_shards=shards,
-                                shards={"rollout": 1}, offload_optimizer=off, **kw)
-                step = {"phase_switch": switch,
-                        "offload_reload": self.offload_reload_s(trainable, device, shards, needed=off)}
-                cost = sum(float(c) for c in step.values()) + denoise_steps * float(per_fwd)
-                options[name + ("+offload" if off else "")] = dict(
-                    fits=rep.fits, report=rep, per_step_s=step, per_forward_s=per_fwd, cost=cost)
-        viable = {k: v for k, v in options.items() if v["fits"]}
-        if not viable:
-            return {"config": None, "fits": False, "per_step_s": {}, "per_forward_s": Cost(0.0), "options": options}
-        best = min(viable, key=lambda k: (viable[k]["cost"], list(options).index(k)))
-        o = viable[best]
-        return {"config": best, "fits": True, "per_step_s": o["per_step_s"], "per_forward_s": o["per_forward_s"],
-                "options": options}
-
     # ---- reporting -----------------------------------------------------------
 
     def summary(self) -> list[dict]:
@@ -779,18 +275,6 @@ class CostModel:
                 rows.append(dict(model=model, op=op, fixed_ms=fit.fixed / MS, per_sample_ms=fit.per_sample / MS,
                                  points=len(fit.points), estimated=fit.estimated, note=fit.note))
         return rows
-
-
-WEIGHT_SYNC_METHODS = ("object-store", "nccl", "lora-only")
-HOST_COPY_GBPS = 10.0  # serialising into Ray's object store: one host memcpy (estimate)
-PHASE_SWITCH_FIXED_S = 0.1  # estimate: mode toggles, torch.cuda.empty_cache, a device sync
-
-
-def _reward(name: str):
-    try:
-        return REWARD_MODELS[name]
-    except KeyError:
-        raise KeyError(f"unknown reward model {name!r}; allowed: {sorted(REWARD_MODELS)}") from None
 
 
 @functools.lru_cache(maxsize=1)

@@ -45,13 +45,11 @@ from dataclasses import dataclass, field
 
 from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
-from digenrl.sim.costs import (BYTES_GRAD, HOST_COPY_GBPS, CostModel, allgather_s, allreduce_s, get_link,
-                               get_model)
-from digenrl.sim.devices import get_device
+from digenrl.sim.baselines import style_plan
+from digenrl.sim.catalogue import BYTES_GRAD, trainable_params_B
+from digenrl.sim.collectives import allgather_s, allreduce_s, object_store_send_s, wire_s
+from digenrl.sim.costs import CostModel
 from digenrl.sim.testbed import Testbed
-
-# Baseline styles of the colocated mode (see module doc and docs/simulator.md).
-STYLES = ("verl-omni", "genrl")
 
 
 @dataclass(frozen=True)
@@ -113,7 +111,7 @@ class DurationFn:
     mode: str
     layout: Layout
     samples_per_group: int
-    style: str | None = None  # colocated baseline style (STYLES)
+    style: str | None = None  # colocated baseline style (baselines.STYLES)
     zero_baseline: bool = False  # measure a baseline with its extra costs removed
     colocated_config: str | None = None
     overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
@@ -126,7 +124,7 @@ class DurationFn:
         tb = self.tb
         self.n_trainers = sum(w.role in ("trainer", "colocated") for w in self.layout.workers)
         self.n_rollout = sum(w.role == "rollout" for w in self.layout.workers)
-        self.trainable_B = self.cm.lora_params_B(tb.model, tb.lora_rank) if tb.lora else get_model(tb.model).params_B
+        self.trainable_B = trainable_params_B(tb.model, tb.lora, tb.lora_rank)
         self.trainer_pool = next(self.layout.pool[w.id] for w in self.layout.workers
                                  if w.role in ("trainer", "colocated"))
         self.trainer_device = self.trainer_pool.device
@@ -136,34 +134,22 @@ class DurationFn:
                            lora_rank=tb.lora_rank)
         self.opt_shards = 1 if fit.fits else self.n_trainers
         if self.mode == "colocated":
-            if self.style not in STYLES:
-                raise ValueError(f"colocated needs style in {STYLES}, got {self.style!r}")
             self._colocated_costs()
         self._cache: dict = {}
 
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
-        tb, cm = self.tb, self.cm
-        p = self.trainer_pool
-        plan = cm.colocated_plan(tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
-                                 intra=p.intra_link or tb.links.intra_node,
-                                 inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
-                                 train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
-                                 cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
-                                 denoise_steps=tb.denoise_steps)
+        tb, p = self.tb, self.trainer_pool
+        plan = style_plan(self.cm, self.style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
+                          intra=p.intra_link or tb.links.intra_node,
+                          inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
+                          train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
+                          cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
+                          denoise_steps=tb.denoise_steps)
         if not plan["fits"]:
             raise ValueError(f"{tb.name}: no colocated configuration fits on {p.device}")
-        if self.style == "genrl":
-            # GenRL (ModelTC): torchrun + FSDP FULL_SHARD over the whole world for training and
-            # sampling (no hybrid-engine copy, no HSDP); offload only if that does not fit.
-            opts = plan["options"]
-            name = "fsdp-sample" if opts["fsdp-sample"]["fits"] else "fsdp-sample+offload"
-            if not opts[name]["fits"]:
-                name = plan["config"]
-            o = opts[name]
-            plan = {"config": name, "per_step_s": o["per_step_s"], "per_forward_s": o["per_forward_s"]}
         self.colocated_config = plan["config"]
-        self._recompute = self.style == "verl-omni"
+        self._recompute = plan["recompute_logp"]
         if self.zero_baseline:
             self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
         else:
@@ -252,22 +238,18 @@ class DurationFn:
 
     def _train(self, dev: str, n: int, k: int) -> float:
         tb, cm = self.tb, self.cm
-        mb = tb.micro_batch
 
-        def per_step():
-            full, rest = divmod(n, mb)
-            ts = lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape)
-            return full * ts(mb) + (ts(rest) if rest else 0.0)
+        def per_step():  # one trained denoising step of n samples, in micro-batches
+            return _in_batches(n, tb.micro_batch,
+                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
         return k * self._memo(("train", dev, n), per_step)
 
     def _recompute_s(self, dev: str, n: int, k: int) -> float:
         tb, cm = self.tb, self.cm
-        mb = tb.micro_batch
 
-        def per_step():
-            full, rest = divmod(n, mb)
-            f = lambda b: cm.denoise_s(tb.model, dev, b, tb.train_cfg, tb.shape)
-            return full * f(mb) + (f(rest) if rest else 0.0)
+        def per_step():  # old log-probs of one trained step, same micro-batches as _train
+            return _in_batches(n, tb.micro_batch,
+                               lambda b: cm.recompute_logp_s(tb.model, dev, b, 1, tb.train_cfg, tb.shape))
         return k * self._memo(("recompute", dev, n), per_step)
 
     def _opt(self, dev: str) -> float:
@@ -294,9 +276,9 @@ class DurationFn:
         t = 0.0
         if self.opt_shards > 1 and not lora:
             t += float(allgather_s(nbytes, self.n_trainers, tb.link(self.trainer_pool, self.n_trainers)))
-        if tb.weight_sync == "nccl":
-            return t + nbytes / (get_link(tb.links.inter_pool).gbps * 1e9)
-        return t + nbytes / (get_device(dev).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
+        if tb.weight_sync == "nccl":  # the bytes leave the sender once; latencies are the receivers'
+            return t + wire_s(nbytes, tb.links.inter_pool)
+        return t + object_store_send_s(nbytes, dev)
 
     def _sync(self, dev: str) -> float:
         def f():
@@ -308,8 +290,7 @@ class DurationFn:
                                           self.trainer_device, dev, rpool.gpus_per_node))
             if tb.weight_sync == "nccl":
                 return full
-            sender = nbytes / (get_device(self.trainer_device).pcie_gbps * 1e9) + nbytes / (HOST_COPY_GBPS * 1e9)
-            return full - sender  # the sender's part is in OptimizerStep
+            return full - object_store_send_s(nbytes, self.trainer_device)  # the sender's leg is in OptimizerStep
         return self._memo(("sync", dev), f)
 
 

@@ -29,7 +29,8 @@ from typing import Optional
 
 from digenrl.contract import contract
 from digenrl.sched import Scheduler
-from digenrl.sim.costs import CostModel, default_cost_model, get_model
+from digenrl.sim.catalogue import get_model
+from digenrl.sim.costs import CostModel, default_cost_model
 from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual

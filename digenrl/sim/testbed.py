@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from digenrl.sim.costs import LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
+from digenrl.sim.catalogue import LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
 from digenrl.sim.devices import DEVICES
 
 POOL_ROLES = ("rollout", "trainer", "any")  # any: one pool the scheduler (or a colocated mode) splits

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Optional
 from digenrl.config import Config, ConfigError, load_config
 from digenrl.contract import RunContract, contract
 from digenrl.sched import BATCH_MODES
-from digenrl.sim.costs import CostModel, get_model
+from digenrl.sim.catalogue import get_model
+from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.testbed import Testbed, resize
 

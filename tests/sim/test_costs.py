@@ -5,9 +5,10 @@ import pickle
 
 import pytest
 
-from digenrl.sim.costs import (
-    GIB, LINKS, MODELS, CostModel, Shape, allgather_s, allreduce_s, broadcast_s, forward_flops, tokens_for,
-)
+from digenrl.sim.baselines import colocated_plan
+from digenrl.sim.catalogue import GIB, LINKS, MODELS, Shape, forward_flops, tokens_for
+from digenrl.sim.collectives import allgather_s, allreduce_s, broadcast_s
+from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import DEVICES, Cost, scale_seconds
 from digenrl.sim.testbed import Testbed, TestbedError, list_presets, load_testbed
 
@@ -19,7 +20,7 @@ def cm():
 
 # ---- the fit reproduces the calibration ------------------------------------------
 
-# The one point a linear fit with a physical slope cannot reach (see costs.FIT_NOTES).
+# The one point a linear fit with a physical slope cannot reach (see calibration.FIT_NOTES).
 OUTLIERS = {("qwen-image-20b", "fwd+bwd", True)}
 
 
@@ -200,7 +201,7 @@ def test_weight_sync(cm):
 
 def test_baseline_costs_are_zero_when_state_fits(cm):
     # SD3.5-medium LoRA: everything fits on one H200 -> replicated, no offload, no gathers.
-    plan = cm.colocated_plan("sd3.5-medium", "H200", 16, gen_batch=4, lora=True, denoise_steps=10)
+    plan = colocated_plan(cm, "sd3.5-medium", "H200", 16, gen_batch=4, lora=True, denoise_steps=10)
     assert plan["config"] == "replicated"
     assert plan["per_step_s"]["offload_reload"] == 0.0
     assert plan["per_forward_s"] == 0.0
@@ -210,7 +211,7 @@ def test_baseline_costs_are_zero_when_state_fits(cm):
 
 
 def test_baseline_costs_apply_when_state_does_not_fit(cm):
-    plan = cm.colocated_plan("wan2.1-14b", "H200", 16, gen_batch=2, cfg=True, denoise_steps=16)
+    plan = colocated_plan(cm, "wan2.1-14b", "H200", 16, gen_batch=2, cfg=True, denoise_steps=16)
     assert plan["fits"] and plan["config"] != "replicated"
     assert not plan["options"]["replicated"]["fits"]
     # offload: 12 B/param over 55 GB/s each way, unsharded: 2 * 12 * 14.288e9 / 55e9 = 6.23 s

@@ -57,7 +57,7 @@ TINY_VAE = dict(
 TINY_PIXELS, TINY_TEXT_TOKENS = 64, 16
 
 # per arch: diffusers class, config, VAE config, pixels (square), text tokens in the joint
-# sequence (sd3: 77 CLIP + 256 T5; flux: 512 T5), cost-model name (digenrl.sim.costs.MODELS)
+# sequence (sd3: 77 CLIP + 256 T5; flux: 512 T5), cost-model name (digenrl.sim.catalogue.MODELS)
 ARCHS = {
     "sd3": ("SD3Transformer2DModel", SD35_MEDIUM, SD35_VAE, 512, 333, "sd3.5-medium"),
     "flux": ("FluxTransformer2DModel", FLUX1_DEV, FLUX_VAE, 1024, 512, "flux.1-12b"),

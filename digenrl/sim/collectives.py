@@ -1,0 +1,131 @@
+"""Communication costs: bytes on a link -> seconds, for collectives and weight transfers.
+
+Every formula here is two steps, so that a new collective (FSDP all-gather /
+reduce-scatter, HSDP all-reduce) is a new Traffic function and nothing else:
+
+    *_traffic(payload bytes, ranks)  -> Traffic(bytes one rank sends, sequential messages)
+    Traffic.seconds(link)            =  wire_s(bytes, link, messages)
+                                     =  bytes / bandwidth + messages * latency
+
+    ring all-reduce   2(n-1)/n * B     2(n-1) messages  (reduce-scatter + all-gather)
+    ring all-gather   (n-1)/n * B      (n-1) messages per chunk (FSDP gathers layer by layer)
+    pipelined bcast   B                one message per receiver (chunked chain)
+
+The *_s functions return a `devices.Cost` (always estimated: no link was measured), zero
+when there is nobody to talk to. The object-store path (Ray's default weight transfer)
+crosses PCIe and host memory as well as the network, so it is priced in its three legs:
+the sender's (object_store_send_s), the fan-out (object_store_fanout_s) and the
+receiver's host -> device copy (pcie_s, also the optimizer offload's path).
+CostModel.weight_sync_s sums them; the simulator's duration functions charge the
+sender's leg to the trainer and the rest to the rollout.
+
+This module knows links and devices only: what is sent (weight, gradient bytes) is the
+caller's business (catalogue.BYTES_*, CostModel.weight_bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from digenrl.sim.catalogue import Link, get_link
+from digenrl.sim.devices import Cost, get_device
+
+HOST_COPY_GBPS = 10.0  # serialising into Ray's object store: one host memcpy (estimate)
+TCP_FRACTION = 0.5  # the object store moves bytes over TCP: half the NCCL rate of the link (estimate)
+
+
+class Traffic(NamedTuple):
+    """What one rank of a transfer puts on its link."""
+
+    nbytes: float  # bytes sent by the busiest rank
+    messages: int  # sequential messages, each paying the link latency once
+
+    def seconds(self, link: str | Link) -> float:
+        """Time on `link` (wire_s)."""
+        return wire_s(self.nbytes, link, self.messages)
+
+
+def wire_s(nbytes: float, link: str | Link, messages: int = 0) -> float:
+    """Seconds to send nbytes over `link` in `messages` sequential messages: bytes / bw + messages * latency
+    (messages=0: the bandwidth term alone, e.g. a sender feeding a pipelined chain)."""
+    lk = get_link(link)
+    return nbytes / (lk.gbps * 1e9) + messages * lk.latency_s
+
+
+# ----------------------------------------------------------------------------- collectives
+
+
+def allreduce_traffic(nbytes: float, n: int) -> Traffic:
+    """Ring all-reduce of an nbytes tensor over n ranks: reduce-scatter then all-gather."""
+    if n <= 1:
+        return Traffic(0.0, 0)
+    return Traffic(2 * (n - 1) / n * nbytes, 2 * (n - 1))
+
+
+def allgather_traffic(nbytes: float, n: int, chunks: int = 1) -> Traffic:
+    """Ring all-gather of a tensor whose gathered size is nbytes, in `chunks` separate
+    collectives (FSDP: one per layer), each paying n-1 latencies."""
+    if n <= 1:
+        return Traffic(0.0, 0)
+    return Traffic((n - 1) / n * nbytes, chunks * (n - 1))
+
+
+def broadcast_traffic(nbytes: float, n_receivers: int) -> Traffic:
+    """Pipelined (chunked chain) broadcast: every link carries the bytes once; one latency per receiver."""
+    if n_receivers <= 0:
+        return Traffic(0.0, 0)
+    return Traffic(nbytes, n_receivers)
+
+
+def allreduce_s(nbytes: float, n: int, link: str | Link) -> Cost:
+    """Ring all-reduce: 2(n-1)/n * bytes / bw + 2(n-1) * latency (reduce-scatter + all-gather)."""
+    lk = get_link(link)
+    if n <= 1:
+        return Cost(0.0)
+    return Cost(allreduce_traffic(nbytes, n).seconds(lk), True, f"ring allreduce on {lk.name}")
+
+
+def allgather_s(nbytes: float, n: int, link: str | Link, chunks: int = 1) -> Cost:
+    """Ring all-gather of a tensor whose full (gathered) size is nbytes: (n-1)/n * bytes / bw
+    + chunks * (n-1) * latency."""
+    lk = get_link(link)
+    if n <= 1:
+        return Cost(0.0)
+    return Cost(allgather_traffic(nbytes, n, chunks).seconds(lk), True, f"ring allgather on {lk.name}")
+
+
+def broadcast_s(nbytes: float, link: str | Link, n_receivers: int = 1) -> Cost:
+    """Pipelined (chunked chain) broadcast: bytes / bw + one latency per receiver."""
+    lk = get_link(link)
+    if n_receivers <= 0:
+        return Cost(0.0)
+    return Cost(broadcast_traffic(nbytes, n_receivers).seconds(lk), True, f"pipelined broadcast on {lk.name}")
+
+
+# ----------------------------------------------------------------------------- host <-> device, object store
+
+
+def pcie_s(nbytes: float, device) -> float:
+    """One copy between host and `device` over its PCIe (either direction; devices.Device.pcie_gbps)."""
+    return nbytes / (get_device(device).pcie_gbps * 1e9)
+
+
+def object_store_send_s(nbytes: float, sender_device) -> float:
+    """Sender's leg of an object-store transfer: device -> host over the sender's PCIe, then one
+    host memcpy into the store (HOST_COPY_GBPS)."""
+    return pcie_s(nbytes, sender_device) + nbytes / (HOST_COPY_GBPS * 1e9)
+
+
+def object_store_hops(n_receivers: int, gpus_per_node: int) -> int:
+    """Network hops of a binary-tree fan-out to the receivers' nodes: ceil(log2(nodes + 1))."""
+    nodes = math.ceil(n_receivers / gpus_per_node)
+    return math.ceil(math.log2(nodes + 1))
+
+
+def object_store_fanout_s(nbytes: float, link: str | Link, n_receivers: int, gpus_per_node: int) -> float:
+    """Store -> receiving nodes: each tree hop sends the bytes over `link` at TCP_FRACTION of its rate."""
+    lk = get_link(link)
+    hops = object_store_hops(n_receivers, gpus_per_node)
+    return hops * (nbytes / (TCP_FRACTION * lk.gbps * 1e9) + lk.latency_s)
+

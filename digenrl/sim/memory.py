@@ -1,0 +1,150 @@
+"""Memory model: GiB each role holds on one GPU, and whether a set of roles fits.
+
+    catalogue (bytes per parameter, model sizes)  +  calibration table (activation fits)
+        --memory_gib--> Memory(weights, grads, optimizer, activations) per role
+        --fits-------->  FitReport: train-phase and other-phase peaks vs usable HBM
+
+It answers "what can a worker hold at once", never "how long": the planners (durations'
+FSDP choice, baselines.colocated_plan, testbed checks) ask it through CostModel.memory_gib
+and CostModel.fits, which pass the fitted table in. Its own module because its rules
+(ZeRO byte accounting, phases that free their activations, usable fraction of HBM) are
+independent of the time model.
+
+Memory in GiB (2**30 B), like torch and the calibration file's `peak_GB`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from digenrl.sim.catalogue import (BYTES_GRAD, BYTES_LORA, BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, GIB,
+                                   TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, Shape, get_model, get_reward,
+                                   lora_params_B, tokens_for)
+from digenrl.sim.devices import REFERENCE, get_device
+
+
+@dataclass(frozen=True)
+class Memory:
+    """GiB one role holds on one GPU. `activations` is transient (one phase at a time)."""
+
+    weights: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    estimated: bool = False
+
+    @property
+    def resident(self) -> float:
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.resident + self.activations
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """Does a set of roles fit on one GPU at once?
+
+    A worker runs one phase at a time. Weights and optimizer state stay resident; gradients
+    live only in the train phase (freed by zero_grad(set_to_none=True) after the optimizer
+    step, before the next generation); activations belong to their role's phase. So
+        train_peak = weights + optimizer + grads + trainer activations
+        other_peak = weights + optimizer + largest other activations  (generate, decode, reward)
+    and with offload_optimizer the optimizer state is on the host outside the train phase.
+    """
+
+    device: str
+    roles: dict[str, Memory]
+    train_peak_gib: float
+    other_peak_gib: float
+    usable_gib: float
+    estimated: bool
+
+    @property
+    def peak_gib(self) -> float:
+        return max(self.train_peak_gib, self.other_peak_gib)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_gib <= self.usable_gib
+
+
+ROLES = ("rollout", "rollout_shared", "trainer", "ref", "text_encoder", "vae", "reward")
+# Usable memory: 95% of the device (allocator fragmentation) minus 1 GiB (CUDA context, NCCL buffers).
+USABLE_FRACTION, RESERVED_GIB = 0.95, 1.0
+
+
+def _activations(table: dict, model: str, op: str, batch: float, shape: Shape | None) -> tuple[float, bool]:
+    """Fitted activation GiB of `op` at `batch`, scaled to `shape` (estimated when it is not the calibration shape)."""
+    fit = table[model, op]
+    m = get_model(model)
+    tok_est = shape is not None and shape != m.calib_shape
+    k = tokens_for(m, shape) / tokens_for(m) if tok_est else 1.0  # flash attention: linear in tokens
+    return fit.fixed + fit.per_sample * k * batch, fit.estimated or tok_est
+
+
+def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool = False, grad_ckpt: bool = True,
+               fsdp_shards: int = 1, cfg: bool = False, shape: Shape | None = None,
+               lora_rank: int = DEFAULT_LORA_RANK, reward: str = "pickscore") -> Memory:
+    """GiB a role holds on one GPU (see ROLES), from the calibration `table` (calibration.fit_table).
+
+    rollout         own bf16 copy (sharded / fsdp_shards + two gathered layers) + forward activations
+    rollout_shared  forward activations only: it samples with the trainer's module (flow_grpo)
+    trainer         16 B/param full (ZeRO accounting) / fsdp_shards, or bf16 base + fp32 LoRA
+                    state; + fwd+bwd activations of a micro-batch
+    ref             bf16 reference copy for the KL term (0 with LoRA: adapters disabled)
+    text_encoder, vae (+ decode activations), reward
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    m = get_model(model)
+    n = max(1, fsdp_shards)
+    p = m.params_B * 1e9
+    gathered = 2 * BYTES_WEIGHT * p / m.layers / GIB if n > 1 else 0.0  # FSDP: layer in use + prefetched
+    b = batch * (2 if cfg else 1)
+    if role in ("rollout", "rollout_shared"):
+        act, est = _activations(table, model, "act_forward", b, shape)
+        w = 0.0 if role == "rollout_shared" else BYTES_WEIGHT * p / n / GIB + gathered
+        return Memory(weights=w, activations=act, estimated=est)
+    if role == "trainer":
+        act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
+        if lora:
+            pl = lora_params_B(model, lora_rank) * 1e9
+            bw, bg, bo = BYTES_LORA
+            return Memory(BYTES_WEIGHT * p / n / GIB + gathered + bw * pl / GIB, bg * pl / GIB,
+                          bo * pl / GIB, act, est)
+        return Memory(BYTES_WEIGHT * p / n / GIB + gathered, BYTES_GRAD * p / n / GIB, BYTES_OPT * p / n / GIB,
+                      act, est)
+    if role == "ref":
+        return Memory(0.0 if lora else BYTES_WEIGHT * p / n / GIB + gathered)
+    if role == "text_encoder":
+        return Memory(BYTES_WEIGHT * TEXT_ENCODERS[m.text_encoder][0] * 1e9 / GIB)
+    if role == "vae":
+        params_B, calib, factor = VAES[m.vae]
+        mem = table[calib, "decode_mem"]
+        k = (shape or m.calib_shape).pixels / VAE_CALIB_SHAPES[calib].pixels
+        # Decode peaks include the VAE weights; activations scale with pixels (tiling would cap this).
+        return Memory(BYTES_WEIGHT * params_B * 1e9 / GIB, activations=mem(batch) * k, estimated=True)
+    params_B, _, _ = get_reward(reward)
+    return Memory(BYTES_WEIGHT * params_B * 1e9 / GIB, activations=0.5 + 0.05 * batch, estimated=True)  # guess
+
+
+def fits(table: dict, model: str, roles, device=REFERENCE, *, gen_batch: int = 1, train_batch: int = 1,
+         shards: dict | None = None, offload_optimizer: bool = False, **kw) -> FitReport:
+    """Can one GPU hold `roles` (see ROLES, FitReport) at once? Usable memory is
+    USABLE_FRACTION * HBM - RESERVED_GIB. kw go to memory_gib (lora, grad_ckpt,
+    fsdp_shards, cfg, shape, lora_rank, reward); `shards` overrides fsdp_shards per role."""
+    dev = get_device(device)
+    mems = {}
+    for role in roles:
+        kw_role = dict(kw, fsdp_shards=(shards or {}).get(role, kw.get("fsdp_shards", 1)))
+        mems[role] = memory_gib(table, model, role, batch=train_batch if role == "trainer" else gen_batch, **kw_role)
+    weights = sum(mm.weights for mm in mems.values())
+    opt = sum(mm.optimizer for mm in mems.values())
+    grads = sum(mm.grads for mm in mems.values())
+    train_peak = weights + opt + grads + mems["trainer"].activations if "trainer" in mems else 0.0
+    other_act = max((mm.activations for r, mm in mems.items() if r != "trainer"), default=None)
+    other_peak = 0.0 if other_act is None else weights + (0.0 if offload_optimizer else opt) + other_act
+    est = any(mm.estimated for mm in mems.values()) or dev.name != REFERENCE
+    return FitReport(dev.name, mems, train_peak, other_peak, USABLE_FRACTION * dev.hbm_gib - RESERVED_GIB, est)

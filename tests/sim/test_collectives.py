@@ -1,0 +1,59 @@
+"""Transfer costs: traffic counted by hand, object-store legs that add up, each leg charged once."""
+
+import pytest
+
+from digenrl.sched import OptimizerStep, WeightSync
+from digenrl.sim.catalogue import BYTES_GRAD, LINKS, lora_params_B
+from digenrl.sim.collectives import (allgather_traffic, allreduce_s, allreduce_traffic, broadcast_traffic,
+                                     object_store_fanout_s, object_store_hops, object_store_send_s, pcie_s)
+from digenrl.sim.costs import CostModel
+from digenrl.sim.durations import make_duration_fn
+from digenrl.sim.testbed import load_testbed
+
+
+@pytest.fixture(scope="module")
+def cm():
+    return CostModel()
+
+
+def test_traffic_by_hand():
+    # 8 ranks, 10 GB. Ring all-reduce: each rank sends 2 * 7/8 * 10 GB = 17.5 GB in 2 * 7 steps;
+    # all-gather half the bytes, 7 steps per chunk (40 layer-by-layer chunks: 280).
+    assert allreduce_traffic(10e9, 8) == (17.5e9, 14)
+    assert allgather_traffic(10e9, 8, chunks=40) == (8.75e9, 280)
+    assert broadcast_traffic(10e9, 3) == (10e9, 3)
+    assert allreduce_traffic(10e9, 1) == (0.0, 0) and broadcast_traffic(10e9, 0) == (0.0, 0)
+    # ib-400g: 40 GB/s effective, 20 us per message
+    assert LINKS["ib-400g"].gbps == 40.0 and LINKS["ib-400g"].latency_s == 20e-6
+    assert allreduce_traffic(10e9, 8).seconds("ib-400g") == pytest.approx(17.5e9 / 40e9 + 14 * 20e-6)
+
+
+def test_object_store_legs_by_hand(cm):
+    gb = 1e9
+    # sender: device->host at the H200's 55 GB/s PCIe + one host copy at 10 GB/s
+    assert object_store_send_s(gb, "H200") == pytest.approx(1 / 55 + 1 / 10)
+    assert pcie_s(gb, "L40S") == pytest.approx(1 / 27.5)  # PCIe Gen4
+    # 20 receivers, 8 per node -> 3 nodes; binary tree from the store's node: ceil(log2(3 + 1)) = 2 hops,
+    # each over IB at half its 40 GB/s (TCP) + 20 us
+    assert object_store_hops(20, 8) == 2
+    assert object_store_fanout_s(gb, "ib-400g", 20, 8) == pytest.approx(2 * (1 / 20 + 20e-6))
+    t = cm.weight_sync_s(gb, "ib-400g", 20, "object-store", "H200", "L40S", 8)
+    assert float(t) == pytest.approx(1 / 55 + 1 / 10 + 2 * (1 / 20 + 20e-6) + 1 / 27.5) and t.estimated
+
+
+def test_object_store_sender_leg_is_charged_once(cm):
+    # small-h200x16-sd35: SD3.5-medium LoRA rank 32, lora-only sync (object-store path), gap mode
+    # splits 16 H200 into 8 rollout (one node) + 8 trainers (one node, NVLink).
+    tb = load_testbed("small-h200x16-sd35")
+    fn = make_duration_fn(tb, cm, "gap")
+    nbytes = 2 * 32 * 2 * 1536 * 192  # bf16 * rank * (d_in + d_out) * 192 adapted matrices = 37.7 MB
+    assert cm.weight_bytes(tb.model, lora=True, rank=32) == pytest.approx(nbytes, abs=1)
+    rollout = next(w for w in fn.layout.workers if w.role == "rollout")
+    trainer = next(w for w in fn.layout.workers if w.role == "trainer")
+    # Rollout side: one tree hop to its node (ceil(log2 2) = 1) at 20 GB/s + 20 us, then host->device.
+    assert fn(rollout, WeightSync(1)) == pytest.approx(nbytes / 20e9 + 20e-6 + nbytes / 55e9, rel=1e-6)
+    # Trainer side: gradient all-reduce + AdamW (LoRA state fits: unsharded) + the sender's leg,
+    # device->host at 55 GB/s and the store copy at 10 GB/s.
+    p_B = lora_params_B(tb.model, 32)
+    others = float(allreduce_s(BYTES_GRAD * p_B * 1e9, 8, "nvlink")) + float(cm.optimizer_step_s(p_B, "H200"))
+    assert fn(trainer, OptimizerStep(0, 1)) - others == pytest.approx(nbytes / 55e9 + nbytes / 10e9, rel=1e-6)
