@@ -70,11 +70,12 @@ def _train(args: argparse.Namespace) -> int:
 def _pretrain_toy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from digenrl.toy.pretrain import ASSET, PRETRAIN_STEPS, PRETRAIN_THREADS, pretrain, save_base
+    from digenrl.models.tiny_dit_weights import ASSET, save_tiny_dit
+    from digenrl.toy.pretrain import PRETRAIN_STEPS, PRETRAIN_THREADS, pretrain
 
     model = pretrain(steps=args.steps or PRETRAIN_STEPS, seed=args.seed, threads=args.threads or PRETRAIN_THREADS)
     out = Path(args.out) if args.out else ASSET
-    save_base(model, out)
+    save_tiny_dit(model, out)
     print(f"saved {out}")
     return 0
 

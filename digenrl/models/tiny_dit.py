@@ -7,6 +7,10 @@ the noise level enters through adaLN-zero modulation (as in DiT).
 Attention is written out rather than calling scaled_dot_product_attention: on CPU,
 SDPA may pick a different kernel with and without autograd, and the on-policy ratio
 must come out exactly 1 when training recomputes what rollout computed.
+
+Prompts are word-level: `VOCAB` is the toy world's words (`digenrl/toy/world.py` draws
+images for them), fixed here because its order is the token ids the shipped weights were
+trained with. The model owns its tokenizer, so `models` never imports `toy`.
 """
 
 from __future__ import annotations
@@ -19,7 +23,26 @@ import torch
 import torch.nn as nn
 
 from digenrl.models.protocol import Cond
-from digenrl.toy.world import VOCAB, tokenize
+
+# Token ids of the shipped base (digenrl/assets/toy_base.safetensors): append, never reorder.
+# 0 pads (and is the unconditional prompt), 1 is any unknown word.
+VOCAB = (
+    "<pad>", "<unk>", "on", "the",
+    "a", "two",  # counts
+    "red", "green", "blue", "yellow",  # colours
+    "square", "circle", "triangle", "squares", "circles", "triangles",  # shapes
+    "left", "right", "top", "bottom",  # positions
+)
+
+
+def tokenize(texts: list[str], max_len: int = 8) -> torch.Tensor:
+    """Word-level ids over VOCAB: (B, max_len) int64, 0 = padding."""
+    index = {w: i for i, w in enumerate(VOCAB)}
+    out = torch.zeros(len(texts), max_len, dtype=torch.long)
+    for i, t in enumerate(texts):
+        ids = [index.get(w, 1) for w in t.lower().split()][:max_len]
+        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
 
 
 @dataclass(frozen=True)

@@ -82,21 +82,6 @@ def split_prompts() -> tuple[tuple[ToyPrompt, ...], tuple[ToyPrompt, ...]]:
     return train, held
 
 
-VOCAB = ("<pad>", "<unk>", "on", "the") + tuple(COUNTS.values()) + tuple(COLORS) + SHAPES + tuple(
-    s + "s" for s in SHAPES
-) + POSITIONS[1:]
-
-
-def tokenize(texts: list[str], max_len: int = 8) -> torch.Tensor:
-    """Word-level ids over the toy vocabulary: (B, max_len) int64, 0 = padding."""
-    index = {w: i for i, w in enumerate(VOCAB)}
-    out = torch.zeros(len(texts), max_len, dtype=torch.long)
-    for i, t in enumerate(texts):
-        ids = [index.get(w, 1) for w in t.lower().split()][:max_len]
-        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return out
-
-
 def shape_mask(shape: str, cy: float, cx: float, r: float, size: int) -> np.ndarray:
     """(size, size) bool: pixels whose centres lie in `shape` of half-size r centred at (cy, cx)."""
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) + 0.5

@@ -7,7 +7,9 @@ import torch
 from safetensors.torch import save_file
 
 from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig, sincos_2d
-from digenrl.toy.pretrain import ASSET, load_tiny_dit, pretrain, save_base
+from digenrl.models.tiny_dit_weights import ASSET, load_tiny_dit
+from digenrl.models.tiny_dit_weights import save_tiny_dit as save_base
+from digenrl.toy.pretrain import pretrain
 
 SMALL = TinyDiTConfig(image_size=16, patch=4, dim=32, depth=1, heads=2)
 
@@ -78,3 +80,49 @@ def test_lora_init_is_the_same_in_every_process():
     assert lora_a and all(torch.equal(v, b.state_dict()[k]) for k, v in lora_a.items())
     w = next(iter(lora_a.values()))
     assert 0 < w.abs().max() <= 1 / w.shape[1] ** 0.5  # peft's kaiming-uniform range
+
+
+def test_shipped_base_loads_bit_identically():
+    # the model package reads the asset itself now; every tensor must be the file's, unchanged
+    from safetensors.torch import load_file
+
+    from digenrl.models.tiny_dit_weights import load_base
+
+    raw = load_file(str(ASSET))
+    for loaded in (load_tiny_dit(ASSET), load_base()):
+        state = loaded.state_dict()
+        assert state.keys() == raw.keys()
+        for k, v in raw.items():
+            assert state[k].dtype == v.dtype and torch.equal(state[k], v), k
+
+
+def test_vocab_keeps_the_token_ids_the_base_was_trained_with():
+    # VOCAB moved from the toy world into the model: ids must be what the world's words gave before
+    from digenrl.models.tiny_dit import VOCAB, tokenize
+    from digenrl.toy.world import COLORS, COUNTS, POSITIONS, SHAPES, all_prompts
+
+    world_words = ("<pad>", "<unk>", "on", "the") + tuple(COUNTS.values()) + tuple(COLORS) + SHAPES + tuple(
+        s + "s" for s in SHAPES) + POSITIONS[1:]
+    assert VOCAB == world_words
+    ids = tokenize([p.text for p in all_prompts()])
+    assert not (ids == 1).any(), "a toy prompt has a word outside VOCAB"
+    assert tokenize(["two red circles on the left"]).tolist() == [[5, 6, 14, 2, 3, 16, 0, 0]]
+    assert load_tiny_dit(ASSET).config.vocab == len(VOCAB)
+
+
+def test_missing_base_names_the_command_that_rebuilds_it(tmp_path, monkeypatch):
+    from digenrl.models import tiny_dit_weights
+
+    monkeypatch.setattr(tiny_dit_weights, "ASSET", tmp_path / "absent.safetensors")
+    monkeypatch.setenv("DIGENRL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FileNotFoundError, match="digenrl pretrain-toy"):
+        tiny_dit_weights.load_base()
+
+
+def test_not_a_tiny_dit_file_is_refused(tmp_path):
+    (tmp_path / "junk.safetensors").write_text("not safetensors")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        load_tiny_dit(tmp_path / "junk.safetensors")
+    save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="not a digenrl tiny-dit checkpoint"):
+        load_tiny_dit(tmp_path / "other.safetensors")
