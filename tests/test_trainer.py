@@ -115,3 +115,17 @@ def test_backward_batch_splits_give_the_same_update(tiny_overrides):
     # Adam's first step is ~lr * sign(grad): rounding of near-zero gradients shows at ~3e-6 (lr 1e-3)
     assert all(torch.allclose(whole[k], split[k], atol=1e-5) for k in whole)
     assert any(float(v.abs().max()) > 5e-4 for k, v in whole.items() if "lora_B" in k)  # it did update
+
+
+def test_grad_ckpt_keeps_ratio_exactly_one(tiny_overrides):
+    # checkpointing recomputes block activations in backward: the forward values must not change
+    trainer = Trainer(load_config(None, tiny_overrides + ["model.lora_rank=4", "model.grad_ckpt=true"]),
+                      progress=False)
+    assert trainer.policy.module.grad_ckpt
+    plan = plan_step(trainer.cfg, trainer.source, 0)
+    mb = plan.micro_batches[0]
+    traj = generate(trainer.policy, mb.prompts, mb.coords, plan.spec, step=0, version=0)
+    trainer.policy.module.train()  # as the learner does: the checkpointed path
+    for t in plan.trained_steps:
+        out = trainer.learner.score(traj, t, plan.spec)
+        assert torch.equal(out.log_prob.detach(), traj.log_probs[:, t]), f"ratio != 1 at denoising step {t}"

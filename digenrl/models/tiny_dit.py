@@ -21,6 +21,7 @@ from typing import Sequence
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from digenrl.models.protocol import Cond
 
@@ -134,6 +135,14 @@ class TinyDiT(nn.Module):
         for layer in (self.out_modulation, self.patch_out):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        self.grad_ckpt = False  # model.grad_ckpt: recompute block activations in backward
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Keep only each block's input during training forwards; backward recomputes the rest.
+
+        Same name as diffusers' models, so `build_policy` turns it on for every family alike.
+        """
+        self.grad_ckpt = True
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         c = self.config
@@ -147,8 +156,11 @@ class TinyDiT(nn.Module):
             h = torch.cat([text + self.text_pos, self.patch_in(patches) + self.patch_pos], dim=1)
         else:
             h = torch.cat([text, self.patch_in(patches)], dim=1) + self.pos
+        # checkpoint only when a backward will follow: rollout runs under no_grad and must
+        # not pay for it (and its values are the same either way, so ratio == 1 holds)
+        ckpt = self.grad_ckpt and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            h = block(h, cond)
+            h = checkpoint(block, h, cond, use_reentrant=False) if ckpt else block(h, cond)
         shift, scale = self.out_modulation(nn.functional.silu(cond)).unsqueeze(1).chunk(2, -1)
         h = self.norm_out(h[:, c.max_tokens :]) * (1 + scale) + shift
         out = self.patch_out(h)  # (B, N, C p p)

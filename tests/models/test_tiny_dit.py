@@ -126,3 +126,51 @@ def test_not_a_tiny_dit_file_is_refused(tmp_path):
     save_file({"w": torch.zeros(1)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(ValueError, match="not a digenrl tiny-dit checkpoint"):
         load_tiny_dit(tmp_path / "other.safetensors")
+
+
+def _grads(model: TinyDiT, x, sigma, tokens) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    model(x, sigma, tokens).square().mean().backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_grad_ckpt_gives_the_same_gradients_and_recomputes_blocks():
+    cfg = TinyDiTConfig(image_size=16, patch=4, dim=32, depth=2, heads=2)
+    torch.manual_seed(0)
+    model = TinyDiT(cfg)
+    for p in model.parameters():  # adaLN-zero starts as identity: perturb so every block has a gradient
+        p.data.add_(0.05 * torch.randn_like(p))
+    x, sigma, tokens = torch.randn(3, 3, 16, 16), torch.tensor([0.2, 0.5, 0.9]), torch.randint(0, 20, (3, 8))
+    calls = []
+    block_forward = model.blocks[0].forward  # count this block's forwards (hooks do not rerun in recompute)
+
+    def counted(h, c):
+        calls.append(1)
+        return block_forward(h, c)
+
+    model.blocks[0].forward = counted
+
+    plain = _grads(model, x, sigma, tokens)
+    assert len(calls) == 1  # forward only
+    calls.clear()
+    model.enable_gradient_checkpointing()
+    ckpt = _grads(model, x, sigma, tokens)
+    assert len(calls) == 2, "checkpointing must recompute the block's forward during backward"
+    assert plain.keys() == ckpt.keys() and len(plain) == len(list(model.parameters()))
+    for name in plain:
+        torch.testing.assert_close(ckpt[name], plain[name], rtol=1e-5, atol=1e-7, msg=name)
+
+    calls.clear()
+    with torch.no_grad():  # rollout: nothing to recompute, no checkpoint overhead
+        model(x, sigma, tokens)
+    model.eval()
+    model(x, sigma, tokens)
+    assert len(calls) == 2
+
+
+def test_build_policy_turns_grad_ckpt_on():
+    from digenrl.config import ModelConfig
+    from digenrl.models import build_policy
+
+    assert build_policy(ModelConfig(grad_ckpt=True, lora_rank=4)).module.grad_ckpt is True
+    assert build_policy(ModelConfig()).module.grad_ckpt is False
