@@ -175,7 +175,9 @@ class RunConfig:
     eval_every: int = 10
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # torch intra-op threads of the run.mode=local process; 0 = torch's default. Ray modes
+    # refuse it: each worker process takes runtime.worker_threads instead.
+    threads: int = 0
     tensorboard: bool = True
 
     def __post_init__(self) -> None:
@@ -183,6 +185,10 @@ class RunConfig:
         _check(self.eval_every >= 0, "run.eval_every", "must be >= 0 (0 = only before and after)")
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0 = only at the end)")
         _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
+        _check(self.threads >= 0, "run.threads", "must be >= 0 (0 = torch's default)")
+        _check(self.threads == 0 or self.mode == "local", "run.threads",
+               f"sets the threads of the run.mode=local process only; with run.mode={self.mode} every "
+               "Ray worker takes runtime.worker_threads: use that (and leave run.threads at 0)")
 
 
 WEIGHT_SYNC = ("object-store", "nccl", "lora-only")
@@ -220,7 +226,7 @@ class RuntimeConfig:
     rollout_segment: int = 0  # denoising steps per rollout Generate unit; 0 = whole trajectory
     gen_shard: int = 1  # Generate units per micro-batch along the sample axis (1 = whole micro-batch)
     train_shard: int = 1  # Train units per (micro-batch, TSP chunk) along the sample axis (1 = off)
-    worker_threads: int = 1  # torch intra-op threads per worker process
+    worker_threads: int = 1  # torch intra-op threads per Ray worker process (run.threads is local mode's)
 
     def __post_init__(self) -> None:
         self.rollout.check("runtime.rollout", 1)

@@ -49,6 +49,8 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
             c = copy.deepcopy(cfg)
             c.run.mode, c.train.steps, c.run.run_dir = mode, steps, str(root / mode.replace("+", "_"))
             c.run.tensorboard, c.run.checkpoint_every = False, 0
+            if mode != "local":  # run.threads is the local process's; Ray workers take runtime.worker_threads
+                c.run.threads = 0
             if mode == "local":
                 Trainer(c, progress=False).train()
             else:
