@@ -267,6 +267,7 @@ class Config:
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
+        self._check_gpu_pools()
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(
@@ -274,6 +275,24 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
+
+    def _check_gpu_pools(self) -> None:
+        """model.device=cuda on Ray: every pool that loads the policy must reserve a GPU.
+
+        A Ray actor with num_gpus 0 sees no GPU (CUDA_VISIBLE_DEVICES is empty), so it
+        would fail on its first CUDA call, or share a GPU nobody reserved. Emulated compute
+        loads no model.
+        """
+        rt = self.runtime
+        if not self.model.device.startswith("cuda") or self.run.mode == "local" or rt.compute == "emulated":
+            return
+        # colocated runs every policy worker with the trainer pool's options (runtime/driver.py)
+        pools = ["trainer"] if self.run.mode == "colocated" else ["rollout", "trainer"]
+        for name in pools:
+            pool = getattr(rt, name)
+            _check(pool.workers == 0 or pool.num_gpus > 0, f"runtime.{name}.num_gpus",
+                   f"is 0, but model.device={self.model.device} with run.mode={self.run.mode} loads the "
+                   f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -4,6 +4,8 @@ import pytest
 
 from digenrl.config import ConfigError, load_config
 
+CUDA_RAY = ["model.device=cuda", "run.mode=digenrl"]
+
 
 def _refused(overrides: list[str], *words: str) -> str:
     with pytest.raises(ConfigError) as e:
@@ -24,3 +26,23 @@ def test_run_threads_is_local_and_worker_threads_is_ray():
     cfg = load_config(None, ["run.mode=digenrl", "runtime.worker_threads=3"])
     assert (cfg.run.threads, cfg.runtime.worker_threads) == (0, 3)
     _refused(["run.mode=local", "run.threads=-1"], "run.threads", ">= 0")
+
+
+# -- model.device cuda on Ray needs GPU pools ---------------------------------------------
+@pytest.mark.parametrize("pool", ["rollout", "trainer"])
+def test_cuda_on_ray_refuses_a_pool_without_gpus(pool):
+    other = "trainer" if pool == "rollout" else "rollout"
+    message = _refused(CUDA_RAY + [f"runtime.{other}.num_gpus=1"], f"runtime.{pool}.num_gpus", "model.device=cuda")
+    assert f"runtime.{other}.num_gpus" not in message
+
+
+def test_cuda_pools_with_gpus_and_the_cases_that_need_none():
+    cfg = load_config(None, CUDA_RAY + ["runtime.rollout.num_gpus=1", "runtime.trainer.num_gpus=0.5"])
+    assert cfg.runtime.trainer.num_gpus == 0.5  # a fraction reserves a (shared) GPU too
+    load_config(None, ["model.device=cuda:1", "run.mode=local"])  # no Ray: no pools
+    load_config(None, ["model.device=cpu", "run.mode=digenrl"])  # CPU workers
+    # colocated starts every policy worker with the trainer pool's options: the rollout pool's are unused
+    load_config(None, ["model.device=cuda", "run.mode=colocated", "runtime.trainer.num_gpus=1"])
+    _refused(["model.device=cuda", "run.mode=colocated", "runtime.rollout.num_gpus=1"], "runtime.trainer.num_gpus")
+    # emulated workers sleep for the cost model's time and load no model
+    load_config(None, CUDA_RAY + ["runtime.compute=emulated", "runtime.testbed=h200x16-flux"])
