@@ -18,6 +18,7 @@ import sys
 from typing import Optional
 
 from digenrl.config import ConfigError, load_config
+from digenrl.preflight import check_inputs
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -30,11 +31,12 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"run.run_dir={args.run_dir}")
     try:
         cfg = load_config(args.config, overrides)
+        if args.address is not None:
+            cfg.runtime.address = args.address
+        check_inputs(cfg)  # the files the run will read: before Ray starts or a model loads
     except ConfigError as e:
         print(f"digenrl train: invalid configuration: {e}", file=sys.stderr)
         return 2
-    if args.address is not None:
-        cfg.runtime.address = args.address
     lost: tuple[type[Exception], ...] = ()
     if cfg.run.mode == "local":
         from digenrl.trainer import Trainer as trainer_cls

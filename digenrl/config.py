@@ -40,7 +40,10 @@ def _one_of(value: Any, key: str, allowed: tuple) -> None:
 @dataclass
 class ModelConfig:
     name: str = "tiny-dit"  # see MODEL_NAMES
-    path: Optional[str] = None  # tiny-dit: None = the shipped toy base; else a local folder or hub id
+    # tiny-dit: None = the shipped toy base, else a .safetensors file; other families: a local
+    # pipeline folder or a hub id ('org/name') already in the HF cache. `digenrl train` refuses
+    # a path that does not exist before any work (digenrl/preflight.py).
+    path: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16 (SDE math is float32 regardless)
     device: str = "cpu"
     lora_rank: int = 16  # 0 = full fine-tune (then lower train.lr: 1e-4 for the tiny DiT)
@@ -57,6 +60,8 @@ class ModelConfig:
         _one_of(self.name, "model.name", MODEL_NAMES)
         _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
         _check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tune), got {self.lora_rank}")
+        _check(self.name == "tiny-dit" or bool(self.path), "model.path",
+               f"{self.name} needs its weights: a local diffusers pipeline folder or a hub id in the HF cache")
         _check(self.text_encoders or bool(self.prompt_cache), "model.text_encoders",
                "false needs model.prompt_cache (prompts can then only come from the cache)")
         for k in ("height", "width", "frames"):
@@ -134,11 +139,20 @@ class RewardConfig:
     adv_clip: float = 5.0
 
     def __post_init__(self) -> None:
-        from digenrl.rewards import REWARD_NAMES
+        from digenrl.rewards import BUILTIN_REWARDS, REWARD_NAMES
 
         _check(bool(self.weights), "reward.weights", "name at least one reward")
         for name in self.weights:
             _one_of(name, f"reward.weights.{name}", REWARD_NAMES)
+        for name in self.weights:
+            _check(name in BUILTIN_REWARDS or name in self.paths, f"reward.paths.{name}",
+                   f"reward {name!r} loads a model: set reward.paths.{name}=<local model folder>"
+                   + (" (remote: <url>#<served reward name>)" if name == "remote" else ""))
+        if "remote" in self.paths:
+            url, _, served = self.paths["remote"].partition("#")
+            _check(url.startswith(("http://", "https://")) and bool(served), "reward.paths.remote",
+                   f"{self.paths['remote']!r} is not <http(s)://host:port>#<served reward name>, "
+                   "e.g. http://10.0.0.5:8000#pickscore")
         _one_of(self.combine, "reward.combine", COMBINE_KINDS)
         _one_of(self.adv_std, "reward.adv_std", STD_KINDS)
         _check(self.threads >= 1, "reward.threads", "must be >= 1")

@@ -1,5 +1,7 @@
 """The `digenrl` command line: errors before work, delegated subcommands get their argv."""
 
+import pytest
+
 from digenrl.cli import main
 
 
@@ -22,3 +24,36 @@ def test_local_train_end_to_end(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "held-out eval reward" in out and (tmp_path / "final" / "policy.safetensors").exists()
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fail the test if a trainer (local or Ray) is ever constructed."""
+    import digenrl.runtime.driver
+    import digenrl.trainer
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("bad input reached a trainer: work started")
+
+    monkeypatch.setattr(digenrl.trainer, "Trainer", refuse)
+    monkeypatch.setattr(digenrl.runtime.driver, "RayTrainer", refuse)
+
+
+@pytest.mark.parametrize("argv, key", [
+    (["model.name=flux", "model.path=/nonexistent"], "model.path"),
+    (["model.path=./no_such_tiny_dit.safetensors"], "model.path"),
+    (["data.prompts=/no/prompts.txt", "reward.weights={jpeg-compressibility: 1.0}"], "data.prompts"),
+    (["reward.weights={pickscore: 1.0}", "reward.paths.pickscore=/no/PickScore_v1"], "reward.paths.pickscore"),
+    (["reward.weights={pickscore: 1.0}"], "reward.paths.pickscore"),
+    (["runtime.compute=emulated", "runtime.testbed=no-such-testbed"], "runtime.testbed"),
+    (["model.device=cuda"], "runtime.rollout.num_gpus"),
+    (["run.threads=2"], "run.threads"),
+])
+def test_bad_input_prints_only_the_message_and_exits_2_before_work(argv, key, no_work, capsys):
+    import ray
+
+    assert main(["train", *argv]) == 2
+    out = capsys.readouterr()
+    assert out.err.startswith("digenrl train: invalid configuration: ") and key in out.err
+    assert "Traceback" not in out.err + out.out and out.out == ""  # not even the start line
+    assert not ray.is_initialized()

@@ -46,3 +46,22 @@ def test_cuda_pools_with_gpus_and_the_cases_that_need_none():
     _refused(["model.device=cuda", "run.mode=colocated", "runtime.rollout.num_gpus=1"], "runtime.trainer.num_gpus")
     # emulated workers sleep for the cost model's time and load no model
     load_config(None, CUDA_RAY + ["runtime.compute=emulated", "runtime.testbed=h200x16-flux"])
+
+
+# -- inputs every run needs, checked without touching the filesystem ----------------------
+def test_diffusers_family_needs_a_model_path():
+    _refused(["model.name=flux"], "model.path", "flux")
+    assert load_config(None, ["model.name=flux", "model.path=black-forest-labs/FLUX.1-dev",
+                              "data.prompts=p.txt", "reward.weights={pickscore: 1.0}",
+                              "reward.paths.pickscore=/m"]).model.path == "black-forest-labs/FLUX.1-dev"
+
+
+def test_model_rewards_need_a_path_and_remote_a_served_url():
+    _refused(["reward.weights={pickscore: 1.0}"], "reward.paths.pickscore")
+    _refused(["reward.weights={remote: 1.0}"], "reward.paths.remote", "#<served reward name>")
+    _refused(["reward.weights={remote: 1.0}", "reward.paths.remote=http://h:8000"], "reward.paths.remote")
+    _refused(["reward.weights={remote: 1.0}", "reward.paths.remote=h:8000#pickscore"], "reward.paths.remote")
+    cfg = load_config(None, ["reward.weights={remote: 1.0, toy-geneval: 1.0}",
+                             "reward.paths.remote=http://10.0.0.5:8000#pickscore"])
+    assert cfg.reward.paths["remote"].endswith("#pickscore")
+    load_config(None, ["reward.weights={jpeg-compressibility: 1.0}"])  # programmatic: no path
