@@ -1,6 +1,7 @@
 """`digenrl` command line: train, and the tools around it.
 
     digenrl train [--config FILE] [--steps N] [--seed S] [--run-dir DIR] [--resume] [key=value ...]
+                  (key=value overrides may go anywhere among the options)
     digenrl pretrain-toy [--steps N] [--out FILE]
     digenrl reward-server SPEC [--host H] [--port P]
     digenrl simulate --testbed FILE|PRESET      (each takes --help)
@@ -89,11 +90,10 @@ def _reward_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="digenrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+TRAIN_HELP = "RL post-training (GRPO) of a flow-matching generator"
 
-    t = sub.add_parser("train", help="RL post-training (GRPO) of a flow-matching generator")
+
+def _add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--config", help="YAML config (see recipes/)")
     t.add_argument("--steps", type=int, help="RL steps (train.steps)")
     t.add_argument("--seed", type=int, help="run.seed")
@@ -101,8 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--address", help="an existing Ray cluster (runtime.address; default $RAY_ADDRESS or a local one)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
     t.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
-    t.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. train.lr=3e-4")
+    t.add_argument("overrides", nargs="*", help="key=value config overrides, anywhere among the options, "
+                                                "e.g. train.lr=3e-4")
     t.set_defaults(func=_train)
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """`digenrl train` on its own, so its key=value overrides may sit between options:
+    argparse's intermixed parsing refuses a parser with subcommands, not this one."""
+    t = argparse.ArgumentParser(prog="digenrl train", description=TRAIN_HELP)
+    _add_train_arguments(t)
+    return t
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="digenrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_train_arguments(sub.add_parser("train", help=TRAIN_HELP))
 
     p = sub.add_parser("pretrain-toy", help="rebuild the toy world's base generator")
     p.add_argument("--steps", type=int, default=None)
@@ -143,7 +159,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             import importlib
 
             return getattr(importlib.import_module(module), function)(argv[1:])
-    args = build_parser().parse_args(argv)
+    if argv[:1] == ["train"]:
+        args = train_parser().parse_intermixed_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     return args.func(args)
 
 

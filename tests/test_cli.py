@@ -57,3 +57,40 @@ def test_bad_input_prints_only_the_message_and_exits_2_before_work(argv, key, no
     assert out.err.startswith("digenrl train: invalid configuration: ") and key in out.err
     assert "Traceback" not in out.err + out.out and out.out == ""  # not even the start line
     assert not ray.is_initialized()
+
+
+class Stop(Exception):
+    """Raised by the recording trainer: the config was built, no work was done."""
+
+
+def _capture_config(monkeypatch):
+    """Replace the local trainer with one that records its config and stops."""
+    import digenrl.trainer
+
+    seen = []
+
+    def record(cfg, progress=True):
+        seen.append(cfg)
+        raise Stop
+
+    monkeypatch.setattr(digenrl.trainer, "Trainer", record)
+    return seen
+
+
+def test_overrides_may_follow_options(tmp_path, monkeypatch):
+    seen = _capture_config(monkeypatch)
+    with pytest.raises(Stop):
+        main(["train", "--steps", "2", "model.lora_rank=0", "--run-dir", str(tmp_path), "run.mode=local",
+              "--seed", "7", "train.lr=1e-4", "--quiet"])
+    cfg = seen[0]
+    assert (cfg.train.steps, cfg.model.lora_rank, cfg.run.run_dir, cfg.run.mode) == (2, 0, str(tmp_path), "local")
+    assert (cfg.run.seed, cfg.train.lr) == (7, 1e-4)
+
+
+def test_train_help_and_unknown_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--help"])
+    assert e.value.code == 0 and "key=value" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--no-such-option", "run.mode=local"])
+    assert e.value.code == 2 and "--no-such-option" in capsys.readouterr().err
