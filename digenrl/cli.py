@@ -15,7 +15,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
+from pathlib import Path
 from typing import Optional
 
 from digenrl.config import ConfigError, load_config
@@ -54,6 +56,8 @@ def _train(args: argparse.Namespace) -> int:
     except lost as e:  # a lost trainer: the message says how to continue (--resume)
         print(f"digenrl train: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands and how to continue, no traceback
+        return _interrupted(Path(cfg.run.run_dir), args.argv)
     if "modelled_s" in summary:  # runtime.compute=emulated: no model, no rewards
         print(f"\n== emulated run ==\nmodelled time: {summary['modelled_s']:.1f} s for {summary['steps']} steps")
         print(f"trace: {summary.get('trace')}  gantt: {summary.get('gantt')}")
@@ -70,9 +74,25 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pretrain_toy(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _interrupted(run_dir: Path, argv: Optional[list[str]]) -> int:
+    """Say which checkpoint a --resume would continue from, and the command; exit code 130
+    (128 + SIGINT, what a shell reports for a Ctrl-C'd program)."""
+    from digenrl.checkpoint import latest_checkpoint
 
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        where = f"no checkpoint in {run_dir} yet: --resume starts again from step 0"
+    else:  # step_000040 -> 40: the RL steps done (and the policy version) when it was saved
+        where = f"latest checkpoint: step {int(latest.name.split('_')[1])} ({latest})"
+    if argv is None:
+        command = "the same digenrl train command with --resume"
+    else:
+        command = shlex.join(["digenrl", "train", *argv, *([] if "--resume" in argv else ["--resume"])])
+    print(f"\ndigenrl train: interrupted; {where}\nresume with:\n  {command}", file=sys.stderr)
+    return 130
+
+
+def _pretrain_toy(args: argparse.Namespace) -> int:
     from digenrl.models.tiny_dit_weights import ASSET, save_tiny_dit
     from digenrl.toy.pretrain import PRETRAIN_STEPS, PRETRAIN_THREADS, pretrain
 
@@ -103,7 +123,7 @@ def _add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
     t.add_argument("overrides", nargs="*", help="key=value config overrides, anywhere among the options, "
                                                 "e.g. train.lr=3e-4")
-    t.set_defaults(func=_train)
+    t.set_defaults(func=_train, argv=None)  # main() sets argv: the words after 'train'
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -161,6 +181,7 @@ def main(argv: Optional[list[str]] = None) -> int:
             return getattr(importlib.import_module(module), function)(argv[1:])
     if argv[:1] == ["train"]:
         args = train_parser().parse_intermixed_args(argv[1:])
+        args.argv = argv[1:]  # the user's own words, for the resume command after a Ctrl-C
     else:
         args = build_parser().parse_args(argv)
     return args.func(args)

@@ -1,5 +1,9 @@
 """The `digenrl` command line: errors before work, delegated subcommands get their argv."""
 
+import json
+import shlex
+from pathlib import Path
+
 import pytest
 
 from digenrl.cli import main
@@ -94,3 +98,42 @@ def test_train_help_and_unknown_options(capsys):
     with pytest.raises(SystemExit) as e:
         main(["train", "--no-such-option", "run.mode=local"])
     assert e.value.code == 2 and "--no-such-option" in capsys.readouterr().err
+
+
+def _interrupting_trainer(monkeypatch, checkpoints: list[int]):
+    """A local trainer that has saved `checkpoints` (step numbers) when Ctrl-C arrives."""
+    import digenrl.trainer
+
+    class Interrupted:
+        def __init__(self, cfg, progress=True):
+            self.run_dir = Path(cfg.run.run_dir)
+
+        def train(self, resume=False):
+            for step in checkpoints:  # the layout checkpoint.save_checkpoint writes
+                d = self.run_dir / "checkpoints" / f"step_{step:06d}"
+                d.mkdir(parents=True)
+                (d / "state.json").write_text(json.dumps({"step": step}))
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(digenrl.trainer, "Trainer", Interrupted)
+
+
+def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path, monkeypatch, capsys):
+    _interrupting_trainer(monkeypatch, [10, 20])
+    run_dir = tmp_path / "my run"
+    argv = ["--steps", "40", "run.mode=local", "--run-dir", str(run_dir), "reward.weights={toy-geneval: 1.0}"]
+    assert main(["train", *argv]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert f"latest checkpoint: step 20 ({run_dir / 'checkpoints' / 'step_000020'})" in err
+    command = err.strip().splitlines()[-1].strip()
+    assert shlex.split(command) == ["digenrl", "train", *argv, "--resume"]  # the user's words, quoted for a shell
+
+
+def test_ctrl_c_before_any_checkpoint(tmp_path, monkeypatch, capsys):
+    _interrupting_trainer(monkeypatch, [])
+    argv = ["run.mode=local", "--run-dir", str(tmp_path), "--resume"]
+    assert main(["train", *argv]) == 130
+    err = capsys.readouterr().err
+    assert f"no checkpoint in {tmp_path} yet" in err
+    assert shlex.split(err.strip().splitlines()[-1]) == ["digenrl", "train", *argv]  # --resume only once
