@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from digenrl import rng
+from digenrl.math import rng
 
 COLORS: dict[str, tuple[float, float, float]] = {
     "red": (0.9, 0.1, 0.1),
