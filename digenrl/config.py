@@ -144,7 +144,6 @@ class RewardConfig:
         _check(bool(self.weights), "reward.weights", "name at least one reward")
         for name in self.weights:
             _one_of(name, f"reward.weights.{name}", REWARD_NAMES)
-        for name in self.weights:
             _check(name in BUILTIN_REWARDS or name in self.paths, f"reward.paths.{name}",
                    f"reward {name!r} loads a model: set reward.paths.{name}=<local model folder>"
                    + (" (remote: <url>#<served reward name>)" if name == "remote" else ""))
@@ -281,7 +280,17 @@ class Config:
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
-        self._check_gpu_pools()
+        # model.device=cuda on Ray: every pool that loads the policy must reserve a GPU. A Ray
+        # actor with num_gpus 0 sees no GPU (CUDA_VISIBLE_DEVICES is empty) and would fail on
+        # its first CUDA call, after Ray and the other workers started. Emulated compute loads
+        # no model; colocated runs every policy worker with the trainer pool's options.
+        rt = self.runtime
+        if self.model.device.startswith("cuda") and self.run.mode != "local" and rt.compute != "emulated":
+            for name in ["trainer"] if self.run.mode == "colocated" else ["rollout", "trainer"]:
+                pool = getattr(rt, name)
+                _check(pool.workers == 0 or pool.num_gpus > 0, f"runtime.{name}.num_gpus",
+                       f"is 0, but model.device={self.model.device} with run.mode={self.run.mode} loads the "
+                       f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(
@@ -289,24 +298,6 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
-
-    def _check_gpu_pools(self) -> None:
-        """model.device=cuda on Ray: every pool that loads the policy must reserve a GPU.
-
-        A Ray actor with num_gpus 0 sees no GPU (CUDA_VISIBLE_DEVICES is empty), so it
-        would fail on its first CUDA call, or share a GPU nobody reserved. Emulated compute
-        loads no model.
-        """
-        rt = self.runtime
-        if not self.model.device.startswith("cuda") or self.run.mode == "local" or rt.compute == "emulated":
-            return
-        # colocated runs every policy worker with the trainer pool's options (runtime/driver.py)
-        pools = ["trainer"] if self.run.mode == "colocated" else ["rollout", "trainer"]
-        for name in pools:
-            pool = getattr(rt, name)
-            _check(pool.workers == 0 or pool.num_gpus > 0, f"runtime.{name}.num_gpus",
-                   f"is 0, but model.device={self.model.device} with run.mode={self.run.mode} loads the "
-                   f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
