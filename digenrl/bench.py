@@ -57,6 +57,8 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
             if plan is not None:
                 c.runtime.plan = plan
             summary = {}
+            if mode != "local":  # run.threads is the local process's; Ray workers take runtime.worker_threads
+                c.run.threads = 0
             if mode == "local":
                 Trainer(c, progress=False).train()
             else:

@@ -1,6 +1,7 @@
 """`digenrl` command line: train, and the tools around it.
 
     digenrl train [--config FILE] [--steps N] [--seed S] [--run-dir DIR] [--resume] [key=value ...]
+                  (key=value overrides may go anywhere among the options)
     digenrl pretrain-toy [--steps N] [--out FILE]
     digenrl reward-server SPEC [--host H] [--port P]
     digenrl simulate --testbed FILE|PRESET      (each takes --help)
@@ -12,12 +13,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
+import shlex
 import sys
+from pathlib import Path
 from typing import Optional
 
 from digenrl.config import ConfigError, load_config
+from digenrl.preflight import check_inputs
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -30,11 +33,12 @@ def _train(args: argparse.Namespace) -> int:
         overrides.append(f"run.run_dir={args.run_dir}")
     try:
         cfg = load_config(args.config, overrides)
+        if args.address is not None:
+            cfg.runtime.address = args.address
+        check_inputs(cfg)  # the files the run will read: before Ray starts or a model loads
     except ConfigError as e:
         print(f"digenrl train: invalid configuration: {e}", file=sys.stderr)
         return 2
-    if args.address is not None:
-        cfg.runtime.address = args.address
     lost: tuple[type[Exception], ...] = ()
     if cfg.run.mode == "local":
         from digenrl.trainer import Trainer as trainer_cls
@@ -51,6 +55,8 @@ def _train(args: argparse.Namespace) -> int:
     except lost as e:  # a lost trainer: the message says how to continue (--resume)
         print(f"digenrl train: {e}", file=sys.stderr)
         return 3
+    except KeyboardInterrupt:  # Ctrl-C: where the run stands and how to continue, no traceback
+        return _interrupted(Path(cfg.run.run_dir), args.argv)
     if "modelled_s" in summary:  # runtime.compute=emulated: no model, no rewards
         print(f"\n== emulated run ==\nmodelled time: {summary['modelled_s']:.1f} s for {summary['steps']} steps")
         print(f"trace: {summary.get('trace')}  gantt: {summary.get('gantt')}")
@@ -67,14 +73,31 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pretrain_toy(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _interrupted(run_dir: Path, argv: Optional[list[str]]) -> int:
+    """Say which checkpoint a --resume would continue from, and the command; exit code 130
+    (128 + SIGINT, what a shell reports for a Ctrl-C'd program)."""
+    from digenrl.checkpoint import latest_checkpoint
 
-    from digenrl.toy.pretrain import ASSET, PRETRAIN_STEPS, PRETRAIN_THREADS, pretrain, save_base
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        where = f"no checkpoint in {run_dir} yet: --resume starts again from step 0"
+    else:  # step_000040 -> 40: the RL steps done (and the policy version) when it was saved
+        where = f"latest checkpoint: step {int(latest.name.split('_')[1])} ({latest})"
+    if argv is None:
+        command = "the same digenrl train command with --resume"
+    else:
+        command = shlex.join(["digenrl", "train", *argv, *([] if "--resume" in argv else ["--resume"])])
+    print(f"\ndigenrl train: interrupted; {where}\nresume with:\n  {command}", file=sys.stderr)
+    return 130
+
+
+def _pretrain_toy(args: argparse.Namespace) -> int:
+    from digenrl.models.tiny_dit_weights import ASSET, save_tiny_dit
+    from digenrl.toy.pretrain import PRETRAIN_STEPS, PRETRAIN_THREADS, pretrain
 
     model = pretrain(steps=args.steps or PRETRAIN_STEPS, seed=args.seed, threads=args.threads or PRETRAIN_THREADS)
     out = Path(args.out) if args.out else ASSET
-    save_base(model, out)
+    save_tiny_dit(model, out)
     print(f"saved {out}")
     return 0
 
@@ -86,11 +109,10 @@ def _reward_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="digenrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+TRAIN_HELP = "RL post-training (GRPO) of a flow-matching generator"
 
-    t = sub.add_parser("train", help="RL post-training (GRPO) of a flow-matching generator")
+
+def _add_train_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("--config", help="YAML config (see recipes/)")
     t.add_argument("--steps", type=int, help="RL steps (train.steps)")
     t.add_argument("--seed", type=int, help="run.seed")
@@ -98,8 +120,24 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--address", help="an existing Ray cluster (runtime.address; default $RAY_ADDRESS or a local one)")
     t.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in the run dir")
     t.add_argument("--quiet", action="store_true", help="no progress bar or per-step lines")
-    t.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. train.lr=3e-4")
-    t.set_defaults(func=_train)
+    t.add_argument("overrides", nargs="*", help="key=value config overrides, anywhere among the options, "
+                                                "e.g. train.lr=3e-4")
+    t.set_defaults(func=_train, argv=None)  # main() sets argv: the words after 'train'
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """`digenrl train` on its own, so its key=value overrides may sit between options:
+    argparse's intermixed parsing refuses a parser with subcommands, not this one."""
+    t = argparse.ArgumentParser(prog="digenrl train", description=TRAIN_HELP)
+    _add_train_arguments(t)
+    return t
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="digenrl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_train_arguments(sub.add_parser("train", help=TRAIN_HELP))
 
     p = sub.add_parser("pretrain-toy", help="rebuild the toy world's base generator")
     p.add_argument("--steps", type=int, default=None)
@@ -140,7 +178,11 @@ def main(argv: Optional[list[str]] = None) -> int:
             import importlib
 
             return getattr(importlib.import_module(module), function)(argv[1:])
-    args = build_parser().parse_args(argv)
+    if argv[:1] == ["train"]:
+        args = train_parser().parse_intermixed_args(argv[1:])
+        args.argv = argv[1:]  # the user's own words, for the resume command after a Ctrl-C
+    else:
+        args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -45,7 +45,10 @@ def _one_of(value: Any, key: str, allowed: tuple) -> None:
 @dataclass
 class ModelConfig:
     name: str = "tiny-dit"  # see MODEL_NAMES
-    path: Optional[str] = None  # tiny-dit: None = the shipped toy base; else a local folder or hub id
+    # tiny-dit: None = the shipped toy base, else a .safetensors file; other families: a local
+    # pipeline folder or a hub id ('org/name') already in the HF cache. `digenrl train` refuses
+    # a path that does not exist before any work (digenrl/preflight.py).
+    path: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16 (SDE math is float32 regardless)
     device: str = "cpu"
     lora_rank: int = 16  # 0 = full fine-tune (then lower train.lr: 1e-4 for the tiny DiT)
@@ -62,6 +65,8 @@ class ModelConfig:
         _one_of(self.name, "model.name", MODEL_NAMES)
         _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
         _check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tune), got {self.lora_rank}")
+        _check(self.name == "tiny-dit" or bool(self.path), "model.path",
+               f"{self.name} needs its weights: a local diffusers pipeline folder or a hub id in the HF cache")
         _check(self.text_encoders or bool(self.prompt_cache), "model.text_encoders",
                "false needs model.prompt_cache (prompts can then only come from the cache)")
         for k in ("height", "width", "frames"):
@@ -146,11 +151,19 @@ class RewardConfig:
     adv_clip: float = 5.0
 
     def __post_init__(self) -> None:
-        from digenrl.rewards import REWARD_NAMES
+        from digenrl.rewards import BUILTIN_REWARDS, REWARD_NAMES
 
         _check(bool(self.weights), "reward.weights", "name at least one reward")
         for name in self.weights:
             _one_of(name, f"reward.weights.{name}", REWARD_NAMES)
+            _check(name in BUILTIN_REWARDS or name in self.paths, f"reward.paths.{name}",
+                   f"reward {name!r} loads a model: set reward.paths.{name}=<local model folder>"
+                   + (" (remote: <url>#<served reward name>)" if name == "remote" else ""))
+        if "remote" in self.paths:
+            url, _, served = self.paths["remote"].partition("#")
+            _check(url.startswith(("http://", "https://")) and bool(served), "reward.paths.remote",
+                   f"{self.paths['remote']!r} is not <http(s)://host:port>#<served reward name>, "
+                   "e.g. http://10.0.0.5:8000#pickscore")
         _one_of(self.combine, "reward.combine", COMBINE_KINDS)
         _one_of(self.adv_std, "reward.adv_std", STD_KINDS)
         _check(self.threads >= 1, "reward.threads", "must be >= 1")
@@ -190,7 +203,9 @@ class RunConfig:
     eval_every: int = 10
     checkpoint_every: int = 10
     keep_checkpoints: int = 2
-    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    # torch intra-op threads of the run.mode=local process; 0 = torch's default. Ray modes
+    # refuse it: each worker process takes runtime.worker_threads instead.
+    threads: int = 0
     tensorboard: bool = True
 
     def __post_init__(self) -> None:
@@ -198,6 +213,10 @@ class RunConfig:
         _check(self.eval_every >= 0, "run.eval_every", "must be >= 0 (0 = only before and after)")
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0 = only at the end)")
         _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
+        _check(self.threads >= 0, "run.threads", "must be >= 0 (0 = torch's default)")
+        _check(self.threads == 0 or self.mode == "local", "run.threads",
+               f"sets the threads of the run.mode=local process only; with run.mode={self.mode} every "
+               "Ray worker takes runtime.worker_threads: use that (and leave run.threads at 0)")
 
 
 COMPUTE = ("real", "emulated")
@@ -240,7 +259,7 @@ class RuntimeConfig:
     rollout_segment: int = 0  # denoising steps per rollout Generate unit; 0 = whole trajectory
     gen_shard: int = 1  # Generate units per micro-batch along the sample axis (1 = whole micro-batch)
     train_shard: int = 1  # Train units per (micro-batch, TSP chunk) along the sample axis (1 = off)
-    worker_threads: int = 1  # torch intra-op threads per worker process
+    worker_threads: int = 1  # torch intra-op threads per Ray worker process (run.threads is local mode's)
     # Plan the run at hand (digenrl.sim.here): time each unit kind on this cluster, then pick
     # the pool split (same total), data.micro_batch_groups and train.tsp_chunk that the
     # config does not set. auto: only when no pool size is given; always; never.
@@ -303,6 +322,16 @@ class Config:
             _check(mode != "local", "runtime.compute", "emulated compute needs a Ray mode, not run.mode=local")
             _check(rt.reward.workers == 0, "runtime.reward.workers",
                    "emulated compute models rewards on the generating worker; set 0")
+        # model.device=cuda on Ray: every pool that loads the policy must reserve a GPU. A Ray
+        # actor with num_gpus 0 sees no GPU (CUDA_VISIBLE_DEVICES is empty) and would fail on
+        # its first CUDA call, after Ray and the other workers started. Emulated compute loads
+        # no model; colocated runs every policy worker with the trainer pool's options.
+        if self.model.device.startswith("cuda") and self.run.mode != "local" and rt.compute != "emulated":
+            for name in ["trainer"] if self.run.mode == "colocated" else ["rollout", "trainer"]:
+                pool = getattr(rt, name)
+                _check(pool.workers == 0 or pool.num_gpus > 0, f"runtime.{name}.num_gpus",
+                       f"is 0, but model.device={self.model.device} with run.mode={self.run.mode} loads the "
+                       f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(

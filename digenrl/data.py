@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from digenrl import rng
+from digenrl.math import rng
 
 
 def load_prompts(spec: str, *, held_out: bool = False) -> list[str]:

@@ -46,3 +46,27 @@ def test_family_recipe_settings(family, recipe):
     if family in ("wan", "hunyuan-video"):
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
     assert cfg.model.height % 16 == 0 and cfg.model.width % 16 == 0
+
+
+# the cost model's name for each family at the recipe's checkpoint (digenrl/sim/costs.py)
+COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-1.3b",
+                    "qwen-image": "qwen-image-20b", "hunyuan-video": "hunyuanvideo-13b"}
+
+
+@pytest.mark.parametrize("family,recipe", sorted(FAMILY_RECIPES.items()))
+def test_family_recipe_roles_fit_one_h200(family, recipe):
+    # what docs/models.md's tables say, as the recipe is written: a rollout worker generates a
+    # micro-batch, a trainer holds the training state and backward_batch samples' activations
+    from digenrl.sim.costs import CostModel, Shape
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+    m = cfg.model
+    micro_batch = cfg.data.micro_batch_groups * cfg.data.group_size
+    kw = dict(lora=m.lora_rank > 0, grad_ckpt=m.grad_ckpt, cfg=cfg.sampling.cfg_scale > 1,
+              shape=Shape(m.height, m.width, m.frames or 1), lora_rank=m.lora_rank or 32)
+    cost = CostModel()
+    trainer = cost.fits(COST_MODEL_NAMES[family], ["trainer"], "H200",
+                        train_batch=cfg.train.backward_batch or micro_batch, **kw)
+    rollout = cost.fits(COST_MODEL_NAMES[family], ["rollout"], "H200", gen_batch=micro_batch, **kw)
+    assert trainer.fits, f"{recipe}: trainer needs {trainer.peak_gib:.0f} GiB of {trainer.usable_gib:.0f}"
+    assert rollout.fits, f"{recipe}: rollout needs {rollout.peak_gib:.0f} GiB of {rollout.usable_gib:.0f}"

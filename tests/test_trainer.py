@@ -115,3 +115,52 @@ def test_backward_batch_splits_give_the_same_update(tiny_overrides):
     # Adam's first step is ~lr * sign(grad): rounding of near-zero gradients shows at ~3e-6 (lr 1e-3)
     assert all(torch.allclose(whole[k], split[k], atol=1e-5) for k in whole)
     assert any(float(v.abs().max()) > 5e-4 for k, v in whole.items() if "lora_B" in k)  # it did update
+
+
+def test_grad_ckpt_keeps_ratio_exactly_one(tiny_overrides):
+    # checkpointing recomputes block activations in backward: the forward values must not change
+    trainer = Trainer(load_config(None, tiny_overrides + ["model.lora_rank=4", "model.grad_ckpt=true"]),
+                      progress=False)
+    assert trainer.policy.module.grad_ckpt
+    plan = plan_step(trainer.cfg, trainer.source, 0)
+    mb = plan.micro_batches[0]
+    traj = generate(trainer.policy, mb.prompts, mb.coords, plan.spec, step=0, version=0)
+    trainer.policy.module.train()  # as the learner does: the checkpointed path
+    for t in plan.trained_steps:
+        out = trainer.learner.score(traj, t, plan.spec)
+        assert torch.equal(out.log_prob.detach(), traj.log_probs[:, t]), f"ratio != 1 at denoising step {t}"
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_one_rl_step_on_cuda_sees_ratio_exactly_one(tiny_overrides, lora):
+    # the same kernels in rollout (no grad) and training (grad) on the GPU: ratio 1, not ~1
+    extra = ["model.device=cuda", "model.lora_rank=4" if lora else "model.lora_rank=0", "train.beta=0.01"]
+    trainer = Trainer(load_config(None, tiny_overrides + extra), progress=False)
+    assert all(p.is_cuda for p in trainer.policy.module.parameters())
+    before = {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
+    m = trainer.rl_step(0)
+    assert m["loss/ratio_mean"] == 1.0 and m["loss/ratio_max"] == 1.0 and m["loss/clipfrac"] == 0.0, m
+    assert 0 < m["train/grad_norm"] < float("inf") and m["train/skipped_step"] == 0.0
+    after = trainer.policy.module.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the optimizer step changed nothing"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_local_run_on_cuda_writes_outputs_and_resumes(tiny_overrides, tmp_path):
+    # evaluation, checkpoints and final weights from CUDA tensors; --resume loads them back onto CUDA
+    cfg = load_config(None, tiny_overrides + ["model.device=cuda", "train.steps=2", "run.checkpoint_every=1",
+                                              "run.eval_every=1"])
+    summary = Trainer(cfg, progress=False).train()
+    run = tmp_path / "run"
+    assert summary["steps"] == 2 and (run / "final" / "policy.safetensors").exists()
+    assert len(read_metrics(run)) == 3  # step 0 eval, then two RL steps
+    cfg.train.steps = 3
+    resumed = Trainer(cfg, progress=False)
+    assert resumed.train(resume=True)["steps"] == 3
+    assert all(p.is_cuda for p in resumed.policy.module.parameters())

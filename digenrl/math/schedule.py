@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from digenrl import rng
+from digenrl.math import rng
 
 WINDOW_KINDS = ("all-but-last", "contiguous", "sliding", "fraction")
 

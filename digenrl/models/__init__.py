@@ -17,12 +17,17 @@ __all__ = ["Cond", "Policy", "build_policy", "guided_velocity"]
 
 
 def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
-    """Load the configured generator, with LoRA injected when lora_rank > 0."""
+    """Load the configured generator, with LoRA injected when lora_rank > 0 and activation
+    checkpointing when grad_ckpt.
+
+    `progress` is accepted for the callers' sake: nothing here is slow enough to show a
+    bar (the toy base is a shipped file).
+    """
     if cfg.name == "tiny-dit":
         from digenrl.models.tiny_dit import LORA_TARGETS, TinyDiTPolicy
-        from digenrl.toy.pretrain import load_base, load_tiny_dit
+        from digenrl.models.tiny_dit_weights import load_base, load_tiny_dit
 
-        module = load_tiny_dit(Path(cfg.path)) if cfg.path else load_base(progress=progress)
+        module = load_tiny_dit(Path(cfg.path)) if cfg.path else load_base()
         module = module.to(getattr(torch, cfg.dtype))
         policy: Policy = TinyDiTPolicy(module, cfg.device)
         default_targets = LORA_TARGETS
@@ -46,6 +51,6 @@ def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
     if cfg.lora_rank > 0:
         policy.module.requires_grad_(False)
         apply_lora(policy.module, LoraSpec(cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets or default_targets)))
-    if cfg.grad_ckpt and hasattr(policy.module, "enable_gradient_checkpointing"):
+    if cfg.grad_ckpt:  # the tiny DiT and every diffusers transformer implement it
         policy.module.enable_gradient_checkpointing()
     return policy

@@ -7,6 +7,10 @@ the noise level enters through adaLN-zero modulation (as in DiT).
 Attention is written out rather than calling scaled_dot_product_attention: on CPU,
 SDPA may pick a different kernel with and without autograd, and the on-policy ratio
 must come out exactly 1 when training recomputes what rollout computed.
+
+Prompts are word-level: `VOCAB` is the toy world's words (`digenrl/toy/world.py` draws
+images for them), fixed here because its order is the token ids the shipped weights were
+trained with. The model owns its tokenizer, so `models` never imports `toy`.
 """
 
 from __future__ import annotations
@@ -17,9 +21,29 @@ from typing import Sequence
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from digenrl.models.protocol import Cond
-from digenrl.toy.world import VOCAB, tokenize
+
+# Token ids of the shipped base (digenrl/assets/toy_base.safetensors): append, never reorder.
+# 0 pads (and is the unconditional prompt), 1 is any unknown word.
+VOCAB = (
+    "<pad>", "<unk>", "on", "the",
+    "a", "two",  # counts
+    "red", "green", "blue", "yellow",  # colours
+    "square", "circle", "triangle", "squares", "circles", "triangles",  # shapes
+    "left", "right", "top", "bottom",  # positions
+)
+
+
+def tokenize(texts: list[str], max_len: int = 8) -> torch.Tensor:
+    """Word-level ids over VOCAB: (B, max_len) int64, 0 = padding."""
+    index = {w: i for i, w in enumerate(VOCAB)}
+    out = torch.zeros(len(texts), max_len, dtype=torch.long)
+    for i, t in enumerate(texts):
+        ids = [index.get(w, 1) for w in t.lower().split()][:max_len]
+        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+    return out
 
 
 @dataclass(frozen=True)
@@ -111,6 +135,14 @@ class TinyDiT(nn.Module):
         for layer in (self.out_modulation, self.patch_out):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        self.grad_ckpt = False  # model.grad_ckpt: recompute block activations in backward
+
+    def enable_gradient_checkpointing(self) -> None:
+        """Keep only each block's input during training forwards; backward recomputes the rest.
+
+        Same name as diffusers' models, so `build_policy` turns it on for every family alike.
+        """
+        self.grad_ckpt = True
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         c = self.config
@@ -124,8 +156,11 @@ class TinyDiT(nn.Module):
             h = torch.cat([text + self.text_pos, self.patch_in(patches) + self.patch_pos], dim=1)
         else:
             h = torch.cat([text, self.patch_in(patches)], dim=1) + self.pos
+        # checkpoint only when a backward will follow: rollout runs under no_grad and must
+        # not pay for it (and its values are the same either way, so ratio == 1 holds)
+        ckpt = self.grad_ckpt and self.training and torch.is_grad_enabled()
         for block in self.blocks:
-            h = block(h, cond)
+            h = checkpoint(block, h, cond, use_reentrant=False) if ckpt else block(h, cond)
         shift, scale = self.out_modulation(nn.functional.silu(cond)).unsqueeze(1).chunk(2, -1)
         h = self.norm_out(h[:, c.max_tokens :]) * (1 + scale) + shift
         out = self.patch_out(h)  # (B, N, C p p)

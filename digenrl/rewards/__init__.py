@@ -26,6 +26,9 @@ REWARD_NAMES = (
     "remote",
 )
 
+# computed by program, on CPU: no reward.paths entry, no model to load
+BUILTIN_REWARDS = ("toy-geneval", "jpeg-compressibility", "jpeg-incompressibility")
+
 RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
 
 

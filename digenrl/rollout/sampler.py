@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from digenrl import rng
+from digenrl.math import rng
 from digenrl.math import sde_step
 from digenrl.models.protocol import Cond, Policy, guided_velocity
 

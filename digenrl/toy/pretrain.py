@@ -3,24 +3,24 @@
 Deterministic for a given seed and thread count: the shipped
 `digenrl/assets/toy_base.safetensors` is `pretrain()` with its defaults (3000 steps, one
 torch thread, ~17 min on one core), and `load_base` rebuilds exactly that and caches it
-when the asset is missing.
+when the asset is missing. The file format lives with the model
+(`digenrl/models/tiny_dit_weights.py`); this module adds the toy world's training data.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig
-from digenrl.toy.world import sample_batch, tokenize
+from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig, tokenize
+from digenrl.models.tiny_dit_weights import ASSET, cache_path, find_base, load_tiny_dit, save_tiny_dit
+from digenrl.toy.world import sample_batch
 
-ASSET = Path(__file__).resolve().parent.parent / "assets" / "toy_base.safetensors"
+__all__ = ["ASSET", "PRETRAIN_STEPS", "PRETRAIN_THREADS", "load_base", "load_tiny_dit", "pretrain", "save_base"]
+
 PRETRAIN_STEPS = 3000
 WARMUP_STEPS = 100
 PRETRAIN_THREADS = 1  # float sums depend on the intra-op thread count; 1 reproduces the asset
@@ -78,36 +78,14 @@ def _pretrain(steps: int, batch: int, lr: float, seed: int, config: TinyDiTConfi
     return model
 
 
-def save_base(model: TinyDiT, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"config": json.dumps(model.config.__dict__), "format": "digenrl.tiny_dit"}
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata=meta)
-
-
-def load_tiny_dit(path: Path) -> TinyDiT:
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    if meta.get("format") != "digenrl.tiny_dit":
-        raise ValueError(f"{path} is not a digenrl tiny-dit checkpoint (metadata format={meta.get('format')!r})")
-    fields = json.loads(meta["config"])
-    fields.setdefault("pos_embed", "learned")  # files written before sin-cos positions existed
-    model = TinyDiT(TinyDiTConfig(**fields))
-    model.load_state_dict(load_file(str(path)))
-    return model
-
-
-def cache_path() -> Path:
-    root = Path(os.environ.get("DIGENRL_CACHE", Path.home() / ".cache" / "digenrl"))
-    return root / "toy_base.safetensors"
+save_base = save_tiny_dit  # `digenrl pretrain-toy` writes the base in the model's own file format
 
 
 def load_base(progress: bool = True) -> TinyDiT:
     """The shipped base model; if absent, pretrain once (~minutes on 2 cores) and cache it."""
-    for path in (ASSET, cache_path()):
-        if path.exists():
-            return load_tiny_dit(path)
+    path = find_base()
+    if path is not None:
+        return load_tiny_dit(path)
     model = pretrain(progress=progress)
     save_base(model, cache_path())
     return model

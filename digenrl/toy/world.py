@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from digenrl import rng
+from digenrl.math import rng
 
 COLORS: dict[str, tuple[float, float, float]] = {
     "red": (0.9, 0.1, 0.1),
@@ -80,21 +80,6 @@ def split_prompts() -> tuple[tuple[ToyPrompt, ...], tuple[ToyPrompt, ...]]:
     train = tuple(p for p in all_prompts() if not _is_held_out(p))
     held = tuple(p for p in all_prompts() if _is_held_out(p))
     return train, held
-
-
-VOCAB = ("<pad>", "<unk>", "on", "the") + tuple(COUNTS.values()) + tuple(COLORS) + SHAPES + tuple(
-    s + "s" for s in SHAPES
-) + POSITIONS[1:]
-
-
-def tokenize(texts: list[str], max_len: int = 8) -> torch.Tensor:
-    """Word-level ids over the toy vocabulary: (B, max_len) int64, 0 = padding."""
-    index = {w: i for i, w in enumerate(VOCAB)}
-    out = torch.zeros(len(texts), max_len, dtype=torch.long)
-    for i, t in enumerate(texts):
-        ids = [index.get(w, 1) for w in t.lower().split()][:max_len]
-        out[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-    return out
 
 
 def shape_mask(shape: str, cy: float, cx: float, r: float, size: int) -> np.ndarray:

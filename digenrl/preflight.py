@@ -1,0 +1,126 @@
+"""The run's inputs on disk, checked before any work starts (no Ray, no model load).
+
+    check_inputs(cfg)      raises ConfigError naming the key, e.g.
+                           "model.path: '/models/flux' does not exist (...)"
+
+`Config` validation is pure (a recipe validates on a laptop whose disk has none of its
+files: tests/test_recipes.py); this is the second stage, run by `digenrl train`, that
+looks at the files the run is about to read: model.path, model.prompt_cache (when no text
+encoder is loaded), data.prompts, data.eval_prompts, reward.paths and runtime.testbed.
+
+Model and reward files are read by the Ray workers. When the run joins an existing
+cluster (runtime.address or $RAY_ADDRESS) they may live on disks this machine does not
+see, so those are not checked there; prompts are read here too (by the driver) and are
+checked always.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from digenrl.config import Config, ConfigError
+
+# 'org/name' as the Hugging Face hub spells repo ids: resolved through the local HF cache
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def looks_like_path(value: str) -> bool:
+    """A filesystem path rather than a hub id: absolute, starts with '.', or has a separator
+    and is not of the form 'org/name'."""
+    return os.path.isabs(value) or value.startswith(".") or (os.sep in value and not HUB_ID.fullmatch(value))
+
+
+def check_inputs(cfg: Config) -> None:
+    """Raise one ConfigError listing every input the run could not read (one per line)."""
+    remote = cfg.run.mode != "local" and bool(cfg.runtime.address or os.environ.get("RAY_ADDRESS"))
+    checks = [_check_prompts]
+    if not remote:
+        checks = [_check_model, *checks, _check_reward_paths]
+    if cfg.runtime.compute == "emulated" and cfg.run.mode != "local":
+        checks.append(lambda c: _check_testbed(c.runtime.testbed))
+    problems = []
+    for check in checks:  # a recipe's placeholders all show at once, not one per attempt
+        try:
+            check(cfg)
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError("\n  ".join(problems))
+
+
+def _missing(key: str, value: str, what: str) -> ConfigError:
+    return ConfigError(f"{key}: {value!r} does not exist ({what})")
+
+
+def _check_model(cfg: Config) -> None:
+    m = cfg.model
+    if m.name == "tiny-dit":
+        _check_tiny_dit(m.path)
+        return
+    if looks_like_path(m.path) and not Path(m.path).exists():
+        raise _missing("model.path", m.path, f"{m.name} needs a local diffusers pipeline folder, or a hub id "
+                                             "('org/name') already in the Hugging Face cache")
+    if not m.text_encoders and not Path(m.prompt_cache).is_dir():
+        raise _missing("model.prompt_cache", m.prompt_cache,
+                       "model.text_encoders=false reads every prompt from it: fill it first (docs/models.md)")
+
+
+def _check_tiny_dit(path: str | None) -> None:
+    from digenrl.models.tiny_dit_weights import check_tiny_dit_file, find_base, missing_base_message
+
+    if path is None:  # the shipped base
+        if find_base() is None:
+            raise ConfigError(f"model.path: unset, and {missing_base_message()}")
+        return
+    if not Path(path).is_file():
+        raise _missing("model.path", path, "tiny-dit needs a .safetensors file written by digenrl")
+    try:
+        check_tiny_dit_file(Path(path))
+    except ValueError as e:
+        raise ConfigError(f"model.path: {e}") from None
+
+
+def _check_prompts(cfg: Config) -> None:
+    from digenrl.data import load_prompts
+
+    problems = []
+    for key in ("prompts", "eval_prompts"):
+        try:
+            load_prompts(getattr(cfg.data, key))
+        except (ValueError, OSError) as e:
+            problems.append(f"data.{key}: {e}")
+    if problems:
+        raise ConfigError("\n  ".join(problems))
+
+
+def _reward_locations(value: str) -> list[str]:
+    """The paths (or hub ids) in a reward.paths value: a bare location, or the *path
+    arguments of a 'key=value&...' string (digenrl/rewards/registry_models.py)."""
+    if "=" not in value:
+        return [value]
+    return [v for k, v in parse_qsl(value, keep_blank_values=True) if k == "path" or k.endswith("_path")]
+
+
+def _check_reward_paths(cfg: Config) -> None:
+    missing = []
+    for name, value in cfg.reward.paths.items():
+        if name == "remote" or name not in cfg.reward.weights:  # a URL; or an entry no reward uses
+            continue
+        for where in _reward_locations(value):
+            if looks_like_path(where) and not Path(where).exists():
+                missing.append(str(_missing(f"reward.paths.{name}", where,
+                                            "a local model folder or file; nothing is downloaded")))
+    if missing:
+        raise ConfigError("\n  ".join(missing))
+
+
+def _check_testbed(testbed: str) -> None:
+    from digenrl.sim.testbed import TestbedError, load_testbed
+
+    try:
+        load_testbed(testbed)
+    except (TestbedError, OSError) as e:
+        raise ConfigError(f"runtime.testbed: {e}") from None

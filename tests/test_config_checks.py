@@ -1,0 +1,67 @@
+"""Config validation: each key acts only where it is documented, or is refused naming itself."""
+
+import pytest
+
+from digenrl.config import ConfigError, load_config
+
+CUDA_RAY = ["model.device=cuda", "run.mode=digenrl"]
+
+
+def _refused(overrides: list[str], *words: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    return str(e.value)
+
+
+# -- run.threads vs runtime.worker_threads ------------------------------------------------
+@pytest.mark.parametrize("mode", ["digenrl", "colocated", "disagg-sync"])
+def test_run_threads_is_refused_on_ray(mode):
+    _refused([f"run.mode={mode}", "run.threads=4"], "run.threads", "runtime.worker_threads", mode)
+
+
+def test_run_threads_is_local_and_worker_threads_is_ray():
+    assert load_config(None, ["run.mode=local", "run.threads=4"]).run.threads == 4
+    cfg = load_config(None, ["run.mode=digenrl", "runtime.worker_threads=3"])
+    assert (cfg.run.threads, cfg.runtime.worker_threads) == (0, 3)
+    _refused(["run.mode=local", "run.threads=-1"], "run.threads", ">= 0")
+
+
+# -- model.device cuda on Ray needs GPU pools ---------------------------------------------
+@pytest.mark.parametrize("pool", ["rollout", "trainer"])
+def test_cuda_on_ray_refuses_a_pool_without_gpus(pool):
+    other = "trainer" if pool == "rollout" else "rollout"
+    message = _refused(CUDA_RAY + [f"runtime.{other}.num_gpus=1"], f"runtime.{pool}.num_gpus", "model.device=cuda")
+    assert f"runtime.{other}.num_gpus" not in message
+
+
+def test_cuda_pools_with_gpus_and_the_cases_that_need_none():
+    cfg = load_config(None, CUDA_RAY + ["runtime.rollout.num_gpus=1", "runtime.trainer.num_gpus=0.5"])
+    assert cfg.runtime.trainer.num_gpus == 0.5  # a fraction reserves a (shared) GPU too
+    load_config(None, ["model.device=cuda:1", "run.mode=local"])  # no Ray: no pools
+    load_config(None, ["model.device=cpu", "run.mode=digenrl"])  # CPU workers
+    # colocated starts every policy worker with the trainer pool's options: the rollout pool's are unused
+    load_config(None, ["model.device=cuda", "run.mode=colocated", "runtime.trainer.num_gpus=1"])
+    _refused(["model.device=cuda", "run.mode=colocated", "runtime.rollout.num_gpus=1"], "runtime.trainer.num_gpus")
+    # emulated workers sleep for the cost model's time and load no model
+    load_config(None, CUDA_RAY + ["runtime.compute=emulated", "runtime.testbed=h200x16-flux"])
+
+
+# -- inputs every run needs, checked without touching the filesystem ----------------------
+def test_diffusers_family_needs_a_model_path():
+    _refused(["model.name=flux"], "model.path", "flux")
+    assert load_config(None, ["model.name=flux", "model.path=black-forest-labs/FLUX.1-dev",
+                              "data.prompts=p.txt", "reward.weights={pickscore: 1.0}",
+                              "reward.paths.pickscore=/m"]).model.path == "black-forest-labs/FLUX.1-dev"
+
+
+def test_model_rewards_need_a_path_and_remote_a_served_url():
+    _refused(["reward.weights={pickscore: 1.0}"], "reward.paths.pickscore")
+    _refused(["reward.weights={remote: 1.0}"], "reward.paths.remote", "#<served reward name>")
+    _refused(["reward.weights={remote: 1.0}", "reward.paths.remote=http://h:8000"], "reward.paths.remote")
+    _refused(["reward.weights={remote: 1.0}", "reward.paths.remote=h:8000#pickscore"], "reward.paths.remote")
+    cfg = load_config(None, ["reward.weights={remote: 1.0, toy-geneval: 1.0}",
+                             "reward.paths.remote=http://10.0.0.5:8000#pickscore"])
+    assert cfg.reward.paths["remote"].endswith("#pickscore")
+    load_config(None, ["reward.weights={jpeg-compressibility: 1.0}"])  # programmatic: no path
