@@ -65,8 +65,6 @@ class ModelConfig:
         _one_of(self.name, "model.name", MODEL_NAMES)
         _one_of(self.dtype, "model.dtype", ("float32", "bfloat16", "float16"))
         _check(self.lora_rank >= 0, "model.lora_rank", f"must be >= 0 (0 = full fine-tune), got {self.lora_rank}")
-        _check(self.name == "tiny-dit" or bool(self.path), "model.path",
-               f"{self.name} needs its weights: a local diffusers pipeline folder or a hub id in the HF cache")
         _check(self.text_encoders or bool(self.prompt_cache), "model.text_encoders",
                "false needs model.prompt_cache (prompts can then only come from the cache)")
         for k in ("height", "width", "frames"):
@@ -151,14 +149,11 @@ class RewardConfig:
     adv_clip: float = 5.0
 
     def __post_init__(self) -> None:
-        from digenrl.rewards import BUILTIN_REWARDS, REWARD_NAMES
+        from digenrl.rewards import REWARD_NAMES
 
         _check(bool(self.weights), "reward.weights", "name at least one reward")
         for name in self.weights:
             _one_of(name, f"reward.weights.{name}", REWARD_NAMES)
-            _check(name in BUILTIN_REWARDS or name in self.paths, f"reward.paths.{name}",
-                   f"reward {name!r} loads a model: set reward.paths.{name}=<local model folder>"
-                   + (" (remote: <url>#<served reward name>)" if name == "remote" else ""))
         if "remote" in self.paths:
             url, _, served = self.paths["remote"].partition("#")
             _check(url.startswith(("http://", "https://")) and bool(served), "reward.paths.remote",
@@ -297,6 +292,8 @@ class Config:
 
     def __post_init__(self) -> None:
         mode, rt = self.run.mode, self.runtime
+        if rt.compute == "real":  # emulated compute loads no model and no reward
+            self._check_weights()
         streaming = mode not in ("local", "colocated", "disagg-sync")
         _check(
             not (streaming and self.reward.adv_std == "global"),
@@ -339,6 +336,17 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
+
+    def _check_weights(self) -> None:
+        from digenrl.rewards import BUILTIN_REWARDS
+
+        m = self.model
+        _check(m.name == "tiny-dit" or bool(m.path), "model.path",
+               f"{m.name} needs its weights: a local diffusers pipeline folder or a hub id in the HF cache")
+        for name in self.reward.weights:
+            _check(name in BUILTIN_REWARDS or name in self.reward.paths, f"reward.paths.{name}",
+                   f"reward {name!r} loads a model: set reward.paths.{name}=<local model folder>"
+                   + (" (remote: <url>#<served reward name>)" if name == "remote" else ""))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -39,8 +39,8 @@ def check_inputs(cfg: Config) -> None:
     checks = [_check_prompts]
     if not remote:
         checks = [_check_model, *checks, _check_reward_paths]
-    if cfg.runtime.compute == "emulated" and cfg.run.mode != "local":
-        checks.append(lambda c: _check_testbed(c.runtime.testbed))
+    if cfg.runtime.compute == "emulated" and cfg.run.mode != "local":  # no model, prompt or reward is read
+        checks = [lambda c: _check_testbed(c.runtime.testbed)]
     problems = []
     for check in checks:  # a recipe's placeholders all show at once, not one per attempt
         try:
