@@ -1,4 +1,5 @@
-"""`digenrl profile` on CPU: tiny-dit and a tiny SD3 write calibration lines CostModel loads."""
+"""`digenrl profile` on CPU: tiny-dit and a tiny SD3 write calibration lines CostModel loads,
+timing the project's own sampler step and Learner.accumulate."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 import pytest
 import torch
 
+from digenrl.learner import Learner
 from digenrl.profile import PeakMemory, merge_records, profile_main
+from digenrl.rollout import sampler
 from digenrl.sim.costs import CostModel, load_calibration
 
 # the keys of a model line in digenrl/sim/calibration/h200.jsonl
@@ -87,3 +90,30 @@ def test_profile_tiny_sd3_loads_into_cost_model(tmp_path):
 def test_profile_rejects_random_without_config(capsys):
     with pytest.raises(SystemExit):
         profile_main(["--arch", "wan", "--random", "--tiny", *FAST, "--what", "forward"])
+
+
+def _counting(monkeypatch, owner, name):
+    """Replace owner.name by a wrapper that still runs it and records, per call, torch's thread count."""
+    calls = []
+    real = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
+def test_cli_times_the_sampler_step_and_learner_accumulate(tmp_path, monkeypatch):
+    steps = _counting(monkeypatch, sampler, "denoise_step")
+    units = _counting(monkeypatch, Learner, "accumulate")
+    out = tmp_path / "cpu.jsonl"
+    profile_main(["--model", "tiny-dit", *FAST, "--batches", "1,2", "--train-batches", "1,2,4",
+                  "--what", "forward,train", "--out", str(out)])
+    # forward: per batch, one step to build the micro-batch + one timed; train: per batch,
+    # one step to record the behaviour log-prob, then one timed accumulate
+    assert len(steps) == 2 * 2 + 3 and len(units) == 3
+    assert [(r["what"], r["batch"]) for r in _lines(out)] == [
+        ("forward", 1), ("forward", 2), ("fwd+bwd", 1), ("fwd+bwd", 2), ("fwd+bwd", 4)]
+
