@@ -35,7 +35,7 @@ from digenrl.math import grpo_loss, sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters.configs import ARCHS as MODELS  # noqa: E402
 from digenrl.models.diffusers_adapters.configs import build_random  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2  # noqa: E402
-from digenrl.profile import timer  # noqa: E402
+from digenrl.profile.timing import timer  # noqa: E402
 
 NOISE_LEVEL = 0.7
 SIGMA, SIGMA_NEXT = 0.8, 0.7

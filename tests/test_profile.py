@@ -1,4 +1,5 @@
-"""`digenrl profile` on CPU: tiny-dit and a tiny SD3 write calibration lines CostModel loads."""
+"""`digenrl profile` on CPU: tiny-dit and a tiny SD3 write calibration lines CostModel loads;
+`profile_run` measures the run at hand through the project's own sampler and learner."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import json
 import pytest
 import torch
 
-from digenrl.profile import PeakMemory, merge_records, profile_main
+from digenrl.config import Config, load_config
+from digenrl.learner import Learner
+from digenrl.models import build_policy
+from digenrl.profile import PeakMemory, merge_records, profile_main, profile_run
+from digenrl.profile.run import learner_config
+from digenrl.rollout import sampler
 from digenrl.sim.calibration import load_calibration
 from digenrl.sim.costs import CostModel
+from digenrl.trainer import Trainer
 
 # the keys of a model line in digenrl/sim/calibration/h200.jsonl
 MODEL_KEYS = {"model", "params_B", "tokens", "shape", "what", "batch", "ms", "device"}
@@ -88,3 +95,79 @@ def test_profile_tiny_sd3_loads_into_cost_model(tmp_path):
 def test_profile_rejects_random_without_config(capsys):
     with pytest.raises(SystemExit):
         profile_main(["--arch", "wan", "--random", "--tiny", *FAST, "--what", "forward"])
+
+
+def _counting(monkeypatch, owner, name):
+    """Replace owner.name by a wrapper that still runs it and records, per call, torch's thread count."""
+    calls = []
+    real = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
+def test_cli_times_the_sampler_step_and_learner_accumulate(tmp_path, monkeypatch):
+    steps = _counting(monkeypatch, sampler, "denoise_step")
+    units = _counting(monkeypatch, Learner, "accumulate")
+    out = tmp_path / "cpu.jsonl"
+    profile_main(["--model", "tiny-dit", *FAST, "--batches", "1,2", "--train-batches", "1,2,4",
+                  "--what", "forward,train", "--out", str(out)])
+    # forward: per batch, one step to build the micro-batch + one timed; train: per batch,
+    # one step to record the behaviour log-prob, then one timed accumulate
+    assert len(steps) == 2 * 2 + 3 and len(units) == 3
+    assert [(r["what"], r["batch"]) for r in _lines(out)] == [
+        ("forward", 1), ("forward", 2), ("fwd+bwd", 1), ("fwd+bwd", 2), ("fwd+bwd", 4)]
+
+
+def test_profile_run_default_config_measures_every_cost():
+    cfg = Config()  # tiny-dit, LoRA rank 16, toy-geneval reward
+    lines = profile_run(cfg)
+    assert {r["what"] for r in lines} == {"forward", "fwd+bwd-frozen-base", "reward", "optimizer", "weights"}
+    for what in ("forward", "fwd+bwd-frozen-base", "reward"):
+        assert [r["batch"] for r in lines if r["what"] == what] == [1, 2, 4, 8], what
+    for what in ("optimizer", "weights"):  # one each: neither depends on the batch
+        assert [r["batch"] for r in lines if r["what"] == what] == [None], what
+    for r in lines:
+        assert r["model"] == "tiny-dit" and r["device"] == "cpu" and r["threads"] == cfg.runtime.worker_threads
+        assert r["ms"] > 0 and r["tokens"] == 8 * 8 + 8
+    for what in ("forward", "fwd+bwd-frozen-base"):
+        ms = {r["batch"]: r["ms"] for r in lines if r["what"] == what}
+        assert ms[8] > ms[1], (what, ms)  # 8x the work; loose enough for a shared machine
+    # the weight payload is the LoRA adapters: rank 16 on every targeted Linear, fp32
+    lora = [p for n, p in build_policy(cfg.model, progress=False).module.named_parameters() if "lora_" in n]
+    (weights,) = [r for r in lines if r["what"] == "weights"]
+    assert lora and weights["bytes"] == sum(p.numel() * 4 for p in lora)
+
+
+def test_profile_run_full_fine_tune_goes_through_learner_accumulate(monkeypatch):
+    cfg = Config()
+    cfg.model.lora_rank = 0
+    assert cfg.runtime.worker_threads == 1
+    units = _counting(monkeypatch, Learner, "accumulate")
+    steps_taken = _counting(monkeypatch, Learner, "optimizer_step")
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the caller's setting, which the measurement must not keep
+    try:
+        lines = profile_run(cfg, batches=(1, 2), repeats=2)
+        threads_after = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads_before)
+    assert len(units) == 2 * (1 + 2)  # per batch: one warmup + two repeats, nothing else
+    assert len(steps_taken) == 1 + 2
+    assert set(units + steps_taken) == {1}  # measured on the worker's threads ...
+    assert threads_after == 2  # ... and the caller's restored after
+    train = [r for r in lines if r["what"].startswith("fwd+bwd")]
+    assert [(r["what"], r["batch"], r["grad_ckpt"]) for r in train] == [("fwd+bwd", 1, False), ("fwd+bwd", 2, False)]
+    (weights,) = [r for r in lines if r["what"] == "weights"]
+    assert weights["bytes"] == round(weights["params_B"] * 1e9) * 4  # full fine-tune: every fp32 weight
+
+
+def test_profile_run_uses_the_trainers_learner_config(tmp_path):
+    overrides = [f"run.run_dir={tmp_path}", "train.lr=3e-4", "train.weight_decay=0.01", "train.clip_range=2e-4",
+                 "train.beta=0.01", "train.max_grad_norm=0.5", "train.ema_decay=0.9", "train.backward_batch=2"]
+    cfg = load_config(None, overrides)
+    assert learner_config(cfg) == Trainer(cfg, progress=False).learner.config

@@ -149,6 +149,17 @@ class Learner:
         that combines several learners' metrics needs both, see runtime/driver.py)."""
         return dict(self._sums), self._weight
 
+    def zero_grad(self) -> None:
+        """Drop what `accumulate` gathered (gradients, loss sums) without an optimizer step.
+
+        For a step that is abandoned rather than applied, and for timing `accumulate` on
+        its own (`digenrl.profile`): every repeat then starts from no gradient, like the
+        first unit of a step.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sums.clear()
+        self._weight = 0.0
+
     # -- the step ----------------------------------------------------------------------
     def optimizer_step(self) -> dict[str, float]:
         """Clip, check and apply the accumulated gradient; returns the step's metrics."""

@@ -100,25 +100,43 @@ def advance(policy: Policy, traj: Trajectories, spec: SampleSpec, t_end: Optiona
     t_end = spec.num_steps if t_end is None else t_end
     if not traj.t_done <= t_end <= spec.num_steps:
         raise ValueError(f"cannot advance from step {traj.t_done} to {t_end} of {spec.num_steps}")
-    b = len(traj)
-    negative = policy.negative_cond(b) if spec.cfg_scale != 1.0 else None
-    device = next(policy.module.parameters()).device
+    negative = policy.negative_cond(len(traj)) if spec.cfg_scale != 1.0 else None
     for t in range(traj.t_done, t_end):
-        x = traj.latents[:, t].to(device)
-        sigma = spec.sigmas[t].expand(b).to(device)
-        v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale)
-        kind = spec.step_kind(t)
-        noise = None
-        if kind != "ode":
-            noise = rng.per_sample_normal(policy.latent_shape, [(spec.seed, rng.SDE_NOISE, *c, t) for c in traj.coords])
-        out = sde_step(
-            x, v, spec.sigmas[t].item(), spec.sigmas[t + 1].item(), kind=kind, noise_level=spec.noise_level, noise=noise
-        )
-        traj.latents[:, t + 1] = out.prev_sample.cpu()
-        if out.log_prob is not None:
-            traj.log_probs[:, t] = out.log_prob.cpu()
+        denoise_step(policy, traj, spec, t, negative=negative)
     traj.t_done = t_end
     return traj
+
+
+@torch.no_grad()
+def denoise_step(
+    policy: Policy, traj: Trajectories, spec: SampleSpec, t: int, *, negative: Optional[Cond] = None
+) -> None:
+    """One denoising step t of `advance`: reads latents[:, t], writes latents[:, t+1] and log_probs[:, t].
+
+    It leaves `t_done` alone (advance moves it), and its noise is a pure function of
+    (seed, coordinates, t), so running step t again rewrites the same values: this is the
+    unit `digenrl.profile` times as "one sampler step". `negative` is the unconditional
+    condition for guidance (cfg_scale != 1); None builds it from the policy.
+    """
+    if not 0 <= t < spec.num_steps:
+        raise ValueError(f"denoising step {t} out of range: the schedule has {spec.num_steps} steps")
+    b = len(traj)
+    if negative is None and spec.cfg_scale != 1.0:
+        negative = policy.negative_cond(b)
+    device = next(policy.module.parameters()).device
+    x = traj.latents[:, t].to(device)  # (B, *latent)
+    sigma = spec.sigmas[t].expand(b).to(device)
+    v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale)
+    kind = spec.step_kind(t)
+    noise = None
+    if kind != "ode":
+        noise = rng.per_sample_normal(policy.latent_shape, [(spec.seed, rng.SDE_NOISE, *c, t) for c in traj.coords])
+    out = sde_step(
+        x, v, spec.sigmas[t].item(), spec.sigmas[t + 1].item(), kind=kind, noise_level=spec.noise_level, noise=noise
+    )
+    traj.latents[:, t + 1] = out.prev_sample.cpu()
+    if out.log_prob is not None:
+        traj.log_probs[:, t] = out.log_prob.cpu()
 
 
 @torch.no_grad()

@@ -221,3 +221,9 @@ def get_link(name: str | Link) -> Link:
 
 # How new weights reach the rollout workers (priced by CostModel.weight_sync_s).
 WEIGHT_SYNC_METHODS = ("object-store", "nccl", "lora-only")
+
+
+# The runtime's model.name (a diffusers family, digenrl.models.diffusers_adapters.FAMILIES)
+# -> the name prefix of its entries in MODELS (the size picks the entry).
+FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image": "qwen-image",
+                 "hunyuan-video": "hunyuanvideo"}

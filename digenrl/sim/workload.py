@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Optional
 from digenrl.config import Config, ConfigError, load_config
 from digenrl.contract import RunContract, contract
 from digenrl.sched import BATCH_MODES
-from digenrl.sim.catalogue import get_model
+from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.testbed import Testbed, resize
@@ -27,9 +27,6 @@ from digenrl.sim.testbed import Testbed, resize
 if TYPE_CHECKING:
     from digenrl.sim.report import RunSpec
 
-# digenrl.config model.name (a diffusers family) -> prefix of its cost-model entries
-FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image": "qwen-image",
-                 "hunyuan-video": "hunyuanvideo"}
 CFG_SCALE = 4.5  # a guidance scale > 1 (the testbed only says "CFG on"); flow_grpo's SD3 default
 KL_BETA = 0.04  # likewise for "KL on": flow_grpo's default beta
 
