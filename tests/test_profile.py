@@ -47,10 +47,11 @@ def test_profile_tiny_dit(tmp_path):
     lines = _lines(out)
     models = [r for r in lines if r.get("model") == "tiny-dit"]
     assert [(r["what"], r["batch"]) for r in models] == [
-        ("forward", 1), ("forward", 2), ("fwd+bwd", 1)]
+        ("forward", 1), ("forward", 2), ("fwd+bwd", 1), ("fwd+bwd", 1)]
     for r in models:
         assert MODEL_KEYS <= set(r) and r["ms"] > 0 and r["tokens"] == 8 * 8 + 8
-    assert all(r["grad_ckpt"] is False for r in models if r["what"] == "fwd+bwd")  # TinyDiT has no checkpointing
+    # the tiny DiT checkpoints its blocks (model.grad_ckpt): measured without and with
+    assert [r["grad_ckpt"] for r in models if r["what"] == "fwd+bwd"] == [False, True]
     adamw = [r for r in lines if r["what"].startswith("adamw")]
     assert len(adamw) == 1 and adamw[0]["ms_per_B_params"] > 0
     assert not [r for r in lines if r["what"] == "pcie"]  # CUDA only
@@ -116,11 +117,12 @@ def test_cli_times_the_sampler_step_and_learner_accumulate(tmp_path, monkeypatch
     out = tmp_path / "cpu.jsonl"
     profile_main(["--model", "tiny-dit", *FAST, "--batches", "1,2", "--train-batches", "1,2,4",
                   "--what", "forward,train", "--out", str(out)])
-    # forward: per batch, one step to build the micro-batch + one timed; train: per batch,
-    # one step to record the behaviour log-prob, then one timed accumulate
-    assert len(steps) == 2 * 2 + 3 and len(units) == 3
+    # forward: per batch, one step to build the micro-batch + one timed; train: per batch and
+    # per grad_ckpt setting (the tiny DiT has both), one step to record the behaviour
+    # log-prob, then one timed accumulate
+    assert len(steps) == 2 * 2 + 3 * 2 and len(units) == 3 * 2
     assert [(r["what"], r["batch"]) for r in _lines(out)] == [
-        ("forward", 1), ("forward", 2), ("fwd+bwd", 1), ("fwd+bwd", 2), ("fwd+bwd", 4)]
+        ("forward", 1), ("forward", 2)] + [("fwd+bwd", b) for b in (1, 2, 4)] * 2
 
 
 def test_profile_run_default_config_measures_every_cost():

@@ -144,6 +144,9 @@ class TinyDiT(nn.Module):
         """
         self.grad_ckpt = True
 
+    def disable_gradient_checkpointing(self) -> None:
+        self.grad_ckpt = False
+
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         c = self.config
         b = x.shape[0]
