@@ -66,6 +66,8 @@ def _train(args: argparse.Namespace) -> int:
     if before is not None and after is not None:
         print(f"held-out eval reward: {before:.4f} (base) -> {after:.4f} after {summary['steps']} steps "
               f"({after - before:+.4f})")
+    if summary.get("plan"):
+        print(f"plan:      {summary['plan']}")
     print(f"wall time: {summary['wall_s']:.1f} s of RL steps")
     print(f"run dir:   {summary['run_dir']}  (metrics.jsonl, tensorboard/, samples/, checkpoints/)")
     print(f"policy:    {summary['final_policy']}")
