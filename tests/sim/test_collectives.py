@@ -7,8 +7,9 @@ from digenrl.sim.catalogue import BYTES_GRAD, LINKS, lora_params_B
 from digenrl.sim.collectives import (allgather_traffic, allreduce_s, allreduce_traffic, broadcast_traffic,
                                      object_store_fanout_s, object_store_hops, object_store_send_s, pcie_s)
 from digenrl.sim.costs import CostModel
-from digenrl.sim.durations import make_duration_fn
+from digenrl.sim.report import RunSpec
 from digenrl.sim.testbed import load_testbed
+from digenrl.sim.workload import config_for, duration_fn
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,8 @@ def test_object_store_sender_leg_is_charged_once(cm):
     # small-h200x16-sd35: SD3.5-medium LoRA rank 32, lora-only sync (object-store path), gap mode
     # splits 16 H200 into 8 rollout (one node) + 8 trainers (one node, NVLink).
     tb = load_testbed("small-h200x16-sd35")
-    fn = make_duration_fn(tb, cm, "gap")
+    cfg = config_for(tb, RunSpec("gap"), 4)  # the config that runs it: 8 rollout + 8 trainer workers
+    fn = duration_fn(cfg, tb, cm)
     nbytes = 2 * 32 * 2 * 1536 * 192  # bf16 * rank * (d_in + d_out) * 192 adapted matrices = 37.7 MB
     assert cm.weight_bytes(tb.model, lora=True, rank=32) == pytest.approx(nbytes, abs=1)
     rollout = next(w for w in fn.layout.workers if w.role == "rollout")
