@@ -220,7 +220,8 @@ class RayTrainer:
         from digenrl.sim.here import plan_here, with_overrides
 
         cfg, rt = self.cfg, self.cfg.runtime
-        lines, cores = ray.get(ray.remote(_profile_here).options(**actor_options(rt.trainer)).remote(cfg))
+        opts = {k: v for k, v in actor_options(rt.trainer).items() if k not in ("max_restarts", "max_task_retries")}
+        lines, cores = ray.get(ray.remote(_profile_here).options(**opts).remote(cfg))
         gpu = rt.trainer.num_gpus > 0 and rt.rollout.num_gpus > 0  # no shared cores between workers
         self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
         if self.progress:

@@ -92,8 +92,7 @@ class MeasuredCosts:
 class MeasuredDurations:
     """duration_fn(worker, unit) -> seconds for a Config's contract on this machine."""
 
-    def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0,
-                 lora_only: bool = False):
+    def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0):
         self.c, self.run, self.k = costs, run, slowdown
         self.spg = run.sched.group_size
         self._n_rollout = sum(w.role == "rollout" for w in run.workers())
