@@ -40,4 +40,5 @@ def test_gpus_resizes_split_pool_only():
 def test_cli_plan(capsys):
     from digenrl.sim.cli import plan_main
     assert plan_main(["--testbed", SMALL, "--gpus", "16", "--mode", "gap"]) == 0
-    assert "n_rollout" in capsys.readouterr().out
+    out = capsys.readouterr().out  # the knobs as the config keys that hold them
+    assert "runtime.rollout.workers=" in out and "data.micro_batch_groups=" in out and "n_rollout" not in out

@@ -1,0 +1,40 @@
+"""runtime.plan=auto: a Ray run with no pool sizes plans its knobs on this machine and runs them."""
+
+import json
+
+from digenrl.config import load_config
+from digenrl.runtime.driver import RayTrainer
+
+from .conftest import tiny
+
+POOLS = ("runtime.rollout.workers=1", "runtime.trainer.workers=1")
+
+
+def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path):
+    overrides = [o for o in tiny(tmp_path, "gap+tsp", steps=1) if o not in POOLS]  # pools: 2 + 1, not given
+    cfg = load_config(None, overrides)
+    assert cfg.wants_plan()
+    trainer = RayTrainer(cfg, progress=False, evaluate=False)
+    summary = trainer.train()
+    plan = trainer.here
+    assert plan is not None and summary["plan"] == plan.describe()
+    assert plan.rate >= plan.given_rate * (1 - 1e-9)  # never worse than the config as given
+    ran = json.loads((tmp_path / "config.json").read_text())
+    for key, value in plan.overrides.items():  # the run used what it planned
+        section, *rest = key.split(".")
+        node = ran[section]
+        for k in rest:
+            node = node[k]
+        assert node == value, key
+    rt = ran["runtime"]
+    assert rt["rollout"]["workers"] + rt["trainer"]["workers"] == 3  # the same devices, split anew
+    assert set(trainer.trace.workers) == {f"rollout-{i}" for i in range(rt["rollout"]["workers"])} | \
+        {f"trainer-{i}" for i in range(rt["trainer"]["workers"])}
+
+
+def test_given_pools_are_not_planned(tmp_path):
+    cfg = load_config(None, tiny(tmp_path, "gap+tsp"))  # gives both pool sizes
+    assert not cfg.wants_plan()
+    assert load_config(None, tiny(tmp_path, "gap+tsp", "runtime.plan=always")).wants_plan()
+    assert not load_config(None, ["runtime.plan=never"]).wants_plan()
+    assert not load_config(None, ["run.mode=local"]).wants_plan()
