@@ -19,6 +19,8 @@ import sys
 
 from digenrl.sim.testbed import TestbedError, load_testbed
 
+EMULATED_RUN_S = 60.0  # wall seconds the written config's emulated run should take
+
 
 def _testbed(name: str, prog: str):
     try:
@@ -105,6 +107,8 @@ def plan_main(argv=None) -> int:
         except (ConfigError, ValueError) as e:
             print(f"{p.prog}: the plan cannot be written as a runnable config: {e}", file=sys.stderr)
             return 2
+        # emulated wall time ~ EMULATED_RUN_S: sleeps shrink by time_scale (docs/runtime.md)
+        cfg.runtime.time_scale = round(min(1.0, EMULATED_RUN_S / (pl.step_s * cfg.train.steps)), 4)
         header = (f"# digenrl plan --testbed {a.testbed} --gpus {pl.gpus} --mode {a.mode}\n"
                   f"# simulated: {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s\n"
                   "# digenrl train --config THIS_FILE   (emulated compute on the testbed's costs;\n"
