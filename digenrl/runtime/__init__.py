@@ -1,8 +1,9 @@
 """runtime: the only package that imports Ray. Actors, pools, placement, weight sync, traces.
 
     driver.py       RayTrainer(cfg).train(resume=) -- the Flow-GRPO run on Ray pools, any mode
+    backend.py      RealBackend: each unit kind's actor call and what its result feeds; step records
     loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
-    workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker
+    workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker, EvalWorker
     shards.py       sample shards: concatenate Generate shards, select a Train shard's rows
     weight_sync.py  object-store and lora-only engines (bytes, seconds)
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups

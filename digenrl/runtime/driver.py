@@ -2,17 +2,21 @@
 
     driver (this process)                      Ray actors (digenrl.runtime.workers)
     ---------------------                      ------------------------------------
-    contract(cfg) -> SchedConfig + pools       Ray actors (digenrl.runtime.workers)
-    Scheduler.assign() --unit--> dispatch -->  rollout-i  generate / reward / load_weights
-         ^                                     trainer-j  train / optimizer_step (all-reduce)
-         |   ray.wait(result refs)                        [/ TAG generate / eval / save]
-         +-- complete / worker_lost <-------   reward-k   reward
+    contract(cfg) -> SchedConfig + pools       rollout-i  generate / reward / load_weights
+    [runtime.plan: profile, plan the knobs]    trainer-j  train / optimizer_step (all-reduce)
+    Scheduler.assign() --unit--> dispatch -->             [/ TAG generate / save]
+         ^   (RealBackend, runtime/backend.py) reward-k   reward
+         |   ray.wait(result refs)             eval-0     held-out evaluation (EvalWorker)
+         +-- complete / worker_lost <-------
     rewards -> advantages (per micro-batch)    Trajectories and weights move actor -> actor
     metrics.jsonl, trace.json, gantt.png       as ObjectRefs; the driver only sees the small
                                                typed results (runtime/results.py)
 
+This module owns the actors and the run's lifecycle (pools, planning, resume, evaluation
+actor, emulated compute, shutdown); runtime/backend.py owns what each unit means.
+
 Outputs mirror the single-device trainer (metrics.jsonl with the same required keys, eval
-on held-out prompts by trainer 0, checkpoints by trainer 0 in the same format, so
+on held-out prompts by the evaluation actor, checkpoints by trainer 0 in the same format, so
 `--resume` works across local and Ray runs, final/policy.safetensors, reward plot,
 summary.json) plus `trace.json` (Perfetto) and `gantt.png`. Per-step metrics add `mode`,
 `staleness_max`, `bubble_ratio_rollout`, `bubble_ratio_trainer`, `weight_sync_s`,
@@ -30,22 +34,18 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import ray
-import torch
 
 from digenrl.config import Config
 from digenrl.contract import RunContract, contract
 from digenrl.data import PromptSource, load_prompts
-from digenrl.math import group_advantages
 from digenrl.recorder import RunRecorder
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
+from digenrl.runtime.backend import RealBackend
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained
-from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
-from digenrl.sched import (Generate, OptimizerStep, Reward, Scheduler, Train, Unit, WeightSync, Worker,
-                           by_kind)
-from digenrl.trace import Trace, bubble_ratio, plot_gantt, write_chrome_trace
-from digenrl.trainer import StepPlan, plan_step, step_metrics
+from digenrl.sched import Scheduler, Unit, Worker
+from digenrl.trace import Trace, plot_gantt, write_chrome_trace
+from digenrl.trainer import StepPlan, plan_step
 
 log = logging.getLogger(__name__)
 
@@ -282,197 +282,3 @@ def _profile_here(cfg: Config) -> tuple[list[dict], int]:
     from digenrl.profile import profile_run
 
     return profile_run(cfg), os.cpu_count() or 1
-
-
-class RealBackend:
-    """What each unit means with real models: actor calls, object refs, per-step metrics."""
-
-    def __init__(self, rt: RayTrainer, recorder: RunRecorder, weights0, wall0: float):
-        self.rt, self.recorder, self.cfg = rt, recorder, rt.cfg
-        self.base = rt.base
-        self.loop: Optional[EventLoop] = None
-        self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
-        # (step, mb) -> Generate sample shard (None = unsharded) -> its latest segment
-        self.trajs: dict[tuple[int, int], dict] = {}
-        self.rewards: dict[tuple[int, int], Rewarded] = {}
-        self.adv: dict[tuple[int, int], torch.Tensor] = {}
-        self.weights: dict[int, ray.ObjectRef] = {0: weights0}  # sched version -> payload
-        self.opt: dict[int, dict[str, Stepped]] = {}  # step -> worker -> its optimizer step
-        self.stale: dict[int, int] = {}
-        self.syncs: list[Synced] = []  # WeightSyncs since the last step record
-        # Advantages over the whole step: a global std, or micro-batches that cut prompt groups
-        # (both only where nothing trains before the whole step is rewarded: config checks).
-        self.whole_step = rt.cfg.reward.adv_std == "global" or rt.cfg.data.micro_batch_samples > 0
-        self.publisher = None if rt.colocated else rt.train_ids[0]
-        self.records: list[tuple[dict, Optional[ray.ObjectRef]]] = []
-        self.saves: list[ray.ObjectRef] = []
-        self.last_end, self.wall0, self.wall_s = 0.0, wall0, wall0
-
-    # -- dispatch: one actor call per unit kind ----------------------------------------------
-    def dispatch(self, wid: str, unit: Unit) -> ray.ObjectRef:
-        return _CALL[type(unit)](self, self.rt.handles[wid], wid, unit)
-
-    def _call_generate(self, h, wid: str, unit: Generate) -> ray.ObjectRef:
-        b = self.base
-        plan = self.rt.plan(b + unit.step)
-        mb = plan.micro_batches[unit.mb]
-        prompts, coords = mb.prompts, mb.coords
-        if unit.samples is not None:  # a sample shard: only its rows (same per-sample noise)
-            first, last = unit.samples
-            prompts, coords = prompts[first:last], coords[first:last]
-        prev = self.trajs[(unit.step, unit.mb)][unit.samples] if unit.t_start > 0 else None
-        traj, done = h.generate.options(num_returns=2).remote(
-            unit, b + unit.step, b + unit.version, prompts, coords, plan.spec, prev)
-        self.out[wid] = traj
-        return done
-
-    def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
-        shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
-        n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
-        refs, _ = covering(shards, (0, n), n)
-        return h.reward.remote(unit, *refs)
-
-    def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
-        plan = self.rt.plan(self.base + unit.step)
-        n = len(plan.micro_batches[unit.mb].coords)
-        first, last = row_range(unit.samples, n)
-        refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
-        adv = self._advantages(unit)[first:last]
-        return h.train.remote(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
-                              (first - offset, last - offset), *refs)
-
-    def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
-        payload, done = h.optimizer_step.options(num_returns=2).remote(
-            unit, self.base + unit.version, wid == self.publisher)
-        self.out[wid] = payload
-        return done
-
-    def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
-        return h.load_weights.remote(unit, self.base + unit.version, self.weights[unit.version])
-
-    def _advantages(self, unit: Train) -> torch.Tensor:
-        key = (unit.step, unit.mb)
-        if key not in self.adv:
-            cfg = self.cfg.reward
-            if self.whole_step:  # batch-level modes only (config checks): every mb is rewarded
-                keys = sorted(k for k in self.rewards if k[0] == unit.step)
-                r = torch.cat([self.rewards[k].rewards for k in keys])
-                g = torch.cat([self.rewards[k].group_ids for k in keys])
-                a = group_advantages(r, g, std=cfg.adv_std, clip=cfg.adv_clip)
-                for k, part in zip(keys, a.split([len(self.rewards[k].rewards) for k in keys])):
-                    self.adv[k] = part
-            else:  # whole groups per micro-batch: the same numbers as over the whole step
-                r = self.rewards[key]
-                self.adv[key] = group_advantages(r.rewards, r.group_ids, std=cfg.adv_std, clip=cfg.adv_clip)
-        return self.adv[key]
-
-    # -- completions: what each kind's result feeds ----------------------------------------------
-    def completed(self, wid: str, unit: Unit, done: Done) -> None:
-        _DONE[type(unit)](self, wid, unit, done)
-
-    def _generated(self, wid: str, unit: Generate, done: Generated) -> None:
-        self.trajs.setdefault((unit.step, unit.mb), {})[unit.samples] = self.out.pop(wid)
-
-    def _rewarded(self, wid: str, unit: Reward, done: Rewarded) -> None:
-        self.rewards[(unit.step, unit.mb)] = done
-
-    def _trained(self, wid: str, unit: Train, done: Trained) -> None:
-        self.rt.trained.extend(done.trained)
-        lag = unit.step - unit.traj_version
-        self.stale[unit.step] = max(self.stale.get(unit.step, lag), lag)
-
-    def _stepped(self, wid: str, unit: OptimizerStep, done: Stepped) -> None:
-        self.opt.setdefault(unit.step, {})[wid] = done
-        payload = self.out.pop(wid)
-        if wid == self.publisher:
-            self.weights[unit.version] = payload
-            for v in [v for v in self.weights if v < unit.version - 2]:
-                del self.weights[v]  # lag <= 1: nobody pulls older versions
-
-    def _synced(self, wid: str, unit: WeightSync, done: Synced) -> None:
-        self.syncs.append(done)
-
-    def replace(self, worker: Worker) -> Worker:
-        self.out.pop(worker.id, None)
-        return self.rt.replace(worker)
-
-    def step_done(self, step: int, now: float) -> None:
-        """Sched step `step` finished (all optimizer steps reported): one metrics record."""
-        cfg, rt = self.cfg, self.rt
-        keys = sorted(k for k in self.rewards if k[0] == step)
-        rows = [_Rewarded(self.rewards[k].rewards, self.rewards[k].parts) for k in keys]
-        infos = self.opt.pop(step)
-        m = step_metrics(rows, _combine_learner(infos, rt.train_ids[0]))
-        for k in keys:
-            self.rewards.pop(k)
-            self.adv.pop(k, None)
-            self.trajs.pop(k, None)
-        real = self.base + step + 1
-        step_s = now - self.last_end
-        self.wall_s = self.wall0 + now
-        pub = infos.get(self.publisher) if self.publisher else None
-        bubbles = self._bubbles(self.last_end, now)
-        record = {
-            "step": real, **m, "mode": cfg.run.mode,
-            "staleness_max": self.stale.pop(step, 0),
-            "bubble_ratio_rollout": bubbles.get("rollout", bubbles.get("colocated", 0.0)),
-            "bubble_ratio_trainer": bubbles.get("trainer", bubbles.get("colocated", 0.0)),
-            "weight_sync_s": (pub.publish_s if pub else 0.0) + sum(i.end - i.start for i in self.syncs),
-            "weight_sync_bytes": sum(i.bytes for i in self.syncs),
-            "timing/publish_bytes": pub.publish_bytes if pub else 0,
-            "timing/allreduce_s": max(i.reduce_s for i in infos.values()),
-            "step_s": step_s, "wall_s": self.wall_s, "samples_per_s": m["samples"] / step_s,
-        }
-        self.syncs = []
-        self.last_end = now
-        t0 = rt.handles[rt.train_ids[0]]
-        eval_ref = None
-        if rt.recorder.eval_due(real):
-            eval_ref = rt.evaluate(real)  # trainer 0's weights are copied before any new unit
-        if rt.recorder.checkpoint_due(real):
-            self.saves.append(t0.save.remote(real, self.wall_s))
-        self.records.append((record, eval_ref))
-        self.flush(block=False)
-
-    def _bubbles(self, t0: float, t1: float) -> dict[str, float]:
-        tr = self.loop.trace
-        live = Trace(spans=tr.spans + self.loop.in_flight(), workers=tr.workers, alive=tr.alive, end=t1)
-        return {p: bubble_ratio(live, p, t0, t1) for p in set(tr.workers.values())}
-
-    def flush(self, block: bool) -> None:
-        """Write step records in order, each once its evaluation (if any) is done."""
-        while self.records:
-            record, ref = self.records[0]
-            if ref is not None:
-                if not block and not ray.wait([ref], timeout=0)[0]:
-                    return
-                record.update(ray.get(ref))
-            self.records.pop(0)
-            self.recorder.log(record)  # metrics.jsonl, progress bar, step line
-        if block:
-            ray.get(self.saves)
-
-
-class _Rewarded:
-    """What `step_metrics` reads of a micro-batch: its rewards (the driver never holds images)."""
-
-    def __init__(self, rewards: torch.Tensor, parts: dict):
-        self.rewards, self.reward_parts = rewards, parts
-
-
-def _combine_learner(infos: dict[str, Stepped], first: str) -> dict[str, float]:
-    """Learner metrics of the step over all trainers: sum of weighted sums / sum of weights."""
-    lm = dict(infos[first].metrics)  # grad norm etc.: identical after the all-reduce
-    w = sum(i.weight for i in infos.values()) or 1.0
-    keys = {k for i in infos.values() for k in i.sums if k.startswith("loss/")}
-    for k in keys:
-        lm[k] = sum(i.sums.get(k, 0.0) for i in infos.values()) / w
-    lm["train/skipped_units"] = sum(i.sums.get("train/skipped_units", 0.0) for i in infos.values())
-    return lm
-
-
-_CALL = by_kind(generate=RealBackend._call_generate, reward=RealBackend._call_reward,
-                train=RealBackend._call_train, optimizer=RealBackend._call_optimizer,
-                sync=RealBackend._call_sync)
-_DONE = by_kind(generate=RealBackend._generated, reward=RealBackend._rewarded, train=RealBackend._trained,
-                optimizer=RealBackend._stepped, sync=RealBackend._synced)
