@@ -294,19 +294,20 @@ class Config:
         mode, rt = self.run.mode, self.runtime
         if rt.compute == "real":  # emulated compute loads no model and no reward
             self._check_weights()
-        streaming = mode not in ("local", "colocated", "disagg-sync")
+        # Batch-level modes (and local) train nothing before the whole step is rewarded.
+        whole_step = mode == "local" or mode in BATCH_MODES
         _check(
-            not (streaming and self.reward.adv_std == "global"),
+            whole_step or self.reward.adv_std != "global",
             "reward.adv_std",
             f"'global' needs every reward of the step before any training, which run.mode={self.run.mode} "
-            "streams past; use group or none, or mode local/colocated/disagg-sync",
+            "streams past; use group or none, or mode local/" + "/".join(BATCH_MODES),
         )
         _check(
             self.runtime.weight_sync != "lora-only" or self.model.lora_rank > 0,
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
-        _check(not self.data.micro_batch_samples or mode == "local" or mode in BATCH_MODES,
+        _check(whole_step or not self.data.micro_batch_samples,
                "data.micro_batch_samples",
                f"cuts prompt groups, which run.mode={mode} streams to training before the group's "
                "advantages exist; use data.micro_batch_groups, or mode local/" + "/".join(BATCH_MODES))

@@ -46,6 +46,7 @@ def test_contract_pools_and_workers():
 @pytest.mark.parametrize("overrides,key", [
     (["runtime.weight_sync=nccl"], "runtime.weight_sync"),
     (["run.mode=gap", "data.micro_batch_samples=2"], "data.micro_batch_samples"),
+    (["run.mode=digenrl", "reward.adv_std=global"], "reward.adv_std"),
     (["run.mode=gap", "runtime.rollout.workers=0"], "runtime.rollout.workers"),
     (["runtime.compute=emulated"], "runtime.testbed"),
     (["runtime.compute=emulated", "runtime.testbed=x", "runtime.reward.workers=1"], "runtime.reward.workers"),
@@ -53,6 +54,11 @@ def test_contract_pools_and_workers():
 def test_options_that_cannot_act_are_refused_with_their_key(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, overrides)
+
+
+def test_batch_level_modes_take_whole_step_options():
+    for mode in ("local", "colocated", "disagg-sync", "one-step-off"):
+        load_config(None, [f"run.mode={mode}", "reward.adv_std=global", "data.micro_batch_samples=3"])
 
 
 def test_emulated_config_must_model_the_testbeds_model():
