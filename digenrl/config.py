@@ -21,7 +21,7 @@ from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.schedule import WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import FAMILIES
-from digenrl.sched import BATCH_MODES
+from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
 
@@ -257,7 +257,9 @@ class RuntimeConfig:
     worker_threads: int = 1  # torch intra-op threads per Ray worker process (run.threads is local mode's)
     # Plan the run at hand (digenrl.sim.here): time each unit kind on this cluster, then pick
     # the pool split (same total), data.micro_batch_groups and train.tsp_chunk that the
-    # config does not set. auto: only when no pool size is given; always; never.
+    # config does not set. auto: only when the config file and overrides give no pool size;
+    # always: also when they do (then the split stays); never. A Config built in code counts
+    # as all given.
     plan: str = "auto"
 
     def __post_init__(self) -> None:
@@ -307,12 +309,18 @@ class Config:
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
+        _check(not (self.data.micro_batch_samples and self.reward.combine == "normalized"), "reward.combine",
+               "normalized standardises each reward over a micro-batch, which data.micro_batch_samples "
+               "cuts across prompt groups; use weighted, or whole groups (data.micro_batch_groups)")
+        _check(rt.plan != "always" or (mode != "local" and rt.compute == "real"), "runtime.plan",
+               "always plans a Ray run on real compute; run.mode=local and emulated compute have nothing "
+               "to plan (use auto or never)")
         _check(whole_step or not self.data.micro_batch_samples,
                "data.micro_batch_samples",
                f"cuts prompt groups, which run.mode={mode} streams to training before the group's "
                "advantages exist; use data.micro_batch_groups, or mode local/" + "/".join(BATCH_MODES))
         if mode != "local":
-            _check(rt.rollout.workers >= 1 or mode == "colocated" or mode in ("gap+tsp+tag", "digenrl"),
+            _check(rt.rollout.workers >= 1 or mode == "colocated" or mode in TAG_MODES,
                    "runtime.rollout.workers",
                    f"run.mode={mode} needs at least one rollout worker (only colocated and the TAG "
                    "modes generate on trainers)")
@@ -353,18 +361,20 @@ class Config:
         return dataclasses.asdict(self)
 
     @property
-    def given(self) -> frozenset:
-        """Dotted keys the YAML file or overrides set (e.g. 'runtime.rollout.workers');
-        empty for a Config built in code. runtime.plan leaves these as they are."""
-        return getattr(self, "_given", frozenset())
+    def given(self) -> Optional[frozenset]:
+        """Dotted keys the YAML file or overrides set (e.g. 'runtime.rollout.workers'); None
+        for a Config built in code (all of it is taken as given). runtime.plan leaves these
+        as they are."""
+        return getattr(self, "_given", None)
 
     def wants_plan(self) -> bool:
-        """Does this run plan its knobs on the cluster at hand (runtime.plan)?"""
+        """Does this run plan its knobs on the cluster at hand (runtime.plan)? auto: when the
+        config file and overrides give no pool size; always: every knob they do not give."""
         rt = self.runtime
         if self.run.mode == "local" or rt.compute != "real" or rt.plan == "never":
             return False
         pools = {"runtime.rollout.workers", "runtime.trainer.workers"}
-        return rt.plan == "always" or not (pools & self.given)
+        return rt.plan == "always" or (self.given is not None and not pools & self.given)
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:

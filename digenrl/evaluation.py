@@ -43,7 +43,7 @@ class Evaluator:
         coords = [(EVAL_STEP, i, j) for i in range(len(self.prompts)) for j in range(n)]
         self.policy.module.eval()
         images, rewards, parts = [], [], {}
-        bs = d.micro_batch_groups * d.group_size
+        bs = d.micro_batch_samples or d.micro_batch_groups * d.group_size  # the rollout batch
         with ema.applied() if ema is not None else contextlib.nullcontext():
             for i in range(0, len(prompts), bs):
                 traj = generate(self.policy, prompts[i : i + bs], coords[i : i + bs], spec, step=EVAL_STEP,

@@ -51,7 +51,8 @@ class RealBackend:
         # Advantages over the whole step: a global std, or micro-batches that cut prompt groups
         # (both only where nothing trains before the whole step is rewarded: config checks).
         self.whole_step = rt.cfg.reward.adv_std == "global" or rt.cfg.data.micro_batch_samples > 0
-        self.publisher = None if rt.colocated else rt.train_ids[0]
+        # trainer 0 publishes when rollout workers pull (colocated workers, TAG-only pools: nobody)
+        self.publisher = rt.train_ids[0] if any(w.role == "rollout" for w in rt.workers) else None
         self.records: list[tuple[dict, Optional[ray.ObjectRef]]] = []
         self.saves: list[ray.ObjectRef] = []
         self.last_end, self.wall0, self.wall_s = 0.0, wall0, wall0

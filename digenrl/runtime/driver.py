@@ -136,10 +136,10 @@ class RayTrainer:
             except Exception:
                 pass
             ray.kill(h)
-        self.handles.clear()
-        if self.evaluator is not None:
+        if self.evaluator is not None and self.evaluator not in self.handles.values():
             ray.kill(self.evaluator)
-            self.evaluator = None
+        self.evaluator = None
+        self.handles.clear()
         for pg in self._placements:
             pg.remove()
         self._placements.clear()
@@ -150,18 +150,17 @@ class RayTrainer:
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
         self.recorder = RunRecorder(cfg, progress=self.progress)  # files, cadence, bar, summary
+        latest = self.recorder.resume_checkpoint() if resume else None
         pools = contract(cfg).pools
-        evaluator = [(self._eval_pool(), 1)] if self.do_eval else []
-        started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools] + evaluator)
+        started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools])
         try:
-            if cfg.wants_plan():
-                cfg = self.cfg = self._plan_here()
+            if cfg.wants_plan():  # a resumed run keeps the plan its checkpoint was made with
+                cfg = self.cfg = self._plan_here() if latest is None else _planned(cfg, latest)
                 self.recorder = RunRecorder(cfg, progress=self.progress)  # config.json: the planned run
                 pools = contract(cfg).pools
             self._start_workers(pools)
             t0, rec = self.handles[self.train_ids[0]], self.recorder
             resumed_from, wall0 = None, 0.0
-            latest = rec.resume_checkpoint() if resume else None
             if latest is not None:
                 steps = ray.get([self.handles[w].load.remote(str(latest)) for w in self.train_ids])
                 self.base = resumed_from = steps[0]
@@ -197,22 +196,34 @@ class RayTrainer:
                 ray.shutdown()
 
     def _eval_pool(self):
-        """What the evaluation actor reserves: a rollout-pool device, but no CPU slot (on a
+        """What the evaluation actor reserves: a device like those that generate (rollout
+        pool; trainer pool when colocated or without rollout workers), but no CPU slot (on a
         CPU it is niced and takes idle cycles only)."""
         from dataclasses import replace
 
-        return replace(self.cfg.runtime.rollout, num_cpus=0.0)
+        gen = next(p for p in contract(self.cfg).pools if p.role in ("rollout", "colocated", "trainer") and p.workers
+                   and (p.role != "trainer" or self.cfg.runtime.rollout.workers == 0))
+        return replace(gen.resources, num_cpus=0.0)
 
     def evaluate(self, step: int) -> Optional[ray.ObjectRef]:
-        """Held-out evaluation of trainer 0's current weights on the evaluation actor; returns
-        the ref of its metrics (None with evaluate=False). Call it before any unit of the
-        next step is sent: trainer 0 copies its weights in call order."""
+        """Held-out evaluation of trainer 0's current weights; returns the ref of its metrics
+        (None with evaluate=False). Call it before any unit of the next step is sent: trainer
+        0 copies its weights in call order. On the evaluation actor, so training does not
+        wait; on trainer 0 itself (training waits) when the cluster has no free device for it."""
         if not self.do_eval:
             return None
+        t0 = self.handles[self.train_ids[0]]
         if self.evaluator is None:
-            self.evaluator = ray.remote(EvalWorker).options(**actor_options(self._eval_pool())).remote(self.cfg)
-        weights = self.handles[self.train_ids[0]].eval_weights.remote()
-        return self.evaluator.evaluate.remote(step, weights)
+            pool = self._eval_pool()
+            if pool.num_gpus > ray.available_resources().get("GPU", 0.0):
+                log.warning("no free GPU for the evaluation actor: trainer 0 evaluates between steps, "
+                            "and training waits for it")
+                self.evaluator = t0
+            else:
+                self.evaluator = ray.remote(EvalWorker).options(**actor_options(pool)).remote(self.cfg)
+        if self.evaluator is t0:
+            return t0.evaluate.remote(step)
+        return self.evaluator.evaluate.remote(step, t0.eval_weights.remote())
 
     def _plan_here(self) -> Config:
         """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
@@ -222,7 +233,8 @@ class RayTrainer:
         cfg, rt = self.cfg, self.cfg.runtime
         opts = {k: v for k, v in actor_options(rt.trainer).items() if k not in ("max_restarts", "max_task_retries")}
         lines, cores = ray.get(ray.remote(_profile_here).options(**opts).remote(cfg))
-        gpu = rt.trainer.num_gpus > 0 and rt.rollout.num_gpus > 0  # no shared cores between workers
+        # GPU workers share no cores; CPU workers share the node's
+        gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
         self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
         if self.progress:
             print(self.here.describe(), flush=True)
@@ -272,6 +284,14 @@ class RayTrainer:
         # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)
         return self.recorder.finish(state, ema, steps=max(self.base, self.cfg.train.steps), wall_s=self.wall_s,
                                     extra=extra)
+
+
+def _planned(cfg: Config, checkpoint) -> Config:
+    """`cfg` with the planned knobs of the run that wrote `checkpoint` (its state.json)."""
+    from digenrl.sim.here import KNOBS, dotted_get, with_overrides
+
+    ran = json.loads((checkpoint / "state.json").read_text())["config"]
+    return with_overrides(cfg, {k: dotted_get(ran, k) for k in KNOBS})
 
 
 def _profile_here(cfg: Config) -> tuple[list[dict], int]:

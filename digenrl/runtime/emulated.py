@@ -1,6 +1,6 @@
 """Emulated compute: real Ray actors and messages, workers sleep for the cost model's time.
 
-    testbed --make_duration_fn(mode)--> duration_fn(worker, unit) -> modelled seconds
+    config + testbed --sim.workload.duration_fn--> duration_fn(worker, unit) -> modelled seconds
     EmulatedWorker.run(unit, t_ref): sleep until the unit's modelled end (below)
 
 The driver loop is `digenrl.runtime.loop.EventLoop`, the same one real compute uses, so

@@ -136,6 +136,10 @@ class PolicyWorker:
         return Synced(**_times(t0), bytes=nbytes)
 
     # -- trainer-only services -----------------------------------------------------------
+    def evaluate(self, step: int) -> dict:
+        """Held-out evaluation in place (only when no device is free for an EvalWorker)."""
+        return self.trainer.evaluate(step)
+
     def eval_weights(self) -> dict:
         """The trainable tensors to evaluate: EMA-averaged when train.ema_decay > 0."""
         from contextlib import nullcontext

@@ -40,6 +40,7 @@ _PRESETS = {
 # advantages may span the step and their micro-batches may cut prompt groups.
 BATCH_MODES = tuple(m for m in MODES if "gap" not in _PRESETS[m])
 TSP_MODES = tuple(m for m in MODES if "tsp" in _PRESETS[m])
+TAG_MODES = tuple(m for m in MODES if "tag" in _PRESETS[m])  # trainers generate: no rollout pool needed
 
 TrainedSteps = Union[Sequence[int], Callable[[int], Sequence[int]], None]
 

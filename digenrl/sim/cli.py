@@ -5,7 +5,8 @@
 
 `plan` prints the chosen knobs as the config keys that hold them and writes a config YAML
 (--out) that `digenrl train --config plan.yaml` runs as it is: emulated compute on the
-testbed's cost model; `runtime.compute=real model.path=...` runs it for real.
+testbed's cost model; `runtime.compute=real model.path=...` runs it for real (with
+runtime.weight_sync object-store or lora-only until the collective weight path lands).
 
 Testbed names resolve to the packaged presets (digenrl/sim/testbeds/*.yaml); a path ending
 in .yaml is read as your own testbed (see docs/simulator.md). Unknown names list the presets.
@@ -112,7 +113,8 @@ def plan_main(argv=None) -> int:
         header = (f"# digenrl plan --testbed {a.testbed} --gpus {pl.gpus} --mode {a.mode}\n"
                   f"# simulated: {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s\n"
                   "# digenrl train --config THIS_FILE   (emulated compute on the testbed's costs;\n"
-                  "#   runtime.compute=real model.path=... reward.paths.<name>=... for the real run)\n")
+                  "#   runtime.compute=real model.path=... reward.paths.<name>=... for the real run;\n"
+                  "#   weight_sync nccl is emulated only until the collective weight path lands)\n")
         with open(a.out, "w") as f:
             f.write(header + dump_config(cfg))
         print(f"wrote {a.out}")

@@ -26,9 +26,12 @@ from typing import Iterable, Optional
 
 from digenrl.config import Config
 from digenrl.contract import RunContract, contract, trained_steps
-from digenrl.sched import (BATCH_MODES, TSP_MODES, Generate, OptimizerStep, Reward, Scheduler, Train,
-                           WeightSync, Worker, by_kind)
+from digenrl.sched import (BATCH_MODES, TAG_MODES, TSP_MODES, Generate, OptimizerStep, Reward, Scheduler,
+                           Train, WeightSync, Worker, by_kind)
+from digenrl.sched.units import n_samples
+from digenrl.sim.calibration import LinearFit, fit_linear
 from digenrl.sim.engine import run_virtual
+from digenrl.sim.report import steady_window
 
 PLAN_STEPS = 8  # simulated RL steps per candidate: 2 fill, 4 measured, the rest drain
 # The knobs plan_here may set, as config keys; one the user gave stays as given.
@@ -36,35 +39,12 @@ KNOBS = ("runtime.rollout.workers", "runtime.trainer.workers", "data.micro_batch
 
 
 @dataclass(frozen=True)
-class Linear:
-    """seconds(batch) = fixed + per_sample * batch, least squares over the measured batches."""
-
-    fixed: float
-    per_sample: float
-
-    def __call__(self, batch: int) -> float:
-        return max(0.0, self.fixed + self.per_sample * batch)
-
-    @staticmethod
-    def fit(points: Iterable[tuple[int, float]]) -> "Linear":
-        pts = list(points)
-        if len(pts) == 1:
-            return Linear(0.0, pts[0][1] / pts[0][0])
-        n = len(pts)
-        mx = sum(b for b, _ in pts) / n
-        my = sum(s for _, s in pts) / n
-        var = sum((b - mx) ** 2 for b, _ in pts)
-        slope = max(0.0, sum((b - mx) * (s - my) for b, s in pts) / var)
-        return Linear(max(0.0, my - slope * mx), slope)
-
-
-@dataclass(frozen=True)
 class MeasuredCosts:
     """Per-unit-kind costs of one policy on this machine (seconds)."""
 
-    forward: Linear  # one denoising step of a batch
-    train_step: Linear  # forward + backward of one trained step of a batch
-    reward: Linear  # decode + score a batch
+    forward: LinearFit  # one denoising step of a batch
+    train_step: LinearFit  # forward + backward of one trained step of a batch
+    reward: LinearFit  # decode + score a batch
     optimizer_s: float  # clip + AdamW (+ EMA) of the whole trainable state
     weights_s: float  # publish (serialise) or load the trainable state once
     weights_bytes: int
@@ -72,11 +52,11 @@ class MeasuredCosts:
     @staticmethod
     def from_lines(lines: list[dict]) -> "MeasuredCosts":
         """From `digenrl.profile.profile_run` lines (calibration format, ms)."""
-        def fit(*whats: str) -> Linear:
+        def fit(*whats: str) -> LinearFit:
             pts = [(r["batch"], r["ms"] / 1e3) for r in lines if r["what"] in whats]
             if not pts:
                 raise ValueError(f"profile has no {whats[0]!r} line: cannot plan this run")
-            return Linear.fit(pts)
+            return fit_linear(pts)
 
         def one(what: str) -> dict:
             rows = [r for r in lines if r["what"] == what]
@@ -95,14 +75,14 @@ class MeasuredDurations:
     def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0):
         self.c, self.run, self.k = costs, run, slowdown
         self.spg = run.sched.group_size
-        self._n_rollout = sum(w.role == "rollout" for w in run.workers())
+        # trainer 0 publishes only when rollout workers pull (runtime/backend.py: publisher)
+        self._publishes = any(w.role == "rollout" for w in run.workers())
 
     def __call__(self, worker: Worker, unit) -> float:
         return self.k * _UNIT_COST[type(unit)](self, worker, unit)
 
     def _n(self, unit) -> int:
-        r = getattr(unit, "samples", None)
-        return len(unit.groups) * self.spg if r is None else r[1] - r[0]
+        return n_samples(unit, self.spg)
 
     def _generate(self, worker: Worker, unit: Generate) -> float:
         return (unit.t_end - unit.t_start) * self.c.forward(self._n(unit))
@@ -114,7 +94,7 @@ class MeasuredDurations:
         return len(unit.t_steps) * self.c.train_step(self._n(unit))
 
     def _optimizer(self, worker: Worker, unit: OptimizerStep) -> float:
-        publish = self.c.weights_s if self._n_rollout and worker.id.endswith("-0") else 0.0
+        publish = self.c.weights_s if self._publishes and worker.id == "trainer-0" else 0.0
         return self.c.optimizer_s + publish
 
     def _sync(self, worker: Worker, unit: WeightSync) -> float:
@@ -129,13 +109,8 @@ _UNIT_COST = by_kind(generate=MeasuredDurations._generate, reward=MeasuredDurati
 def steady_rate(run: RunContract, fn, steps: int, samples_per_step: int) -> float:
     """Simulated samples/s between optimizer-step ends steps // 3 and steps - 2 (as
     digenrl.sim.report.measure: pipeline fill and drain excluded)."""
-    trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
-    end: dict[int, float] = {}
-    for s in trace.spans:
-        if s.kind == "optimizer":
-            end[s.step] = max(end.get(s.step, 0.0), s.end)
-    a, b = steps // 3, steps - 2
-    return samples_per_step * (b - a) / (end[b] - end[a])
+    t0, t1, n = steady_window(run_virtual(Scheduler(run.sched, run.workers()), fn), steps)
+    return samples_per_step * n / (t1 - t0)
 
 
 @dataclass
@@ -146,7 +121,7 @@ class HerePlan:
     evaluated: int
 
     def describe(self) -> str:
-        knobs = " ".join(f"{k}={v}" for k, v in self.overrides.items())
+        knobs = " ".join(f"{k}={v}" for k, v in self.overrides.items()) or "the config as given"
         base = f", as given {self.given_rate:.1f}" if self.given_rate else ""
         return f"plan=auto: {knobs} (predicted {self.rate:.1f} samples/s{base}; {self.evaluated} candidates)"
 
@@ -155,10 +130,14 @@ def _candidates(cfg: Config, fixed: set[str]) -> list[dict]:
     rt, d = cfg.runtime, cfg.data
     total = rt.rollout.workers + rt.trainer.workers
     mode = cfg.run.mode
-    if {"runtime.rollout.workers", "runtime.trainer.workers"} & fixed or mode == "colocated":
+    # Devices move between pools only when both pools reserve the same (the cluster was sized
+    # for the pools as given, and the costs were measured on a trainer slot).
+    alike = (rt.rollout.num_cpus, rt.rollout.num_gpus, rt.rollout.accelerator, rt.rollout.resources) == \
+        (rt.trainer.num_cpus, rt.trainer.num_gpus, rt.trainer.accelerator, rt.trainer.resources)
+    if {"runtime.rollout.workers", "runtime.trainer.workers"} & fixed or mode == "colocated" or not alike:
         splits = [(rt.rollout.workers, rt.trainer.workers)]
     else:
-        low = 0 if mode in ("gap+tsp+tag", "digenrl") else 1
+        low = 0 if mode in TAG_MODES else 1
         splits = [(r, total - r) for r in range(low, total)]
     mbs = ([d.micro_batch_groups] if "data.micro_batch_groups" in fixed or d.micro_batch_samples
            else [m for m in range(1, d.groups_per_step + 1) if d.groups_per_step % m == 0])
@@ -176,12 +155,19 @@ def with_overrides(cfg: Config, overrides: dict) -> Config:
 
     tree = cfg.to_dict()
     for key, value in overrides.items():
-        node = tree
-        *path, last = key.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = value
+        _parent(tree, key)[key.rsplit(".", 1)[1]] = value
     return load_config(None, tree=tree)
+
+
+def dotted_get(tree: dict, key: str):
+    """tree["runtime"]["rollout"]["workers"] for key "runtime.rollout.workers"."""
+    return _parent(tree, key)[key.rsplit(".", 1)[1]]
+
+
+def _parent(tree: dict, key: str) -> dict:
+    for part in key.split(".")[:-1]:
+        tree = tree[part]
+    return tree
 
 
 def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Iterable[str] = (),
@@ -197,8 +183,7 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Iterable[str
 
     def rate(c: Config) -> float:
         run = contract(c)
-        n = sum(w.role != "reward" for w in run.workers())
-        slow = max(1.0, n * c.runtime.worker_threads / cores)
+        slow = max(1.0, len(run.workers()) * c.runtime.worker_threads / cores)  # reward workers too
         return steady_rate(run, MeasuredDurations(costs, run, slow), steps, samples)
 
     best, best_rate, n = None, -1.0, 0
@@ -214,5 +199,6 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Iterable[str
     if best is None:
         raise ValueError("runtime.plan=auto: no candidate configuration is runnable")
     given_rate = rate(sim_cfg)
-    chosen = {k: v for k, v in best.items() if k not in fixed}
+    tree = sim_cfg.to_dict()
+    chosen = {k: v for k, v in best.items() if k not in fixed and v != dotted_get(tree, k)}  # the changes
     return HerePlan(chosen, best_rate, given_rate, n)

@@ -14,7 +14,7 @@ Knobs (axes):
                         as flow_grpo spreads a group's samples over GPUs.
     tsp_chunk           trained steps per Train unit (TSP), values giving distinct chunk counts.
                         Batch-level modes use it for an even data-parallel share per trainer
-                        (report.sched_config), which their real trainers get by splitting samples.
+                        (digenrl.contract: an explicit train.tsp_chunk acts in every mode).
     tag_segment         denoising steps per trainer Generate segment (TAG's give-back
                         granularity, the "TAG threshold"), divisors of denoise_steps
     gen_shard           GAP modes: Generate shards per micro-batch along the sample axis
@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass, field
 from itertools import product
 
-from digenrl.sched import BATCH_MODES, MODES
+from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import RunSpec, run_spec
@@ -90,14 +90,14 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
         axes["micro_batch_groups"] = _divisors(tb.samples_per_step)
     else:
         axes["micro_batch_groups"] = _divisors(tb.groups_per_step)
-    if mode in ("gap+tsp", "gap+tsp+tag", "digenrl") or mode in BATCH_MODES:
+    if mode in TSP_MODES or mode in BATCH_MODES:
         k, seen, vals = tb.trained_steps, set(), []
         for c in range(1, k + 1):
             if -(-k // c) not in seen:
                 seen.add(-(-k // c))
                 vals.append(c)
         axes["tsp_chunk"] = vals
-    if mode in ("gap+tsp+tag", "digenrl"):
+    if mode in TAG_MODES:
         axes["tag_segment"] = _divisors(tb.denoise_steps)
     if mode in GAP_MODES:
         shards = [k for k in SHARDS if k <= tb.group_size]
@@ -140,7 +140,7 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
         p["micro_batch_groups"] = _nearest(axes["micro_batch_groups"], tb.samples_per_step / gens)
     else:
         p["micro_batch_groups"] = 1
-    if "tsp_chunk" in axes:  # batch-level: the even data-parallel share (see report.sched_config)
+    if "tsp_chunk" in axes:  # batch-level: the even data-parallel share (digenrl.contract)
         p["tsp_chunk"] = axes["tsp_chunk"][0]
     if "tag_segment" in axes:
         p["tag_segment"] = axes["tag_segment"][0]

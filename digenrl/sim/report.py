@@ -115,17 +115,22 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
     return measure(tb, spec, trace, fn, steps, keep_trace)
 
 
-def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int,
-            keep_trace: bool = False) -> RunResult:
+def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
+    """(t0, t1, RL steps between them): optimizer-step ends steps // 3 and steps - 2, or the
+    whole run when steps < 3 (see the module doc)."""
     opt_end: dict[int, float] = {}
     for s in trace.spans:
         if s.kind == "optimizer":
             opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
     if steps >= 3:
         a, b = steps // 3, steps - 2
-        t0, t1, n_steps = opt_end[a], opt_end[b], b - a
-    else:
-        t0, t1, n_steps = 0.0, opt_end[steps - 1], steps
+        return opt_end[a], opt_end[b], b - a
+    return 0.0, opt_end[steps - 1], steps
+
+
+def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int,
+            keep_trace: bool = False) -> RunResult:
+    t0, t1, n_steps = steady_window(trace, steps)
     step_s = (t1 - t0) / n_steps
     n = len(fn.layout.workers)
     busy = {k: 0.0 for k in KINDS}

@@ -17,8 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
 from digenrl.config import Config, ConfigError, load_config
-from digenrl.contract import RunContract, contract
-from digenrl.sched import BATCH_MODES
+from digenrl.contract import RunContract, contract, trained_steps
 from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
@@ -65,8 +64,6 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
         trainer = sum(p.count for p in tb.pool("trainer"))
         if spec.n_rollout is not None and spec.n_rollout != rollout:
             raise ValueError(f"n_rollout={spec.n_rollout}: testbed {tb.name!r} fixes the rollout pool size")
-    if not (spec.mode == "colocated" or 1 <= rollout <= n - 1):
-        raise ValueError(f"n_rollout={rollout}: need 1..{n - 1} rollout GPUs on {tb.name} ({n} GPUs)")
     spg = spec.samples_per_group
     if spg not in (None, 1, tb.group_size):
         raise ConfigError(f"data.micro_batch_samples: samples_per_group={spg} has no config key "
@@ -100,8 +97,6 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
                     "tag_segment": spec.tag_segment or 1, "gen_shard": spec.gen_shard or 1,
                     "train_shard": spec.train_shard or 1},
     }
-    if per_sample and spec.mode not in BATCH_MODES:
-        raise ConfigError(f"data.micro_batch_samples: run.mode={spec.mode} streams whole prompt groups")
     return load_config(None, tree=tree)
 
 
@@ -124,8 +119,7 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
                 raise ConfigError(f"runtime.{role}.workers: {want}, but testbed {tb.name!r} has {have} "
                                   f"{role} GPUs (its pools are fixed)")
     sde = cfg.sampling
-    n_trained = len(sde.sde_window().select(sde.num_steps, cfg.run.seed, 0)[1])
-    return replace(tb, denoise_steps=sde.num_steps, trained_steps=n_trained, group_size=d.group_size,
+    return replace(tb, denoise_steps=sde.num_steps, trained_steps=len(trained_steps(cfg, 0)), group_size=d.group_size,
                    groups_per_step=d.groups_per_step, lora=cfg.model.lora_rank > 0,
                    lora_rank=cfg.model.lora_rank or tb.lora_rank, cfg=sde.cfg_scale > 1.0,
                    kl=cfg.train.beta > 0, grad_ckpt=cfg.model.grad_ckpt,
