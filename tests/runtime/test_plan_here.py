@@ -38,3 +38,21 @@ def test_given_pools_are_not_planned(tmp_path):
     assert load_config(None, tiny(tmp_path, "gap+tsp", "runtime.plan=always")).wants_plan()
     assert not load_config(None, ["runtime.plan=never"]).wants_plan()
     assert not load_config(None, ["run.mode=local"]).wants_plan()
+
+
+def test_a_config_built_in_code_runs_as_built():
+    from digenrl.config import Config, PoolConfig, RuntimeConfig
+
+    cfg = Config(runtime=RuntimeConfig(rollout=PoolConfig(workers=4), trainer=PoolConfig(workers=2)))
+    assert cfg.given is None and not cfg.wants_plan()
+
+
+def test_resume_keeps_the_plan_of_its_checkpoint(tmp_path):
+    from digenrl.runtime.driver import _planned
+
+    ran = load_config(None, ["runtime.rollout.workers=1", "runtime.trainer.workers=2", "data.micro_batch_groups=4",
+                             "train.tsp_chunk=3"])
+    (tmp_path / "state.json").write_text(json.dumps({"config": ran.to_dict()}))
+    cfg = _planned(load_config(None, ["run.seed=5"]), tmp_path)
+    assert (cfg.runtime.rollout.workers, cfg.runtime.trainer.workers, cfg.data.micro_batch_groups,
+            cfg.train.tsp_chunk, cfg.run.seed) == (1, 2, 4, 3, 5)
