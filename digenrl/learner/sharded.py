@@ -70,13 +70,15 @@ def shard_policy(
 
 
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The unsharded trainable tensors on CPU, named as `trainable_state_dict` names them.
+    """A CPU copy of the unsharded trainable tensors, named as `trainable_state_dict` names them.
 
-    A collective: every rank of the mesh must call it (each DTensor is all-gathered).
+    Always a copy (full_tensor() of a replicated or 1-wide DTensor can alias the live
+    weights, which the next optimizer step changes in place). A collective: every rank
+    of the mesh must call it (each DTensor is all-gathered).
     """
     out = {}
     for name, value in trainable_state_dict(module).items():
         if isinstance(value, DTensor):
             value = value.full_tensor()
-        out[name] = value.detach().cpu()
+        out[name] = value.detach().to("cpu", copy=True)
     return out

@@ -28,7 +28,7 @@ WORLD = 2
 SPEC = SampleSpec(sigmas=sigma_schedule(3, 1.0), sde_steps=(0, 1))
 T_STEPS = [0, 1]
 ADVANTAGES = [1.0, -1.0, 0.5, -2.0]  # (B,) two groups of two
-CONFIG = LearnerConfig(lr=1e-3, max_grad_norm=1.0)
+CONFIG = LearnerConfig(lr=1e-3, max_grad_norm=1e-4)  # below both runs' norms: clipping acts
 
 
 def _policy(lora_rank: int) -> TinyDiTPolicy:
@@ -73,7 +73,7 @@ def _single_device(lora_rank: int) -> dict:
     return {"before": before, "grads": grads, "metrics": metrics, "after": trainable_state_dict(policy.module)}
 
 
-def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], reshard: bool) -> None:
+def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], reshard: bool, bf16: bool) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from digenrl.learner.sharded import full_state_dict, shard_policy
@@ -85,12 +85,13 @@ def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], re
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
         policy = _policy(lora_rank)
         traj = torch.load(f"{tmp}/batch.pt", weights_only=False)  # the single-device run's batch
-        shard_policy(policy, mesh, reshard_after_forward=reshard)
+        shard_policy(policy, mesh, reshard_after_forward=reshard, mixed_precision=bf16)
         learner = Learner(policy, CONFIG)
         half = len(traj) // WORLD
         mine = _rows(traj, slice(rank * half, (rank + 1) * half))
         learner.accumulate(mine, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
-        grads = {n: p.grad.full_tensor() for n, p in policy.module.named_parameters() if p.requires_grad}
+        # clone: on a 1-wide shard dim full_tensor() may alias the grad that clipping scales in place
+        grads = {n: p.grad.full_tensor().clone() for n, p in policy.module.named_parameters() if p.requires_grad}
         parts = [None] * WORLD  # each rank's (metric sums, weight): its rows' share of the step mean
         dist.all_gather_object(parts, learner.accumulated())
         metrics = learner.optimizer_step()
@@ -102,21 +103,25 @@ def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], re
         dist.destroy_process_group()
 
 
+def _sharded(tmp_path: Path, lora_rank: int, mesh_shape=(WORLD,), reshard=True, bf16=False) -> dict:
+    torch.save(_batch(_policy(lora_rank)), tmp_path / "batch.pt")
+    mp.spawn(_worker, args=(str(tmp_path), lora_rank, mesh_shape, reshard, bf16), nprocs=WORLD, join=True)
+    return torch.load(tmp_path / "rank0.pt", weights_only=False)
+
+
 def _run(tmp_path: Path, lora_rank: int, mesh_shape: tuple[int, ...] = (WORLD,), reshard: bool = True) -> None:
     want = _single_device(lora_rank)
-    torch.save(_batch(_policy(lora_rank)), tmp_path / "batch.pt")
-    mp.spawn(_worker, args=(str(tmp_path), lora_rank, mesh_shape, reshard), nprocs=WORLD, join=True)
-    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    got = _sharded(tmp_path, lora_rank, mesh_shape, reshard)
 
     assert got["grads"].keys() == want["grads"].keys()
     for name, g in want["grads"].items():
-        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=f"grad of {name}")
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"grad of {name}: {m}")
     assert got["metrics"]["train/grad_norm"] == pytest.approx(want["metrics"]["train/grad_norm"], rel=1e-5)
     assert got["metrics"]["loss/policy"] == pytest.approx(want["metrics"]["loss/policy"], rel=1e-5, abs=1e-7)
 
     assert got["after"].keys() == want["after"].keys()
     for name, w in want["after"].items():
-        torch.testing.assert_close(got["after"][name], w, rtol=1e-5, atol=1e-5, msg=f"weight {name}")
+        torch.testing.assert_close(got["after"][name], w, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"weight {name}: {m}")
     # not vacuous: the step moved the weights by about lr (AdamW's first step is ~lr * sign(g))
     change = max((w - want["before"][k]).abs().max().item() for k, w in want["after"].items())
     assert change > 0.5 * CONFIG.lr
@@ -137,3 +142,18 @@ def test_no_reshard_after_forward_matches_single_device(tmp_path):
 def test_hsdp_mesh_matches_single_device(tmp_path):
     # 2-D mesh (replicate=2, shard=1): the replicas all-reduce instead of reduce-scatter
     _run(tmp_path, lora_rank=4, mesh_shape=(WORLD, 1))
+
+
+def test_mixed_precision_keeps_fp32_masters(tmp_path):
+    # bf16 compute is not the fp32 rollout's policy (ratio != 1, some samples clip), so
+    # only smoke-level agreement: fp32 sharded masters and gradients, the same direction
+    want = _single_device(lora_rank=0)
+    got = _sharded(tmp_path, lora_rank=0, bf16=True)
+    assert all(g.dtype == torch.float32 for g in got["grads"].values())
+    assert all(w.dtype == torch.float32 for w in got["after"].values())
+    g_bf16 = torch.cat([got["grads"][k].flatten() for k in want["grads"]])
+    g_fp32 = torch.cat([g.flatten() for g in want["grads"].values()])
+    cosine = torch.nn.functional.cosine_similarity(g_bf16, g_fp32, dim=0).item()
+    assert cosine > 0.99
+    change = max((w - want["before"][k]).abs().max().item() for k, w in got["after"].items())
+    assert change > 0.5 * CONFIG.lr
