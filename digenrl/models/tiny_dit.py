@@ -154,9 +154,11 @@ class TinyDiT(nn.Module):
         patches = x.view(b, c.channels, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(b, g * g, -1)  # (B, N, C p p)
         text = self.token_emb(tokens)  # (B, T, D)
         pooled = text.mean(1)
-        cond = self.time_mlp(_timestep_embedding(sigma, c.dim)) + pooled  # (B, D)
+        # fp32 tables cast to the compute dtype (the weights', or bf16 under FSDP mixed
+        # precision); a no-op in fp32
+        cond = self.time_mlp(_timestep_embedding(sigma, c.dim).to(text.dtype)) + pooled  # (B, D)
         if c.pos_embed == "sincos":
-            h = torch.cat([text + self.text_pos, self.patch_in(patches) + self.patch_pos], dim=1)
+            h = torch.cat([text + self.text_pos, self.patch_in(patches) + self.patch_pos.to(text.dtype)], dim=1)
         else:
             h = torch.cat([text, self.patch_in(patches)], dim=1) + self.pos
         # checkpoint only when a backward will follow: rollout runs under no_grad and must
