@@ -436,6 +436,22 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
+def with_overrides(cfg: Config, overrides: dict[str, Any]) -> Config:
+    """A copy of `cfg` with dotted-key overrides (typed values, e.g. {"train.lr": 3e-4})
+    applied and validated as load_config validates."""
+    tree = cfg.to_dict()
+    for key, value in overrides.items():
+        _set_dotted(tree, key, value)
+    return load_config(None, tree=tree)
+
+
+def dotted_get(tree: dict, key: str) -> Any:
+    """tree["runtime"]["rollout"]["workers"] for key "runtime.rollout.workers"."""
+    for part in key.split("."):
+        tree = tree[part]
+    return tree
+
+
 def load_config(path: Optional[str | Path] = None, overrides: Optional[list[str]] = None, *,
                 tree: Optional[dict] = None) -> Config:
     """Defaults <- YAML file (or `tree`, the same mapping in memory) <- key=value overrides

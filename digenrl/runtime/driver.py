@@ -201,9 +201,9 @@ class RayTrainer:
         CPU it is niced and takes idle cycles only)."""
         from dataclasses import replace
 
-        gen = next(p for p in contract(self.cfg).pools if p.role in ("rollout", "colocated", "trainer") and p.workers
-                   and (p.role != "trainer" or self.cfg.runtime.rollout.workers == 0))
-        return replace(gen.resources, num_cpus=0.0)
+        rt = self.cfg.runtime
+        generating = rt.rollout if self.cfg.run.mode != "colocated" and rt.rollout.workers else rt.trainer
+        return replace(generating, num_cpus=0.0)
 
     def evaluate(self, step: int) -> Optional[ray.ObjectRef]:
         """Held-out evaluation of trainer 0's current weights; returns the ref of its metrics
@@ -228,7 +228,8 @@ class RayTrainer:
     def _plan_here(self) -> Config:
         """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
         pick the knobs the config leaves open on the simulator (digenrl.sim.here)."""
-        from digenrl.sim.here import plan_here, with_overrides
+        from digenrl.config import with_overrides
+        from digenrl.sim.here import plan_here
 
         cfg, rt = self.cfg, self.cfg.runtime
         opts = {k: v for k, v in actor_options(rt.trainer).items() if k not in ("max_restarts", "max_task_retries")}
@@ -288,7 +289,8 @@ class RayTrainer:
 
 def _planned(cfg: Config, checkpoint) -> Config:
     """`cfg` with the planned knobs of the run that wrote `checkpoint` (its state.json)."""
-    from digenrl.sim.here import KNOBS, dotted_get, with_overrides
+    from digenrl.config import dotted_get, with_overrides
+    from digenrl.sim.here import KNOBS
 
     ran = json.loads((checkpoint / "state.json").read_text())["config"]
     return with_overrides(cfg, {k: dotted_get(ran, k) for k in KNOBS})

@@ -24,7 +24,7 @@ import copy
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from digenrl.config import Config
+from digenrl.config import Config, dotted_get, with_overrides
 from digenrl.contract import RunContract, contract, trained_steps
 from digenrl.sched import (BATCH_MODES, TAG_MODES, TSP_MODES, Generate, OptimizerStep, Reward, Scheduler,
                            Train, WeightSync, Worker, by_kind)
@@ -149,34 +149,14 @@ def _candidates(cfg: Config, fixed: set[str]) -> list[dict]:
              "train.tsp_chunk": c} for r, t in splits for m in mbs for c in chunks]
 
 
-def with_overrides(cfg: Config, overrides: dict) -> Config:
-    """A copy of `cfg` with dotted-key overrides applied (validated like load_config)."""
-    from digenrl.config import load_config
-
-    tree = cfg.to_dict()
-    for key, value in overrides.items():
-        _parent(tree, key)[key.rsplit(".", 1)[1]] = value
-    return load_config(None, tree=tree)
-
-
-def dotted_get(tree: dict, key: str):
-    """tree["runtime"]["rollout"]["workers"] for key "runtime.rollout.workers"."""
-    return _parent(tree, key)[key.rsplit(".", 1)[1]]
-
-
-def _parent(tree: dict, key: str) -> dict:
-    for part in key.split(".")[:-1]:
-        tree = tree[part]
-    return tree
-
-
-def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Iterable[str] = (),
+def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Iterable[str]] = (),
               steps: int = PLAN_STEPS) -> HerePlan:
-    """The knobs (KNOBS not in `given`) with the best simulated throughput for `cfg` on the
-    costs measured in `lines`, with `cores` CPU cores shared by all workers (see module doc;
-    pass a large number for GPU workers)."""
+    """The knobs (KNOBS not in `given`; None = all given, as Config.given says of a Config
+    built in code) with the best simulated throughput for `cfg` on the costs measured in
+    `lines`, with `cores` CPU cores shared by all workers (see module doc; pass a large
+    number for GPU workers)."""
     costs = MeasuredCosts.from_lines(lines)
-    fixed = set(given)
+    fixed = set(KNOBS if given is None else given)
     samples = cfg.data.groups_per_step * cfg.data.group_size
     sim_cfg = copy.deepcopy(cfg)
     sim_cfg.train.steps = steps

@@ -60,3 +60,12 @@ def test_pools_that_reserve_differently_keep_their_split():
     cfg = load_config(None, ["sampling.num_steps=4", "runtime.trainer.num_cpus=2"])
     plan = plan_here(cfg, lines(12.0), cores=64)
     assert "runtime.rollout.workers" not in plan.overrides and "runtime.trainer.workers" not in plan.overrides
+
+
+def test_a_config_built_in_code_is_planned_as_all_given():
+    from digenrl.config import Config
+
+    cfg = Config()
+    cfg.sampling.num_steps = 4
+    plan = plan_here(cfg, lines(12.0), cores=64, given=cfg.given)  # given is None: nothing moves
+    assert cfg.given is None and plan.overrides == {} and plan.rate == pytest.approx(plan.given_rate)
