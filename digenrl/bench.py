@@ -108,7 +108,7 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     from digenrl.sim.costs import default_cost_model
     from digenrl.sim.planner import PLAN_STEPS
     from digenrl.sim.report import Report
-    from digenrl.sim.simulate import ALL, homogeneous_reference, simulate
+    from digenrl.sim.simulate import ALL, ROWS, homogeneous_reference, simulate
     from digenrl.sim.testbed import load_testbed, resize
 
     tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
@@ -125,8 +125,23 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     with session():
         pool = pool or ActorPool()
         try:
-            _emulate_rows(tb, ref, modes, steps, sim, cm, pool, time_scale, run_s, max_rate, latency, quiet,
-                          rows, emu)
+            pool.warm(max(tb.n_gpus, ref.n_gpus))
+            for label in modes:
+                s_row = sim.rows[label]
+                where = ref if ROWS[label][0] == "colocated" else tb
+                end = max(1e-9, s_row.trace.end)
+                scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
+                w0 = time.time()
+                e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, pool=pool)
+                emu[label] = e_row
+                rows.append({"mode": label, "sim_samples_per_s": s_row.throughput,
+                             "emulated_samples_per_s": e_row.throughput,
+                             "rel_diff": e_row.throughput / s_row.throughput - 1.0, "time_scale": scale,
+                             "wall_s": time.time() - w0, **e_row.latency})
+                if not quiet:
+                    print(f"  {label:13s} {e_row.throughput:9.3f} samples/s emulated, {s_row.throughput:9.3f} "
+                          f"simulated ({100 * rows[-1]['rel_diff']:+.2f}%), time_scale {scale:.3g}, "
+                          f"{rows[-1]['wall_s']:.1f} s", flush=True)
         finally:
             if own:
                 pool.close()
@@ -154,32 +169,6 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
         if not quiet:
             print(f"wrote {root / 'bench.json'}")
     return result
-
-
-def _emulate_rows(tb, ref, modes, steps, sim, cm, pool, time_scale, run_s, max_rate, latency, quiet,
-                  rows: list, emu: dict) -> None:
-    """bench_emulated's loop: each simulated row again on the emulated runtime."""
-    import time
-
-    from digenrl.sim.simulate import ROWS
-
-    pool.warm(max(tb.n_gpus, ref.n_gpus))
-    for label in modes:
-        s_row = sim.rows[label]
-        where = ref if ROWS[label][0] == "colocated" else tb
-        end = max(1e-9, s_row.trace.end)
-        scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
-        w0 = time.time()
-        e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, pool=pool)
-        emu[label] = e_row
-        rows.append({"mode": label, "sim_samples_per_s": s_row.throughput,
-                     "emulated_samples_per_s": e_row.throughput,
-                     "rel_diff": e_row.throughput / s_row.throughput - 1.0, "time_scale": scale,
-                     "wall_s": time.time() - w0, **e_row.latency})
-        if not quiet:
-            print(f"  {label:13s} {e_row.throughput:9.3f} samples/s emulated, {s_row.throughput:9.3f} "
-                  f"simulated ({100 * rows[-1]['rel_diff']:+.2f}%), time_scale {scale:.3g}, "
-                  f"{rows[-1]['wall_s']:.1f} s", flush=True)
 
 
 def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: str = "real",

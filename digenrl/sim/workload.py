@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 from digenrl.config import Config, ConfigError, load_config
 from digenrl.contract import RunContract, contract, trained_steps
+from digenrl.rewards import REWARD_NAMES
 from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
@@ -87,7 +88,7 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
         "data": {"groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
                  "micro_batch_groups": 1 if per_sample else min(spec.micro_batch_groups, tb.groups_per_step),
                  "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
-        "reward": {"weights": {tb.reward: 1.0}} if tb.reward in ("pickscore", "hpsv2") else {},
+        "reward": {"weights": {tb.reward: 1.0}} if tb.reward in REWARD_NAMES else {},  # else: the default
         "train": {"steps": steps, "tsp_chunk": spec.tsp_chunk or 0, "beta": KL_BETA if tb.kl else 0.0,
                   "backward_batch": tb.micro_batch},
         "run": {"mode": spec.mode},
