@@ -27,6 +27,8 @@ from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
 
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
+SHARD_KINDS = ("none", "fsdp")
+RESHARD_KINDS = ("after-forward", "after-step")
 
 
 class ConfigError(ValueError):
@@ -227,10 +229,33 @@ class PoolConfig:
     num_gpus: float = 0.0
     accelerator: Optional[str] = None  # Ray accelerator_type, e.g. "H200" or "L40S" (heterogeneous clusters)
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. node labels
+    # Gangs (trainer pool only for now): a scheduler worker is `gang` Ray actors, one per
+    # device, that run each unit SPMD. shard=fsdp: FSDP2 over the gang's devices, gradients
+    # all-reduced across gangs once per RL step (HSDP). reshard: after-forward frees the
+    # gathered parameters after each forward (ZeRO-3); after-step keeps them for the whole
+    # RL step (one gather per step). offload: AdamW state on the host (FSDP2 CPU offload).
+    gang: int = 1
+    shard: str = "none"
+    reshard: str = "after-forward"
+    offload: bool = False
 
     def check(self, key: str, minimum: int) -> None:
         _check(self.workers >= minimum, f"{key}.workers", f"must be >= {minimum}, got {self.workers}")
         _check(self.num_cpus >= 0 and self.num_gpus >= 0, key, "num_cpus and num_gpus must be >= 0")
+        _check(self.gang >= 1, f"{key}.gang", f"must be >= 1 (devices per worker), got {self.gang}")
+        _one_of(self.shard, f"{key}.shard", SHARD_KINDS)
+        _one_of(self.reshard, f"{key}.reshard", RESHARD_KINDS)
+        _check(self.gang == 1 or self.shard == "fsdp", f"{key}.shard",
+               f"a gang of {self.gang} devices trains one sharded model: set shard=fsdp (or gang=1)")
+        _check(not self.offload or self.shard == "fsdp", f"{key}.offload",
+               "offloads the sharded optimizer state: needs shard=fsdp")
+
+    def check_single(self, key: str) -> None:
+        """Pools that are not gangs yet (rollout, reward): one device per worker, no sharding."""
+        _check(self.gang == 1, f"{key}.gang", "rollout and reward workers are one device each for now "
+               "(sequence-parallel rollout gangs are a later issue); set 1")
+        _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
+               "only the trainer pool shards (shard, reshard, offload are trainer keys)")
 
 
 @dataclass
@@ -263,6 +288,8 @@ class RuntimeConfig:
     plan: str = "auto"
 
     def __post_init__(self) -> None:
+        self.rollout.check_single("runtime.rollout")
+        self.reward.check_single("runtime.reward")
         self.rollout.check("runtime.rollout", 0)
         self.trainer.check("runtime.trainer", 1)
         self.reward.check("runtime.reward", 0)
