@@ -346,6 +346,13 @@ class Config:
                "data.micro_batch_samples",
                f"cuts prompt groups, which run.mode={mode} streams to training before the group's "
                "advantages exist; use data.micro_batch_groups, or mode local/" + "/".join(BATCH_MODES))
+        if rt.trainer.shard == "fsdp":
+            _check(self.model.dtype != "float16", "model.dtype",
+                   "sharded trainers compute in bfloat16 or float32 (fp32 master weights); float16 would need "
+                   "loss scaling, which is not built")
+            _check(self.train.beta == 0 or self.model.lora_rank > 0, "train.beta",
+                   "a KL reference for a sharded full fine-tune (a second sharded copy of the base model) is not "
+                   "built; use LoRA (the reference is the adapters switched off) or beta 0")
         if mode != "local":
             _check(rt.rollout.workers >= 1 or mode == "colocated" or mode in TAG_MODES,
                    "runtime.rollout.workers",

@@ -61,6 +61,8 @@ class Learner:
             self._reference = copy.deepcopy(policy.module).requires_grad_(False).eval()
         self._sums: dict[str, float] = defaultdict(float)
         self._weight = 0.0
+        # FSDP2-sharded module: ranks must issue the same forwards/backwards (ghost passes)
+        self.sharded = any(type(p).__name__ == "DTensor" for p in self.params)
 
     # -- one trained step of one unit ------------------------------------------------
     def score(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice = slice(None)):
@@ -95,32 +97,46 @@ class Learner:
             self.policy.module = live
 
     def accumulate(
-        self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, *, total_samples: int, total_steps: int
+        self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, *, total_samples: int, total_steps: int,
+        rows: Optional[slice] = None, passes: int = 0,
     ) -> dict[str, float]:
         """Backward the loss of one unit: trained steps `t_steps` of micro-batch `traj`.
 
-        The unit's loss is scaled by len(traj) / (total_samples * total_steps), so the
-        gradients of all units of a step add up to the mean over (sample, step) pairs.
+        The loss of the rows trained is scaled by len(rows) / (total_samples * total_steps),
+        so the gradients of all units of a step add up to the mean over (sample, step) pairs.
+
+        rows: the rows of `traj` this learner trains (default all): a rank of a sharded gang
+        trains its share of the unit. passes: forward/backward passes to run per trained
+        step (0 = as many as the rows need); the extra ones are zero-weight "ghost" passes
+        on the unit's first row, so that every rank of an FSDP gang issues the same
+        collectives whatever its share (a rank with no rows runs ghosts only).
         """
         if traj.advantages is None:
             raise ValueError("trajectories have no advantages yet: compute rewards and advantages first")
         self.policy.module.train()
         adv = traj.advantages.to(self.params[0].device)
-        n = len(traj)
-        size = self.config.backward_batch or n
+        first, last, _ = (rows or slice(0, len(traj))).indices(len(traj))
+        size = self.config.backward_batch or max(last - first, 1)
+        chunks = [slice(a, min(a + size, last)) for a in range(first, last, size)]
+        if passes and passes < len(chunks):
+            raise ValueError(f"{passes} passes cannot train rows [{first}, {last}) in chunks of {size}")
+        ghosts = max(passes - len(chunks), 0)
         metrics: dict[str, float] = {}
         for t in t_steps:
             if math.isnan(float(traj.log_probs[0, t])):
                 raise ValueError(f"denoising step {t} was sampled with the ODE: it has no log-prob to train")
-            for first in range(0, n, size):
-                rows = slice(first, min(first + size, n))
-                metrics = self._backward_rows(traj, t, rows, spec, adv, total_samples * total_steps)
+            for chunk in chunks:
+                metrics = self._backward_rows(traj, t, chunk, spec, adv, total_samples * total_steps)
+            for _ in range(ghosts):
+                self._backward_rows(traj, t, slice(0, 1), spec, adv, total_samples * total_steps, ghost=True)
         return metrics
 
     def _backward_rows(
-        self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor, denominator: int
+        self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor, denominator: int,
+        ghost: bool = False,
     ) -> dict[str, float]:
-        """Loss and backward of rows `rows` at trained step t, weighted into the step mean."""
+        """Loss and backward of rows `rows` at trained step t, weighted into the step mean.
+        A ghost pass (see `accumulate`) backwards weight 0 and records nothing."""
         out = self.score(traj, t, spec, rows)
         weight = out.prev_sample.shape[0] / denominator
         kl = None
@@ -134,9 +150,13 @@ class Learner:
             kl=kl,
             beta=self.config.beta,
         )
-        if not torch.isfinite(loss):
-            log.warning("non-finite loss at step %d, denoising step %d: skipped", traj.step, t)
-            self._sums["train/skipped_units"] += 1
+        finite = bool(torch.isfinite(loss))
+        if ghost or not finite:
+            if not ghost:
+                log.warning("non-finite loss at step %d, denoising step %d: skipped", traj.step, t)
+                self._sums["train/skipped_units"] += 1
+            if self.sharded:  # every rank of a gang runs the same backwards (FSDP collectives)
+                (loss.nan_to_num(0.0, 0.0, 0.0) * 0.0).backward()
             return {}
         (loss * weight).backward()
         for k, v in m.items():

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from digenrl.models.lora import trainable_state_dict
@@ -38,6 +38,7 @@ def shard_policy(
     *,
     reshard_after_forward: bool = True,
     mixed_precision: bool = False,
+    offload: bool = False,
 ) -> Policy:
     """Shard `policy.module` in place with FSDP2: one unit per transformer block, one root.
 
@@ -45,7 +46,9 @@ def shard_policy(
     a module without one is sharded as a single root unit. Inject LoRA first: a block's
     frozen base weights and trainable adapters then share one FSDP unit. Build the
     `Learner` after this call. mixed_precision: bf16 compute and all-gather, fp32
-    gradient reduction (the sharded master weights keep their dtype).
+    gradient reduction (the sharded master weights keep their dtype). offload: sharded
+    parameters, gradients and AdamW state live on the host (FSDP2 CPUOffloadPolicy; the
+    optimizer steps there), for models whose optimizer state does not fit the devices.
     """
     if mesh.ndim not in (1, 2):
         raise ValueError(f"mesh must be 1-D (FSDP) or 2-D (replicate, shard) for HSDP, got {mesh.ndim}-D")
@@ -53,6 +56,8 @@ def shard_policy(
     kwargs: dict = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
     blocks = getattr(module, "blocks", None)
     units: list[FSDPModule] = []
     if isinstance(blocks, torch.nn.ModuleList):

@@ -22,7 +22,7 @@ import torch
 from digenrl.math import group_advantages
 from digenrl.recorder import RunRecorder
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained
+from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
 from digenrl.trace import Trace, bubble_ratio
@@ -58,7 +58,8 @@ class RealBackend:
         self.last_end, self.wall0, self.wall_s = 0.0, wall0, wall0
 
     # -- dispatch: one actor call per unit kind ----------------------------------------------
-    def dispatch(self, wid: str, unit: Unit) -> ray.ObjectRef:
+    def dispatch(self, wid: str, unit: Unit) -> list[ray.ObjectRef]:
+        """The unit on every rank of worker `wid`'s gang: one result ref per rank."""
         return _CALL[type(unit)](self, self.rt.handles[wid], wid, unit)
 
     def _call_generate(self, h, wid: str, unit: Generate) -> ray.ObjectRef:
@@ -70,16 +71,16 @@ class RealBackend:
             first, last = unit.samples
             prompts, coords = prompts[first:last], coords[first:last]
         prev = self.trajs[(unit.step, unit.mb)][unit.samples] if unit.t_start > 0 else None
-        traj, done = h.generate.options(num_returns=2).remote(
+        outs = h.generate.options(num_returns=2).all(
             unit, b + unit.step, b + unit.version, prompts, coords, plan.spec, prev)
-        self.out[wid] = traj
-        return done
+        self.out[wid] = outs[0][0]  # rank 0's trajectories (a gang's ranks generate the same)
+        return [done for _, done in outs]
 
     def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
         shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
         n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
         refs, _ = covering(shards, (0, n), n)
-        return h.reward.remote(unit, *refs)
+        return h.reward.all(unit, *refs)
 
     def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
         plan = self.rt.plan(self.base + unit.step)
@@ -87,17 +88,16 @@ class RealBackend:
         first, last = row_range(unit.samples, n)
         refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
         adv = self._advantages(unit)[first:last]
-        return h.train.remote(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
-                              (first - offset, last - offset), *refs)
+        return h.train.all(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
+                           (first - offset, last - offset), *refs)
 
     def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
-        payload, done = h.optimizer_step.options(num_returns=2).remote(
-            unit, self.base + unit.version, wid == self.publisher)
-        self.out[wid] = payload
-        return done
+        outs = h.optimizer_step.options(num_returns=2).all(unit, self.base + unit.version, wid == self.publisher)
+        self.out[wid] = outs[0][0]  # rank 0 holds the published payload
+        return [done for _, done in outs]
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
-        return h.load_weights.remote(unit, self.base + unit.version, self.weights[unit.version])
+        return h.load_weights.all(unit, self.base + unit.version, self.weights[unit.version])
 
     def _advantages(self, unit: Train) -> torch.Tensor:
         key = (unit.step, unit.mb)
@@ -171,6 +171,8 @@ class RealBackend:
             "timing/publish_bytes": pub.publish_bytes if pub else 0,
             "timing/allreduce_s": max(i.reduce_s for i in infos.values()),
             "step_s": step_s, "wall_s": self.wall_s, "samples_per_s": m["samples"] / step_s,
+            # bytes of each collective the trainer ranks issued since their previous step
+            **_add([i.comm for i in infos.values()]),
         }
         self.syncs = []
         self.last_end = now

@@ -41,6 +41,7 @@ from digenrl.data import PromptSource, load_prompts
 from digenrl.recorder import RunRecorder
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.backend import RealBackend
+from digenrl.runtime.gang import Gang
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
 from digenrl.sched import Scheduler, Unit, Worker
@@ -68,7 +69,8 @@ class RayTrainer:
         self.colocated = cfg.run.mode == "colocated"
         self._plans: dict[int, StepPlan] = {}
         self.handles: dict[str, Any] = {}  # worker id -> actor handle
-        self.pids: dict[str, int] = {}
+        self.pids: dict[str, int] = {}  # worker id -> its (rank 0) process
+        self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
         self.workers: list[Worker] = []
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
         self.trace: Optional[Trace] = None
@@ -91,37 +93,43 @@ class RayTrainer:
 
     # -- pools -----------------------------------------------------------------------------
     def _start_workers(self, pools) -> None:
+        """One Gang per scheduler worker: runtime.trainer.gang actors per trainer (one
+        placement group for the pool, a bundle per device), one actor per other worker."""
         for p in pools:
             if p.workers == 0:
                 continue
+            gang = p.resources.gang if p.role in ("trainer", "colocated") else 1
             pg = None
-            if p.role in ("trainer", "colocated"):  # gradient all-reduce: packed on few nodes
-                pg = PoolPlacement(p.resources, p.workers, name=p.role)
+            if p.role in ("trainer", "colocated"):  # gradient collectives: packed on few nodes
+                pg = PoolPlacement(p.resources, p.workers * gang, name=p.role)
                 self._placements.append(pg)
             for i in range(p.workers):
-                opts = pg.options(p.resources, i) if pg is not None else actor_options(p.resources)
+                opts = [pg.options(p.resources, i * gang + r) if pg is not None else actor_options(p.resources)
+                        for r in range(gang)]
                 self._spawn(Worker(f"{p.role}-{i}", p.role), opts)
-        self.pids.update(zip(self.handles, ray.get([h.ready.remote() for h in self.handles.values()])))
+        pids = [ray.get(h.ready.all()) for h in self.handles.values()]
+        self.rank_pids.update(zip(self.handles, pids))
+        self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
         trainers = self.train_ids
-        if len(trainers) > 1:
-            addr = ray.get(self.handles[trainers[0]].dist_address.remote())
-            ray.get([self.handles[w].init_dist.remote(addr, r, len(trainers)) for r, w in enumerate(trainers)])
+        tc = self.cfg.runtime.trainer
+        if len(trainers) > 1 or tc.shard == "fsdp":
+            ranks = [a for w in trainers for a in self.handles[w].ranks]
+            addr = ray.get(ranks[0].dist_address.remote())
+            ray.get([a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang) for r, a in enumerate(ranks)])
 
-    def _spawn(self, worker: Worker, opts: dict) -> None:
+    def _spawn(self, worker: Worker, opts: list[dict]) -> None:
         cls = RewardWorker if worker.role == "reward" else PolicyWorker
-        self.handles[worker.id] = ray.remote(cls).options(**opts).remote(self.cfg, worker.role, worker.id)
+        self.handles[worker.id] = Gang([ray.remote(cls).options(**o).remote(self.cfg, worker.role, worker.id, r)
+                                        for r, o in enumerate(opts)])
         self.workers.append(worker)
 
     def replace(self, old: Worker) -> Worker:
         """A fresh actor for a lost rollout/reward worker; the scheduler syncs its weights."""
-        try:
-            ray.kill(self.handles.pop(old.id), no_restart=True)
-        except Exception:  # already gone
-            pass
+        self.handles.pop(old.id).kill()
         self._n_replaced += 1
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
-        self._spawn(new, actor_options(pool))
+        self._spawn(new, [actor_options(pool)])
         log.warning("worker %s lost; replaced by %s", old.id, new.id)
         return new
 
@@ -132,10 +140,10 @@ class RayTrainer:
     def _shutdown(self) -> None:
         for h in self.handles.values():
             try:
-                ray.get(h.shutdown.remote(), timeout=10)
+                ray.get(h.shutdown.all(), timeout=10)
             except Exception:
                 pass
-            ray.kill(h)
+            h.kill()
         if self.evaluator is not None and self.evaluator not in self.handles.values():
             ray.kill(self.evaluator)
         self.evaluator = None
@@ -152,7 +160,7 @@ class RayTrainer:
         self.recorder = RunRecorder(cfg, progress=self.progress)  # files, cadence, bar, summary
         latest = self.recorder.resume_checkpoint() if resume else None
         pools = contract(cfg).pools
-        started = connect(cfg.runtime.address, [(p.resources, p.workers) for p in pools])
+        started = connect(cfg.runtime.address, [(p.resources, p.workers * p.resources.gang) for p in pools])
         try:
             if cfg.wants_plan():  # a resumed run keeps the plan its checkpoint was made with
                 cfg = self.cfg = self._plan_here() if latest is None else _planned(cfg, latest)
@@ -162,13 +170,14 @@ class RayTrainer:
             t0, rec = self.handles[self.train_ids[0]], self.recorder
             resumed_from, wall0 = None, 0.0
             if latest is not None:
-                steps = ray.get([self.handles[w].load.remote(str(latest)) for w in self.train_ids])
+                steps = ray.get([r for w in self.train_ids for r in self.handles[w].load.all(str(latest))])
                 self.base = resumed_from = steps[0]
                 wall0 = json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
             # Version `base` everywhere: trainer 0's weights (also fixes LoRA's random init).
             weights0 = t0.publish.remote()
-            ray.get([self.handles[w.id].load_weights.remote(None, self.base, weights0)
-                     for w in self.workers if w.role != "reward" and w.id != self.train_ids[0]])
+            sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
+            ray.get([self.handles[w.id].load_weights.remote(None, self.base, weights0) for w in self.workers
+                     if w.role != "reward" and w.id != self.train_ids[0] and not (sharded and w.id in self.train_ids)])
             rec.open(resumed_from)
             try:
                 first = self.evaluate(self.base) if rec.eval_due(self.base) else None  # overlaps step 1

@@ -149,9 +149,9 @@ class EmulatedBackend:
         dead = self.handles.pop(wid, None)
         self.pool.handles = [h for h in self.pool.handles if h is not dead]
 
-    def dispatch(self, wid: str, unit: Unit) -> ray.ObjectRef:
+    def dispatch(self, wid: str, unit: Unit) -> list[ray.ObjectRef]:
         self._new_batch = True
-        return self.handles[wid].run.remote(unit, self._ref if self._ref is not None else time.time())
+        return [self.handles[wid].run.remote(unit, self._ref if self._ref is not None else time.time())]
 
     def completed(self, wid: str, unit: Unit, info: Slept) -> None:
         # EventLoop: completions of one batch, then the dispatches they enabled.

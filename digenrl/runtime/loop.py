@@ -14,19 +14,20 @@ Real compute and emulated compute differ only in the backend (what a unit does).
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
 import ray
 from ray.exceptions import RayActorError
 
-from digenrl.runtime.results import Done
+from digenrl.runtime.results import Done, merge
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
 from digenrl.sched.units import Train
 from digenrl.trace import Span, Trace
 
 
 class Backend(Protocol):
-    def dispatch(self, worker_id: str, unit: Unit) -> ray.ObjectRef: ...
+    def dispatch(self, worker_id: str, unit: Unit) -> list[ray.ObjectRef]: ...
 
     def completed(self, worker_id: str, unit: Unit, info: Done) -> None: ...
 
@@ -48,7 +49,8 @@ class EventLoop:
         self.on_dispatch = on_dispatch
         self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
                            alive={w.id: [0.0, None] for w in scheduler.workers})
-        self.pending: dict[ray.ObjectRef, tuple[str, Unit, float]] = {}  # ref -> (wid, unit, dispatched)
+        # a unit runs on every rank of its worker's gang: one ref per rank, all in `pending`
+        self.pending: dict[ray.ObjectRef, _Call] = {}
         self.t0 = time.time()
 
     def now(self) -> float:
@@ -57,7 +59,8 @@ class EventLoop:
     def in_flight(self) -> list[Span]:
         """Units still running, as spans from their dispatch to now (for live bubble ratios)."""
         now = self.now()
-        return [Span(w, kind(u), t, now, None, None) for w, u, t in self.pending.values()]
+        calls = {id(c): c for c in self.pending.values()}.values()
+        return [Span(c.wid, kind(c.unit), c.t, now, None, None) for c in calls]
 
     def run(self) -> Trace:
         sched = self.sched
@@ -82,16 +85,26 @@ class EventLoop:
         for wid, unit in self.sched.assign():
             if self.on_dispatch is not None:
                 self.on_dispatch(wid, unit)
-            ref = self.backend.dispatch(wid, unit)
-            self.pending[ref] = (wid, unit, self.now())
+            refs = self.backend.dispatch(wid, unit)
+            call = _Call(wid, unit, self.now(), list(refs))
+            for ref in call.refs:
+                self.pending[ref] = call
 
     def _event(self, ref: ray.ObjectRef) -> None:
-        wid, unit, t_disp = self.pending.pop(ref)
+        call = self.pending.pop(ref, None)
+        if call is None:  # a rank of a gang whose unit was already given up as lost
+            return
+        wid, unit, t_disp = call.wid, call.unit, call.t
         try:
-            info = ray.get(ref)
-        except RayActorError as e:
+            call.done[ref] = ray.get(ref)
+        except RayActorError as e:  # one rank lost: the unit (and its gang) is lost
+            for other in call.refs:
+                self.pending.pop(other, None)
             self._lost(wid, unit, t_disp, e)
             return
+        if len(call.done) < len(call.refs):
+            return  # other ranks still running
+        info = merge([call.done[r] for r in call.refs])
         version_before = self.sched.version
         self.sched.complete(wid, unit)
         self.trace.n_events += 1
@@ -126,6 +139,17 @@ class WorkerLostError(RuntimeError):
             "optimizer state that cannot be rebuilt mid-run. Rerun the same command with "
             "--resume to continue from the last checkpoint (run.checkpoint_every).")
         self.worker_id = wid
+
+
+@dataclass
+class _Call:
+    """One unit in flight on a gang: a result ref per rank, the results so far."""
+
+    wid: str
+    unit: Unit
+    t: float
+    refs: list
+    done: dict = field(default_factory=dict)
 
 
 def _version(unit: Unit) -> Optional[int]:

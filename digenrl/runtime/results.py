@@ -8,8 +8,8 @@ No torch import: emulated workers return `Slept` from a torch-free process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -49,6 +49,7 @@ class Stepped(Done):
     reduce_s: float = 0.0
     publish_s: float = 0.0
     publish_bytes: int = 0
+    comm: dict = field(default_factory=dict)  # comm/<phase>/<kind>_bytes this rank issued since its last step
 
 
 @dataclass
@@ -63,3 +64,29 @@ class Slept(Done):
     latency: float = 0.0
     behind: float = 0.0
     overhead: dict[str, Any] = field(default_factory=dict)
+
+
+def merge(records: Sequence[Done]) -> Done:
+    """One record for a unit that every rank of a gang ran (rank order): rank 0's, spanning
+    the first start to the last end, with what each rank did on its own share added up
+    (trained coordinates; a step's loss sums, weights and collective bytes)."""
+    first = records[0]
+    if len(records) == 1:
+        return first
+    out = replace(first, start=min(r.start for r in records), end=max(r.end for r in records))
+    if isinstance(first, Trained):
+        out.trained = [c for r in records for c in r.trained]
+    elif isinstance(first, Stepped):
+        out.sums = _add([r.sums for r in records])
+        out.weight = sum(r.weight for r in records)
+        out.comm = _add([r.comm for r in records])
+        out.reduce_s = max(r.reduce_s for r in records)
+    return out
+
+
+def _add(dicts: Sequence[dict]) -> dict:
+    total: dict = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + v
+    return total

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from contextlib import nullcontext
 from typing import Any, Optional
 
 import torch
@@ -40,13 +41,14 @@ def _times(t0: float) -> dict[str, Any]:
 class PolicyWorker:
     """One device of the rollout, trainer or colocated pool (see module doc)."""
 
-    def __init__(self, cfg: Config, role: str, worker_id: str):
+    def __init__(self, cfg: Config, role: str, worker_id: str, rank: int = 0):
         torch.set_num_threads(cfg.runtime.worker_threads)
-        self.cfg, self.role, self.id = cfg, role, worker_id
+        self.cfg, self.role, self.id, self.rank = cfg, role, worker_id, rank
         self.engine = cfg.runtime.weight_sync
         self.version = 0
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
         self.dist = False
+        self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
         if role == "rollout":
             from digenrl.models import build_policy
             from digenrl.trainer import build_rewarder
@@ -55,9 +57,10 @@ class PolicyWorker:
             self.policy = build_policy(cfg.model, progress=False)
             self.rewarder = build_rewarder(cfg)
         else:
+            from digenrl.runtime.gang_rank import master_config
             from digenrl.trainer import Trainer
 
-            self.trainer = Trainer(cfg, progress=False)
+            self.trainer = Trainer(master_config(cfg), progress=False)
             self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
             self.learner = self.trainer.learner
 
@@ -79,13 +82,15 @@ class PolicyWorker:
             raise RuntimeError(f"{self.id}: asked to generate with version {version} but holds "
                                f"{self.version} (scheduler/runtime out of sync)")
         self.policy.module.eval()
-        if traj is None:
-            traj = start(self.policy, prompts, coords, spec, step=step, version=version)
-        else:  # objects from the store may be read-only views: own the buffers we write
-            traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
-        advance(self.policy, traj, spec, unit.t_end)
-        if unit.t_end == spec.num_steps:
-            finish(self.policy, traj)
+        # a trainer gang generates SPMD: every rank the whole unit (same counter-based noise)
+        with self.gang.counter.phase("generate") if self.gang is not None else nullcontext():
+            if traj is None:
+                traj = start(self.policy, prompts, coords, spec, step=step, version=version)
+            else:  # objects from the store may be read-only views: own the buffers we write
+                traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
+            advance(self.policy, traj, spec, unit.t_end)
+            if unit.t_end == spec.num_steps:
+                finish(self.policy, traj)
         return traj, Generated(**_times(t0))
 
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
@@ -101,32 +106,48 @@ class PolicyWorker:
         t0 = time.time()
         traj = select_rows(concat_trajectories(shards), *rows)
         traj.advantages = advantages
+        mine, passes = self.gang.share(len(traj)) if self.gang is not None else (slice(0, len(traj)), 0)
         self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
-                                total_steps=total_steps)
-        done = [(*c, t) for c in traj.coords for t in unit.t_steps]
+                                total_steps=total_steps, rows=mine, passes=passes)
+        done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps]
         self.trained.extend(done)
         return Trained(**_times(t0), trained=done)
 
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:
-        """All-reduce the accumulated gradients, step, and (worker 0) publish the new weights.
+        """Reduce the accumulated gradients across trainers, step, and (worker 0) publish.
 
         Workers that trained nothing contribute zeros; a parameter nobody touched keeps
-        grad None on every worker, exactly as on a single device.
+        grad None on every worker, exactly as on a single device. In a gang every rank
+        calls this; rank 0 of the publishing gang returns the payload.
         """
         t0 = time.time()
         sums, weight = self.learner.accumulated()
-        if self.dist:
+        if self.gang is not None:
+            self.gang.reduce_grads(self.learner.params)
+        elif self.dist:
             self._all_reduce_grads()
         t_reduce = time.time() - t0
         metrics = self.learner.optimizer_step()
+        if self.gang is not None:
+            self.gang.after_step()
         self.version = version  # the run's version (unit.version counts from a resumed step)
         payload, nbytes, t_pub = None, 0, 0.0
         if publish:
             t1 = time.time()
-            payload, nbytes = weight_sync.publish(self.engine, self.policy.module)
+            payload, nbytes = self._publish()
             t_pub = time.time() - t1
+        comm = self.gang.counter.take() if self.gang is not None else {}
         return payload, Stepped(**_times(t0), metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
-                                publish_s=t_pub, publish_bytes=nbytes)
+                                publish_s=t_pub, publish_bytes=nbytes, comm=comm)
+
+    def _publish(self) -> tuple[Optional[dict], int]:
+        """The weights rollout workers pull (rank 0's; a gang gathers them first)."""
+        if self.gang is None:
+            return weight_sync.publish(self.engine, self.policy.module)
+        state = self.gang.gather_payload(self.engine, self.cfg.model.dtype, self.cfg.model.lora_rank > 0)
+        if self.rank != 0:
+            return None, 0
+        return state, sum(v.numel() * v.element_size() for v in state.values())
 
     def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
         """WeightSync: adopt published weights `version` (between trajectories only)."""
@@ -137,22 +158,22 @@ class PolicyWorker:
 
     # -- trainer-only services -----------------------------------------------------------
     def evaluate(self, step: int) -> dict:
-        """Held-out evaluation in place (only when no device is free for an EvalWorker)."""
-        return self.trainer.evaluate(step)
+        """Held-out evaluation in place (only when no device is free for an EvalWorker); every
+        rank of a gang evaluates (FSDP forwards), rank 0 writes the sample grid."""
+        return self.trainer.evaluate(step, save_images=self.rank == 0)
 
     def eval_weights(self) -> dict:
-        """The trainable tensors to evaluate: EMA-averaged when train.ema_decay > 0."""
-        from contextlib import nullcontext
-
-        from digenrl.models.lora import trainable_state_dict
+        """The trainable tensors to evaluate: EMA-averaged when train.ema_decay > 0 (gathered
+        in a gang: every rank calls it)."""
+        from digenrl.learner.sharded import full_state_dict
 
         ema = self.learner.ema
         with ema.applied() if ema is not None else nullcontext():
-            return {k: v.detach().to("cpu", copy=True) for k, v in trainable_state_dict(self.policy.module).items()}
+            return full_state_dict(self.policy.module)
 
-    def publish(self) -> dict:
-        """The current weights as a payload (initial sync, resume)."""
-        return weight_sync.publish(self.engine, self.policy.module)[0]
+    def publish(self) -> Optional[dict]:
+        """The current weights as a payload (initial sync, resume); a collective in a gang."""
+        return self._publish()[0]
 
     def dist_address(self) -> str:
         with socket.socket() as s:
@@ -160,13 +181,20 @@ class PolicyWorker:
             port = s.getsockname()[1]
         return f"tcp://{_node_ip()}:{port}"
 
-    def init_dist(self, address: str, rank: int, world: int) -> None:
-        """Join the trainers' gradient all-reduce group (gloo on CPU, NCCL on GPU)."""
+    def init_dist(self, address: str, rank: int, world: int, gangs: int = 1, gang: int = 1) -> None:
+        """Join the trainers' world (gloo on CPU, NCCL on GPU). With shard=fsdp this rank
+        becomes rank `rank % gang` of gang `rank // gang` (runtime/gang_rank.py): the module
+        is sharded over the gang and the Learner rebuilt on the sharded parameters."""
         import torch.distributed as dist
 
         backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
         self.dist = True
+        if self.cfg.runtime.trainer.shard == "fsdp":
+            from digenrl.runtime.gang_rank import GangRank
+
+            self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang)
+            self.learner = self.trainer.learner
 
     def _all_reduce_grads(self) -> None:
         import torch.distributed as dist
@@ -197,10 +225,15 @@ class PolicyWorker:
         return self.trainer.step
 
     def final_state(self) -> tuple[dict, Optional[dict]]:
-        from digenrl.models.lora import trainable_state_dict
+        """Full trainable tensors and EMA shadows (gathered in a gang: every rank calls it)."""
+        from digenrl.learner.sharded import full_state_dict
 
-        ema = self.learner.ema.state_dict() if self.learner.ema is not None else None
-        return {k: v.detach().cpu().contiguous() for k, v in trainable_state_dict(self.policy.module).items()}, ema
+        ema = self.learner.ema
+        shadows = None
+        if ema is not None:
+            with ema.applied():
+                shadows = full_state_dict(self.policy.module)
+        return full_state_dict(self.policy.module), shadows
 
     def shutdown(self) -> None:
         self.rewarder.close()
@@ -213,7 +246,7 @@ class PolicyWorker:
 class RewardWorker:
     """The reward pool: scores finished micro-batches (decoded images) only."""
 
-    def __init__(self, cfg: Config, role: str, worker_id: str):
+    def __init__(self, cfg: Config, role: str, worker_id: str, rank: int = 0):
         from digenrl.trainer import build_rewarder
 
         torch.set_num_threads(cfg.runtime.worker_threads)

@@ -1,0 +1,139 @@
+"""One rank of a sharded trainer gang: what changes inside a trainer actor when shard=fsdp.
+
+    world = every trainer rank, as a (gangs, gang) DeviceMesh ("replicate", "shard")
+
+      gang 0:  rank 0  rank 1  ...      FSDP2 over a row: the policy's parameters, gradients
+      gang 1:  rank N  rank N+1 ...     and AdamW state are sharded over the gang's devices
+                 |       |
+              all-reduce down each column, once per RL step (HSDP): the local gradient
+              shards of the gangs, at the optimizer step (the scheduler spreads Train units
+              over gangs, which run them independently, so FSDP's own per-backward HSDP
+              reduction, which needs the gangs in lockstep, is not used)
+
+A Train unit's rows are shared out over the gang's ranks (`share`): each rank backwards its
+rows weighted by their share of the whole RL step, FSDP reduce-scatters the sum. Ranks with
+fewer rows run zero-weight ghost passes so every rank issues the same collectives.
+
+The module starts identical on every rank (rank 0's state is broadcast before sharding, so
+LoRA's random initialisation agrees) and holds fp32 master weights: model.dtype is the
+compute dtype (FSDP MixedPrecisionPolicy) and the dtype weights are published in.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from digenrl.config import Config, with_overrides
+from digenrl.learner import Learner
+from digenrl.learner.comm import CommCounter, count_fsdp, fsdp_units
+from digenrl.learner.sharded import shard_policy
+from digenrl.models.lora import trainable_state_dict
+from digenrl.runtime.gang import row_share
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def master_config(cfg: Config) -> Config:
+    """The config a trainer rank builds its model from: fp32 master weights under FSDP."""
+    if cfg.runtime.trainer.shard == "fsdp" and cfg.model.dtype != "float32":
+        return with_overrides(cfg, {"model.dtype": "float32"})
+    return cfg
+
+
+class GangRank:
+    """Shards `trainer`'s policy over its gang and owns the rank's collectives (see module doc)."""
+
+    def __init__(self, cfg: Config, trainer, world_rank: int, gangs: int, gang: int):
+        pool = cfg.runtime.trainer
+        self.gangs, self.size = gangs, gang
+        self.rank = world_rank % gang
+        device = "cuda" if cfg.model.device.startswith("cuda") else "cpu"
+        self.mesh = init_device_mesh(device, (gangs, gang), mesh_dim_names=("replicate", "shard"))
+        module = trainer.policy.module
+        with torch.no_grad():  # identical starting weights on every rank (LoRA's init included)
+            for value in module.state_dict().values():
+                dist.broadcast(value, src=0)
+        self.after_step_reshard = pool.reshard == "after-step"
+        shard_policy(trainer.policy, self.mesh["shard"], reshard_after_forward=not self.after_step_reshard,
+                     mixed_precision=cfg.model.dtype != "float32", offload=pool.offload)
+        self.units = fsdp_units(module)
+        if self.after_step_reshard:  # keep the gathered parameters until the optimizer step
+            for unit in self.units:
+                unit.set_reshard_after_backward(False)
+        self.counter = CommCounter()
+        count_fsdp(module, self.counter)
+        trainer.learner = Learner(trainer.policy, trainer.learner.config)  # on the sharded parameters
+        self.module = module
+        self.backward_batch = trainer.learner.config.backward_batch
+        self.replicas: Optional[dist.ProcessGroup] = self.mesh.get_group("replicate") if gangs > 1 else None
+
+    def share(self, n: int) -> tuple[slice, int]:
+        """This rank's rows of a unit of n rows, and the passes per trained step every rank runs."""
+        most = -(-n // self.size)
+        passes = -(-most // self.backward_batch) if self.backward_batch else 1
+        return row_share(n, self.size, self.rank), passes
+
+    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the gangs' gradients (local shards, fp32) across gangs: once per RL step."""
+        if self.replicas is None:
+            return
+        device = _local(params[0]).device
+        has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
+        self._all_reduce(has)
+        locals_ = [_local(p) for p in params]
+        flat = torch.cat([(_local(p.grad) if p.grad is not None else torch.zeros_like(lp)).reshape(-1).float()
+                          for p, lp in zip(params, locals_)])
+        self._all_reduce(flat)
+        offset = 0
+        for p, lp, h in zip(params, locals_, has.tolist()):
+            n = lp.numel()
+            if h > 0:
+                g = flat[offset:offset + n].view_as(lp).to(lp.dtype)
+                if p.grad is None:
+                    p.grad = DTensor.from_local(g.clone(), p.device_mesh, p.placements, shape=p.shape,
+                                                stride=p.stride()) if isinstance(p, DTensor) else g.clone()
+                else:
+                    _local(p.grad).copy_(g)
+            offset += n
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        self.counter.add("all_reduce", tensor, self.replicas)
+        dist.all_reduce(tensor, group=self.replicas)
+
+    def after_step(self) -> None:
+        """reshard=after-step: the optimizer changed the shards, drop the stale gathered copies."""
+        if self.after_step_reshard:
+            for unit in self.units:
+                unit.reshard()
+
+    def gather_payload(self, engine: str, dtype: str, lora: bool) -> dict[str, torch.Tensor]:
+        """Every rank: the weights the rollout workers load, gathered in `dtype` (a collective);
+        the trainable tensors for lora-only (and nccl under LoRA), else the whole state dict."""
+        trainable = engine == "lora-only" or (engine == "nccl" and lora)
+        state = trainable_state_dict(self.module) if trainable else self.module.state_dict()
+        cast = _DTYPES[dtype]
+        out = {}
+        with self.counter.phase("publish"):
+            for name, value in state.items():
+                value = value.detach()
+                if value.is_floating_point():
+                    value = value.to(cast)
+                if isinstance(value, DTensor):
+                    local = value.to_local()
+                    rows = -(-value.shape[0] // self.size) if value.dim() else 1
+                    per_row = math.prod(value.shape[1:]) if value.dim() > 1 else 1
+                    if self.size > 1:
+                        self.counter.add_bytes("all_gather", self.size * rows * per_row * local.element_size())
+                    value = value.full_tensor()
+                out[name] = value.to("cpu", copy=True).contiguous()
+        return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
