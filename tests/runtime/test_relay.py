@@ -240,3 +240,66 @@ def test_pack_respects_the_cap_and_casts_only_floating_tensors():
     for k in ("w", "big", "b"):
         assert views[k].dtype == torch.bfloat16 and torch.equal(views[k], state[k].to(torch.bfloat16))
     assert packed.nbytes == 2 * (100 + 1600 + 10) + 8 * 3
+
+
+# --- the deployment shape: the relay in a Ray actor's own concurrency group ---
+
+
+class _Owner:
+    """Trainer-0 rank 0 as the runtime hosts it: unit calls on the default group (one thread),
+    the relay's calls on the "relay" group (another thread)."""
+
+    def __init__(self):
+        torch.set_num_threads(1)
+        self.relay = Relay(bucket_bytes=CAP, timeout_s=TIMEOUT_S)
+        self.relay.put(1, _Net(seed=1).state_dict())
+
+    def step(self, version: int) -> int:
+        """An optimizer step's worth of work, then a publish."""
+        x, w = torch.randn(64, 64), torch.randn(64, 64) / 8
+        for _ in range(200):
+            x = torch.tanh(x @ w)
+        return self.relay.put(version, _Net(seed=version).state_dict())
+
+    def open(self, peer):
+        return self.relay.open(peer)
+
+    def accept(self, peer):
+        self.relay.accept(peer)
+
+    def serve(self, peer, version):
+        return self.relay.serve(peer, version)
+
+
+class _Rollout:
+    def __init__(self):
+        torch.set_num_threads(1)
+        self.client, self.net = RelayClient(timeout_s=TIMEOUT_S), _Net(seed=None)
+
+    def connect(self, address):
+        self.client.connect(address)
+
+    def receive(self):
+        version, _ = self.client.receive(self.net)
+        return version, {k: v.clone() for k, v in self.net.state_dict().items()}
+
+
+@pytest.mark.timeout(120)
+def test_a_ray_owner_keeps_stepping_while_its_relay_group_serves(ray_cluster):
+    import ray
+
+    owner = ray.remote(concurrency_groups={"relay": 1}, num_cpus=0)(_Owner).remote()
+    rollout = ray.remote(num_cpus=0)(_Rollout).remote()
+
+    def relay_call(method, *args):  # the relay's calls run on the actor's "relay" thread
+        return getattr(owner, method).options(concurrency_group="relay").remote(*args)
+
+    address = ray.get(relay_call("open", "r0"))
+    ray.get([relay_call("accept", "r0"), rollout.connect.remote(address)])
+    serving = relay_call("serve", "r0", 1)  # blocks in the relay group: the rollout has not asked
+    assert ray.get(owner.step.remote(2), timeout=TIMEOUT_S) > 0  # the owner's unit runs meanwhile
+    assert not ray.wait([serving], timeout=0)[0], "the serve ended before the rollout asked"
+    version, state = ray.get(rollout.receive.remote(), timeout=TIMEOUT_S)
+    ray.get(serving, timeout=TIMEOUT_S)
+    assert version == 1
+    _assert_bit_identical(state, _Net(seed=1).state_dict())
