@@ -50,9 +50,13 @@ class CommCounter:
         self.bytes[(self.current, kind)] += tensor.numel() * tensor.element_size()
         self.calls[(self.current, kind)] += 1
 
-    def add_bytes(self, kind: str, nbytes: int) -> None:
-        self.bytes[(self.current, kind)] += int(nbytes)
-        self.calls[(self.current, kind)] += 1
+    def add_bytes(self, kind: str, nbytes: int, phase: str | None = None) -> None:
+        """Count `nbytes` of one `kind` call; `phase` names it explicitly (default: the current
+        phase). A thread other than the owner's (the weight relay) passes `phase` rather than
+        entering `phase()`, which would relabel what the owner's thread counts meanwhile."""
+        key = (phase or self.current, kind)
+        self.bytes[key] += int(nbytes)
+        self.calls[key] += 1
 
     def take(self) -> dict[str, int]:
         """`comm/<phase>/<kind>_bytes` (and `_calls`) since the last take; resets."""

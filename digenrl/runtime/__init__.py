@@ -6,6 +6,7 @@
     workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker, EvalWorker
     shards.py       sample shards: concatenate Generate shards, select a Train shard's rows
     weight_sync.py  object-store and lora-only engines (bytes, seconds)
+    relay.py        nccl/gloo engine: trainer-0's relay serves buckets point-to-point per rollout worker
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     results.py      the typed record each unit returns to the driver (start, end, ...)
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
