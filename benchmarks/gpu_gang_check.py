@@ -230,7 +230,9 @@ def predict(table: dict, sim_name: str | None, lora: bool, grad_ckpt: bool, batc
     rep = memory.fits(table, sim_name, ["trainer"], train_batch=batch, lora=lora, grad_ckpt=grad_ckpt,
                       fsdp_shards=1, lora_rank=LORA_RANK)
     m = rep.roles["trainer"]
-    return {"model": sim_name, "train_peak_GiB": rep.train_peak_gib, "weights_GiB": m.weights, "grads_GiB": m.grads,
+    note = ("LoRA: the model counts a bf16 frozen base (2 B/param); this layout keeps fp32 master weights for "
+            "every parameter (4 B/param), as the runtime's fsdp trainers do") if lora else None
+    return {"model": sim_name, "note": note, "train_peak_GiB": rep.train_peak_gib, "weights_GiB": m.weights, "grads_GiB": m.grads,
             "optimizer_GiB": m.optimizer, "activations_GiB": m.activations, "fits_h200": rep.fits,
             "usable_GiB": rep.usable_gib, "trainable_params": (lora_params_B(sim_name, LORA_RANK) * 1e9 if lora
                                                                else None)}
@@ -324,15 +326,16 @@ def relay(module: torch.nn.Module, lora: bool, bucket_mib: float, min_s: float) 
 # ----------------------------------------------------------------------------- driver
 
 
-def check_model(name: str, device: torch.device, table: dict, args) -> dict:
+def check_model(name: str, device: torch.device, table: dict, args, row: dict) -> None:
+    """Fill `row` as it goes, so an OOM or error still reports the layout and the prediction."""
     sim_name = None if args.tiny else ARCHS[name][5]
     mode = args.train
     if mode == "auto":
         mode = "full" if full_fits(table, sim_name, args.grad_ckpt, args.batch) else "lora"
     lora = mode == "lora"
-    row: dict = {"model": name, "train": mode, "batch": args.batch, "grad_ckpt": args.grad_ckpt,
+    row.update({"model": name, "train": mode, "batch": args.batch, "grad_ckpt": args.grad_ckpt,
                  "reshard_after_forward": args.reshard == "after-forward", "mixed_precision": "bf16 param, fp32 reduce",
-                 "master_dtype": "float32"}
+                 "master_dtype": "float32"})
     row["predicted"] = predict(table, sim_name, lora, args.grad_ckpt, args.batch)
     if row["predicted"] is None:
         row["predicted_note"] = "no memory-model entry for the tiny configs (digenrl.sim.catalogue.MODELS)"
@@ -343,7 +346,6 @@ def check_model(name: str, device: torch.device, table: dict, args) -> dict:
     if row["predicted"] is not None:
         row["peak_ratio"] = row["measured"]["peak_GiB"] / row["predicted"]["train_peak_GiB"]
     row["relay"] = relay(policy.module, lora, args.bucket_mib, args.min_copy_s)
-    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -384,13 +386,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name in names:
             t0 = time.perf_counter()
+            rows.append({"model": name})
             try:
-                rows.append(check_model(name, device, table, args))
+                check_model(name, device, table, args, rows[-1])
             except torch.cuda.OutOfMemoryError as e:
-                rows.append({"model": name, "error": f"OOM: {str(e).splitlines()[0]}"})
+                rows[-1]["error"] = f"OOM: {str(e).splitlines()[0]}"
             except Exception as e:  # keep going: one model's failure must not hide the others' numbers
                 traceback.print_exc(file=sys.stderr)
-                rows.append({"model": name, "error": f"{type(e).__name__}: {e}"})
+                rows[-1]["error"] = f"{type(e).__name__}: {e}"
             rows[-1]["wall_s"] = time.perf_counter() - t0
             log(f"  {name}: done in {rows[-1]['wall_s']:.1f}s")
             gc.collect()

@@ -7,6 +7,7 @@ AdamW's two fp32 moments), positive copy rates, a peak no smaller than what stay
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -77,11 +78,15 @@ def test_tiny_full_finetune_after_forward():
 
 def test_tiny_lora_after_step_small_buckets():
     # 64 KiB buckets: the adapters (~0.25 MB bf16) split over several
-    out = _report("--tiny", "--train", "lora", "--reshard", "after-step", "--bucket-mib", "0.0625")
-    (row,) = out["models"]
-    _check_row(row, lora=True)
-    assert row["relay"]["buckets"] >= row["relay"]["payload_GB"] * 1e9 / 65536 > 1
-    assert row["reshard_after_forward"] is False
+    # (FLUX.1 is the model --train auto puts on LoRA on one H200)
+    out = _report("--tiny", "--models", "tiny-dit,flux", "--train", "lora", "--reshard", "after-step",
+                  "--bucket-mib", "0.0625")
+    rows = {r["model"]: r for r in out["models"]}
+    for row in rows.values():
+        _check_row(row, lora=True)
+        assert row["reshard_after_forward"] is False
+    relay = rows["tiny-dit"]["relay"]
+    assert relay["buckets"] >= relay["payload_GB"] * 1e9 / 65536 > 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
@@ -90,3 +95,19 @@ def test_refuses_without_gpu():
     assert proc.returncode == 2
     assert "no CUDA device" in proc.stderr and "--tiny" in proc.stderr
     assert proc.stdout.strip() == ""
+
+
+def test_auto_mode_follows_the_memory_model():
+    """--train auto on the real models: SD3.5-medium trains fully, FLUX.1 (16 B/param ~ 177 GiB) uses LoRA."""
+    spec = importlib.util.spec_from_file_location("gpu_gang_check", SCRIPT)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    table = check.fit_table(check.load_calibration())
+    assert check.full_fits(table, "sd3.5-medium", True, 1)
+    assert not check.full_fits(table, "flux.1-12b", True, 1)
+    full = check.predict(table, "flux.1-12b", False, True, 1)
+    # full fine-tune, world size 1: 16 B/param of resident state plus activations
+    assert full["weights_GiB"] + full["grads_GiB"] + full["optimizer_GiB"] == pytest.approx(16 * 11.901e9 / GIB)
+    assert full["train_peak_GiB"] > full["usable_GiB"] and not full["fits_h200"]
+    lora = check.predict(table, "flux.1-12b", True, True, 1)
+    assert lora["fits_h200"] and lora["trainable_params"] > 0 and lora["note"]
