@@ -352,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=None, help=f"comma-separated, from: {', '.join(ARCHS)} (default sd3,flux; "
                                                     f"--tiny: {TINY} by default, or sd3/flux's 1-layer configs)")
-    ap.add_argument("--tiny", action="store_true", help=f"CPU under gloo, tiny models (smoke test, seconds)")
+    ap.add_argument("--tiny", action="store_true", help="CPU under gloo, tiny models (smoke test, seconds)")
     ap.add_argument("--train", choices=("auto", "full", "lora"), default="auto")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=2, help="training steps; peak is taken over the last (>= 2: "
