@@ -192,7 +192,6 @@ def train(policy, cond, device: torch.device, batch: int, steps: int, units: lis
         out["peak_source"] = "torch.cuda.max_memory_allocated (last step)"
     else:
         out["peak_GiB"], out["peak_source"] = _cpu_peak(tracker)
-    del opt
     return out
 
 
