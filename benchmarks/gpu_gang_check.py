@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -54,9 +54,6 @@ from digenrl.sim.catalogue import GIB, lora_params_B  # noqa: E402
 TINY = "tiny-dit"
 LORA_RANK = 32  # the adapters' default (AdapterOptions.lora_rank) and the memory model's
 SIGMA = 0.7
-# diffusers transformers keep their blocks under these names; shard_policy only looks for
-# `blocks` (the tiny DiT's), so these are wrapped here first, with shard_policy's settings
-DIFFUSERS_BLOCK_LISTS = ("transformer_blocks", "single_transformer_blocks")
 
 
 def log(msg: str) -> None:
@@ -102,12 +99,6 @@ def shard(policy, device: torch.device, reshard_after_forward: bool) -> list[FSD
     """
     mesh = init_device_mesh(device.type, (1,))
     module = policy.module
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for attr in DIFFUSERS_BLOCK_LISTS:
-        for block in getattr(module, attr, None) or []:
-            unit = fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
-            unit.set_gradient_divide_factor(1.0)  # as shard_policy sets its own units
-            unit.set_force_sum_reduction_for_comms(True)
     shard_policy(policy, mesh, reshard_after_forward=reshard_after_forward, mixed_precision=True)
     units = [m for m in module.modules() if isinstance(m, FSDPModule)]
     if not reshard_after_forward:

@@ -42,8 +42,8 @@ def shard_policy(
 ) -> Policy:
     """Shard `policy.module` in place with FSDP2: one unit per transformer block, one root.
 
-    Blocks are found as an `nn.ModuleList` attribute named `blocks` (the tiny DiT's);
-    a module without one is sharded as a single root unit. Inject LoRA first: a block's
+    Blocks are found by `transformer_blocks` (the tiny DiT's and diffusers' block lists);
+    a module without any is sharded as a single root unit. Inject LoRA first: a block's
     frozen base weights and trainable adapters then share one FSDP unit. Build the
     `Learner` after this call. mixed_precision: bf16 compute and all-gather, fp32
     gradient reduction (the sharded master weights keep their dtype). offload: sharded
@@ -58,10 +58,7 @@ def shard_policy(
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    blocks = getattr(module, "blocks", None)
-    units: list[FSDPModule] = []
-    if isinstance(blocks, torch.nn.ModuleList):
-        units = [fully_shard(block, **kwargs) for block in blocks]
+    units: list[FSDPModule] = [fully_shard(block, **kwargs) for block in transformer_blocks(module)]
     # the rest (embeddings, final layers) is the root unit; FSDP2 keeps the root
     # unsharded after forward anyway, since backward needs it first
     units.append(fully_shard(module, **kwargs))
@@ -72,6 +69,21 @@ def shard_policy(
         unit.set_gradient_divide_factor(1.0)
         unit.set_force_sum_reduction_for_comms(True)
     return policy
+
+
+BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")  # tiny DiT; diffusers DiTs
+
+
+def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The FSDP units below the root: every block of the module's block lists (`BLOCK_LISTS`,
+    an `nn.ModuleList` attribute each: the tiny DiT's `blocks`; SD3.5's `transformer_blocks`;
+    FLUX.1's double- and single-stream lists), in that order."""
+    found = []
+    for name in BLOCK_LISTS:
+        blocks = getattr(module, name, None)
+        if isinstance(blocks, torch.nn.ModuleList):
+            found.extend(blocks)
+    return found
 
 
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
