@@ -13,14 +13,12 @@ same config gives the same run on any batch layout, and `--resume` continues exa
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from digenrl import checkpoint as ckpt
 from digenrl.config import Config
@@ -30,7 +28,7 @@ from digenrl.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages, sigma_schedule
 from digenrl.models import build_policy
-from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
+from digenrl.models.lora import trainable_state_dict
 from digenrl.recorder import RunRecorder
 from digenrl.rewards import AsyncRewarder, build_reward
 from digenrl.rollout import SampleSpec, Trajectories, generate
@@ -194,11 +192,9 @@ class Trainer:
         )
 
     def load(self, path: Path) -> None:
-        state = json.loads((path / "state.json").read_text())
-        load_trainable_state_dict(self.policy.module, load_file(str(path / "policy.safetensors")))
-        ckpt.load_optimizer_tensors(self.learner.optimizer, path / "optimizer.safetensors")
-        if self.learner.ema is not None:
-            self.learner.ema.load_state_dict(load_file(str(path / "ema.safetensors")))
+        """Resume from a checkpoint of either layout: this trainer's own, or the `dcp/` of a
+        sharded gang of any size (read whole into this unsharded policy)."""
+        state = ckpt.load_checkpoint(path, self.policy.module, self.learner.optimizer, self.learner.ema)
         self.step = state["step"]
         self.wall_s = state.get("wall_s", 0.0)
         if state["data_cursor"] != self.source.cursor(self.step):

@@ -1,0 +1,147 @@
+"""Sharded checkpoints (torch.distributed.checkpoint): a 2-rank FSDP gang saves, one
+unsharded process loads and continues.
+
+    2 ranks (gloo, FSDP2): step 1 on half the rows each -> save_sharded_checkpoint
+                           -> gather full weights, AdamW moments, EMA -> step 2
+    1 process, no group:   load_checkpoint(step_dir) -> (a) equals the gathered state
+                           -> step 2 on all rows   -> (b) allclose to the gang's step 2
+
+(a) is exact: DCP moves the saved bytes, it computes nothing. (b) differs from the gang
+only by summation order (FSDP's reduce-scatter of the two halves' gradients).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from digenrl import checkpoint as ckpt
+from digenrl.learner import Learner
+from digenrl.models.lora import trainable_state_dict
+from tests.learner.test_sharded import SPEC, T_STEPS, WORLD, _batch, _policy, _rows
+
+from tests.learner.test_sharded import CONFIG as _BASE
+
+CONFIG = dataclasses.replace(_BASE, ema_decay=0.5)  # EMA on: its shadows are checkpointed too
+
+
+def _moments(learner: Learner, names: dict) -> dict[str, torch.Tensor]:
+    """AdamW state by parameter name, whole tensors (gathered when sharded)."""
+    out = {}
+    for name, p in names.items():
+        for slot, v in learner.optimizer.state[p].items():
+            v = v.full_tensor() if hasattr(v, "full_tensor") else v
+            out[f"{name}.{slot}"] = v.detach().to("cpu", copy=True)
+    return out
+
+
+def _full(tensors: dict) -> dict[str, torch.Tensor]:
+    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu", copy=True)
+            for k, v in tensors.items()}
+
+
+def _snapshot(learner: Learner) -> dict:
+    module = learner.policy.module
+    names = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    return {"weights": _full(trainable_state_dict(module)), "moments": _moments(learner, names),
+            "ema": _full(learner.ema.shadow)}
+
+
+def _gang(rank: int, tmp: str, lora_rank: int) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from digenrl.learner.sharded import shard_policy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("shard",))
+        policy = shard_policy(_policy(lora_rank), mesh)
+        learner = Learner(policy, CONFIG)
+        traj = torch.load(f"{tmp}/batch.pt", weights_only=False)
+        half = len(traj) // WORLD
+        mine = _rows(traj, slice(rank * half, (rank + 1) * half))
+
+        def step() -> None:
+            learner.accumulate(mine, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
+            learner.optimizer_step()
+
+        step()
+        ckpt.save_sharded_checkpoint(Path(tmp) / "run", 1, module=policy.module, optimizer=learner.optimizer,
+                                     ema=learner.ema, state={"step": 1}, keep=2, group=mesh.get_group())
+        saved = _snapshot(learner)
+        step()
+        after = _full(trainable_state_dict(policy.module))
+        if rank == 0:
+            torch.save({"saved": saved, "after": after}, f"{tmp}/gang.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
+    traj = _batch(_policy(lora_rank))
+    torch.save(traj, tmp_path / "batch.pt")
+    mp.spawn(_gang, args=(str(tmp_path), lora_rank), nprocs=WORLD, join=True)
+    gang = torch.load(tmp_path / "gang.pt", weights_only=False)
+
+    step_dir = ckpt.latest_checkpoint(tmp_path / "run")
+    assert step_dir is not None and step_dir.name == "step_000001" and ckpt.is_sharded(step_dir)
+    files = sorted(p.name for p in (step_dir / "dcp").iterdir())
+    assert all(f.endswith((".safetensors", ".json")) for f in files), files  # no pickled .metadata / .distcp
+    assert not (step_dir / "policy.safetensors").exists()
+
+    # (a) one process, no process group: the gathered state, bit for bit
+    policy = _policy(lora_rank)
+    learner = Learner(policy, CONFIG)
+    untrained = _full(trainable_state_dict(policy.module))
+    state = ckpt.load_checkpoint(step_dir, policy.module, learner.optimizer, learner.ema)
+    assert state == {"step": 1}
+    got = _snapshot(learner)
+    for part in ("weights", "moments", "ema"):
+        want = gang["saved"][part]
+        assert got[part].keys() == want.keys(), part
+        for k, w in want.items():
+            assert torch.equal(got[part][k], w), f"{part} {k}"
+    slots = {k.rsplit(".", 1)[1] for k in got["moments"]}
+    assert slots == {"step", "exp_avg", "exp_avg_sq"}
+    # not vacuous: the checkpoint is not the freshly built model, and the moments are live
+    assert any(not torch.equal(untrained[k], w) for k, w in got["weights"].items())
+    assert all(float(v) == 1.0 for k, v in got["moments"].items() if k.endswith(".step"))
+    if lora_rank:
+        assert all("lora_" in k for k in got["weights"])
+
+    # (b) one more step on all rows from the loaded state == the gang's step 2
+    learner.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
+    learner.optimizer_step()
+    after = trainable_state_dict(policy.module)
+    change = max((gang["after"][k] - w).abs().max().item() for k, w in gang["saved"]["weights"].items())
+    assert change > 0.5 * CONFIG.lr
+    for k, w in gang["after"].items():
+        torch.testing.assert_close(after[k], w, rtol=1e-5, atol=1e-5, msg=lambda m, k=k: f"weight {k}: {m}")
+
+
+def test_optimizer_groups_are_json(tmp_path):
+    # the only non-tensor state, AdamW's hyperparameters, round-trips through JSON; one
+    # process with no process group saves the sharded layout too
+    policy = _policy(0)
+    learner = Learner(policy, dataclasses.replace(CONFIG, lr=3e-4))
+    with pytest.raises(ValueError, match="before the first optimizer step"):
+        ckpt.save_sharded(tmp_path, policy.module, learner.optimizer, learner.ema)
+    for p in learner.params:
+        p.grad = torch.ones_like(p)
+    learner.optimizer_step()
+    ckpt.save_sharded(tmp_path, policy.module, learner.optimizer, learner.ema)
+    groups = json.loads((tmp_path / "dcp" / "optimizer.json").read_text())
+    assert groups[0]["lr"] == 3e-4 and "blocks.0.qkv.weight" in groups[0]["params"]
+    other = Learner(_policy(0), CONFIG)
+    ckpt.load_sharded(tmp_path, other.policy.module, other.optimizer, other.ema)
+    assert other.optimizer.param_groups[0]["lr"] == 3e-4
+    assert other.optimizer.param_groups[0]["betas"] == CONFIG.betas
+    assert isinstance(other.optimizer.param_groups[0]["betas"], tuple)
