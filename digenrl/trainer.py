@@ -174,6 +174,16 @@ class Trainer:
         return metrics
 
     # -- checkpoints ----------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """state.json of a checkpoint after `self.step` steps (both layouts write the same)."""
+        return {
+            "step": self.step,
+            "version": self.step,
+            "data_cursor": self.source.cursor(self.step),
+            "wall_s": self.wall_s,
+            "config": self.cfg.to_dict(),
+        }
+
     def save(self) -> Path:
         return ckpt.save_checkpoint(
             self.run_dir,
@@ -181,13 +191,7 @@ class Trainer:
             policy_state=trainable_state_dict(self.policy.module),
             optimizer=self.learner.optimizer,
             ema_state=self.learner.ema.state_dict() if self.learner.ema is not None else None,
-            state={
-                "step": self.step,
-                "version": self.step,
-                "data_cursor": self.source.cursor(self.step),
-                "wall_s": self.wall_s,
-                "config": self.cfg.to_dict(),
-            },
+            state=self.checkpoint_state(),
             keep=self.cfg.run.keep_checkpoints,
         )
 
