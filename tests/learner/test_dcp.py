@@ -5,6 +5,7 @@ unsharded process loads and continues.
                            -> gather full weights, AdamW moments, EMA -> step 2
     1 process, no group:   load_checkpoint(step_dir) -> (a) equals the gathered state
                            -> step 2 on all rows   -> (b) allclose to the gang's step 2
+    and 1 -> 2:            a one-process save_sharded, loaded by the gang into its shards
 
 (a) is exact: DCP moves the saved bytes, it computes nothing. (b) differs from the gang
 only by summation order (FSDP's reduce-scatter of the two halves' gradients).
@@ -23,34 +24,25 @@ import torch.multiprocessing as mp
 
 from digenrl import checkpoint as ckpt
 from digenrl.learner import Learner
+from digenrl.learner.sharded import full_tensors
 from digenrl.models.lora import trainable_state_dict
-from tests.learner.test_sharded import SPEC, T_STEPS, WORLD, _batch, _policy, _rows
-
 from tests.learner.test_sharded import CONFIG as _BASE
+from tests.learner.test_sharded import SPEC, T_STEPS, WORLD, _batch, _policy, _rows
 
 CONFIG = dataclasses.replace(_BASE, ema_decay=0.5)  # EMA on: its shadows are checkpointed too
 
 
 def _moments(learner: Learner, names: dict) -> dict[str, torch.Tensor]:
-    """AdamW state by parameter name, whole tensors (gathered when sharded)."""
-    out = {}
-    for name, p in names.items():
-        for slot, v in learner.optimizer.state[p].items():
-            v = v.full_tensor() if hasattr(v, "full_tensor") else v
-            out[f"{name}.{slot}"] = v.detach().to("cpu", copy=True)
-    return out
-
-
-def _full(tensors: dict) -> dict[str, torch.Tensor]:
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().to("cpu", copy=True)
-            for k, v in tensors.items()}
+    """AdamW state by "<parameter name>.<slot>", whole CPU tensors (gathered when sharded)."""
+    return full_tensors({f"{name}.{slot}": v for name, p in names.items()
+                         for slot, v in learner.optimizer.state[p].items()})
 
 
 def _snapshot(learner: Learner) -> dict:
     module = learner.policy.module
     names = {n: p for n, p in module.named_parameters() if p.requires_grad}
-    return {"weights": _full(trainable_state_dict(module)), "moments": _moments(learner, names),
-            "ema": _full(learner.ema.shadow)}
+    return {"weights": full_tensors(trainable_state_dict(module)), "moments": _moments(learner, names),
+            "ema": full_tensors(learner.ema.shadow)}
 
 
 def _gang(rank: int, tmp: str, lora_rank: int) -> None:
@@ -77,9 +69,12 @@ def _gang(rank: int, tmp: str, lora_rank: int) -> None:
                                      ema=learner.ema, state={"step": 1}, keep=2, group=mesh.get_group())
         saved = _snapshot(learner)
         step()
-        after = _full(trainable_state_dict(policy.module))
+        after = full_tensors(trainable_state_dict(policy.module))
+        # the other direction, 1 -> 2: a one-process checkpoint resharded onto this gang
+        ckpt.load_sharded(Path(tmp) / "single", policy.module, learner.optimizer, learner.ema, mesh.get_group())
+        from_single = _snapshot(learner)
         if rank == 0:
-            torch.save({"saved": saved, "after": after}, f"{tmp}/gang.pt")
+            torch.save({"saved": saved, "after": after, "from_single": from_single}, f"{tmp}/gang.pt")
     finally:
         dist.destroy_process_group()
 
@@ -88,6 +83,10 @@ def _gang(rank: int, tmp: str, lora_rank: int) -> None:
 def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     traj = _batch(_policy(lora_rank))
     torch.save(traj, tmp_path / "batch.pt")
+    single = Learner(_policy(lora_rank), CONFIG)  # one process, no group: a step, then dcp/ of one "rank"
+    single.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
+    single.optimizer_step()
+    ckpt.save_sharded(tmp_path / "single", single.policy.module, single.optimizer, single.ema)
     mp.spawn(_gang, args=(str(tmp_path), lora_rank), nprocs=WORLD, join=True)
     gang = torch.load(tmp_path / "gang.pt", weights_only=False)
 
@@ -100,7 +99,7 @@ def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     # (a) one process, no process group: the gathered state, bit for bit
     policy = _policy(lora_rank)
     learner = Learner(policy, CONFIG)
-    untrained = _full(trainable_state_dict(policy.module))
+    untrained = full_tensors(trainable_state_dict(policy.module))
     state = ckpt.load_checkpoint(step_dir, policy.module, learner.optimizer, learner.ema)
     assert state == {"step": 1}
     got = _snapshot(learner)
@@ -116,6 +115,13 @@ def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     assert all(float(v) == 1.0 for k, v in got["moments"].items() if k.endswith(".step"))
     if lora_rank:
         assert all("lora_" in k for k in got["weights"])
+
+    # 1 -> 2: the gang read the one-process checkpoint into its shards, bit for bit
+    from_single = _snapshot(single)
+    for part in ("weights", "moments", "ema"):
+        assert gang["from_single"][part].keys() == from_single[part].keys(), part
+        for k, w in from_single[part].items():
+            assert torch.equal(gang["from_single"][part][k], w), f"1 -> 2: {part} {k}"
 
     # (b) one more step on all rows from the loaded state == the gang's step 2
     learner.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
