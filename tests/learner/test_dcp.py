@@ -198,7 +198,8 @@ def _gang_trainer(rank: int, tmp: str, overrides: list[str]) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+# ~50 s each on 2 cores; LoRA's loads are covered in the default tier by the tests above
+@pytest.mark.parametrize("lora_rank", [0, pytest.param(4, marks=pytest.mark.slow)], ids=["full", "lora"])
 def test_local_trainer_resumes_from_gang_checkpoint(tiny_overrides, tmp_path, lora_rank):
     # Must-show "a lost trainer rank": --resume on another gang size (2 -> 1 here)
     # reaches the weights of an uninterrupted run
