@@ -1,24 +1,55 @@
-"""Checkpoints without pickle: safetensors for tensors, JSON for the rest.
+"""Checkpoints without pickle on disk: safetensors for tensors, JSON for the rest.
 
-    <run_dir>/checkpoints/step_000010/
+Two layouts of one step directory; every reader here accepts both:
+
+    <run_dir>/checkpoints/step_000010/          unsharded (the local Trainer writes it)
         policy.safetensors      trainable weights (adapters only under LoRA)
         optimizer.safetensors   optimizer state tensors; param_groups in the metadata
         ema.safetensors         EMA weights, when EMA is on
         state.json              step, policy version, data cursor, config
+
+    <run_dir>/checkpoints/step_000010/          sharded (the ranks of one FSDP gang write it)
+        dcp/shard-0000<r>-model-00001-of-00001.safetensors
+                                rank r's shards of policy.*, optimizer.* and ema.* tensors
+        dcp/optimizer.json      AdamW param_groups (lr, betas, ...), keyed by parameter name
+        state.json
+
+Sharded checkpoints go through `torch.distributed.checkpoint` (DCP) with its
+safetensors storage (`HuggingFaceStorageWriter(save_distributed=True)`): each rank writes
+its local shards with their global offsets in the safetensors header, and the reader
+rebuilds DCP's metadata from those headers, so a load into any gang size, or into a plain
+unsharded module with no process group, reads exactly the slices it needs (resharding).
+What is and is not pickled:
+  - on disk: nothing. DCP's default `FileSystemWriter` would `pickle.dump` its `.metadata`
+    (read back with a bare `pickle.load`) and `torch.save` every tensor; we use neither.
+    Non-tensor optimizer state (param_groups) goes to JSON, because the safetensors writer
+    would put DCP's pickled byte items in front of the safetensors blob.
+  - in memory: DCP's save/load planning exchanges plans between the gang's ranks with
+    `all_gather_object`/`scatter_object`, which pickle over the process group.
+
 A checkpoint is written to a temporary folder and renamed into place, so a crash while
 saving never leaves a half-written "latest" checkpoint.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    from digenrl.learner.ema import EMA
+
+DCP_DIR = "dcp"
+_GROUPS_FILE = "optimizer.json"
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -52,9 +83,8 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int,
 ) -> Path:
-    root = Path(run_dir) / "checkpoints"
-    final = root / f"step_{step:06d}"
-    tmp = root / f".tmp_step_{step:06d}"
+    """Write the unsharded layout (one process holds everything)."""
+    tmp, final = _step_dirs(run_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy_state.items()}, str(tmp / "policy.safetensors"))
@@ -62,12 +92,136 @@ def save_checkpoint(
     save_file(tensors, str(tmp / "optimizer.safetensors"), metadata=meta)
     if ema_state is not None:
         save_file({k: v.cpu().contiguous() for k, v in ema_state.items()}, str(tmp / "ema.safetensors"))
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-    for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    _commit(run_dir, tmp, final, state, keep)
     return final
+
+
+def save_sharded_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Optional["EMA"],
+    state: dict[str, Any],
+    keep: int,
+    group: Optional[dist.ProcessGroup] = None,
+) -> Path:
+    """Write the sharded layout: a collective, every rank of `group` (one gang) calls it.
+
+    Rank 0 of the group prepares the temporary folder, writes state.json and renames the
+    folder into place; the barriers keep the other ranks from writing before the folder
+    exists and from returning before the checkpoint is complete.
+    """
+    tmp, final = _step_dirs(run_dir, step)
+    lead = _alone(group) or dist.get_rank(group) == 0
+    if lead:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    _barrier(group)
+    save_sharded(tmp, module, optimizer, ema, group)
+    _barrier(group)
+    if lead:
+        _commit(run_dir, tmp, final, state, keep)
+    _barrier(group)
+    return final
+
+
+def save_sharded(
+    step_dir: Path,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Optional["EMA"],
+    group: Optional[dist.ProcessGroup] = None,
+) -> None:
+    """Write `step_dir/dcp/`: trainable weights, AdamW state and EMA, each rank its shards.
+
+    A collective over `group` (the gang's process group; None = the default group, or
+    this process alone when there is no default group: the local Trainer). The
+    module may be FSDP2-sharded (DTensor parameters) or plain; tensors are keyed by
+    parameter name, so any gang size, or an unsharded module, can load them.
+    """
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    if not optimizer.state:
+        # DCP's get_optimizer_state_dict would initialise the state with a zero-lr step,
+        # leaving this live optimizer at step 1 with zero moments: not the fresh one it is
+        raise ValueError("save_sharded before the first optimizer step: there is no optimizer state to save")
+    out = Path(step_dir) / DCP_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    tensors, groups = _dcp_state(module, optimizer, ema)
+    with _quiet_if_alone(group):
+        dcp_save(tensors, storage_writer=HuggingFaceStorageWriter(str(out), save_distributed=True),
+                 process_group=group, no_dist=_alone(group))
+    if _alone(group) or dist.get_rank(group) == 0:
+        (out / _GROUPS_FILE).write_text(json.dumps(groups, indent=1))
+
+
+def load_sharded(
+    step_dir: Path,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Optional["EMA"],
+    group: Optional[dist.ProcessGroup] = None,
+) -> None:
+    """Read `step_dir/dcp/` into `module`, `optimizer` and `ema` in place, resharding.
+
+    With a process group: a collective over it, each rank reads the slices of its own
+    shards. With group=None and no default process group (the local Trainer): one process
+    reads the whole tensors into a plain module.
+    """
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    src = Path(step_dir) / DCP_DIR
+    tensors, live_groups = _dcp_state(module, optimizer, ema)
+    with _quiet_if_alone(group):  # DCP raises on a name the checkpoint lacks: every tensor below was read
+        dcp_load(tensors, storage_reader=HuggingFaceStorageReader(str(src)), process_group=group,
+                 no_dist=_alone(group))
+    saved_groups = json.loads((src / _GROUPS_FILE).read_text())
+    # strict=False: under LoRA the frozen base is not in `tensors` (it is rebuilt, not loaded)
+    set_model_state_dict(module, tensors["policy"], options=_options(strict=False))
+    set_optimizer_state_dict(module, optimizer, {"state": tensors["optimizer"],
+                                                 "param_groups": _restore_groups(live_groups, saved_groups)},
+                             options=_options())
+    # EMA shadows were read in place (they are the tensors `_dcp_state` handed to DCP)
+
+
+def load_checkpoint(
+    step_dir: Path,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    ema: Optional["EMA"],
+    group: Optional[dist.ProcessGroup] = None,
+) -> dict[str, Any]:
+    """Load either layout into module/optimizer/ema in place; returns state.json.
+
+    A sharded checkpoint (step_dir/dcp/) loads into any gang size or an unsharded module;
+    the unsharded layout loads into an unsharded module only.
+    """
+    step_dir = Path(step_dir)
+    state = json.loads((step_dir / "state.json").read_text())
+    if is_sharded(step_dir):
+        load_sharded(step_dir, module, optimizer, ema, group)
+        return state
+    from torch.distributed.tensor import DTensor
+
+    if any(isinstance(p, DTensor) for p in module.parameters()):
+        raise ValueError(f"{step_dir} holds an unsharded checkpoint (no {DCP_DIR}/): it loads into an unsharded "
+                         f"module only (run.mode=local, or runtime.trainer.shard=none)")
+    from digenrl.models.lora import load_trainable_state_dict
+
+    load_trainable_state_dict(module, load_file(str(step_dir / "policy.safetensors")))
+    load_optimizer_tensors(optimizer, step_dir / "optimizer.safetensors")
+    if ema is not None:
+        ema.load_state_dict(load_file(str(step_dir / "ema.safetensors")))
+    return state
+
+
+def is_sharded(step_dir: Path) -> bool:
+    return (Path(step_dir) / DCP_DIR).is_dir()
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -80,3 +234,75 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 def latest_checkpoint(run_dir: Path) -> Optional[Path]:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+# -- internals ----------------------------------------------------------------------
+def _step_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
+    root = Path(run_dir) / "checkpoints"
+    return root / f".tmp_step_{step:06d}", root / f"step_{step:06d}"
+
+
+def _commit(run_dir: Path, tmp: Path, final: Path, state: dict[str, Any], keep: int) -> None:
+    """state.json last, then rename into place and drop all but the newest `keep`."""
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _alone(group: Optional[dist.ProcessGroup]) -> bool:
+    """No process group to talk to: DCP runs in this process only (no_dist)."""
+    return group is None and not (dist.is_available() and dist.is_initialized())
+
+
+def _barrier(group: Optional[dist.ProcessGroup]) -> None:
+    if not _alone(group):
+        dist.barrier(group=group)
+
+
+@contextlib.contextmanager
+def _quiet_if_alone(group: Optional[dist.ProcessGroup]) -> Iterator[None]:
+    """Silence DCP's "assuming the intent is to load in a single process": that is the intent."""
+    with warnings.catch_warnings():
+        if _alone(group):
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
+def _options(strict: bool = True):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # frozen base weights (LoRA) are rebuilt from the model config, not checkpointed
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
+
+
+def _dcp_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               ema: Optional["EMA"]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """DCP's tensor tree and the JSON-able param_groups, both keyed by parameter name.
+
+    tree: {"policy": {name: W}, "optimizer": {name: {"step", "exp_avg", "exp_avg_sq"}},
+    "ema": {name: shadow}}; W, exp_avg, exp_avg_sq and shadow are DTensors on a sharded
+    module (DCP saves local shards, loads any layout), `step` is a replicated 0-d tensor.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    optim = get_optimizer_state_dict(module, optimizer, options=_options())
+    tree: dict[str, Any] = {"policy": get_model_state_dict(module, options=_options()), "optimizer": optim["state"]}
+    for name, slots in optim["state"].items():
+        for slot, value in slots.items():
+            if not torch.is_tensor(value):  # safetensors holds tensors only; a scalar would be pickled
+                raise TypeError(f"optimizer state {name}.{slot} is a {type(value).__name__}, not a tensor")
+    if ema is not None:
+        tree["ema"] = ema.shadow  # the live shadows: a load fills them in place
+    return tree, optim["param_groups"]
+
+
+def _restore_groups(live: list[dict[str, Any]], saved: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved hyperparameters on the live groups (matched by their parameter names)."""
+    if [sorted(g["params"]) for g in live] != [sorted(g["params"]) for g in saved]:
+        raise ValueError("the checkpoint's optimizer groups name other parameters than this optimizer's")
+    def value(live_value: Any, saved_value: Any) -> Any:  # JSON turned tuples (betas) into lists
+        return tuple(saved_value) if isinstance(live_value, tuple) else saved_value
+
+    return [{**g, **{k: value(g.get(k), v) for k, v in s.items() if k != "params"}} for g, s in zip(live, saved)]

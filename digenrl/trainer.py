@@ -13,14 +13,12 @@ same config gives the same run on any batch layout, and `--resume` continues exa
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
 from digenrl import checkpoint as ckpt
 from digenrl.config import Config
@@ -30,7 +28,7 @@ from digenrl.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages, sigma_schedule
 from digenrl.models import build_policy
-from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
+from digenrl.models.lora import trainable_state_dict
 from digenrl.recorder import RunRecorder
 from digenrl.rewards import AsyncRewarder, build_reward
 from digenrl.rollout import SampleSpec, Trajectories, generate
@@ -176,6 +174,16 @@ class Trainer:
         return metrics
 
     # -- checkpoints ----------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        """state.json of a checkpoint after `self.step` steps (both layouts write the same)."""
+        return {
+            "step": self.step,
+            "version": self.step,
+            "data_cursor": self.source.cursor(self.step),
+            "wall_s": self.wall_s,
+            "config": self.cfg.to_dict(),
+        }
+
     def save(self) -> Path:
         return ckpt.save_checkpoint(
             self.run_dir,
@@ -183,22 +191,14 @@ class Trainer:
             policy_state=trainable_state_dict(self.policy.module),
             optimizer=self.learner.optimizer,
             ema_state=self.learner.ema.state_dict() if self.learner.ema is not None else None,
-            state={
-                "step": self.step,
-                "version": self.step,
-                "data_cursor": self.source.cursor(self.step),
-                "wall_s": self.wall_s,
-                "config": self.cfg.to_dict(),
-            },
+            state=self.checkpoint_state(),
             keep=self.cfg.run.keep_checkpoints,
         )
 
     def load(self, path: Path) -> None:
-        state = json.loads((path / "state.json").read_text())
-        load_trainable_state_dict(self.policy.module, load_file(str(path / "policy.safetensors")))
-        ckpt.load_optimizer_tensors(self.learner.optimizer, path / "optimizer.safetensors")
-        if self.learner.ema is not None:
-            self.learner.ema.load_state_dict(load_file(str(path / "ema.safetensors")))
+        """Resume from a checkpoint of either layout: this trainer's own, or the `dcp/` of a
+        sharded gang of any size (read whole into this unsharded policy)."""
+        state = ckpt.load_checkpoint(path, self.policy.module, self.learner.optimizer, self.learner.ema)
         self.step = state["step"]
         self.wall_s = state.get("wall_s", 0.0)
         if state["data_cursor"] != self.source.cursor(self.step):

@@ -89,12 +89,20 @@ def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
 def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """A CPU copy of the unsharded trainable tensors, named as `trainable_state_dict` names them.
 
+    A collective: every rank of the mesh must call it (each DTensor is all-gathered).
+    """
+    return full_tensors(trainable_state_dict(module))
+
+
+def full_tensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Whole CPU copies of named tensors, DTensors gathered (e.g. an EMA's shadows).
+
     Always a copy (full_tensor() of a replicated or 1-wide DTensor can alias the live
-    weights, which the next optimizer step changes in place). A collective: every rank
-    of the mesh must call it (each DTensor is all-gathered).
+    weights, which the next optimizer step changes in place). A collective when any
+    tensor is a DTensor: every rank of its mesh must call it.
     """
     out = {}
-    for name, value in trainable_state_dict(module).items():
+    for name, value in tensors.items():
         if isinstance(value, DTensor):
             value = value.full_tensor()
         out[name] = value.detach().to("cpu", copy=True)
