@@ -268,7 +268,9 @@ class RuntimeConfig:
     rollout: PoolConfig = field(default_factory=lambda: PoolConfig(workers=2))
     trainer: PoolConfig = field(default_factory=lambda: PoolConfig(workers=1))
     reward: PoolConfig = field(default_factory=lambda: PoolConfig(workers=0))  # 0 = on the generating worker
-    weight_sync: str = "object-store"  # nccl: emulated compute only until trainer gangs land
+    # object-store | lora-only (adapters only) | nccl: trainer 0's relay sends each rollout pull
+    # point-to-point over a process group (NCCL on GPU, gloo on CPU; runtime/relay.py)
+    weight_sync: str = "object-store"
     # emulated: real Ray actors that sleep for the cost model's time of each unit; the
     # schedule (pools, data shape, shards, segments) is this config's, the hardware and the
     # model's costs are the testbed's (digenrl.sim.workload)
@@ -294,9 +296,6 @@ class RuntimeConfig:
         self.trainer.check("runtime.trainer", 1)
         self.reward.check("runtime.reward", 0)
         _one_of(self.weight_sync, "runtime.weight_sync", WEIGHT_SYNC_METHODS)
-        _check(self.weight_sync != "nccl" or self.compute == "emulated", "runtime.weight_sync",
-               "nccl (the collective weight path) is not built yet for real compute; use object-store "
-               "or lora-only, or model it with runtime.compute=emulated")
         _one_of(self.compute, "runtime.compute", COMPUTE)
         _one_of(self.plan, "runtime.plan", PLAN)
         _check(self.compute != "emulated" or bool(self.testbed), "runtime.testbed",

@@ -195,10 +195,11 @@ class Trainer:
             keep=self.cfg.run.keep_checkpoints,
         )
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path, group=None) -> None:
         """Resume from a checkpoint of either layout: this trainer's own, or the `dcp/` of a
-        sharded gang of any size (read whole into this unsharded policy)."""
-        state = ckpt.load_checkpoint(path, self.policy.module, self.learner.optimizer, self.learner.ema)
+        sharded gang of any size (read whole into this unsharded policy, or resharded into a
+        gang's: `group` is then the gang's process group, every rank calls this)."""
+        state = ckpt.load_checkpoint(path, self.policy.module, self.learner.optimizer, self.learner.ema, group)
         self.step = state["step"]
         self.wall_s = state.get("wall_s", 0.0)
         if state["data_cursor"] != self.source.cursor(self.step):

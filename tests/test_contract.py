@@ -44,7 +44,12 @@ def test_contract_pools_and_workers():
 
 
 @pytest.mark.parametrize("overrides,key", [
-    (["runtime.weight_sync=nccl"], "runtime.weight_sync"),
+    (["runtime.trainer.gang=2"], "runtime.trainer.shard"),
+    (["runtime.rollout.gang=2"], "runtime.rollout.gang"),
+    (["runtime.trainer.offload=true"], "runtime.trainer.offload"),
+    (["runtime.trainer.reshard=after-backward"], "runtime.trainer.reshard"),
+    (["runtime.trainer.shard=fsdp", "model.dtype=float16"], "model.dtype"),
+    (["runtime.trainer.shard=fsdp", "model.lora_rank=0", "train.beta=0.1"], "train.beta"),
     (["run.mode=gap", "data.micro_batch_samples=2"], "data.micro_batch_samples"),
     (["run.mode=digenrl", "reward.adv_std=global"], "reward.adv_std"),
     (["run.mode=colocated", "data.micro_batch_samples=3", "reward.combine=normalized"], "reward.combine"),

@@ -97,6 +97,8 @@ class RealBackend:
         return [done for _, done in outs]
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
+        if self.cfg.runtime.weight_sync == "nccl":  # from the relay (trainer 0's rank 0), point-to-point
+            return self.rt.pull(wid, unit, self.base + unit.version)
         return h.load_weights.all(unit, self.base + unit.version, self.weights[unit.version])
 
     def _advantages(self, unit: Train) -> torch.Tensor:
@@ -174,6 +176,10 @@ class RealBackend:
             # bytes of each collective the trainer ranks issued since their previous step
             **_add([i.comm for i in infos.values()]),
         }
+        if cfg.runtime.weight_sync == "nccl":  # what the relay sent for this step's pulls
+            record["comm/sync/send_bytes"] = record["weight_sync_bytes"]
+            record["comm/sync/send_calls"] = len(self.syncs)
+            self._check_relay()
         self.syncs = []
         self.last_end = now
         t0 = rt.handles[rt.train_ids[0]]
@@ -184,6 +190,12 @@ class RealBackend:
             self.saves.append(t0.save.remote(real, self.wall_s))
         self.records.append((record, eval_ref))
         self.flush(block=False)
+
+    def _check_relay(self) -> None:
+        """Raise a failed relay send here (its rollout side fails or hangs otherwise)."""
+        done, self.rt.serving = ray.wait(self.rt.serving, num_returns=len(self.rt.serving), timeout=0) \
+            if self.rt.serving else ([], [])
+        ray.get(done)
 
     def _bubbles(self, t0: float, t1: float) -> dict[str, float]:
         tr = self.loop.trace

@@ -71,6 +71,7 @@ class RayTrainer:
         self.handles: dict[str, Any] = {}  # worker id -> actor handle
         self.pids: dict[str, int] = {}  # worker id -> its (rank 0) process
         self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
+        self.serving: list = []  # weight_sync=nccl: refs of the relay's sends in flight
         self.workers: list[Worker] = []
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
         self.trace: Optional[Trace] = None
@@ -119,7 +120,11 @@ class RayTrainer:
 
     def _spawn(self, worker: Worker, opts: list[dict]) -> None:
         cls = RewardWorker if worker.role == "reward" else PolicyWorker
-        self.handles[worker.id] = Gang([ray.remote(cls).options(**o).remote(self.cfg, worker.role, worker.id, r)
+        if self.cfg.runtime.weight_sync == "nccl" and worker.role in ("trainer", "colocated"):
+            actor = ray.remote(concurrency_groups={"relay": 1})(cls)  # the relay's own thread
+        else:
+            actor = ray.remote(cls)
+        self.handles[worker.id] = Gang([actor.options(**o).remote(self.cfg, worker.role, worker.id, r)
                                         for r, o in enumerate(opts)])
         self.workers.append(worker)
 
@@ -130,8 +135,30 @@ class RayTrainer:
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
         self._spawn(new, [actor_options(pool)])
+        ray.get(self.handles[new.id].ready.remote())
+        if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":
+            self.join_relay(new.id)  # its first WeightSync pulls from the relay
         log.warning("worker %s lost; replaced by %s", old.id, new.id)
         return new
+
+    # -- the weight relay (runtime.weight_sync=nccl) -----------------------------------------------
+    def _relay(self):
+        """The publishing trainer's rank 0, which hosts the relay; its relay calls run on the
+        actor's "relay" thread, so a pull never waits for the trainer's units (TCSS)."""
+        return self.handles[self.train_ids[0]].ranks[0]
+
+    def join_relay(self, wid: str) -> None:
+        """Form rollout worker `wid`'s pair group with the relay (at start, and for a replacement)."""
+        relay = self._relay()
+        address = ray.get(relay.relay_open.options(concurrency_group="relay").remote(wid))
+        accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
+        ray.get([self.handles[wid].relay_connect.remote(address), accepted])
+
+    def pull(self, wid: str, unit, version: int) -> list:
+        """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the
+        relay's send is tracked in `self.serving` and checked at every step)."""
+        self.serving.append(self._relay().relay_serve.options(concurrency_group="relay").remote(wid, version))
+        return self.handles[wid].receive_weights.all(unit, version)
 
     @property
     def train_ids(self) -> list[str]:
@@ -176,8 +203,16 @@ class RayTrainer:
             # Version `base` everywhere: trainer 0's weights (also fixes LoRA's random init).
             weights0 = t0.publish.remote()
             sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
+            relay = cfg.runtime.weight_sync == "nccl"  # rollout workers: from the relay, not the store
             ray.get([self.handles[w.id].load_weights.remote(None, self.base, weights0) for w in self.workers
-                     if w.role != "reward" and w.id != self.train_ids[0] and not (sharded and w.id in self.train_ids)])
+                     if w.role not in ("reward", "rollout" if relay else "") and w.id != self.train_ids[0]
+                     and not (sharded and w.id in self.train_ids)])
+            if relay:
+                ray.get(weights0)  # the relay holds version `base` once the publish is done
+                for w in self.workers:
+                    if w.role == "rollout":
+                        self.join_relay(w.id)
+                        ray.get(self.pull(w.id, None, self.base))
             rec.open(resumed_from)
             try:
                 first = self.evaluate(self.base) if rec.eval_due(self.base) else None  # overlaps step 1

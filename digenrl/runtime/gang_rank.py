@@ -72,6 +72,7 @@ class GangRank:
         self.module = module
         self.backward_batch = trainer.learner.config.backward_batch
         self.replicas: Optional[dist.ProcessGroup] = self.mesh.get_group("replicate") if gangs > 1 else None
+        self.group: dist.ProcessGroup = self.mesh.get_group("shard")  # this gang's ranks (checkpoints)
 
     def share(self, n: int) -> tuple[slice, int]:
         """This rank's rows of a unit of n rows, and the passes per trained step every rank runs."""

@@ -9,9 +9,11 @@ trainer never waits for a rollout worker.
 
     object-store  the whole module state dict (base + adapters), as mm_grpo ships weights
     lora-only     the trainable tensors only: adapters under LoRA (needs model.lora_rank > 0)
-    nccl          not built yet for real compute; refused by config validation (runtime.weight_sync)
+    nccl          the same payload as lora-only under LoRA, else the whole state dict, handed to
+                  trainer 0's relay (runtime/relay.py), which sends it to each rollout pull
+                  point-to-point over a process group (NCCL on GPU, gloo on CPU)
 
-Both engines return (payload, bytes); the driver records bytes and seconds per step.
+`publish` returns (payload, bytes); the driver records bytes and seconds per step.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from typing import Dict
 
 import torch
 
-from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict
+from digenrl.models.lora import has_lora, load_trainable_state_dict, trainable_state_dict
 
 
 def publish(name: str, module: torch.nn.Module) -> tuple[Dict[str, torch.Tensor], int]:
     """The payload trainer 0 puts in the object store, and its size in bytes."""
-    if name == "lora-only":
+    if name == "lora-only" or (name == "nccl" and has_lora(module)):
         state = trainable_state_dict(module)
     else:
         state = module.state_dict()

@@ -49,6 +49,8 @@ class PolicyWorker:
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
         self.dist = False
         self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
+        self.relay = None  # weight_sync=nccl: the publisher's relay (created at its first publish)
+        self.relay_client = None  # weight_sync=nccl: a rollout worker's end of its pair group
         if role == "rollout":
             from digenrl.models import build_policy
             from digenrl.trainer import build_rewarder
@@ -135,19 +137,60 @@ class PolicyWorker:
         if publish:
             t1 = time.time()
             payload, nbytes = self._publish()
+            if self.engine == "nccl":
+                payload = None  # rollout workers receive it from the relay, never the object store
             t_pub = time.time() - t1
         comm = self.gang.counter.take() if self.gang is not None else {}
         return payload, Stepped(**_times(t0), metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
                                 publish_s=t_pub, publish_bytes=nbytes, comm=comm)
 
     def _publish(self) -> tuple[Optional[dict], int]:
-        """The weights rollout workers pull (rank 0's; a gang gathers them first)."""
+        """The weights rollout workers pull (rank 0's; a gang gathers them first). With
+        weight_sync=nccl they also go to this process's relay, which serves each rollout
+        pull (relay_* methods): the optimizer step then puts nothing in the object store."""
         if self.gang is None:
-            return weight_sync.publish(self.engine, self.policy.module)
-        state = self.gang.gather_payload(self.engine, self.cfg.model.dtype, self.cfg.model.lora_rank > 0)
-        if self.rank != 0:
-            return None, 0
-        return state, sum(v.numel() * v.element_size() for v in state.values())
+            state, nbytes = weight_sync.publish(self.engine, self.policy.module)
+        else:
+            state = self.gang.gather_payload(self.engine, self.cfg.model.dtype, self.cfg.model.lora_rank > 0)
+            if self.rank != 0:
+                return None, 0
+            nbytes = sum(v.numel() * v.element_size() for v in state.values())
+        if self.engine == "nccl":
+            self._relay().put(self.version, state)
+        return state, nbytes
+
+    # -- the weight relay (weight_sync=nccl; trainer 0's rank 0, on its "relay" thread) --------
+    def _relay(self):
+        if self.relay is None:
+            from digenrl.runtime.relay import Relay
+
+            self.relay = Relay(device=self.cfg.model.device, host=_node_ip())
+        return self.relay
+
+    def relay_open(self, peer: str):
+        return self._relay().open(peer)
+
+    def relay_accept(self, peer: str) -> None:
+        self._relay().accept(peer)
+
+    def relay_serve(self, peer: str, version: int) -> int:
+        return self._relay().serve(peer, version)
+
+    def relay_connect(self, address) -> None:
+        """A rollout worker joins its pair group with the relay (relay_open's address)."""
+        from digenrl.runtime.relay import RelayClient
+
+        self.relay_client = RelayClient(device=self.cfg.model.device)
+        self.relay_client.connect(address)
+
+    def receive_weights(self, unit: Optional[WeightSync], version: int) -> Synced:
+        """WeightSync under weight_sync=nccl: receive `version` from the relay, in place."""
+        t0 = time.time()
+        got, nbytes = self.relay_client.receive(self.policy.module)
+        if got != version:
+            raise RuntimeError(f"{self.id}: the relay sent version {got}, the scheduler asked for {version}")
+        self.version = version
+        return Synced(**_times(t0), bytes=nbytes)
 
     def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
         """WeightSync: adopt published weights `version` (between trajectories only)."""
@@ -172,8 +215,13 @@ class PolicyWorker:
             return full_state_dict(self.policy.module)
 
     def publish(self) -> Optional[dict]:
-        """The current weights as a payload (initial sync, resume); a collective in a gang."""
-        return self._publish()[0]
+        """The current weights as a payload (initial sync of other trainers, resume; and in the
+        relay under nccl); a collective in a gang. Start-up traffic, not a step's: a gang's
+        counter drops it."""
+        payload = self._publish()[0]
+        if self.gang is not None:
+            self.gang.counter.take()
+        return payload
 
     def dist_address(self) -> str:
         with socket.socket() as s:
@@ -214,13 +262,24 @@ class PolicyWorker:
             offset += n
 
     def save(self, step: int, wall_s: float) -> str:
+        """Trainer 0's checkpoint: its own files, or in a gang the sharded layout (`dcp/`)
+        that every rank of the gang writes its shards of (a collective)."""
         self.trainer.step, self.trainer.wall_s = step, wall_s
-        return str(self.trainer.save())
+        if self.gang is None:
+            return str(self.trainer.save())
+        from digenrl import checkpoint as ckpt
+
+        t = self.trainer
+        return str(ckpt.save_sharded_checkpoint(
+            t.run_dir, step, module=self.policy.module, optimizer=self.learner.optimizer, ema=self.learner.ema,
+            state=t.checkpoint_state(), keep=self.cfg.run.keep_checkpoints, group=self.gang.group))
 
     def load(self, path: str) -> int:
+        """Every trainer (every rank of every gang): resume from a checkpoint; a sharded one
+        loads into any gang size (resharded)."""
         from pathlib import Path
 
-        self.trainer.load(Path(path))
+        self.trainer.load(Path(path), self.gang.group if self.gang is not None else None)
         self.version = self.trainer.step
         return self.trainer.step
 

@@ -87,3 +87,37 @@ def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path):
     trains = [s.unit for s in rt.trace.spans if s.kind == "train"]
     assert trains and all(0 <= u.step - u.traj_version <= 1 for u in trains)
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
+
+
+def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
+    """Kill rank 1 of gang trainer-1 in step 3: the run stops with WorkerLostError (the CLI's
+    exit code 3) naming the worker and --resume. Resuming from the step-2 checkpoint with gangs
+    of 1 (DCP reshards on load) ends where an uninterrupted single-device run does."""
+    import os
+    import signal
+
+    from digenrl.runtime.loop import WorkerLostError
+    from digenrl.sched import Train
+
+    local = tmp_path / "local"
+    Trainer(load_config(None, tiny(local, "local", *FULL, steps=3)), progress=False).train()
+    run = tmp_path / "gangs"
+    gangs = [g for g in GANGS if g != "run.checkpoint_every=0"] + ["run.checkpoint_every=1"]
+    killed = []
+
+    def fault(rt, wid, unit):
+        if not killed and wid == "trainer-1" and type(unit) is Train and unit.step == 2:
+            killed.append(unit)
+            os.kill(rt.rank_pids[wid][1], signal.SIGKILL)
+
+    rt = RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *gangs, *FULL, steps=3)),
+                    progress=False, evaluate=False, on_dispatch=fault)
+    with pytest.raises(WorkerLostError, match="trainer-1.*--resume"):
+        rt.train()
+    assert killed
+    assert [r["step"] for r in read_metrics(run)] == [1, 2]
+    one = [g.replace("gang=2", "gang=1") for g in gangs]
+    RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *one, *FULL, steps=3)),
+               progress=False, evaluate=False).train(resume=True)
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
+    _assert_round_off(run, local, tiny(local, "local", *FULL))
