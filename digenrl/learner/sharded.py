@@ -57,7 +57,7 @@ def shard_policy(
     if mixed_precision:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if offload:
-        kwargs["offload_policy"] = CPUOffloadPolicy()
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     units: list[FSDPModule] = [fully_shard(block, **kwargs) for block in transformer_blocks(module)]
     # the rest (embeddings, final layers) is the root unit; FSDP2 keeps the root
     # unsharded after forward anyway, since backward needs it first

@@ -158,9 +158,10 @@ class TinyDiT(nn.Module):
         # precision); a no-op in fp32
         cond = self.time_mlp(_timestep_embedding(sigma, c.dim).to(text.dtype)) + pooled  # (B, D)
         if c.pos_embed == "sincos":
-            h = torch.cat([text + self.text_pos, self.patch_in(patches) + self.patch_pos.to(text.dtype)], dim=1)
+            h = torch.cat([text + self.text_pos, self.patch_in(patches.to(text.dtype)) + self.patch_pos.to(text.dtype)],
+                          dim=1)
         else:
-            h = torch.cat([text, self.patch_in(patches)], dim=1) + self.pos
+            h = torch.cat([text, self.patch_in(patches.to(text.dtype))], dim=1) + self.pos
         # checkpoint only when a backward will follow: rollout runs under no_grad and must
         # not pay for it (and its values are the same either way, so ratio == 1 holds)
         ckpt = self.grad_ckpt and self.training and torch.is_grad_enabled()
@@ -194,7 +195,8 @@ class TinyDiTPolicy:
         return {"tokens": torch.zeros(batch, self.module.config.max_tokens, dtype=torch.long, device=self.device)}
 
     def velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
-        return self.module(x.to(self.device), sigma.to(self.device), cond["tokens"])
+        """v(x, sigma) in float32 whatever the weights' dtype (the SDE math is float32)."""
+        return self.module(x.to(self.device), sigma.to(self.device), cond["tokens"]).float()
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         return ((latents.float() + 1.0) / 2.0).clamp(0.0, 1.0)

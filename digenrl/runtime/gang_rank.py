@@ -15,8 +15,9 @@ rows weighted by their share of the whole RL step, FSDP reduce-scatters the sum.
 fewer rows run zero-weight ghost passes so every rank issues the same collectives.
 
 The module starts identical on every rank (rank 0's state is broadcast before sharding, so
-LoRA's random initialisation agrees) and holds fp32 master weights: model.dtype is the
-compute dtype (FSDP MixedPrecisionPolicy) and the dtype weights are published in.
+LoRA's random initialisation agrees) and holds fp32 master weights of what it trains:
+model.dtype is the compute dtype (FSDP MixedPrecisionPolicy), the dtype weights are
+published in, and under LoRA the dtype the frozen base is held in.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ class GangRank:
         with torch.no_grad():  # identical starting weights on every rank (LoRA's init included)
             for value in module.state_dict().values():
                 dist.broadcast(value, src=0)
+        if cfg.model.lora_rank > 0 and cfg.model.dtype != "float32":
+            # fp32 master copies are for what the optimizer steps: the frozen base stays in
+            # the compute dtype (half the bytes; FSDP gathers everything in that dtype anyway)
+            with torch.no_grad():
+                for param in module.parameters():
+                    if not param.requires_grad:
+                        param.data = param.data.to(_DTYPES[cfg.model.dtype])
         self.after_step_reshard = pool.reshard == "after-step"
         shard_policy(trainer.policy, self.mesh["shard"], reshard_after_forward=not self.after_step_reshard,
                      mixed_precision=cfg.model.dtype != "float32", offload=pool.offload)
