@@ -69,6 +69,11 @@ def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: 
     and one Gantt PNG per row (or per row in gantt_modes)."""
     tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
     cm = cm or default_cost_model()
+    from digenrl.sim.workload import refusal
+
+    why = refusal(tb, cm)
+    if why:  # never simulate a run the runtime cannot do
+        raise ValueError(f"{tb.name}: the runtime cannot run this testbed: {why}")
     unknown = [m for m in modes if m not in ROWS]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; allowed: {list(ROWS)}")

@@ -124,6 +124,38 @@ def fitting_gang(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None,
     return sizes[-1]
 
 
+def trainer_fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False):
+    """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs."""
+    from digenrl.sim.costs import default_cost_model
+
+    cm = cm or default_cost_model()
+    n = fitting_gang(tb, trainer_gpus, cm, after_step)
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    return n, cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
+                      cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank, fsdp_shards=n, gang=n > 1,
+                      after_step=after_step)
+
+
+def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
+    """Why the runtime cannot run `tb` (None: it can). Checked: the model has a runtime adapter,
+    the workload is a valid Config, and some trainer gang holds the training state (the
+    largest trainer pool the testbed allows: all GPUs but one rollout GPU when split)."""
+    from digenrl.sim.report import RunSpec
+
+    split = _split(tb)
+    trainers = tb.n_gpus - 1 if split else sum(p.count for p in tb.pool("trainer"))
+    try:
+        family(tb.model)
+        gang, rep = trainer_fit(tb, trainers, cm)
+        if not rep.fits:
+            return (f"no trainer gang holds the {tb.model} training state: {rep.peak_gib:.0f} GiB per GPU even "
+                    f"with FSDP over {gang} {rep.device} ({rep.usable_gib:.0f} GiB usable)")
+        config_for(tb, RunSpec("digenrl", n_rollout=tb.n_gpus - trainers if split else None, gang=gang), 2)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
     """`tb`'s devices, links and model costs with `cfg`'s pool sizes and workload."""
     if family(tb.model) != cfg.model.name:

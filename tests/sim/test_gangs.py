@@ -9,19 +9,28 @@ hand-computed numbers (gangs.md) pin the formulas themselves.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
+import yaml
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from digenrl.config import load_config
+from digenrl.config import dump_config, load_config
 from digenrl.contract import contract
 from digenrl.models.lora import LoraSpec, apply_lora, trainable_state_dict
 from digenrl.models.tiny_dit import LORA_TARGETS, TinyDiT, TinyDiTConfig, TinyDiTPolicy
 from digenrl.sched import Scheduler
+from digenrl.sim.catalogue import GIB
+from digenrl.sim.costs import default_cost_model as cost_model
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.gangs import (GangComm, ModelLayout, catalogue_layout, key, layout_for, module_layout,
                                predict_comm)
+from digenrl.sim.report import RunSpec, run_spec
+from digenrl.sim.simulate import simulate
+from digenrl.sim.testbed import list_presets, load_testbed
+from digenrl.sim.workload import config_for, fitting_gang, refusal, trainer_fit
 
 WORLD = 2
 TINY = TinyDiTConfig(image_size=8, dim=32, depth=2, heads=2)
@@ -242,3 +251,63 @@ def test_gang_of_one_counts_only_the_cross_gang_reduction():
     for s in predict_comm(cfg, _trace(cfg)):
         assert s[key("train", "all_gather")] == s[key("train", "reduce_scatter")] == s[key("publish", "all_gather")] == 0
         assert s[key("train", "all_reduce")] == 2 * 4 * (lay.trainable_tensors + lay.numel)
+
+
+# ----------------------------------------------------------------------------- presets and plans
+
+
+@pytest.mark.parametrize("preset", list_presets())
+def test_every_preset_maps_to_a_runnable_config_that_fits(preset):
+    tb = load_testbed(preset)
+    assert refusal(tb) is None
+    split = all(p.role == "any" for p in tb.pools)
+    n_rollout = tb.n_gpus // 2 if split else None
+    trainers = tb.n_gpus - n_rollout if split else sum(p.count for p in tb.pool("trainer"))
+    for reshard in ("after-forward", "after-step"):
+        cfg = config_for(tb, RunSpec("digenrl", n_rollout=n_rollout, reshard=reshard), 3)
+        t = cfg.runtime.trainer
+        assert t.workers * t.gang == trainers and (t.gang == 1 or t.shard == "fsdp")
+        # the written YAML loads back to the same gang keys (what `digenrl train --config` reads)
+        again = load_config(None, tree=yaml.safe_load(dump_config(cfg))).runtime.trainer
+        assert (again.gang, again.shard, again.reshard) == (t.gang, t.shard, reshard)
+        gang, rep = trainer_fit(tb, trainers, after_step=reshard == "after-step")
+        assert gang == t.gang  # the config's gang is the smallest that holds the state ...
+        assert rep.fits and rep.peak_gib * GIB <= 141e9  # ... and it fits in one H200's 141 GB
+    assert t.gang == 1 or not tb.lora  # LoRA states fit on one H200; full fine-tunes need gangs
+
+
+def test_full_finetunes_need_a_gang_and_the_memory_model_says_why():
+    tb = load_testbed("h200x16-flux")
+    assert fitting_gang(tb, 8) == 2  # 16 B/param x 11.9B = 177 GiB on one GPU; ~89 + activations on two
+    one = cost_model().fits(tb.model, ["trainer"], "H200", train_batch=tb.micro_batch, grad_ckpt=True,
+                            shape=tb.shape, fsdp_shards=1)
+    assert not one.fits
+    # after-step holds the gathered bf16 model (2 B/param) on every rank: more memory than after-forward
+    fwd = cost_model().memory_gib(tb.model, "trainer", "H200", batch=2, fsdp_shards=2, gang=True, shape=tb.shape)
+    step = cost_model().memory_gib(tb.model, "trainer", "H200", batch=2, fsdp_shards=2, gang=True, shape=tb.shape,
+                                   after_step=True)
+    off = cost_model().memory_gib(tb.model, "trainer", "H200", batch=2, fsdp_shards=2, gang=True, shape=tb.shape,
+                                  offload=True)
+    p = 11.901e9
+    assert step.weights - fwd.weights == pytest.approx((2 * p - 2 * 2 * p / 57) / GIB, rel=1e-6)
+    assert fwd.grads == pytest.approx(4 * p / 2 / GIB) and fwd.optimizer == pytest.approx(8 * p / 2 / GIB)
+    assert off.optimizer == 0.0
+
+
+def test_simulate_refuses_a_testbed_no_gang_can_hold():
+    tb = load_testbed("hetero-h200x8-l40sx16-wan14b")
+    tiny = replace(tb, pools=(replace(tb.pools[0], count=1), tb.pools[1]))  # one H200 trainer for a 14B full FT
+    why = refusal(tiny)
+    assert why and "no trainer gang holds" in why
+    with pytest.raises(ValueError, match="runtime cannot run"):
+        simulate(tiny, modes=("digenrl",))
+
+
+def test_gang_collectives_cost_time_and_are_reported():
+    tb = load_testbed("h200x16-wan14b")
+    r = run_spec(tb, RunSpec("gap+tsp", n_rollout=8), 4, keep_trace=True)
+    assert r.fn.gang == 2 and r.breakdown_s["comm"] > 0  # exposed first-unit gathers at least
+    # after-step gathers once per step: less exposed communication than after-forward
+    s = run_spec(tb, RunSpec("gap+tsp", n_rollout=8, reshard="after-step", gang=4), 4)
+    f = run_spec(tb, RunSpec("gap+tsp", n_rollout=8, gang=4), 4)
+    assert s.breakdown_s["comm"] < f.breakdown_s["comm"]
