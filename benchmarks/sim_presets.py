@@ -17,6 +17,21 @@ from digenrl.sim.simulate import simulate
 from digenrl.sim.testbed import list_presets
 
 
+def trainer_memory(tb, knobs: dict) -> dict:
+    """GiB one trainer GPU holds under the plan's gang and reshard (memory.memory_gib, FitReport)."""
+    from digenrl.sim.costs import default_cost_model
+
+    gang, after_step = knobs.get("gang") or 1, knobs.get("reshard") == "after-step"
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    rep = default_cost_model().fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora,
+                                    grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
+                                    lora_rank=tb.lora_rank, fsdp_shards=gang, gang=gang > 1,
+                                    after_step=after_step)
+    m = rep.roles["trainer"]
+    return {"weights": m.weights, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
+            "peak": rep.peak_gib, "usable": rep.usable_gib}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/sim")
@@ -31,15 +46,24 @@ def main(argv=None) -> int:
         print(rep.table())
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
         d = rep.to_dict()
+        knobs = d["plans"]["digenrl"]["knobs"]
         summary[name] = {
             "digenrl_utilisation": d["rows"]["digenrl"]["utilisation"],
             "speedups": {b: x["total"] for b, x in d["decomposition"].items()},
             "factors": {b: x["factors"] for b, x in d["decomposition"].items()},
+            "digenrl_plan": knobs,
+            "trainer_memory_gib": trainer_memory(rep.testbed, knobs),
         }
-    print("== summary: digenrl utilisation of the ideal bound, speedups")
+    print("== summary: digenrl utilisation of the ideal bound, speedups, plan")
     for name, s in summary.items():
         sp = "  ".join(f"{b} {v:.2f}x" for b, v in s["speedups"].items())
-        print(f"{name:<32} util {100 * s['digenrl_utilisation']:5.1f}%  {sp}")
+        k = s["digenrl_plan"]
+        print(f"{name:<32} util {100 * s['digenrl_utilisation']:5.1f}%  {sp}  "
+              f"gang {k.get('gang')} {k.get('reshard')} rollout {k.get('n_rollout', '-')}")
+    print("== memory per trainer GPU of digenrl's plan (GiB; memory.py)")
+    for name, s in summary.items():
+        m = s["trainer_memory_gib"]
+        print(f"{name:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in m.items()))
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
