@@ -190,8 +190,23 @@ class _Evaluator:
         key = tuple(sorted(point.items()))
         r = self.cache.get(key)
         if r is None:
-            r = self.cache[key] = run_spec(self.tb, _spec(self.mode, point, self.style), self.steps, self.cm)
+            spec = _spec(self.mode, point, self.style)
+            try:
+                r = run_spec(self.tb, spec, self.steps, self.cm)
+            except ValueError as e:  # e.g. no trainer gang on this split holds the training state
+                r = _Infeasible(spec, str(e))
+            self.cache[key] = r
         return r
+
+
+@dataclass
+class _Infeasible:
+    """A grid point the runtime could not run: never better than any runnable point."""
+
+    spec: RunSpec
+    reason: str
+    throughput: float = 0.0
+    step_s: float = float("inf")
 
 
 def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
@@ -220,6 +235,8 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
         p, r = _descend(ev, axes, s0)
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
             best, best_r = p, r
+    if isinstance(best_r, _Infeasible):
+        raise ValueError(f"{tb.name}: no point of the {mode} grid runs: {best_r.reason}")
     size = 1
     for v in axes.values():
         size *= len(v)

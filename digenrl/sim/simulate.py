@@ -119,7 +119,7 @@ def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm)
     c = 1.0
     if mode == "colocated":
         where = ref if per_dollar else tb
-        half = run_spec(where, replace(d_ref.spec, n_rollout=where.n_gpus // 2), steps, cm)
+        half = run_spec(where, replace(d_ref.spec, n_rollout=where.n_gpus // 2, gang=None), steps, cm)  # gang: what fits there
         c = d_ref.throughput / half.throughput
     r = total / (a * het * c)
     factors = {"baseline_costs": a, "heterogeneity": het, "independent_scaling": c, "overlap": r}
