@@ -32,12 +32,37 @@ def trainer_memory(tb, knobs: dict) -> dict:
             "peak": rep.peak_gib, "usable": rep.usable_gib}
 
 
+def memory_rows() -> list[str]:
+    """Markdown rows: each preset's smallest fitting gang (half the split pool, or the fixed trainer
+    pool) and its trainer GPU memory, for reshard after-forward and after-step (memory.py)."""
+    from digenrl.sim.testbed import load_testbed
+    from digenrl.sim.workload import trainer_fit
+
+    rows = []
+    for name in list_presets():
+        tb = load_testbed(name)
+        split = all(p.role == "any" for p in tb.pools)
+        trainers = tb.n_gpus // 2 if split else sum(p.count for p in tb.pool("trainer"))
+        cells = []
+        for after_step in (False, True):
+            gang, rep = trainer_fit(tb, trainers, after_step=after_step)
+            m = rep.roles["trainer"]
+            cells.append(f"{gang} | {m.weights:.1f} / {m.grads:.1f} / {m.optimizer:.1f} / {m.activations:.1f} | "
+                         f"{rep.peak_gib:.1f}")
+        rows.append(f"| {name} | {tb.model} {'LoRA' if tb.lora else 'full'} | {trainers} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/sim")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--presets", help="comma-separated preset names (default: all but the small test preset)")
+    p.add_argument("--memory", action="store_true", help="print the memory table (markdown) and exit")
     a = p.parse_args(argv)
+    if a.memory:
+        print("\n".join(memory_rows()))
+        return 0
     names = a.presets.split(",") if a.presets else [n for n in list_presets() if not n.startswith("small")]
     summary = {}
     for name in names:
