@@ -17,12 +17,52 @@ from digenrl.sim.simulate import simulate
 from digenrl.sim.testbed import list_presets
 
 
+def trainer_memory(tb, knobs: dict) -> dict:
+    """GiB one trainer GPU holds under the plan's gang and reshard (memory.memory_gib, FitReport)."""
+    from digenrl.sim.costs import default_cost_model
+
+    gang, after_step = knobs.get("gang") or 1, knobs.get("reshard") == "after-step"
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    rep = default_cost_model().fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora,
+                                    grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
+                                    lora_rank=tb.lora_rank, fsdp_shards=gang, gang=gang > 1,
+                                    after_step=after_step)
+    m = rep.roles["trainer"]
+    return {"weights": m.weights, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
+            "peak": rep.peak_gib, "usable": rep.usable_gib}
+
+
+def memory_rows() -> list[str]:
+    """Markdown rows: each preset's smallest fitting gang (half the split pool, or the fixed trainer
+    pool) and its trainer GPU memory, for reshard after-forward and after-step (memory.py)."""
+    from digenrl.sim.testbed import load_testbed
+    from digenrl.sim.workload import trainer_fit
+
+    rows = []
+    for name in list_presets():
+        tb = load_testbed(name)
+        split = all(p.role == "any" for p in tb.pools)
+        trainers = tb.n_gpus // 2 if split else sum(p.count for p in tb.pool("trainer"))
+        cells = []
+        for after_step in (False, True):
+            gang, rep = trainer_fit(tb, trainers, after_step=after_step)
+            m = rep.roles["trainer"]
+            cells.append(f"{gang} | {m.weights:.1f} / {m.grads:.1f} / {m.optimizer:.1f} / {m.activations:.1f} | "
+                         f"{rep.peak_gib:.1f}")
+        rows.append(f"| {name} | {tb.model} {'LoRA' if tb.lora else 'full'} | {trainers} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/sim")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--presets", help="comma-separated preset names (default: all but the small test preset)")
+    p.add_argument("--memory", action="store_true", help="print the memory table (markdown) and exit")
     a = p.parse_args(argv)
+    if a.memory:
+        print("\n".join(memory_rows()))
+        return 0
     names = a.presets.split(",") if a.presets else [n for n in list_presets() if not n.startswith("small")]
     summary = {}
     for name in names:
@@ -31,15 +71,24 @@ def main(argv=None) -> int:
         print(rep.table())
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
         d = rep.to_dict()
+        knobs = d["plans"]["digenrl"]["knobs"]
         summary[name] = {
             "digenrl_utilisation": d["rows"]["digenrl"]["utilisation"],
             "speedups": {b: x["total"] for b, x in d["decomposition"].items()},
             "factors": {b: x["factors"] for b, x in d["decomposition"].items()},
+            "digenrl_plan": knobs,
+            "trainer_memory_gib": trainer_memory(rep.testbed, knobs),
         }
-    print("== summary: digenrl utilisation of the ideal bound, speedups")
+    print("== summary: digenrl utilisation of the ideal bound, speedups, plan")
     for name, s in summary.items():
         sp = "  ".join(f"{b} {v:.2f}x" for b, v in s["speedups"].items())
-        print(f"{name:<32} util {100 * s['digenrl_utilisation']:5.1f}%  {sp}")
+        k = s["digenrl_plan"]
+        print(f"{name:<32} util {100 * s['digenrl_utilisation']:5.1f}%  {sp}  "
+              f"gang {k.get('gang')} {k.get('reshard')} rollout {k.get('n_rollout', '-')}")
+    print("== memory per trainer GPU of digenrl's plan (GiB; memory.py)")
+    for name, s in summary.items():
+        m = s["trainer_memory_gib"]
+        print(f"{name:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in m.items()))
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0

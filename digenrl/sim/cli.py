@@ -54,7 +54,11 @@ def simulate_main(argv=None) -> int:
     if a.steps < 3:
         print(f"{p.prog}: --steps must be >= 3 (one fill, one measured, one drain step)", file=sys.stderr)
         return 2
-    rep = simulate(tb, modes, a.steps, out_dir=a.out)
+    try:
+        rep = simulate(tb, modes, a.steps, out_dir=a.out)
+    except ValueError as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
     print(rep.table())
     if a.json:
         with open(a.json, "w") as f:
@@ -113,8 +117,9 @@ def plan_main(argv=None) -> int:
         header = (f"# digenrl plan --testbed {a.testbed} --gpus {pl.gpus} --mode {a.mode}\n"
                   f"# simulated: {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s\n"
                   "# digenrl train --config THIS_FILE   (emulated compute on the testbed's costs;\n"
-                  "#   runtime.compute=real model.path=... reward.paths.<name>=... for the real run;\n"
-                  "#   weight_sync nccl is emulated only until the collective weight path lands)\n")
+                  "#   runtime.compute=real model.path=... reward.paths.<name>=... for the real run)\n"
+                  "# runtime.trainer.gang/shard/reshard: the smallest FSDP gang that holds the\n"
+                  "#   training state (sim/memory.py) and the reshard policy the planner chose\n")
         with open(a.out, "w") as f:
             f.write(header + dump_config(cfg))
         print(f"wrote {a.out}")

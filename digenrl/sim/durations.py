@@ -12,15 +12,27 @@ the size of its sample shard, unit.samples = [first, last), when the scheduler s
                    prompt group the shard touches.
     Reward         VAE decode + reward-model forward of B samples, on the worker that runs it.
     Train          len(t_steps) training steps (forward + backward) of B samples in
-                   micro-batches of `micro_batch`; grad checkpointing, LoRA, train CFG.
-    OptimizerStep  gradient all-reduce over the trainer pool's links (ring: reduce-scatter +
-                   all-gather, the same bytes as FSDP's reduce-scatter of grads + gather of new
-                   params) + fused AdamW on this worker's share of the trainable parameters
-                   + publishing the new weights (disaggregated modes only, see _publish_s).
+                   micro-batches of `micro_batch`; grad checkpointing, LoRA, train CFG. A
+                   trainer gang of N GPUs splits the B rows over its ranks (rank 0: ceil(B/N)).
+    OptimizerStep  the gradient reduction (gangs: fp32 local shards all-reduced across gangs;
+                   see _grad_reduce_s) + fused AdamW on this rank's shard of the trainable
+                   parameters (+ offload) + publishing the new weights (disaggregated modes
+                   only, see _publish_s).
     WeightSync     the receiving rollout worker's side of a sync over links.inter_pool:
                    nccl = pipelined broadcast; object-store / lora-only = the network hops and
                    the host->device copy (the sender's device->host + object-store copy is in
                    OptimizerStep).
+
+Gangs (runtime.trainer.gang/reshard; the bytes are sim.gangs', the runtime's counters'):
+a trainer worker is a gang of N GPUs that runs each unit SPMD. Its FSDP collectives, ring
+all-gathers and reduce-scatters over the gang's link (intra-node when it fits in a node),
+are charged to the unit that issues them, minus what FSDP's prefetch hides behind compute:
+
+    Train          reshard after-forward: every forward and every backward gathers every
+                   unit, every backward reduce-scatters; after-step: the first forward after
+                   a reshard gathers once, backward still reduce-scatters
+    Generate       TAG on a gang: every rank generates the unit whole; gathers as for Train
+    OptimizerStep  the publisher's gather (every unit once) before the relay sends
 
 Colocated baselines (DESIGN.md sec. 3) pay extra costs where they physically happen:
 
@@ -46,9 +58,10 @@ from dataclasses import dataclass, field
 from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import style_plan
-from digenrl.sim.catalogue import BYTES_GRAD, trainable_params_B
-from digenrl.sim.collectives import allgather_s, allreduce_s, object_store_send_s, wire_s
+from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
+from digenrl.sim.collectives import allgather_traffic, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import CostModel
+from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.testbed import Testbed
 
 
@@ -59,9 +72,14 @@ class Layout:
     workers: tuple[Worker, ...]
     device: dict  # worker id -> device name
     pool: dict  # worker id -> testbed Pool
+    gpus: dict = field(default_factory=dict)  # worker id -> GPUs it holds (a trainer gang's size)
 
     def ids(self, role: str) -> list[str]:
         return [w.id for w in self.workers if w.role == role]
+
+    @property
+    def n_gpus(self) -> int:
+        return sum(self.gpus.get(w.id, 1) for w in self.workers)
 
 
 def layout(tb: Testbed, run: RunContract) -> Layout:
@@ -77,11 +95,16 @@ def layout(tb: Testbed, run: RunContract) -> Layout:
     workers = [w for w in run.workers() if w.role != "reward"]
     if len(workers) < len(run.workers()):
         raise ValueError("runtime.reward.workers: the simulator models rewards on the generating worker; set 0")
+    gang = run.pool("trainer").resources.gang if run.pool("trainer") else 1
+    size = {w.id: gang if w.role == "trainer" else 1 for w in workers}  # a trainer gang holds `gang` GPUs
     if all(p.role == "any" for p in tb.pools):
         order = {"colocated": 0, "rollout": 0, "trainer": 1}
-        places = {w.id: g for w, g in zip(sorted(workers, key=lambda w: order[w.role]), gpus)}
-        if len(workers) != len(gpus):
-            raise ValueError(f"{len(workers)} workers on {tb.name} ({len(gpus)} GPUs): sizes differ")
+        places, i = {}, 0
+        for w in sorted(workers, key=lambda w: order[w.role]):
+            places[w.id] = gpus[min(i, len(gpus) - 1)]  # a gang's first GPU (its pool and device)
+            i += size[w.id]
+        if i != len(gpus):
+            raise ValueError(f"{len(workers)} workers ({i} GPUs) on {tb.name} ({len(gpus)} GPUs): sizes differ")
     else:
         if any(w.role == "colocated" for w in workers):
             raise ValueError(f"testbed {tb.name!r} has fixed rollout/trainer pools; mode 'colocated' "
@@ -90,11 +113,12 @@ def layout(tb: Testbed, run: RunContract) -> Layout:
         for role in ("rollout", "trainer"):
             mine = [w for w in workers if w.role == role]
             slots = [(p, i) for p in tb.pool(role) for i in range(p.count)]
-            if len(mine) != len(slots):
-                raise ValueError(f"{len(mine)} {role} workers but testbed {tb.name!r} fixes {len(slots)}")
-            places.update({w.id: g for w, g in zip(mine, slots)})
+            per = gang if role == "trainer" else 1
+            if len(mine) * per != len(slots):
+                raise ValueError(f"{len(mine)} {role} workers x {per} GPUs but testbed {tb.name!r} fixes {len(slots)}")
+            places.update({w.id: slots[j * per] for j, w in enumerate(mine)})
     return Layout(tuple(workers), {w: p.device for w, (p, _) in places.items()},
-                  {w: p for w, (p, _) in places.items()})
+                  {w: p for w, (p, _) in places.items()}, size)
 
 
 @dataclass
@@ -114,28 +138,46 @@ class DurationFn:
     style: str | None = None  # colocated baseline style (baselines.STYLES)
     zero_baseline: bool = False  # measure a baseline with its extra costs removed
     colocated_config: str | None = None
+    gang: int = 1  # GPUs per trainer gang (runtime.trainer.gang)
+    after_step: bool = False  # runtime.trainer.reshard == after-step
+    offload: bool = False  # runtime.trainer.offload: AdamW state on the host
     overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
     _per_fwd: float = 0.0
     _per_step: dict = field(default_factory=dict)
     _recompute: bool = False
     _reloaded: set = field(default_factory=set)
+    _gathered: dict = field(default_factory=dict)  # worker id -> after-step params gathered since its reshard
 
     def __post_init__(self):
         tb = self.tb
-        self.n_trainers = sum(w.role in ("trainer", "colocated") for w in self.layout.workers)
+        self.n_trainers = sum(w.role in ("trainer", "colocated") for w in self.layout.workers)  # gangs
         self.n_rollout = sum(w.role == "rollout" for w in self.layout.workers)
         self.trainable_B = trainable_params_B(tb.model, tb.lora, tb.lora_rank)
         self.trainer_pool = next(self.layout.pool[w.id] for w in self.layout.workers
                                  if w.role in ("trainer", "colocated"))
         self.trainer_device = self.trainer_pool.device
-        # Trainer state sharded (FSDP) when a full replica does not fit on one trainer GPU.
+        self.fsdp = catalogue_layout(tb.model, tb.lora, tb.lora_rank, BYTES_WEIGHT)  # bf16 gathers
+        self._cache: dict = {}
         fit = self.cm.fits(tb.model, ["trainer"], self.trainer_device, train_batch=tb.micro_batch,
                            lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
-                           lora_rank=tb.lora_rank)
-        self.opt_shards = 1 if fit.fits else self.n_trainers
+                           lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
+                           offload=self.offload, gang=self.gang > 1)
         if self.mode == "colocated":
+            # the baseline's own memory plan (baselines.style_plan) says how it shards
+            self.opt_shards = 1 if fit.fits else self.n_trainers
             self._colocated_costs()
-        self._cache: dict = {}
+            self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora)
+            self.gang_link = tb.link(self.trainer_pool, self.col_shards)
+        else:
+            if not fit.fits:
+                raise ValueError(
+                    f"{tb.name}: a trainer gang of {self.gang} {self.trainer_device} does not hold the {tb.model} "
+                    f"training state ({fit.peak_gib:.0f} GiB per GPU of {fit.usable_gib:.0f} usable): raise "
+                    "runtime.trainer.gang (FSDP over more GPUs) or set runtime.trainer.offload")
+            self.opt_shards = self.gang
+            self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, tb.micro_batch,
+                                 tb.kl and tb.lora)
+            self.gang_link = tb.link(self.trainer_pool, self.gang)
 
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
@@ -149,6 +191,10 @@ class DurationFn:
         if not plan["fits"]:
             raise ValueError(f"{tb.name}: no colocated configuration fits on {p.device}")
         self.colocated_config = plan["config"]
+        # FSDP shard group of the baseline's trainer: none (replicated), a node, or every GPU
+        cfg = self.colocated_config
+        self.col_shards = (1 if cfg.startswith("replicated") else p.gpus_per_node if "/node" in cfg
+                           else self.n_trainers)
         self._recompute = plan["recompute_logp"]
         if self.zero_baseline:
             self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
@@ -156,9 +202,10 @@ class DurationFn:
             self._per_fwd = float(plan["per_forward_s"])
             self._per_step = {k: float(v) for k, v in plan["per_step_s"].items() if float(v) > 0}
 
-    def _overhead(self, name: str, s: float) -> float:
+    def _overhead(self, name: str, s: float, gpus: int = 1) -> float:
+        """Record s seconds of `name` paid by a worker of `gpus` GPUs; returns s."""
         if s:
-            self.overhead_ws[name] = self.overhead_ws.get(name, 0.0) + s
+            self.overhead_ws[name] = self.overhead_ws.get(name, 0.0) + s * gpus
         return s
 
     # ---- the duration function -----------------------------------------------
@@ -175,9 +222,14 @@ class DurationFn:
 
     def _generate_unit(self, worker: Worker, dev: str, unit: Generate) -> float:
         n, rows = self._rows(unit)
-        t = self._gen(dev, n, unit.t_end - unit.t_start, unit.t_start == 0, rows)
+        steps = unit.t_end - unit.t_start
+        t = self._gen(dev, n, steps, unit.t_start == 0, rows)
         if self._per_fwd:
-            t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * (unit.t_end - unit.t_start))
+            t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * steps)
+        elif worker.role == "trainer" and self.comm.gang > 1:  # TAG on a gang: every rank runs it whole
+            gathers = self.comm.generate(steps, self._gathered.get(worker.id, False)) // self.comm.gather
+            self._gathered[worker.id] = True
+            t += self._overhead("gang_generate", self._exposed(gathers * self._gather_s(), t, gathers), self.gang)
         return t
 
     def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
@@ -185,7 +237,16 @@ class DurationFn:
 
     def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
         n, _ = self._rows(unit)
-        t = self._train(dev, n, len(unit.t_steps))
+        k = len(unit.t_steps)
+        if self.mode == "colocated":  # each GPU trains its own rows, FSDP-gathering over its shard group
+            t = self._train(dev, n, k)
+            gang_rows = n * self.comm.gang  # GangComm splits rows over ranks: n each
+        else:  # a gang splits the rows over its ranks; rank 0 has the most (ceil)
+            t = self._train(dev, -(-n // self.gang), k)
+            gang_rows = n
+        if self.comm.gang > 1:
+            t += self._overhead("gang_train", self._train_comm_s(worker, gang_rows, k, t),
+                                self.gang if self.mode != "colocated" else 1)
         if self._recompute:
             t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
         if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
@@ -194,6 +255,7 @@ class DurationFn:
         return t
 
     def _optimizer_unit(self, worker: Worker, dev: str, unit: OptimizerStep) -> float:
+        self._gathered[worker.id] = False  # the step reshards (and so does the publish after it)
         t = self._opt(dev)
         if self.mode == "colocated":
             t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
@@ -252,39 +314,92 @@ class DurationFn:
                                lambda b: cm.recompute_logp_s(tb.model, dev, b, 1, tb.train_cfg, tb.shape))
         return k * self._memo(("recompute", dev, n), per_step)
 
+    # ---- gang collectives (sim.gangs: the bytes the runtime counts) -------------
+    def _gather_s(self) -> float:
+        """One all-gather of every FSDP unit over the gang (ring, one collective per unit)."""
+        n = self.comm.gang
+        return self._memo(("gather1", n), lambda: allgather_traffic(
+            self.fsdp.all_gather_bytes(n), n, chunks=len(self.fsdp.units)).seconds(self.gang_link))
+
+    def _reduce_scatter_s(self) -> float:
+        """One backward's reduce-scatters (fp32 gradients of the trainable units): a ring
+        reduce-scatter moves what the matching all-gather moves."""
+        n = self.comm.gang
+        return self._memo(("rs1", n), lambda: allgather_traffic(
+            self.fsdp.reduce_scatter_bytes(n), n,
+            chunks=sum(u.trainable for u in self.fsdp.units)).seconds(self.gang_link))
+
+    def _exposed(self, comm_s: float, compute_s: float, gathers: int) -> float:
+        """What FSDP's prefetch cannot hide: the collectives beyond the compute they overlap,
+        plus each gather's first unit (nothing to overlap it with yet)."""
+        return max(0.0, comm_s - compute_s) + gathers * self._gather_s() / len(self.fsdp.units)
+
+    def _train_comm_s(self, worker: Worker, rows: int, k: int, compute_s: float) -> float:
+        """Exposed gathers and reduce-scatters of a Train unit on a gang (GangComm's counts)."""
+        c = self.comm
+        ag, rs = c.train(rows, k, self._gathered.get(worker.id, False))
+        self._gathered[worker.id] = True
+        gathers = ag // c.gather
+        comm_s = gathers * self._gather_s() + (rs // (c.gang * self.fsdp.reduce_scatter_bytes(c.gang))) * \
+            self._reduce_scatter_s()
+        return self._exposed(comm_s, compute_s, gathers)
+
     def _opt(self, dev: str) -> float:
         def f():
-            tb, cm, n = self.tb, self.cm, self.n_trainers
-            link = tb.link(self.trainer_pool, n)
-            grads = BYTES_GRAD * self.trainable_B * 1e9
-            t = float(allreduce_s(grads, n, link)) + float(cm.optimizer_step_s(self.trainable_B / self.opt_shards, dev))
+            tb, cm = self.tb, self.cm
+            t = self._grad_reduce_s() + float(cm.optimizer_step_s(self.trainable_B / self.opt_shards, dev))
+            if self.offload:  # AdamW state (12 B/param, this rank's shard) to the GPU and back
+                t += float(cm.offload_reload_s(self.trainable_B, dev, self.opt_shards, needed=True))
             return t + self._publish_s(dev)
         return self._memo(("opt", dev), f)
+
+    def _grad_reduce_s(self) -> float:
+        """The once-per-step gradient reduction.
+
+        Gangs (ours): every rank all-reduces its fp32 local gradient shard (+ a mask) with
+          its peers in the other gangs (gangs.md); nothing with one gang.
+        Colocated baselines: replicated (DDP) all-reduce the bf16 gradients over every GPU;
+          FSDP over every GPU reduced in the per-backward reduce-scatters already; FSDP per
+          node (HSDP) all-reduce the fp32 shards across the nodes.
+        """
+        tb, n = self.tb, self.n_trainers
+        if self.mode != "colocated":
+            if n <= 1:
+                return 0.0
+            link = tb.link(self.trainer_pool, n * self.gang)
+            return float(allreduce_s(self.fsdp.cross_gang_bytes(self.gang), n, link))
+        s = self.col_shards
+        if s == 1:
+            return float(allreduce_s(BYTES_GRAD * self.trainable_B * 1e9, n, tb.link(self.trainer_pool, n)))
+        replicas = n // s
+        return float(allreduce_s(self.fsdp.cross_gang_bytes(s), replicas, tb.link(self.trainer_pool, n)))
 
     def _publish_s(self, dev: str) -> float:
         """Trainer side of a weight sync, inside OptimizerStep (the scheduler's pull model).
 
-        Colocated: nothing (same weights). Sharded full fine-tune: all-gather the bf16 weights
-        onto the sending rank first. nccl: the sender pushes the bytes once into the
-        pipelined chain. object-store / lora-only: device->host + one copy into the store.
+        Colocated: nothing (same weights). A gang of N > 1 first unshards every FSDP unit
+        (one all-gather, LoRA or not: gangs.md) on trainer-0. nccl: the relay pushes the
+        bytes once into the pipelined chain. object-store / lora-only: device->host + one
+        copy into the store.
         """
         if self.mode == "colocated" or self.n_rollout == 0:
             return 0.0
-        tb, cm = self.tb, self.cm
-        lora = tb.weight_sync == "lora-only"
-        nbytes = cm.weight_bytes(tb.model, lora=lora, rank=tb.lora_rank)
-        t = 0.0
-        if self.opt_shards > 1 and not lora:
-            t += float(allgather_s(nbytes, self.n_trainers, tb.link(self.trainer_pool, self.n_trainers)))
+        tb, nbytes = self.tb, self._sync_bytes()
+        t = self._gather_s() if self.gang > 1 else 0.0
         if tb.weight_sync == "nccl":  # the bytes leave the sender once; latencies are the receivers'
             return t + wire_s(nbytes, tb.links.inter_pool)
         return t + object_store_send_s(nbytes, dev)
 
+    def _sync_bytes(self) -> int:
+        """Bytes one sync moves: adapters only with lora-only, and with nccl under LoRA (the
+        relay sends the trainable tensors, gangs.md); else the bf16 weights."""
+        tb = self.tb
+        adapters = tb.weight_sync == "lora-only" or (tb.weight_sync == "nccl" and tb.lora)
+        return self.cm.weight_bytes(tb.model, lora=adapters, rank=tb.lora_rank)
+
     def _sync(self, dev: str) -> float:
         def f():
-            tb, cm = self.tb, self.cm
-            lora = tb.weight_sync == "lora-only"
-            nbytes = cm.weight_bytes(tb.model, lora=lora, rank=tb.lora_rank)
+            tb, cm, nbytes = self.tb, self.cm, self._sync_bytes()
             rpool = next(self.layout.pool[w.id] for w in self.layout.workers if w.role == "rollout")
             full = float(cm.weight_sync_s(nbytes, tb.links.inter_pool, self.n_rollout, tb.weight_sync,
                                           self.trainer_device, dev, rpool.gpus_per_node))
@@ -314,7 +429,9 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
         raise ValueError(f"samples_per_group={spg} must divide group_size={testbed.group_size}")
     if mode == "colocated" and style is None:
         style = "verl-omni"
-    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline)
+    t = run.pool("trainer").resources if run.pool("trainer") else None
+    gang = dict(gang=t.gang, after_step=t.reshard == "after-step", offload=t.offload) if t else {}
+    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, **gang)
 
 
 def _in_batches(n: int, batch: int, cost) -> float:

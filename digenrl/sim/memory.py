@@ -86,13 +86,19 @@ def _activations(table: dict, model: str, op: str, batch: float, shape: Shape | 
 
 def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool = False, grad_ckpt: bool = True,
                fsdp_shards: int = 1, cfg: bool = False, shape: Shape | None = None,
-               lora_rank: int = DEFAULT_LORA_RANK, reward: str = "pickscore") -> Memory:
+               lora_rank: int = DEFAULT_LORA_RANK, reward: str = "pickscore", after_step: bool = False,
+               offload: bool = False, gang: bool = False) -> Memory:
     """GiB a role holds on one GPU (see ROLES), from the calibration `table` (calibration.fit_table).
 
     rollout         own bf16 copy (sharded / fsdp_shards + two gathered layers) + forward activations
     rollout_shared  forward activations only: it samples with the trainer's module (flow_grpo)
     trainer         16 B/param full (ZeRO accounting) / fsdp_shards, or bf16 base + fp32 LoRA
                     state; + fwd+bwd activations of a micro-batch
+                    gang=True (a trainer gang, runtime.trainer.shard=fsdp, gangs.md): fp32 master
+                    weights 4 + fp32 gradients 4 + AdamW m, v 8 B/param, all / fsdp_shards (LoRA:
+                    the frozen base fp32 / shards too); gathered bf16 parameters: two blocks
+                    (reshard after-forward: in use + prefetched) or the whole model (after_step:
+                    kept for the step); offload: the AdamW state on the host
     ref             bf16 reference copy for the KL term (0 with LoRA: adapters disabled)
     text_encoder, vae (+ decode activations), reward
     """
@@ -107,6 +113,12 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
         act, est = _activations(table, model, "act_forward", b, shape)
         w = 0.0 if role == "rollout_shared" else BYTES_WEIGHT * p / n / GIB + gathered
         return Memory(weights=w, activations=act, estimated=est)
+    if role == "trainer" and gang:
+        act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
+        held = BYTES_WEIGHT * p / GIB if after_step else (gathered if n > 1 else 0.0)
+        t = lora_params_B(model, lora_rank) * 1e9 if lora else p  # trainable parameters
+        base = p / n * 4 / GIB if lora else 0.0  # frozen base, fp32 masters sharded
+        return Memory(4 * t / n / GIB + base + held, 4 * t / n / GIB, 0.0 if offload else 8 * t / n / GIB, act, est)
     if role == "trainer":
         act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
         if lora:
@@ -134,7 +146,8 @@ def fits(table: dict, model: str, roles, device=REFERENCE, *, gen_batch: int = 1
          shards: dict | None = None, offload_optimizer: bool = False, **kw) -> FitReport:
     """Can one GPU hold `roles` (see ROLES, FitReport) at once? Usable memory is
     USABLE_FRACTION * HBM - RESERVED_GIB. kw go to memory_gib (lora, grad_ckpt,
-    fsdp_shards, cfg, shape, lora_rank, reward); `shards` overrides fsdp_shards per role."""
+    fsdp_shards, cfg, shape, lora_rank, reward, after_step, offload, gang); `shards`
+    overrides fsdp_shards per role."""
     dev = get_device(device)
     mems = {}
     for role in roles:

@@ -23,6 +23,11 @@ Knobs (axes):
     train_shard         TSP modes: Train units per (micro-batch, chunk) along the sample axis
                         (SHARDS): spreads the last micro-batches of a step over all trainers
                         (batch-level modes already cut groups with micro_batch_groups)
+    reshard             disaggregated modes: runtime.trainer.reshard of the trainer gangs
+                        (after-forward gathers per pass, after-step once per step but holds
+                        the gathered model). The gang size is not an axis: each point takes
+                        the smallest gang that holds the training state (workload.fitting_gang;
+                        a larger gang adds collectives and ghost passes, and leaves fewer gangs for TSP)
 
 Every mode, baselines included, gets its best point of this search: the planner starts from
 the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
@@ -38,7 +43,7 @@ syncs, tails and TAG (which moves generation onto trainers, so the best R is usu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product
 
 from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
@@ -50,6 +55,7 @@ from digenrl.sim.testbed import Testbed, resize
 GAP_MODES = tuple(m for m in MODES if m not in BATCH_MODES)
 LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
 SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
+RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
 
 
@@ -99,6 +105,8 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
         axes["tsp_chunk"] = vals
     if mode in TAG_MODES:
         axes["tag_segment"] = _divisors(tb.denoise_steps)
+    if mode != "colocated":  # trainer gangs: the smallest gang that fits either way (workload.fitting_gang)
+        axes["reshard"] = list(RESHARD)
     if mode in GAP_MODES:
         shards = [k for k in SHARDS if k <= tb.group_size]
         axes["gen_shard"] = shards
@@ -147,6 +155,8 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
     for k in ("gen_shard", "train_shard"):  # unsharded units (the scheduler's default)
         if k in axes:
             p[k] = 1
+    if "reshard" in axes:
+        p["reshard"] = RESHARD[0]
     return p
 
 
@@ -180,8 +190,23 @@ class _Evaluator:
         key = tuple(sorted(point.items()))
         r = self.cache.get(key)
         if r is None:
-            r = self.cache[key] = run_spec(self.tb, _spec(self.mode, point, self.style), self.steps, self.cm)
+            spec = _spec(self.mode, point, self.style)
+            try:
+                r = run_spec(self.tb, spec, self.steps, self.cm)
+            except ValueError as e:  # e.g. no trainer gang on this split holds the training state
+                r = _Infeasible(spec, str(e))
+            self.cache[key] = r
         return r
+
+
+@dataclass
+class _Infeasible:
+    """A grid point the runtime could not run: never better than any runnable point."""
+
+    spec: RunSpec
+    reason: str
+    throughput: float = 0.0
+    step_s: float = float("inf")
 
 
 def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
@@ -210,11 +235,22 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
         p, r = _descend(ev, axes, s0)
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
             best, best_r = p, r
+    if isinstance(best_r, _Infeasible):
+        raise ValueError(f"{tb.name}: no point of the {mode} grid runs: {best_r.reason}")
     size = 1
     for v in axes.values():
         size *= len(v)
-    return Plan(tb.name, tb.n_gpus, mode, best_r.spec, best_r.throughput, best_r.step_s, len(ev.cache),
+    return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, len(ev.cache),
                 time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm))
+
+
+def _with_gang(tb: Testbed, spec: RunSpec) -> RunSpec:
+    """The spec with the trainer gang size it ran with written out (None: colocated)."""
+    if spec.mode == "colocated" or spec.gang is not None:
+        return spec
+    from digenrl.sim.workload import config_for
+
+    return replace(spec, gang=config_for(tb, spec, 1).runtime.trainer.gang)
 
 
 def exhaustive(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *,

@@ -52,6 +52,8 @@ class RunSpec:
     tag_segment: Optional[int] = None
     gen_shard: Optional[int] = None  # Generate sample shards per micro-batch (SchedConfig.gen_shard)
     train_shard: Optional[int] = None  # Train sample shards per (micro-batch, chunk)
+    gang: Optional[int] = None  # GPUs per trainer gang (None: the smallest that fits, workload.fitting_gang)
+    reshard: Optional[str] = None  # after-forward (None) | after-step
     style: Optional[str] = None  # colocated baseline style: verl-omni | genrl
     zero_baseline: bool = False
 
@@ -70,6 +72,10 @@ class RunSpec:
             out["data.micro_batch_samples"] = d.micro_batch_samples
         else:
             out["data.micro_batch_groups"] = d.micro_batch_groups
+        t = rt.trainer
+        if t.gang > 1:
+            out.update({"runtime.trainer.gang": t.gang, "runtime.trainer.shard": t.shard,
+                        "runtime.trainer.reshard": t.reshard})
         for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
                            ("runtime.gen_shard", self.gen_shard), ("runtime.train_shard", self.train_shard)):
             if value:
@@ -89,8 +95,8 @@ class RunResult:
     samples_per_usd: float
     bubble: dict  # pool -> idle fraction over the steady window
     staleness_max: int
-    breakdown_s: dict  # per RL step: GPU-seconds / GPUs per kind + overhead + idle (sums to step_s)
-    overhead_ws: dict  # baseline costs paid, GPU-seconds per step
+    breakdown_s: dict  # per RL step: GPU-seconds / GPUs per kind + overhead + comm + idle (sums to step_s)
+    overhead_ws: dict  # baseline costs and exposed gang collectives (gang_*), GPU-seconds per step
     colocated_config: Optional[str] = None
     trace: Optional[Trace] = field(default=None, repr=False)
     fn: Optional[DurationFn] = field(default=None, repr=False)
@@ -132,22 +138,26 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
             keep_trace: bool = False) -> RunResult:
     t0, t1, n_steps = steady_window(trace, steps)
     step_s = (t1 - t0) / n_steps
-    n = len(fn.layout.workers)
+    n = fn.layout.n_gpus  # GPUs: a trainer gang holds several
     busy = {k: 0.0 for k in KINDS}
-    for s in trace.spans:
-        busy[s.kind] += max(0.0, min(s.end, t1) - max(s.start, t0))
+    gpus = fn.layout.gpus
+    for s in trace.spans:  # GPU-seconds: a gang's span occupies all its GPUs
+        busy[s.kind] += max(0.0, min(s.end, t1) - max(s.start, t0)) * gpus.get(s.worker, 1)
     over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
     bd = {k: v / n_steps / n for k, v in busy.items()}
-    # Baseline overheads were inside units: move them to their own column.
+    # Baseline overheads and exposed gang collectives were inside units: their own columns.
     where = {"fsdp_gather": "generate", "recompute_logp": "train", "phase_switch": "optimizer",
-             "offload_reload": "optimizer"}
+             "offload_reload": "optimizer", "gang_train": "train", "gang_generate": "generate"}
     for k, v in over.items():
+        col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n
-        bd["overhead"] = bd.get("overhead", 0.0) + v / n
+        bd[col] = bd.get(col, 0.0) + v / n
     bd.setdefault("overhead", 0.0)
+    bd.setdefault("comm", 0.0)
     bd["idle"] = max(0.0, step_s - sum(bd.values()))
     pools = sorted(set(trace.workers.values()))
-    usd = sum(get_device(fn.layout.device[w.id]).usd_per_hour for w in fn.layout.workers)
+    usd = sum(get_device(fn.layout.device[w.id]).usd_per_hour * fn.layout.gpus.get(w.id, 1)
+              for w in fn.layout.workers)
     thr = tb.samples_per_step / step_s
     st = staleness(trace)
     return RunResult(spec, tb.name, n, step_s, thr, thr / n, usd, thr * 3600 / usd,
@@ -242,7 +252,7 @@ def ideal_step_s(tb: Testbed, cm: CostModel | None = None) -> dict:
 
 # ----------------------------------------------------------------------------- the report
 
-COLS = ("generate", "reward", "train", "optimizer", "sync", "overhead", "idle")
+COLS = ("generate", "reward", "train", "optimizer", "sync", "overhead", "comm", "idle")
 LABELS = {"colocated": "colocated (veRL-Omni)", "genrl": "genrl (GenRL)"}
 
 

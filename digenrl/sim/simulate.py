@@ -69,6 +69,11 @@ def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: 
     and one Gantt PNG per row (or per row in gantt_modes)."""
     tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
     cm = cm or default_cost_model()
+    from digenrl.sim.workload import refusal
+
+    why = refusal(tb, cm)
+    if why:  # never simulate a run the runtime cannot do
+        raise ValueError(f"{tb.name}: the runtime cannot run this testbed: {why}")
     unknown = [m for m in modes if m not in ROWS]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; allowed: {list(ROWS)}")
@@ -114,7 +119,7 @@ def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm)
     c = 1.0
     if mode == "colocated":
         where = ref if per_dollar else tb
-        half = run_spec(where, replace(d_ref.spec, n_rollout=where.n_gpus // 2), steps, cm)
+        half = run_spec(where, replace(d_ref.spec, n_rollout=where.n_gpus // 2, gang=None), steps, cm)  # gang: what fits there
         c = d_ref.throughput / half.throughput
     r = total / (a * het * c)
     factors = {"baseline_costs": a, "heterogeneity": het, "independent_scaling": c, "overlap": r}

@@ -74,6 +74,11 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
     if trained > usable:
         raise ConfigError(f"sampling.window_size: {tb.name!r} trains {trained} of {tb.denoise_steps} steps; "
                           f"an SDE window trains at most {usable} (the last step is always ODE)")
+    gang = 1 if spec.mode == "colocated" else (spec.gang or fitting_gang(tb, trainer, after_step=spec.reshard == "after-step"))
+    if trainer % gang:
+        raise ConfigError(f"runtime.trainer.gang: {trainer} trainer GPUs do not split into gangs of {gang}")
+    gangs = {"gang": gang, "shard": "fsdp" if gang > 1 else "none", "reshard": spec.reshard or "after-forward"}
+    trainer //= gang
     dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
     rpool = (tb.pool("rollout") or tb.pools)[0]
     tpool = (tb.pool("trainer") or tb.pools)[0]
@@ -94,11 +99,61 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
         "run": {"mode": spec.mode},
         "runtime": {"compute": "emulated", "testbed": testbed_ref or tb.name.split("@")[0],
                     "weight_sync": tb.weight_sync,
-                    "rollout": {"workers": rollout, **dev(rpool)}, "trainer": {"workers": trainer, **dev(tpool)},
+                    "rollout": {"workers": rollout, **dev(rpool)}, "trainer": {"workers": trainer, **dev(tpool), **gangs},
                     "tag_segment": spec.tag_segment or 1, "gen_shard": spec.gen_shard or 1,
                     "train_shard": spec.train_shard or 1},
     }
     return load_config(None, tree=tree)
+
+
+def fitting_gang(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False) -> int:
+    """The smallest gang (a divisor of the trainer GPUs) whose GPUs hold the training state
+    (memory.py, FSDP over the gang); 1 when a replica fits. Nothing fits: the largest, which
+    the duration function then refuses with the reason."""
+    from digenrl.sim.costs import default_cost_model
+
+    cm = cm or default_cost_model()
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    sizes = [d for d in range(1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0]
+    for n in sizes:
+        rep = cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
+                      cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank, fsdp_shards=n,
+                      after_step=after_step, gang=n > 1)
+        if rep.fits:
+            return n
+    return sizes[-1]
+
+
+def trainer_fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False):
+    """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs."""
+    from digenrl.sim.costs import default_cost_model
+
+    cm = cm or default_cost_model()
+    n = fitting_gang(tb, trainer_gpus, cm, after_step)
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    return n, cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
+                      cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank, fsdp_shards=n, gang=n > 1,
+                      after_step=after_step)
+
+
+def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
+    """Why the runtime cannot run `tb` (None: it can). Checked: the model has a runtime adapter,
+    the workload is a valid Config, and some trainer gang holds the training state (the
+    largest trainer pool the testbed allows: all GPUs but one rollout GPU when split)."""
+    from digenrl.sim.report import RunSpec
+
+    split = _split(tb)
+    trainers = tb.n_gpus - 1 if split else sum(p.count for p in tb.pool("trainer"))
+    try:
+        family(tb.model)
+        gang, rep = trainer_fit(tb, trainers, cm)
+        if not rep.fits:
+            return (f"no trainer gang holds the {tb.model} training state: {rep.peak_gib:.0f} GiB per GPU even "
+                    f"with FSDP over {gang} {rep.device} ({rep.usable_gib:.0f} GiB usable)")
+        config_for(tb, RunSpec("digenrl", n_rollout=tb.n_gpus - trainers if split else None, gang=gang), 2)
+    except ConfigError as e:
+        return str(e)
+    return None
 
 
 def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
@@ -107,7 +162,7 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
         raise ConfigError(f"model.name: {cfg.model.name!r} but runtime.testbed {tb.name!r} models "
                           f"{tb.model!r} (model.name={family(tb.model)})")
     rt, d = cfg.runtime, cfg.data
-    n = rt.rollout.workers + rt.trainer.workers
+    n = rt.rollout.workers + rt.trainer.workers * rt.trainer.gang  # GPUs
     if _split(tb):
         if n != tb.n_gpus and len(tb.pools) != 1:
             raise ConfigError(f"runtime.trainer.workers: {n} workers but testbed {tb.name!r} has "
@@ -115,9 +170,10 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
         tb = resize(tb, n)
     else:
         for role in ("rollout", "trainer"):
-            have, want = sum(p.count for p in tb.pool(role)), getattr(rt, role).workers
+            pool = getattr(rt, role)
+            have, want = sum(p.count for p in tb.pool(role)), pool.workers * pool.gang
             if have != want:
-                raise ConfigError(f"runtime.{role}.workers: {want}, but testbed {tb.name!r} has {have} "
+                raise ConfigError(f"runtime.{role}.workers: {want} GPUs, but testbed {tb.name!r} has {have} "
                                   f"{role} GPUs (its pools are fixed)")
     sde = cfg.sampling
     return replace(tb, denoise_steps=sde.num_steps, trained_steps=len(trained_steps(cfg, 0)), group_size=d.group_size,
