@@ -111,11 +111,18 @@ class ModelLayout:
             return 0
         return sum(n * u.shard_numel(n, trainable_only=True) * REDUCE_BYTES for u in self.units if u.trainable)
 
-    def cross_gang_bytes(self, n: int) -> int:
-        """One rank's cross-gang all-reduce per RL step: an fp32 mask (one element per trainable
-        tensor) and the flat fp32 buffer of its local, padded gradient shards (n = 1: whole)."""
-        local = sum(u.shard_numel(n, trainable_only=True) for u in self.units)
-        return REDUCE_BYTES * (self.trainable_tensors + local)
+    def cross_gang_bytes(self, n: int) -> float:
+        """One rank's cross-gang all-reduce per RL step, on average over its gang of n (what
+        the time model charges): `gang_cross_gang_bytes(n) / n`."""
+        return self.gang_cross_gang_bytes(n) / n
+
+    def gang_cross_gang_bytes(self, n: int) -> int:
+        """A gang's cross-gang all-reduce per RL step, summed over its n ranks: each rank an
+        fp32 mask (one element per trainable tensor) and the flat fp32 buffer of its local
+        gradient shards. FSDP2 chunks dim 0 (the last ranks hold less, unpadded), so the
+        local shards of a gang add up to the whole trainable numel."""
+        whole = sum(p.dim0 * p.rest for u in self.units for p in u.params if p.trainable)
+        return REDUCE_BYTES * (n * self.trainable_tensors + whole)
 
     def gather_unit_bytes(self, n: int) -> float:
         """The largest unit's gather, bytes per rank: what a prefetching FSDP cannot hide."""
@@ -253,7 +260,7 @@ class GangComm:
     @property
     def all_reduce(self) -> int:
         """One gang's share of the cross-gang reduction (every rank, once per RL step)."""
-        return self.gang * self.layout.cross_gang_bytes(self.gang) if self.gangs > 1 else 0
+        return self.layout.gang_cross_gang_bytes(self.gang) if self.gangs > 1 else 0
 
 
 # ----------------------------------------------------------------------------- prediction

@@ -134,7 +134,9 @@ def _candidates(cfg: Config, fixed: set[str]) -> list[dict]:
     # for the pools as given, and the costs were measured on a trainer slot).
     alike = (rt.rollout.num_cpus, rt.rollout.num_gpus, rt.rollout.accelerator, rt.rollout.resources) == \
         (rt.trainer.num_cpus, rt.trainer.num_gpus, rt.trainer.accelerator, rt.trainer.resources)
-    if {"runtime.rollout.workers", "runtime.trainer.workers"} & fixed or mode == "colocated" or not alike:
+    # A trainer gang holds several devices: the split stays as given (gangs move whole).
+    if {"runtime.rollout.workers", "runtime.trainer.workers"} & fixed or mode == "colocated" or not alike \
+            or rt.trainer.gang > 1:
         splits = [(rt.rollout.workers, rt.trainer.workers)]
     else:
         low = 0 if mode in TAG_MODES else 1

@@ -96,7 +96,8 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
                     state; + fwd+bwd activations of a micro-batch
                     gang=True (a trainer gang, runtime.trainer.shard=fsdp, gangs.md): fp32 master
                     weights 4 + fp32 gradients 4 + AdamW m, v 8 B/param, all / fsdp_shards (LoRA:
-                    the frozen base fp32 / shards too); gathered bf16 parameters: two blocks
+                    of the adapters; the frozen base in bf16 / shards, runtime/gang_rank.py);
+                    gathered bf16 parameters: two blocks
                     (reshard after-forward: in use + prefetched) or the whole model (after_step:
                     kept for the step); offload: the AdamW state on the host
     ref             bf16 reference copy for the KL term (0 with LoRA: adapters disabled)
@@ -117,7 +118,7 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
         act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
         held = BYTES_WEIGHT * p / GIB if after_step else (gathered if n > 1 else 0.0)
         t = lora_params_B(model, lora_rank) * 1e9 if lora else p  # trainable parameters
-        base = p / n * 4 / GIB if lora else 0.0  # frozen base, fp32 masters sharded
+        base = BYTES_WEIGHT * p / n / GIB if lora else 0.0  # frozen base, bf16, sharded
         return Memory(4 * t / n / GIB + base + held, 4 * t / n / GIB, 0.0 if offload else 8 * t / n / GIB, act, est)
     if role == "trainer":
         act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)

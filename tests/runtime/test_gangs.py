@@ -2,7 +2,8 @@
 across gangs once per step (HSDP), plus 1 rollout worker, on CPU (gloo).
 
 gap+tsp is on-policy: it must end at the single-device Trainer's weights, up to float
-round-off (at most 1% of the largest weight change of the run). digenrl (off-policy, TAG on
+round-off (at most 1% of the largest weight change of the run), and the bytes each kind of
+collective moved per step must be the simulator's prediction (digenrl.sim.gangs). digenrl (off-policy, TAG on
 the gangs) must keep every trajectory's lag <= 1. Full fine-tune, LoRA, and reshard=after-step.
 """
 
@@ -17,6 +18,7 @@ from digenrl.models import build_policy
 from digenrl.models.lora import trainable_state_dict
 from digenrl.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
+from digenrl.sim.gangs import predict_comm
 from digenrl.trainer import Trainer
 
 from .conftest import tiny
@@ -74,6 +76,14 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
         # both gangs trained: FSDP gathers and reduce-scatters inside each, one all-reduce across
         assert a["comm/train/all_gather_bytes"] > 0 and a["comm/train/reduce_scatter_bytes"] > 0
         assert a["comm/train/all_reduce_calls"] == 2 * 4  # (mask, grads) x 4 ranks, once per step
+    # Bytes: what the ranks counted == what the simulator charges for this config and schedule
+    # (the three configs of the issue: fsdp after-forward, fsdp after-step, LoRA), within 1%
+    predicted = predict_comm(load_config(None, overrides), rt.trace)
+    assert len(predicted) == len(records)
+    for rec, pred in zip(records, predicted):
+        assert {k for k in rec if k.startswith("comm/") and k.endswith("_bytes")} == {k for k, v in pred.items() if v}
+        for k, v in pred.items():
+            assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
     # every rank trained its share: each (step, group, sample, t) exactly once over the gangs
     assert len(rt.trained) == len(set(rt.trained)) == sum(8 * len(rt.plan(k).trained_steps) for k in (0, 1))
     assert {len(p) for p in rt.rank_pids.values() if p} >= {2}

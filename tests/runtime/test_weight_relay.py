@@ -8,6 +8,7 @@ import pytest
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
+from digenrl.sim.gangs import predict_comm
 
 from .conftest import tiny
 
@@ -29,10 +30,12 @@ def test_relay_leaves_rollout_weights_as_the_object_store_does(ray_cluster, tmp_
     # weights are the same bits (the relay's own tests compare the tensors themselves).
     # Under LoRA (the tiny runs' default) the relay sends the adapters, as lora-only does.
     _, store = _run(tmp_path, "store", "gap", "runtime.weight_sync=lora-only", *extra)
-    _, relay = _run(tmp_path, "relay", "gap", "runtime.weight_sync=nccl", *extra)
+    rt, relay = _run(tmp_path, "relay", "gap", "runtime.weight_sync=nccl", *extra)
     assert [r["reward_mean"] for r in relay] == [r["reward_mean"] for r in store]
     assert relay[1]["weight_sync_bytes"] == store[1]["weight_sync_bytes"] > 0  # the same payload
     assert relay[1]["comm/sync/send_bytes"] == relay[1]["weight_sync_bytes"]
+    predicted = predict_comm(rt.cfg, rt.trace)  # the relay's sends, as the simulator charges them
+    assert sum(p["comm/sync/send_bytes"] for p in predicted) == sum(r["comm/sync/send_bytes"] for r in relay)
     assert relay[1]["timing/publish_bytes"] > 0
 
 

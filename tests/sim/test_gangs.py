@@ -225,7 +225,7 @@ def test_predict_comm_over_a_schedule():
         # 1 row per rank (bb 1) -> 1 pass: forward + backward gathers, one backward reduce-scatter
         assert s[key("train", "all_gather")] == 8 * 2 * 2 * g1
         assert s[key("train", "reduce_scatter")] == 8 * 2 * lay.reduce_scatter_bytes(2)
-        assert s[key("train", "all_reduce")] == 2 * 2 * lay.cross_gang_bytes(2)  # 2 gangs x 2 ranks
+        assert s[key("train", "all_reduce")] == 2 * lay.gang_cross_gang_bytes(2)  # 2 gangs (of 2 ranks)
         assert s[key("publish", "all_gather")] == 2 * g1  # trainer-0's two ranks
         assert s[key("generate", "all_gather")] == 0  # no TAG in gap+tsp
     # one rollout worker pulls every new version but the last: 2 sends of the full model (fp32)
