@@ -346,6 +346,8 @@ class Config:
                f"cuts prompt groups, which run.mode={mode} streams to training before the group's "
                "advantages exist; use data.micro_batch_groups, or mode local/" + "/".join(BATCH_MODES))
         if rt.trainer.shard == "fsdp":
+            _check(not self.model.device.startswith("cuda") or rt.trainer.num_gpus >= 1, "runtime.trainer.num_gpus",
+                   "each rank of a sharded gang needs a GPU of its own (NCCL refuses two ranks on one GPU); set >= 1")
             _check(self.model.dtype != "float16", "model.dtype",
                    "sharded trainers compute in bfloat16 or float32 (fp32 master weights); float16 would need "
                    "loss scaling, which is not built")

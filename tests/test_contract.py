@@ -49,6 +49,7 @@ def test_contract_pools_and_workers():
     (["runtime.trainer.offload=true"], "runtime.trainer.offload"),
     (["runtime.trainer.reshard=after-backward"], "runtime.trainer.reshard"),
     (["runtime.trainer.shard=fsdp", "model.dtype=float16"], "model.dtype"),
+    (["runtime.trainer.shard=fsdp", "model.device=cuda", "runtime.trainer.num_gpus=0.5"], "runtime.trainer.num_gpus"),
     (["runtime.trainer.shard=fsdp", "model.lora_rank=0", "train.beta=0.1"], "train.beta"),
     (["run.mode=gap", "data.micro_batch_samples=2"], "data.micro_batch_samples"),
     (["run.mode=digenrl", "reward.adv_std=global"], "reward.adv_std"),

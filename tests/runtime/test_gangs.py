@@ -28,14 +28,6 @@ GANGS = ["runtime.trainer.workers=2", "runtime.trainer.gang=2", "runtime.trainer
 FULL = ["model.lora_rank=0", "train.lr=1e-4"]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def _final(run) -> dict[str, torch.Tensor]:
     return load_file(str(run / "final" / "policy.safetensors"))
 
@@ -131,3 +123,21 @@ def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
                progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     _assert_round_off(run, local, tiny(local, "local", *FULL))
+
+
+@pytest.mark.slow
+def test_bf16_gangs_with_offload_train_and_count_as_predicted(ray_cluster, tmp_path):
+    """model.dtype=bfloat16 (bf16 compute, fp32 masters and reductions, a bf16 LoRA base) with
+    the optimizer state offloaded: the run trains, and the bytes are the simulator's."""
+    run = tmp_path / "bf16"
+    overrides = tiny(run, "gap+tsp", "train.tsp_chunk=1", *GANGS, "model.dtype=bfloat16",
+                     "runtime.trainer.offload=true")
+    rt = RayTrainer(load_config(None, overrides), progress=False, evaluate=False)
+    rt.train()
+    records = [r for r in read_metrics(run) if r["step"] > 0]
+    assert all(torch.isfinite(torch.tensor(r["train/grad_norm"])) and r["train/grad_norm"] > 0 for r in records)
+    for rec, pred in zip(records, predict_comm(load_config(None, overrides), rt.trace)):
+        for k, v in pred.items():
+            assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
+    adapters = _final(run)
+    assert all(v.dtype == torch.float32 for v in adapters.values())  # fp32 masters saved
