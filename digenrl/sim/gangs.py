@@ -30,7 +30,7 @@ Qwen-Image) split their parameter count evenly over their blocks (padding is neg
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from digenrl.sim.catalogue import get_model, lora_params_B
@@ -86,6 +86,14 @@ class ModelLayout:
     units: tuple[FsdpUnit, ...]
     param_bytes: int  # the gathered dtype: the model dtype (bf16 compute under mixed precision)
     payload_bytes: int  # one relay send: trainable tensors (LoRA) or the full state dict, model dtype
+    # (method, n) -> bytes: the simulator asks per unit, millions of times per plan
+    _memo: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def _cached(self, name: str, n: int, compute) -> int:
+        key = (name, n)
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @property
     def numel(self) -> int:
@@ -103,13 +111,14 @@ class ModelLayout:
         """One gather of every unit, bytes per rank (the gathered output buffers); 0 for n = 1."""
         if n <= 1:
             return 0
-        return sum(n * u.shard_numel(n) * self.param_bytes for u in self.units)
+        return self._cached("ag", n, lambda: sum(n * u.shard_numel(n) * self.param_bytes for u in self.units))
 
     def reduce_scatter_bytes(self, n: int) -> int:
         """One backward's reduce-scatters, bytes per rank (fp32 inputs of the trainable units)."""
         if n <= 1:
             return 0
-        return sum(n * u.shard_numel(n, trainable_only=True) * REDUCE_BYTES for u in self.units if u.trainable)
+        return self._cached("rs", n, lambda: sum(n * u.shard_numel(n, trainable_only=True) * REDUCE_BYTES
+                                                 for u in self.units if u.trainable))
 
     def cross_gang_bytes(self, n: int) -> float:
         """One rank's cross-gang all-reduce per RL step, on average over its gang of n (what
@@ -121,14 +130,13 @@ class ModelLayout:
         fp32 mask (one element per trainable tensor) and the flat fp32 buffer of its local
         gradient shards. FSDP2 chunks dim 0 (the last ranks hold less, unpadded), so the
         local shards of a gang add up to the whole trainable numel."""
-        whole = sum(p.dim0 * p.rest for u in self.units for p in u.params if p.trainable)
-        return REDUCE_BYTES * (n * self.trainable_tensors + whole)
+        return self._cached("ar", n, lambda: REDUCE_BYTES * (n * self.trainable_tensors + self.trainable_numel))
 
     def gather_unit_bytes(self, n: int) -> float:
         """The largest unit's gather, bytes per rank: what a prefetching FSDP cannot hide."""
         if n <= 1:
             return 0.0
-        return max(n * u.shard_numel(n) * self.param_bytes for u in self.units)
+        return self._cached("ag1", n, lambda: max(n * u.shard_numel(n) * self.param_bytes for u in self.units))
 
 
 # ----------------------------------------------------------------------------- layouts
