@@ -137,3 +137,23 @@ def test_ctrl_c_before_any_checkpoint(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert f"no checkpoint in {tmp_path} yet" in err
     assert shlex.split(err.strip().splitlines()[-1]) == ["digenrl", "train", *argv]  # --resume only once
+
+
+def test_a_lost_trainer_rank_exits_3_with_the_resume_hint(tmp_path, monkeypatch, capsys):
+    """What the driver raises when a rank of a trainer gang dies (tests/runtime/test_gangs.py
+    kills one for real) reaches the shell as exit code 3 and one line saying --resume."""
+    import digenrl.runtime.driver
+    from digenrl.runtime.loop import WorkerLostError
+
+    class Lost:
+        def __init__(self, cfg, progress=True):
+            pass
+
+        def train(self, resume=False):
+            raise WorkerLostError("trainer-1", "trainer", RuntimeError("rank 1 died"))
+
+    monkeypatch.setattr(digenrl.runtime.driver, "RayTrainer", Lost)
+    code = main(["train", "--run-dir", str(tmp_path), "run.mode=gap+tsp", "runtime.trainer.workers=2",
+                 "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp"])
+    err = capsys.readouterr().err
+    assert code == 3 and "trainer-1" in err and "--resume" in err and "Traceback" not in err

@@ -100,7 +100,7 @@ class EventLoop:
         except RayActorError as e:  # one rank lost: the unit (and its gang) is lost
             for other in call.refs:
                 self.pending.pop(other, None)
-            self._lost(wid, unit, t_disp, e)
+            self._lost(wid, unit, t_disp, e, rank=call.refs.index(ref) if len(call.refs) > 1 else None)
             return
         if len(call.done) < len(call.refs):
             return  # other ranks still running
@@ -114,7 +114,7 @@ class EventLoop:
         if self.sched.version != version_before:
             self.backend.step_done(version_before, self.now())
 
-    def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception) -> None:
+    def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception, rank: Optional[int] = None) -> None:
         now = self.now()
         self.trace.spans.append(Span(wid, kind(unit), t_disp, now, _version(unit), _step(unit),
                                      extra={"lost": True}, unit=unit))
@@ -123,7 +123,7 @@ class EventLoop:
         try:
             self.sched.worker_lost(wid)
         except SchedulerError as e:
-            raise WorkerLostError(wid, old.role, err) from e
+            raise WorkerLostError(wid, old.role, err, rank) from e
         new = self.backend.replace(old)
         self.sched.add_worker(new)
         self.trace.workers[new.id] = new.role
@@ -133,9 +133,10 @@ class EventLoop:
 class WorkerLostError(RuntimeError):
     """A trainer (or colocated) worker died: gradient and optimizer state are gone."""
 
-    def __init__(self, wid: str, role: str, cause: Exception):
+    def __init__(self, wid: str, role: str, cause: Exception, rank: Optional[int] = None):
+        who = f"{role} worker {wid!r}" if rank is None else f"rank {rank} of {role} gang {wid!r}"
         super().__init__(
-            f"{role} worker {wid!r} died ({type(cause).__name__}); a {role} holds gradient and "
+            f"{who} died ({type(cause).__name__}); a {role} holds gradient and "
             "optimizer state that cannot be rebuilt mid-run. Rerun the same command with "
             "--resume to continue from the last checkpoint (run.checkpoint_every).")
         self.worker_id = wid

@@ -81,9 +81,10 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     assert {len(p) for p in rt.rank_pids.values() if p} >= {2}
 
 
-def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path):
+@pytest.mark.parametrize("case", ["lora", "full after-step"])
+def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path, case):
     run = tmp_path / "digenrl"
-    cfg = load_config(None, tiny(run, "digenrl", *GANGS, steps=3))
+    cfg = load_config(None, tiny(run, "digenrl", *GANGS, *CASES[case], steps=3))
     rt = RayTrainer(cfg, progress=False, evaluate=False)
     rt.train()
     trains = [s.unit for s in rt.trace.spans if s.kind == "train"]
@@ -114,7 +115,7 @@ def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
 
     rt = RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *gangs, *FULL, steps=3)),
                     progress=False, evaluate=False, on_dispatch=fault)
-    with pytest.raises(WorkerLostError, match="trainer-1.*--resume"):
+    with pytest.raises(WorkerLostError, match="rank 1 of trainer gang 'trainer-1'.*--resume"):
         rt.train()
     assert killed
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
