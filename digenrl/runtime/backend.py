@@ -21,6 +21,7 @@ import torch
 
 from digenrl.math import group_advantages
 from digenrl.recorder import RunRecorder
+from digenrl.runtime.gang import row_share
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
@@ -40,7 +41,8 @@ class RealBackend:
         self.base = rt.base
         self.loop: Optional[EventLoop] = None
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
-        # (step, mb) -> Generate sample shard (None = unsharded) -> its latest segment
+        # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
+        # of it) -> its latest segment
         self.trajs: dict[tuple[int, int], dict] = {}
         self.rewards: dict[tuple[int, int], Rewarded] = {}
         self.adv: dict[tuple[int, int], torch.Tensor] = {}
@@ -62,19 +64,35 @@ class RealBackend:
         """The unit on every rank of worker `wid`'s gang: one result ref per rank."""
         return _CALL[type(unit)](self, self.rt.handles[wid], wid, unit)
 
-    def _call_generate(self, h, wid: str, unit: Generate) -> ray.ObjectRef:
+    def _call_generate(self, h, wid: str, unit: Generate) -> list[ray.ObjectRef]:
+        """A Generate unit's rows (the micro-batch's, or its sample shard's) shared out over the
+        ranks of `wid`'s gang (one rank: all of them); a continuation takes, per rank, the
+        previous segment's shards that cover its rows, whoever generated them. FSDP needs every
+        rank in every forward: a rank without rows generates the unit's first row as a ghost,
+        whose output is dropped."""
         b = self.base
         plan = self.rt.plan(b + unit.step)
         mb = plan.micro_batches[unit.mb]
-        prompts, coords = mb.prompts, mb.coords
-        if unit.samples is not None:  # a sample shard: only its rows (same per-sample noise)
-            first, last = unit.samples
-            prompts, coords = prompts[first:last], coords[first:last]
-        prev = self.trajs[(unit.step, unit.mb)][unit.samples] if unit.t_start > 0 else None
-        outs = h.generate.options(num_returns=2).all(
-            unit, b + unit.step, b + unit.version, prompts, coords, plan.spec, prev)
-        self.out[wid] = outs[0][0]  # rank 0's trajectories (a gang's ranks generate the same)
-        return [done for _, done in outs]
+        first, last = row_range(unit.samples, len(mb.coords))
+        shards = self.trajs.get((unit.step, unit.mb), {})
+        outs, dones = [], []
+        for r, actor in enumerate(h.ranks):
+            share = row_share(last - first, len(h), r)
+            a, z = first + share.start, first + share.stop
+            ghost = a == z
+            if ghost:
+                a, z = first, first + 1
+            prev, rows = [], (0, 0)
+            if unit.t_start > 0:
+                prev, offset = covering(shards, (a, z), len(mb.coords))
+                rows = (a - offset, z - offset)
+            traj, done = actor.generate.options(num_returns=2).remote(
+                unit, b + unit.step, b + unit.version, mb.prompts[a:z], mb.coords[a:z], plan.spec, rows, *prev)
+            if not ghost:
+                outs.append(((a, z), traj))
+            dones.append(done)
+        self.out[wid] = outs
+        return dones
 
     def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
         shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
@@ -122,7 +140,13 @@ class RealBackend:
         _DONE[type(unit)](self, wid, unit, done)
 
     def _generated(self, wid: str, unit: Generate, done: Generated) -> None:
-        self.trajs.setdefault((unit.step, unit.mb), {})[unit.samples] = self.out.pop(wid)
+        """The unit's rows now hold this segment: drop the older shards they cover."""
+        shards = self.trajs.setdefault((unit.step, unit.mb), {})
+        n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
+        first, last = row_range(unit.samples, n)
+        for rows in [k for k in shards if row_range(k, n)[0] < last and row_range(k, n)[1] > first]:
+            del shards[rows]
+        shards.update(self.out.pop(wid))
 
     def _rewarded(self, wid: str, unit: Reward, done: Rewarded) -> None:
         self.rewards[(unit.step, unit.mb)] = done

@@ -71,24 +71,26 @@ class PolicyWorker:
 
     # -- units ------------------------------------------------------------------------
     def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
-                 coords: list[tuple[int, int, int]], spec: SampleSpec,
-                 traj: Optional[Trajectories]) -> tuple[Trajectories, Generated]:
-        """Denoising steps [t_start, t_end) of one micro-batch (or of its sample shard:
-        `prompts` / `coords` are then that shard's rows); decodes when it is finished.
+                 coords: list[tuple[int, int, int]], spec: SampleSpec, rows: tuple[int, int],
+                 *prev: Trajectories) -> tuple[Trajectories, Generated]:
+        """Denoising steps [t_start, t_end) of the rows `prompts` / `coords` of a micro-batch
+        (the unit's, its sample shard's, or in a gang this rank's share); decodes when finished.
 
-        `traj` is the partial trajectory of the previous segment (a continuation, maybe
-        handed over by a TAG trainer) or None for a fresh micro-batch.
+        `prev`: for a continuation, the previous segment's shards that cover these rows (maybe
+        handed over by another worker or gang), `rows` the rows within their concatenation;
+        none for a fresh micro-batch. Every random draw is a function of the sample's
+        coordinates, so any split of the rows generates the same samples.
         """
         t0 = time.time()
         if version != self.version:
             raise RuntimeError(f"{self.id}: asked to generate with version {version} but holds "
                                f"{self.version} (scheduler/runtime out of sync)")
         self.policy.module.eval()
-        # a trainer gang generates SPMD: every rank the whole unit (same counter-based noise)
         with self.gang.counter.phase("generate") if self.gang is not None else nullcontext():
-            if traj is None:
+            if not prev:
                 traj = start(self.policy, prompts, coords, spec, step=step, version=version)
             else:  # objects from the store may be read-only views: own the buffers we write
+                traj = select_rows(concat_trajectories(prev), *rows)
                 traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
             advance(self.policy, traj, spec, unit.t_end)
             if unit.t_end == spec.num_steps:

@@ -223,10 +223,14 @@ class DurationFn:
     def _generate_unit(self, worker: Worker, dev: str, unit: Generate) -> float:
         n, rows = self._rows(unit)
         steps = unit.t_end - unit.t_start
-        t = self._gen(dev, n, steps, unit.t_start == 0, rows)
+        gang = worker.role == "trainer" and self.comm.gang > 1
+        if gang:  # TAG on a gang: the rows are shared out over its ranks, rank 0 has the most
+            t = self._gen(dev, -(-n // self.comm.gang), steps, unit.t_start == 0)
+        else:
+            t = self._gen(dev, n, steps, unit.t_start == 0, rows)
         if self._per_fwd:
             t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * steps)
-        elif worker.role == "trainer" and self.comm.gang > 1:  # TAG on a gang: every rank runs it whole
+        elif gang:  # every rank runs every forward (FSDP gathers in lockstep)
             gathers = self.comm.generate(steps, self._gathered.get(worker.id, False)) // self.comm.gather
             self._gathered[worker.id] = True
             t += self._overhead("gang_generate", self._exposed(gathers * self._gather_s(), t, gathers), self.gang)

@@ -258,7 +258,8 @@ class GangComm:
         return p * (forwards + 1) * self.gather, rs  # + 1: backward gathers every unit again
 
     def generate(self, forwards: int, gathered: bool) -> int:
-        """All-gather bytes of a Generate unit on a trainer gang (every rank runs it whole)."""
+        """All-gather bytes of a Generate unit on a trainer gang (its rows shared out over the
+        ranks; every rank runs every forward, a rank without rows on a ghost row)."""
         if self.gang <= 1 or forwards <= 0:
             return 0
         if self.after_step:

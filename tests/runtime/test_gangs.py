@@ -48,6 +48,8 @@ CASES = {
     "lora": [],
     "full after-step": [*FULL, "runtime.trainer.reshard=after-step"],
 }
+# LoRA runs with TAG too: idle gangs generate, their ranks sharing out each unit's rows
+MODE = {"full": "gap+tsp", "lora": "gap+tsp+tag", "full after-step": "gap+tsp"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -56,7 +58,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     local = tmp_path / "local"
     Trainer(load_config(None, tiny(local, "local", *extra)), progress=False).train()
     run = tmp_path / "gangs"
-    overrides = tiny(run, "gap+tsp", "train.tsp_chunk=1", *GANGS, *extra)
+    overrides = tiny(run, MODE[case], "train.tsp_chunk=1", *GANGS, *extra)
     rt = RayTrainer(load_config(None, overrides), progress=False, evaluate=False)
     rt.train()
     _assert_round_off(run, local, tiny(local, "local", *extra))
@@ -79,6 +81,9 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     # every rank trained its share: each (step, group, sample, t) exactly once over the gangs
     assert len(rt.trained) == len(set(rt.trained)) == sum(8 * len(rt.plan(k).trained_steps) for k in (0, 1))
     assert {len(p) for p in rt.rank_pids.values() if p} >= {2}
+    if MODE[case] == "gap+tsp+tag":  # the gangs did generate (and FSDP-gathered for it)
+        assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
+        assert sum(r.get("comm/generate/all_gather_bytes", 0) for r in records) > 0
 
 
 @pytest.mark.parametrize("case", ["lora", "full after-step"])
