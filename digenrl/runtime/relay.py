@@ -84,10 +84,11 @@ def _dtype(name: str) -> torch.dtype:
 
 
 def pack(version: int, state: dict[str, torch.Tensor], bucket_bytes: int,
-         device: torch.device | str = "cpu", dtype: Optional[torch.dtype] = None) -> Packed:
+         device: torch.device | str = "cpu", dtype: Optional[torch.dtype] = None, pin: bool = False) -> Packed:
     """Copy `state` into flat buckets, one dtype per bucket, each at most `bucket_bytes` (a tensor
     larger than that gets a bucket of its own). `dtype` casts floating-point tensors (the
-    rollout's model dtype); other tensors keep theirs. Buckets live on `device`."""
+    rollout's model dtype); other tensors keep theirs. Buckets live on `device` (pinned host
+    memory with `pin`, for fast staging to a GPU)."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, got {bucket_bytes}")
     cast = {k: (dtype if dtype is not None and v.is_floating_point() else v.dtype) for k, v in state.items()}
@@ -103,7 +104,7 @@ def pack(version: int, state: dict[str, torch.Tensor], bucket_bytes: int,
             buckets.append([_dtype_name(dt), 0])
         tensors.append([name, b, buckets[b][1], list(t.shape)])
         buckets[b][1] += n
-    flat = [torch.empty(n, dtype=_dtype(d), device=device) for d, n in buckets]
+    flat = [torch.empty(n, dtype=_dtype(d), device=device, pin_memory=pin) for d, n in buckets]
     with torch.no_grad():
         for (name, b, offset, shape) in tensors:
             t = state[name]
@@ -176,7 +177,10 @@ class Relay:
 
     def put(self, version: int, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> int:
         """Keep a copy of `state` as `version` (evicting beyond the latest `keep`); returns its bytes."""
-        packed = pack(version, state, self.bucket_bytes, self.device, dtype)
+        # Versions are held on the host (pinned under CUDA), not on the trainer's GPU: two
+        # full bf16 copies of a 12B model would be ~48 GB beside the FSDP shards. A send
+        # stages one bucket at a time on the device (`serve`).
+        packed = pack(version, state, self.bucket_bytes, "cpu", dtype, pin=self.device.type == "cuda")
         with self._lock:
             self._versions.pop(int(version), None)
             self._versions[int(version)] = packed
@@ -223,7 +227,10 @@ class Relay:
             packed.ready.synchronize()
         header = torch.frombuffer(bytearray(json.dumps(packed.header).encode()), dtype=torch.uint8)
         length = torch.tensor([header.numel()], dtype=torch.int64)
-        for t in (length.to(self.device), header.to(self.device), *packed.buckets):
+        for t in (length, header, *packed.buckets):
+            if self.device.type == "cuda":  # NCCL sends device memory: stage this bucket
+                t = t.to(self.device, non_blocking=True)
+                torch.cuda.current_stream(self.device).synchronize()
             pg.send([t], CLIENT, TAG).wait()
         if self.counter is not None:
             self.counter.add_bytes("send", packed.nbytes, phase="sync")
