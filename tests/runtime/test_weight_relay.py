@@ -40,11 +40,13 @@ def test_relay_leaves_rollout_weights_as_the_object_store_does(ray_cluster, tmp_
 
 
 def test_trainers_step_while_a_rollout_is_mid_trajectory(ray_cluster, tmp_path):
-    # digenrl, trajectories in 1-step segments on one rollout worker, the relay on: some
-    # trainer optimizer step (publishing version v+1) must finish while the rollout worker is
-    # inside a trajectory of version v, which then finishes with v. Were trainers made to wait
+    # one-step-off with the relay on, one rollout worker as the bottleneck: 12-step trajectories
+    # in 1-step segments, one trained step each. The rollout worker generates step k+1 while
+    # step k trains, so each optimizer step (publishing version k+1) must land inside one of
+    # its trajectories of version k, which then finishes with k. Were trainers made to wait
     # for the rollout's trajectory boundary, no optimizer step would fall inside a trajectory.
-    rt, records = _run(tmp_path, "tcss", "digenrl", "runtime.weight_sync=nccl", "runtime.rollout_segment=1",
+    rt, records = _run(tmp_path, "tcss", "one-step-off", "runtime.weight_sync=nccl", "runtime.rollout_segment=1",
+                       "sampling.num_steps=12", "sampling.window=contiguous", "sampling.window_size=1",
                        "model.lora_rank=4", steps=4)
     gen: dict = {}
     for s in rt.trace.spans:
