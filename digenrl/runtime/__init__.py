@@ -4,6 +4,8 @@
     backend.py      RealBackend: each unit kind's actor call and what its result feeds; step records
     loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
     workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker, EvalWorker
+    gang.py         Gang: a scheduler worker's rank actors (a unit runs on every rank); row shares
+    gang_rank.py    GangRank: a sharded trainer rank (FSDP2 over its gang, cross-gang all-reduce)
     shards.py       sample shards: concatenate Generate shards, select a Train shard's rows
     weight_sync.py  object-store and lora-only engines (bytes, seconds)
     relay.py        nccl/gloo engine: trainer-0's relay serves buckets point-to-point per rollout worker
