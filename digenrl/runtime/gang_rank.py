@@ -34,8 +34,8 @@ from digenrl.config import Config, with_overrides
 from digenrl.learner import Learner
 from digenrl.learner.comm import CommCounter, count_fsdp, fsdp_units
 from digenrl.learner.sharded import shard_policy
-from digenrl.models.lora import trainable_state_dict
 from digenrl.runtime.gang import row_share
+from digenrl.runtime.weight_sync import payload_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -50,7 +50,7 @@ def master_config(cfg: Config) -> Config:
 class GangRank:
     """Shards `trainer`'s policy over its gang and owns the rank's collectives (see module doc)."""
 
-    def __init__(self, cfg: Config, trainer, world_rank: int, gangs: int, gang: int):
+    def __init__(self, cfg: Config, trainer, world_rank: int, gangs: int, gang: int, counter: CommCounter):
         pool = cfg.runtime.trainer
         self.gangs, self.size = gangs, gang
         self.rank = world_rank % gang
@@ -74,11 +74,12 @@ class GangRank:
         if self.after_step_reshard:  # keep the gathered parameters until the optimizer step
             for unit in self.units:
                 unit.set_reshard_after_backward(False)
-        self.counter = CommCounter()
-        count_fsdp(module, self.counter)
+        self.counter = counter
+        count_fsdp(module, counter)
         trainer.learner = Learner(trainer.policy, trainer.learner.config)  # on the sharded parameters
         self.module = module
         self.backward_batch = trainer.learner.config.backward_batch
+        # the cross-gang gradient reduction's group (all_reduce_grads); none with one gang
         self.replicas: Optional[dist.ProcessGroup] = self.mesh.get_group("replicate") if gangs > 1 else None
         self.group: dist.ProcessGroup = self.mesh.get_group("shard")  # this gang's ranks (checkpoints)
 
@@ -88,44 +89,16 @@ class GangRank:
         passes = -(-most // self.backward_batch) if self.backward_batch else 1
         return row_share(n, self.size, self.rank), passes
 
-    def reduce_grads(self, params: list[torch.nn.Parameter]) -> None:
-        """Sum the gangs' gradients (local shards, fp32) across gangs: once per RL step."""
-        if self.replicas is None:
-            return
-        device = _local(params[0]).device
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
-        self._all_reduce(has)
-        locals_ = [_local(p) for p in params]
-        flat = torch.cat([(_local(p.grad) if p.grad is not None else torch.zeros_like(lp)).reshape(-1).float()
-                          for p, lp in zip(params, locals_)])
-        self._all_reduce(flat)
-        offset = 0
-        for p, lp, h in zip(params, locals_, has.tolist()):
-            n = lp.numel()
-            if h > 0:
-                g = flat[offset:offset + n].view_as(lp).to(lp.dtype)
-                if p.grad is None:
-                    p.grad = DTensor.from_local(g.clone(), p.device_mesh, p.placements, shape=p.shape,
-                                                stride=p.stride()) if isinstance(p, DTensor) else g.clone()
-                else:
-                    _local(p.grad).copy_(g)
-            offset += n
-
-    def _all_reduce(self, tensor: torch.Tensor) -> None:
-        self.counter.add("all_reduce", tensor, self.replicas)
-        dist.all_reduce(tensor, group=self.replicas)
-
     def after_step(self) -> None:
         """reshard=after-step: the optimizer changed the shards, drop the stale gathered copies."""
         if self.after_step_reshard:
             for unit in self.units:
                 unit.reshard()
 
-    def gather_payload(self, engine: str, dtype: str, lora: bool) -> dict[str, torch.Tensor]:
-        """Every rank: the weights the rollout workers load, gathered in `dtype` (a collective);
-        the trainable tensors for lora-only (and nccl under LoRA), else the whole state dict."""
-        trainable = engine == "lora-only" or (engine == "nccl" and lora)
-        state = trainable_state_dict(self.module) if trainable else self.module.state_dict()
+    def gather_payload(self, engine: str, dtype: str) -> dict[str, torch.Tensor]:
+        """Every rank: the weights the rollout workers load (weight_sync.payload_state),
+        gathered in `dtype` (a collective)."""
+        state = payload_state(engine, self.module)
         cast = _DTYPES[dtype]
         out = {}
         with self.counter.phase("publish"):
@@ -146,3 +119,36 @@ class GangRank:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
+
+
+def all_reduce_grads(params: list[torch.nn.Parameter], group: Optional[dist.ProcessGroup],
+                     counter: CommCounter) -> None:
+    """Sum the trainers' accumulated gradients over `group` (None: every trainer; a gang's
+    rank: its column of the mesh, the same shard on every gang), once per RL step, in fp32.
+
+    A float32 mask says who touched each parameter: one all-reduced in which nobody did
+    keeps grad None everywhere, as on a single device; a rank that did not gets the sum.
+    Sharded parameters reduce their local shards (every gang shards alike).
+    """
+    if dist.get_world_size(group) <= 1:
+        return
+    device = _local(params[0]).device
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
+    counter.add("all_reduce", has)
+    dist.all_reduce(has, group=group)
+    locals_ = [_local(p) for p in params]
+    flat = torch.cat([(_local(p.grad) if p.grad is not None else torch.zeros_like(lp)).reshape(-1).float()
+                      for p, lp in zip(params, locals_)])
+    counter.add("all_reduce", flat)
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for p, lp, h in zip(params, locals_, has.tolist()):
+        n = lp.numel()
+        if h > 0:
+            g = flat[offset:offset + n].view_as(lp).to(lp.dtype)
+            if p.grad is None:
+                p.grad = DTensor.from_local(g.clone(), p.device_mesh, p.placements, shape=p.shape,
+                                            stride=p.stride()) if isinstance(p, DTensor) else g.clone()
+            else:
+                _local(p.grad).copy_(g)
+        offset += n

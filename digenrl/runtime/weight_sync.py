@@ -25,13 +25,17 @@ import torch
 from digenrl.models.lora import has_lora, load_trainable_state_dict, trainable_state_dict
 
 
+def payload_state(name: str, module: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """The live tensors engine `name` publishes: adapters for lora-only (and nccl under
+    LoRA), else the whole state dict (sharded DTensors in a gang: runtime/gang_rank.py)."""
+    if name == "lora-only" or (name == "nccl" and has_lora(module)):
+        return trainable_state_dict(module)
+    return module.state_dict()
+
+
 def publish(name: str, module: torch.nn.Module) -> tuple[Dict[str, torch.Tensor], int]:
     """The payload trainer 0 puts in the object store, and its size in bytes."""
-    if name == "lora-only" or (name == "nccl" and has_lora(module)):
-        state = trainable_state_dict(module)
-    else:
-        state = module.state_dict()
-    payload = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    payload = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in payload_state(name, module).items()}
     return payload, sum(v.numel() * v.element_size() for v in payload.values())
 
 

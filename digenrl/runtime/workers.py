@@ -27,8 +27,10 @@ from typing import Any, Optional
 import torch
 
 from digenrl.config import Config
+from digenrl.learner.comm import CommCounter
 from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
 from digenrl.runtime import weight_sync
+from digenrl.runtime.gang_rank import all_reduce_grads
 from digenrl.runtime.results import Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import concat_trajectories, select_rows
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync
@@ -48,6 +50,7 @@ class PolicyWorker:
         self.version = 0
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
         self.dist = False
+        self.counter = CommCounter()  # bytes of the collectives this rank issues (comm/* metrics)
         self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
         self.relay = None  # weight_sync=nccl: the publisher's relay (created at its first publish)
         self.relay_client = None  # weight_sync=nccl: a rollout worker's end of its pair group
@@ -86,7 +89,7 @@ class PolicyWorker:
             raise RuntimeError(f"{self.id}: asked to generate with version {version} but holds "
                                f"{self.version} (scheduler/runtime out of sync)")
         self.policy.module.eval()
-        with self.gang.counter.phase("generate") if self.gang is not None else nullcontext():
+        with self.counter.phase("generate"):
             if not prev:
                 traj = start(self.policy, prompts, coords, spec, step=step, version=version)
             else:  # objects from the store may be read-only views: own the buffers we write
@@ -126,10 +129,12 @@ class PolicyWorker:
         """
         t0 = time.time()
         sums, weight = self.learner.accumulated()
+        # across trainers, once per RL step: every trainer, or a gang rank's column of the mesh
         if self.gang is not None:
-            self.gang.reduce_grads(self.learner.params)
+            if self.gang.replicas is not None:  # one gang: FSDP's reduce-scatters summed it all
+                all_reduce_grads(self.learner.params, self.gang.replicas, self.counter)
         elif self.dist:
-            self._all_reduce_grads()
+            all_reduce_grads(self.learner.params, None, self.counter)
         t_reduce = time.time() - t0
         metrics = self.learner.optimizer_step()
         if self.gang is not None:
@@ -142,7 +147,7 @@ class PolicyWorker:
             if self.engine == "nccl":
                 payload = None  # rollout workers receive it from the relay, never the object store
             t_pub = time.time() - t1
-        comm = self.gang.counter.take() if self.gang is not None else {}
+        comm = self.counter.take()
         return payload, Stepped(**_times(t0), metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
                                 publish_s=t_pub, publish_bytes=nbytes, comm=comm)
 
@@ -153,7 +158,7 @@ class PolicyWorker:
         if self.gang is None:
             state, nbytes = weight_sync.publish(self.engine, self.policy.module)
         else:
-            state = self.gang.gather_payload(self.engine, self.cfg.model.dtype, self.cfg.model.lora_rank > 0)
+            state = self.gang.gather_payload(self.engine, self.cfg.model.dtype)
             if self.rank != 0:
                 return None, 0
             nbytes = sum(v.numel() * v.element_size() for v in state.values())
@@ -221,8 +226,7 @@ class PolicyWorker:
         relay under nccl); a collective in a gang. Start-up traffic, not a step's: a gang's
         counter drops it."""
         payload = self._publish()[0]
-        if self.gang is not None:
-            self.gang.counter.take()
+        self.counter.take()
         return payload
 
     def dist_address(self) -> str:
@@ -243,25 +247,8 @@ class PolicyWorker:
         if self.cfg.runtime.trainer.shard == "fsdp":
             from digenrl.runtime.gang_rank import GangRank
 
-            self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang)
+            self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang, self.counter)
             self.learner = self.trainer.learner
-
-    def _all_reduce_grads(self) -> None:
-        import torch.distributed as dist
-
-        params = self.learner.params
-        device = params[0].device
-        has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
-        dist.all_reduce(has)
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float()
-                          for p in params])
-        dist.all_reduce(flat)
-        offset = 0
-        for p, h in zip(params, has.tolist()):
-            n = p.numel()
-            if h > 0:
-                p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
-            offset += n
 
     def save(self, step: int, wall_s: float) -> str:
         """Trainer 0's checkpoint: its own files, or in a gang the sharded layout (`dcp/`)

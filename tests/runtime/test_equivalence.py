@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from digenrl.config import load_config
 from digenrl.outputs import REQUIRED_KEYS, read_metrics
 from digenrl.runtime.driver import RayTrainer
+from digenrl.sim.gangs import predict_comm
 from digenrl.trainer import Trainer
 
 from .conftest import tiny
@@ -53,7 +54,8 @@ ON_POLICY = {
 @pytest.mark.parametrize("mode", list(ON_POLICY))
 def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, mode):
     run = tmp_path / mode.replace(" ", "_")
-    rt = RayTrainer(load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode])), progress=False)
+    cfg = load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode]))
+    rt = RayTrainer(cfg, progress=False)
     summary = rt.train()
     _assert_same_weights(run, local_run)
     ours = [r for r in read_metrics(run) if r["step"] > 0]
@@ -71,6 +73,11 @@ def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, m
         assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
     if mode != "colocated":
         assert all(r["weight_sync_bytes"] > 0 for r in ours[1:])  # rollout pulled version 1
+        # unsharded trainers count their gradient all-reduce as the simulator charges it
+        for rec, pred in zip(ours, predict_comm(cfg, rt.trace)):
+            for k, v in pred.items():
+                assert rec.get(k, 0) == v, (rec["step"], k)
+        assert (ours[0].get("comm/train/all_reduce_bytes", 0) > 0) == (cfg.runtime.trainer.workers > 1)
 
 
 def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
