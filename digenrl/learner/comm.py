@@ -90,8 +90,7 @@ class _CountingReduceScatter(DefaultReduceScatter):
 
 
 def fsdp_units(module: torch.nn.Module) -> list[FSDPModule]:
-    """Every FSDP2 unit of a sharded module, root last (module order reversed is not needed:
-    FSDP keys its state by module, the order only matters for reading)."""
+    """Every FSDP2 unit of a sharded module, in module order (the root first)."""
     return [m for m in module.modules() if isinstance(m, FSDPModule)]
 
 
