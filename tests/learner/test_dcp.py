@@ -75,6 +75,7 @@ def _gang(rank: int, tmp: str, lora_rank: int) -> None:
         from_single = _snapshot(learner)
         if rank == 0:
             torch.save({"saved": saved, "after": after, "from_single": from_single}, f"{tmp}/gang.pt")
+        dist.barrier()  # no rank tears gloo down while another still talks to it (SIGABRT at exit)
     finally:
         dist.destroy_process_group()
 
@@ -194,6 +195,7 @@ def _gang_trainer(rank: int, tmp: str, overrides: list[str]) -> None:
                                      ema=learner.ema, state=trainer.checkpoint_state(), keep=2,
                                      group=mesh.get_group())
         trainer.rewarder.close()
+        dist.barrier()  # no rank tears gloo down while another still talks to it (SIGABRT at exit)
     finally:
         dist.destroy_process_group()
 

@@ -99,6 +99,7 @@ def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], re
         after = full_state_dict(policy.module)
         if rank == 0:
             torch.save({"grads": grads, "metrics": metrics, "after": after}, f"{tmp}/rank0.pt")
+        dist.barrier()  # no rank tears gloo down while another still talks to it (SIGABRT at exit)
     finally:
         dist.destroy_process_group()
 

@@ -169,6 +169,7 @@ def _worker(rank: int, tmp: str) -> None:
         out = {name: _gang_run(CommCounter(), *case) for name, case in CASES.items()}
         if rank == 0:
             torch.save(out, f"{tmp}/counts.pt")
+        dist.barrier()  # no rank tears gloo down while another still talks to it (SIGABRT at exit)
     finally:
         dist.destroy_process_group()
 
