@@ -19,7 +19,19 @@ lengths), and the last step has no next step to generate (drain, which flatters 
 Throughput is therefore measured between optimizer-step ends a = steps // 3 and
 b = steps - 2:
     step_s = (t_opt[b] - t_opt[a]) / (b - a),   throughput = samples_per_step / step_s
-(default 12 steps: a window of 6, two cycles of 3). With steps < 3 the whole run is the window. Bubbles and the breakdown use the same window.
+(default 12 steps: a window of 6, two cycles of 3). With steps < 3 the whole run is the window.
+
+The window is charged the work of the steps it measures. Modes that generate ahead (TCSS,
+one-step-off) may enter the window with generation done for its steps before t0 (a lead
+built while the pipeline filled) and leave it with less: the window's wall time then
+undercounts those steps. Their GPU-seconds W_steps (every unit of steps a+1..b, whole) and
+the GPU-seconds inside the window W_in differ by what the lead shrank or grew, and
+    step_s = (t1 - t0 + (W_steps - W_in) / GPUs) / (b - a)
+spreads that difference over every GPU, as if the window had done it at no loss. Then
+step_s >= W_steps / GPUs / (b - a) >= the ideal bound (W_steps >= the useful work), so no
+mode can exceed 100% of the ideal by borrowing work done before the window; a mode in a true
+steady state (same lead at both ends) is unchanged. The breakdown is W_steps per kind.
+Bubbles use the window's wall time.
 """
 
 from __future__ import annotations
@@ -124,25 +136,36 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
 def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
     """(t0, t1, RL steps between them): optimizer-step ends steps // 3 and steps - 2, or the
     whole run when steps < 3 (see the module doc)."""
+    t0, t1, _, a, b = _window(trace, steps)
+    return t0, t1, b - a
+
+
+def _window(trace: Trace, steps: int) -> tuple[float, float, int, int, int]:
+    """(t0, t1, -, a, b): the window's times and its steps a+1..b (a = -1: the whole run)."""
     opt_end: dict[int, float] = {}
     for s in trace.spans:
         if s.kind == "optimizer":
             opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
     if steps >= 3:
         a, b = steps // 3, steps - 2
-        return opt_end[a], opt_end[b], b - a
-    return 0.0, opt_end[steps - 1], steps
+        return opt_end[a], opt_end[b], 0, a, b
+    return 0.0, opt_end[steps - 1], 0, -1, steps - 1
 
 
 def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int,
             keep_trace: bool = False) -> RunResult:
-    t0, t1, n_steps = steady_window(trace, steps)
-    step_s = (t1 - t0) / n_steps
+    t0, t1, _, a, b = _window(trace, steps)
+    n_steps = b - a
     n = fn.layout.n_gpus  # GPUs: a trainer gang holds several
-    busy = {k: 0.0 for k in KINDS}
+    busy = {k: 0.0 for k in KINDS}  # W_steps per kind: whole units of steps a+1..b
+    w_in = 0.0  # GPU-seconds inside [t0, t1], whichever step they belong to
     gpus = fn.layout.gpus
     for s in trace.spans:  # GPU-seconds: a gang's span occupies all its GPUs
-        busy[s.kind] += max(0.0, min(s.end, t1) - max(s.start, t0)) * gpus.get(s.worker, 1)
+        g = gpus.get(s.worker, 1)
+        w_in += max(0.0, min(s.end, t1) - max(s.start, t0)) * g
+        if s.step is not None and a < s.step <= b:
+            busy[s.kind] += (s.end - s.start) * g
+    step_s = (t1 - t0 + (sum(busy.values()) - w_in) / n) / n_steps  # see the module doc
     over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
     bd = {k: v / n_steps / n for k, v in busy.items()}
     # Baseline overheads and exposed gang collectives were inside units: their own columns.
