@@ -148,6 +148,13 @@ REWARD_MODELS = {
     "pickscore": (0.99, 2 * (0.63e9 * 257 + 0.35e9 * 77), 10 * MS),
     "hpsv2": (0.99, 2 * (0.63e9 * 257 + 0.35e9 * 77), 10 * MS),
     "videoalign": (2.21, 2 * 2.21e9 * 1300, 20 * MS),
+    # PaddleOCR on the host CPU (flow_grpo flow_grpo/ocr.py:9,17 use_gpu=False; mm_grpo
+    # gerl/utils/reward_score/ocr.py:41 device="cpu"): no GPU work beyond the VAE decode.
+    "ocr-cpu": (0.0, 0.0, 0.0),
+    # Qwen3-VL-8B as an OCR judge (veRL-Omni's genrm_ocr): 8.2B LM over 256 visual tokens
+    # (512x512, patch 16, 2x2 merge) + ~40 prompt + ~30 answer tokens, and the 0.58B ViT
+    # over 1024 patches. ESTIMATE: the answer length is assumed (a short OCR string).
+    "qwen3-vl-8b": (8.77, 2 * (8.19e9 * 326 + 0.58e9 * 1024), 10 * MS),
 }
 REWARD_MFU = 0.4
 
@@ -200,6 +207,7 @@ LINKS = {
     for lk in [
         Link("nvlink", 0.8 * 450.0, 10e-6, "NVLink4 (H100/H200): 900 GB/s bidirectional = 450 per direction"),
         Link("nvlink3", 0.8 * 300.0, 10e-6, "NVLink3 (A100): 600 GB/s bidirectional"),
+        Link("nvlink-h800", 0.8 * 200.0, 10e-6, "NVLink on the H800: 400 GB/s bidirectional (export cap)"),
         Link("ib-400g", 0.8 * 50.0, 20e-6, "InfiniBand NDR 400 Gb/s per GPU (one NIC per GPU)"),
         Link("ib-200g", 0.8 * 25.0, 20e-6, "InfiniBand HDR 200 Gb/s per GPU"),
         Link("pcie", 55.0, 10e-6, "PCIe Gen5 x16, measured 55 GB/s pinned on the H200 (no 0.8 factor)"),

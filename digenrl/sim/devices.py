@@ -89,6 +89,10 @@ DEVICES: dict[str, Device] = {
         # The calibration device: H200 SXM, 141 GB HBM3e (nvidia-smi 143771 MiB), 4.8 TB/s.
         Device("H200", 989.0, 140.4, 4800.0, 900.0, _GEN5, 4.00, "calibration device"),
         Device("H100", 989.0, 79.6, 3350.0, 900.0, _GEN5, 3.00, "H100 SXM5 80GB"),
+        # H800 SXM: the H100 die with NVLink capped at 400 GB/s (third-party spec pages: no NVIDIA
+        # datasheet is public); same dense bf16 and 80 GB HBM3 at 3.35 TB/s. No H800 price was
+        # found: the H100 estimate is used. Intra-node link: `nvlink-h800`.
+        Device("H800", 989.0, 79.6, 3350.0, 400.0, _GEN5, 3.00, "H800 SXM 80GB (H100 die, NVLink 400 GB/s)"),
         Device("A100-80G", 312.0, 80.0, 2039.0, 600.0, _GEN4, 1.30, "A100 SXM4 80GB"),
         Device("L40S", 362.0, 45.0, 864.0, 0.0, _GEN4, 0.95, "Ada, 48 GB GDDR6, no NVLink"),
         Device("L4", 121.0, 22.5, 300.0, 0.0, _GEN4, 0.80, "Ada, 24 GB GDDR6, no NVLink"),
