@@ -5,8 +5,8 @@
                               and extra seconds (CostModel.phase_switch_s,
                               offload_reload_s, fsdp_gather_per_forward_s) -> the cheapest
                               that fits: the baseline's best legitimate configuration
-    style_plan(cm, style, ...) what a named baseline style runs: veRL-Omni takes the
-                              cheapest; GenRL always samples with its FSDP-sharded module
+    style_plan(cm, style, ...) what the colocated-ideal row runs: the cheapest, and it keeps
+                              the sampler's log-probs (the shipped peers: shipped.py)
 
 A planner, not a cost formula: it asks CostModel for seconds and GiB and chooses. The
 seconds of each extra cost stay CostModel time queries (the duration functions and tests
@@ -20,8 +20,9 @@ from digenrl.sim.catalogue import Shape, trainable_params_B
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import Cost
 
-# Baseline styles of the colocated mode (see durations' module doc and docs/simulator.md).
-STYLES = ("verl-omni", "genrl")
+# The colocated-ideal style; the peers as they ship are styles too (shipped.SYSTEMS).
+IDEAL = "colocated-ideal"
+STYLES = (IDEAL,)
 
 
 def colocated_plan(cm: CostModel, model: str, device, n_gpus: int, *, gpus_per_node: int = 8,
@@ -78,24 +79,13 @@ def colocated_plan(cm: CostModel, model: str, device, n_gpus: int, *, gpus_per_n
 
 
 def style_plan(cm: CostModel, style: str, model: str, device, n_gpus: int, **kw) -> dict:
-    """The colocated configuration baseline `style` runs (kw as for colocated_plan).
-
-    verl-omni  the cheapest configuration that fits (colocated_plan), and it recomputes
-               old log-probs (CostModel.recompute_logp_s: verl's default compute_log_prob)
-    genrl      GenRL (ModelTC): torchrun + FSDP FULL_SHARD over the whole world for training
-               and sampling (no hybrid-engine copy, no HSDP); offload only if that does not
-               fit; keeps the sampler's log-probs
-    Returns {"config", "fits", "per_step_s", "per_forward_s", "recompute_logp"}.
+    """The colocated configuration the colocated-ideal row runs (kw as for colocated_plan): the
+    cheapest memory plan that fits, with the sampler's log-probs kept (no recompute), the bound
+    a perfect colocated framework could reach. Returns {"config", "fits", "per_step_s",
+    "per_forward_s", "recompute_logp"}.
     """
     if style not in STYLES:
-        raise ValueError(f"colocated needs style in {STYLES}, got {style!r}")
+        raise ValueError(f"colocated needs style in {STYLES} or a shipped system, got {style!r}")
     plan = colocated_plan(cm, model, device, n_gpus, **kw)
-    name, o = plan["config"], plan
-    if style == "genrl" and plan["fits"]:
-        opts = plan["options"]
-        name = "fsdp-sample" if opts["fsdp-sample"]["fits"] else "fsdp-sample+offload"
-        if not opts[name]["fits"]:
-            name = plan["config"]
-        o = opts[name]
-    return {"config": name, "fits": plan["fits"], "per_step_s": o["per_step_s"], "per_forward_s": o["per_forward_s"],
-            "recompute_logp": style == "verl-omni"}
+    return {"config": plan["config"], "fits": plan["fits"], "per_step_s": plan["per_step_s"],
+            "per_forward_s": plan["per_forward_s"], "recompute_logp": False}

@@ -46,7 +46,9 @@ def simulate_main(argv=None) -> int:
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
         return 2
-    modes = [m for m in a.modes.split(",") if m]
+    from digenrl.sim.simulate import row_name
+
+    modes = [row_name(m) for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in ALL]
     if bad:
         print(f"{p.prog}: unknown modes {bad}; allowed: {list(ALL)}", file=sys.stderr)
@@ -82,6 +84,9 @@ def plan_main(argv=None) -> int:
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
         return 2
+    from digenrl.sim.simulate import row_name
+
+    a.mode = row_name(a.mode)
     if a.mode not in ROWS:
         print(f"{p.prog}: unknown mode {a.mode!r}; allowed: {list(ROWS)}", file=sys.stderr)
         return 2

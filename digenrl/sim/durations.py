@@ -45,6 +45,16 @@ Colocated baselines (DESIGN.md sec. 3) pay extra costs where they physically hap
     recomputed old log-probs      every Train unit: one no-grad forward per trained step
                                   (veRL-Omni style only; flow_grpo / GenRL keep the sampler's)
 
+The peers as they ship (style = a shipped.SYSTEMS name) pay their own mechanisms, priced by
+shipped.py's rules: CFG as two calls, sampling through FSDP, text encoding per sample, serial
+VAE decode, recomputed log-probs in their log-prob micro-batch, and once per step (OptimizerStep)
+the rollout copy's sleep/wake, its weight gather, parameter and optimizer offload, reward-model
+moves and the extra optimizer steps; genrl's accumulation (no_sync) reduce-scatters once per
+optimizer step instead of after every backward.
+
+Every mode pays a no-grad reference forward per trained step when the testbed has `kl` (the
+KL term needs the reference policy's mean); it is useful work, in the ideal bound too.
+
 Synchronous rewards need no extra term: in colocated mode the scheduler scores each
 micro-batch on the GPU that generated it, between generations, so the reward is on the
 critical path exactly as in flow_grpo / GenRL. Every extra second is also added to
@@ -57,11 +67,12 @@ from dataclasses import dataclass, field
 
 from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
-from digenrl.sim.baselines import style_plan
+from digenrl.sim.baselines import IDEAL, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
 from digenrl.sim.collectives import allgather_traffic, allreduce_s, object_store_send_s, wire_s
-from digenrl.sim.costs import CostModel
+from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
 from digenrl.sim.gangs import GangComm, catalogue_layout
+from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
 from digenrl.sim.testbed import Testbed
 
 
@@ -135,7 +146,7 @@ class DurationFn:
     mode: str
     layout: Layout
     samples_per_group: int
-    style: str | None = None  # colocated baseline style (baselines.STYLES)
+    style: str | None = None  # colocated style: colocated-ideal or a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False  # measure a baseline with its extra costs removed
     colocated_config: str | None = None
     gang: int = 1  # GPUs per trainer gang (runtime.trainer.gang)
@@ -147,6 +158,7 @@ class DurationFn:
     _recompute: bool = False
     _reloaded: set = field(default_factory=set)
     _gathered: dict = field(default_factory=dict)  # worker id -> after-step params gathered since its reshard
+    system: System | None = None  # a shipped peer's mechanisms (colocated only; None: ours or colocated-ideal)
 
     def __post_init__(self):
         tb = self.tb
@@ -163,9 +175,14 @@ class DurationFn:
                            lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
                            offload=self.offload, gang=self.gang > 1)
         if self.mode == "colocated":
-            # the baseline's own memory plan (baselines.style_plan) says how it shards
-            self.opt_shards = 1 if fit.fits else self.n_trainers
-            self._colocated_costs()
+            # zero_baseline on a shipped system: its mechanisms and its sharding removed, i.e. the
+            # colocated-ideal row's memory plan with that row's extra costs zeroed as well
+            self.system = None if self.zero_baseline else SYSTEMS.get(self.style)
+            if self.system is not None:  # a peer as it ships: its own sharding and mechanisms
+                self._shipped_costs()
+            else:  # the baseline's own memory plan (baselines.style_plan) says how it shards
+                self.opt_shards = 1 if fit.fits else self.n_trainers
+                self._colocated_costs()
             self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora)
             self.gang_link = tb.link(self.trainer_pool, self.col_shards)
         else:
@@ -182,7 +199,7 @@ class DurationFn:
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
         tb, p = self.tb, self.trainer_pool
-        plan = style_plan(self.cm, self.style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
+        plan = style_plan(self.cm, IDEAL if self.style in SYSTEMS else self.style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
                           intra=p.intra_link or tb.links.intra_node,
                           inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
                           train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
@@ -201,6 +218,17 @@ class DurationFn:
         else:
             self._per_fwd = float(plan["per_forward_s"])
             self._per_step = {k: float(v) for k, v in plan["per_step_s"].items() if float(v) > 0}
+
+    def _shipped_costs(self) -> None:
+        """A shipped system's shard group and once-per-step costs (shipped.step_costs)."""
+        tb, p, sy = self.tb, self.trainer_pool, self.system
+        self.col_shards = shard_group(sy, self.n_trainers)
+        self.opt_shards = self.col_shards
+        self.colocated_config = f"{sy.name}: {'FSDP over all GPUs' if sy.shard == 'world' else 'replicated'}"
+        link = tb.link(p, self.n_trainers)
+        self._per_step = {"phase_switch": PHASE_SWITCH_FIXED_S,
+                          **step_costs(self.cm, sy, tb, p.device, self.n_trainers, link)}
+        self._recompute = sy.recompute_logp
 
     def _overhead(self, name: str, s: float, gpus: int = 1) -> float:
         """Record s seconds of `name` paid by a worker of `gpus` GPUs; returns s."""
@@ -228,6 +256,8 @@ class DurationFn:
             t = self._gen(dev, -(-n // self.comm.gang), steps, unit.t_start == 0)
         else:
             t = self._gen(dev, n, steps, unit.t_start == 0, rows)
+        if self.system is not None:
+            t += self._shipped_gen_extra(dev, n, steps, unit.t_start == 0, rows)
         if self._per_fwd:
             t += self._overhead("fsdp_gather", self._per_fwd * self._n_fwd(n) * steps)
         elif gang:  # every rank runs every forward (FSDP gathers in lockstep)
@@ -237,7 +267,20 @@ class DurationFn:
         return t
 
     def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
-        return self._reward(dev, len(unit.groups) * self.samples_per_group)
+        n = len(unit.groups) * self.samples_per_group
+        if self.system is not None and self.system.reward == "pool":  # scored on the reward pool: the decode stays
+            tb = self.tb
+            t = self._memo(("decodeb", dev, n), lambda: _in_batches(
+                n, tb.rollout_batch, lambda b: self.cm.vae_decode_s(tb.model, dev, b, tb.shape)))
+        else:
+            t = self._reward(dev, n)
+        if self.system is not None and self.system.decode_serial:  # one decode per sample (batch 1)
+            tb = self.tb
+            serial = self._memo(("decode1", dev, n), lambda: n * float(self.cm.vae_decode_s(tb.model, dev, 1, tb.shape)))
+            batched = self._memo(("decodeb", dev, n), lambda: _in_batches(
+                n, tb.rollout_batch, lambda b: self.cm.vae_decode_s(tb.model, dev, b, tb.shape)))
+            t += self._overhead("decode_serial", max(0.0, serial - batched))
+        return t
 
     def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
         n, _ = self._rows(unit)
@@ -248,6 +291,8 @@ class DurationFn:
         else:  # a gang splits the rows over its ranks; rank 0 has the most (ceil)
             t = self._train(dev, -(-n // self.gang), k)
             gang_rows = n
+        if self.system is not None:
+            t += self._shipped_train_extra(dev, n, k)
         if self.comm.gang > 1:
             t += self._overhead("gang_train", self._train_comm_s(worker, gang_rows, k, t),
                                 self.gang if self.mode != "colocated" else 1)
@@ -261,7 +306,12 @@ class DurationFn:
     def _optimizer_unit(self, worker: Worker, dev: str, unit: OptimizerStep) -> float:
         self._gathered[worker.id] = False  # the step reshards (and so does the publish after it)
         t = self._opt(dev)
-        if self.mode == "colocated":
+        if self.system is not None:
+            for name, s in self._per_step.items():
+                t += self._overhead(name, s)
+            if not self.system.reduce_every_backward and self.col_shards > 1:  # no_sync: once per optimizer step
+                t += self._overhead("gang_reduce", self.system.optimizer_steps * self._reduce_scatter_s())
+        elif self.mode == "colocated":
             t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
             t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
         return t
@@ -305,17 +355,71 @@ class DurationFn:
     def _train(self, dev: str, n: int, k: int) -> float:
         tb, cm = self.tb, self.cm
 
-        def per_step():  # one trained denoising step of n samples, in micro-batches
+        def per_step():  # one trained denoising step of n samples, in micro-batches (+ the KL reference forward)
             return _in_batches(n, tb.micro_batch,
-                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
+                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape)
+                               + (self._fwd(dev, b, tb.train_cfg, 1) if tb.kl else 0.0))
         return k * self._memo(("train", dev, n), per_step)
+
+    def _fwd(self, dev: str, b: int, cfg: bool, calls: int) -> float:
+        """One no-grad transformer forward of b samples: CFG in one call over 2b rows, or two calls."""
+        tb, cm = self.tb, self.cm
+        if cfg and calls == 2:
+            return 2 * float(cm.denoise_s(tb.model, dev, b, False, tb.shape))
+        return float(cm.denoise_s(tb.model, dev, b, cfg, tb.shape))
+
+    # ---- a shipped system's mechanisms (shipped.py), beyond what our units cost ----------
+    def _shipped_gen_extra(self, dev: str, n: int, steps: int, encode: bool, rows) -> float:
+        """Generate: CFG as two calls, sampling through the FSDP module, text encoding per sample."""
+        tb, cm, sy = self.tb, self.cm, self.system
+        rb, t = tb.rollout_batch, 0.0
+        if tb.cfg and sy.cfg_calls == 2:
+            extra = self._memo(("cfg2", dev, n), lambda: _in_batches(
+                n, rb, lambda b: self._fwd(dev, b, True, 2) - self._fwd(dev, b, True, 1)))
+            t += self._overhead("cfg_two_calls", steps * extra)
+        if sy.sampler == "fsdp" and self.col_shards > 1:
+            calls = sy.cfg_calls if tb.cfg else 1
+            link = self.gang_link
+            per = self._memo(("sgather", dev, n), lambda: _in_batches(n, rb, lambda b: calls * float(
+                cm.fsdp_gather_per_forward_s(tb.model, dev, self.col_shards, link, b, tb.cfg and calls == 1, tb.shape))))
+            t += self._overhead("fsdp_gather", steps * per)
+        if encode and sy.encode_per_sample:
+            g = tb.group_size
+            prompts = max(1, n // g) if rows is None else (rows[1] - 1) // g - rows[0] // g + 1
+            requests = n * (2 if tb.cfg else 1)  # each sample a request; the negative prompt encoded too
+            t += self._overhead("encode_per_sample", max(0.0, float(cm.text_encode_s(tb.model, dev, requests))
+                                                          - float(cm.text_encode_s(tb.model, dev, prompts))))
+        return t
+
+    def _shipped_train_extra(self, dev: str, n: int, k: int) -> float:
+        """Train: CFG as two calls (policy and reference), and a gradient all-reduce after every
+        backward when a replicated system has no no_sync."""
+        tb, cm, sy = self.tb, self.cm, self.system
+        t = 0.0
+        if tb.train_cfg and sy.train_cfg_calls == 2:
+            def extra(b):
+                two = 2 * float(cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, False, tb.shape))
+                one = float(cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, True, tb.shape))
+                ref = (self._fwd(dev, b, True, 2) - self._fwd(dev, b, True, 1)) if tb.kl else 0.0
+                return two - one + ref
+            t += self._overhead("cfg_two_calls", k * self._memo(("tcfg2", dev, n),
+                                                                lambda: _in_batches(n, tb.micro_batch, extra)))
+        if sy.shard == "replicated" and sy.reduce_every_backward and self.n_trainers > 1:
+            passes = k * -(-n // tb.micro_batch)
+            ar = float(allreduce_s(4 * self.trainable_B * 1e9, self.n_trainers,
+                                   tb.link(self.trainer_pool, self.n_trainers)))
+            t += self._overhead("gang_backward_reduce", passes * ar)
+        return t
 
     def _recompute_s(self, dev: str, n: int, k: int) -> float:
         tb, cm = self.tb, self.cm
 
-        def per_step():  # old log-probs of one trained step, same micro-batches as _train
-            return _in_batches(n, tb.micro_batch,
-                               lambda b: cm.recompute_logp_s(tb.model, dev, b, 1, tb.train_cfg, tb.shape))
+        sy = self.system
+        batch = (sy.logp_batch if sy is not None and sy.logp_batch else tb.micro_batch)
+        calls = sy.train_cfg_calls if sy is not None else 1
+
+        def per_step():  # old log-probs of one trained step, in the log-prob micro-batches
+            return _in_batches(n, batch, lambda b: self._fwd(dev, b, tb.train_cfg, calls))
         return k * self._memo(("recompute", dev, n), per_step)
 
     # ---- gang collectives (sim.gangs: the bytes the runtime counts) -------------
@@ -344,6 +448,8 @@ class DurationFn:
         ag, rs = c.train(rows, k, self._gathered.get(worker.id, False))
         self._gathered[worker.id] = True
         gathers = ag // c.gather
+        if self.system is not None and not self.system.reduce_every_backward:
+            rs = 0  # accumulation under no_sync: reduced once per optimizer step (OptimizerStep)
         comm_s = gathers * self._gather_s() + (rs // (c.gang * self.fsdp.reduce_scatter_bytes(c.gang))) * \
             self._reduce_scatter_s()
         return self._exposed(comm_s, compute_s, gathers)
@@ -425,14 +531,15 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     The returned object is callable and carries `.layout.workers` (pass them to the
     Scheduler), `.overhead_ws` (baseline costs paid, worker-seconds) and
     `.colocated_config` (the colocated memory plan used). `style` picks the colocated
-    baseline ("verl-omni" default, or "genrl"); `zero_baseline` removes its extra costs.
+    row: "colocated-ideal" (default) or a shipped system (shipped.SYSTEMS); `zero_baseline`
+    removes its extra costs.
     """
     lay = layout(testbed, run)
     mode, spg = run.sched.mode, run.sched.group_size
     if testbed.group_size % spg:
         raise ValueError(f"samples_per_group={spg} must divide group_size={testbed.group_size}")
     if mode == "colocated" and style is None:
-        style = "verl-omni"
+        style = IDEAL
     t = run.pool("trainer").resources if run.pool("trainer") else None
     gang = dict(gang=t.gang, after_step=t.reshard == "after-step", offload=t.offload) if t else {}
     return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, **gang)

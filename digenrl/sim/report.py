@@ -66,7 +66,7 @@ class RunSpec:
     train_shard: Optional[int] = None  # Train sample shards per (micro-batch, chunk)
     gang: Optional[int] = None  # GPUs per trainer gang (None: the smallest that fits, workload.fitting_gang)
     reshard: Optional[str] = None  # after-forward (None) | after-step
-    style: Optional[str] = None  # colocated baseline style: verl-omni | genrl
+    style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False
 
     def knobs(self) -> dict:
@@ -170,7 +170,12 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     bd = {k: v / n_steps / n for k, v in busy.items()}
     # Baseline overheads and exposed gang collectives were inside units: their own columns.
     where = {"fsdp_gather": "generate", "recompute_logp": "train", "phase_switch": "optimizer",
-             "offload_reload": "optimizer", "gang_train": "train", "gang_generate": "generate"}
+             "offload_reload": "optimizer", "gang_train": "train", "gang_generate": "generate",
+             # the shipped systems' mechanisms (shipped.py)
+             "cfg_two_calls": "generate", "encode_per_sample": "generate", "decode_serial": "reward",
+             "rollout_sleep_wake": "optimizer", "weight_gather": "optimizer", "param_offload": "optimizer",
+             "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
+             "gang_reduce": "optimizer", "gang_backward_reduce": "train"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n
@@ -203,7 +208,8 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
     generate  every sample's denoising steps, in forwards of rollout_batch (CFG included)
     encode    one text-encoder pass per prompt
     reward    VAE decode + reward model, in batches of rollout_batch
-    train     every trained step of every sample, in micro-batches of micro_batch
+    train     every trained step of every sample, in micro-batches of micro_batch (with `kl`,
+              + the reference policy's no-grad forward the KL term needs)
     optimizer one fused AdamW step over the trainable parameters (once, however sharded)
     Not useful (so not here): collectives, weight syncs, phase switches, offload/reload,
     recomputed log-probs, waiting.
@@ -217,7 +223,8 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
         "encode": float(cm.text_encode_s(m, device, tb.groups_per_step)),
         "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape), n, tb.rollout_batch),
         "train": tb.trained_steps * _batched(
-            lambda b: cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape), n, tb.micro_batch),
+            lambda b: float(cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
+            + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0), n, tb.micro_batch),
         "optimizer": float(cm.optimizer_step_s(trainable, device)),
     }
 
@@ -276,7 +283,8 @@ def ideal_step_s(tb: Testbed, cm: CostModel | None = None) -> dict:
 # ----------------------------------------------------------------------------- the report
 
 COLS = ("generate", "reward", "train", "optimizer", "sync", "overhead", "comm", "idle")
-LABELS = {"colocated": "colocated (veRL-Omni)", "genrl": "genrl (GenRL)"}
+LABELS = {"verl-omni": "verl-omni (shipped)", "genrl": "genrl (shipped)", "flow_grpo": "flow_grpo (shipped)"}
+IDEAL_ROW = "colocated-ideal"
 
 
 @dataclass
@@ -298,10 +306,10 @@ class Report:
         return self.ideal_s[r.testbed] / r.step_s
 
     def vs_colocated(self, label: str) -> Optional[float]:
-        """Throughput ratio to the colocated (veRL-Omni) row; per dollar if the clusters differ."""
-        if "colocated" not in self.rows:
+        """Throughput ratio to the colocated-ideal row; per dollar if the clusters differ."""
+        if IDEAL_ROW not in self.rows:
             return None
-        r, c = self.rows[label], self.rows["colocated"]
+        r, c = self.rows[label], self.rows[IDEAL_ROW]
         if r.testbed != c.testbed:
             return r.samples_per_usd / c.samples_per_usd
         return r.throughput / c.throughput
@@ -324,7 +332,7 @@ class Report:
         if self.reference:
             lines.append(f"   colocated rows on {self.reference.name} (same $/h), compared per dollar; "
                          f"ideal there {self.ideal_s[self.reference.name]:.2f} s/step")
-        hdr = (f"{'mode':<22} {'GPUs':>4} {'s/step':>8} {'smp/s':>7} {'img/s/GPU':>9} {'smp/$':>7} {'vs coloc':>8} "
+        hdr = (f"{'mode':<22} {'GPUs':>4} {'s/step':>8} {'smp/s':>7} {'img/s/GPU':>9} {'smp/$':>7} {'vs ideal':>8} "
                f"{'util':>5} {'bubble':>17} {'stale':>5}  breakdown s/step " + "/".join(c[:4] for c in COLS))
         lines += [hdr, "-" * len(hdr)]
         for k, r in self.rows.items():
