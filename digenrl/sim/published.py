@@ -1,0 +1,124 @@
+"""Step times the peers publish themselves, and the testbeds that reproduce their recipes.
+
+The simulator's only check that no one here wrote: each `Figure` is a published number, the
+recipe behind it (a Testbed: model, resolution, steps, batch sizes, GPUs, as the peer's
+script sets them) and the shipped system that ran it (shipped.SYSTEMS). `predict(fig)` runs
+that system's row on the testbed with the one global cost model; tests/sim/test_published.py
+requires every prediction within +-25%, or names the cost that stays unexplained.
+
+    python -m digenrl.sim.published      # the table in docs/simulator.md
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from digenrl.sim.shipped import MM, VO, VO_FT, VO_LORA
+from digenrl.sim.testbed import Testbed
+
+TOLERANCE = 0.25
+
+
+def _qwen_ocr(name: str, device: str, lora: bool, cfg: bool, **kw) -> Testbed:
+    """veRL-Omni's Qwen-Image OCR recipes: 32 prompts x 16 images at 512x512, 10 denoising steps,
+    an SDE window of 2 trained steps, micro-batch 16, one request per image (the published runs
+    set no max_num_seqs: vLLM-Omni generated serially), Qwen3-VL-8B as the OCR judge."""
+    link = "nvlink-h800" if device == "H800" else "nvlink"
+    d = dict(name=name, pools=[dict(name="gpus", count=4, device=device, role="any", gpus_per_node=8)],
+             links=dict(intra_node=link, inter_node="ib-400g", inter_pool="ib-400g"),
+             model="qwen-image-20b", height=512, width=512, denoise_steps=10, trained_steps=2,
+             group_size=16, groups_per_step=32, micro_batch=16, rollout_batch=1, cfg=cfg, train_cfg=cfg,
+             lora=lora, lora_rank=64, grad_ckpt=True, kl=False, reward="qwen3-vl-8b",
+             weight_sync="lora-only" if lora else "nccl")
+    d.update(kw)
+    return Testbed.from_dict(d, source=name)
+
+
+def _sd35_ocr(name: str, fast: bool) -> Testbed:
+    """mm_grpo's SD3.5-M OCR scripts (run_sd3.sh / run_sd3_fast.sh): 64 prompts x 16 images at
+    512x512 on 8 H800, 10 steps, LoRA 32, no checkpointing, generation and training in batches of
+    8; Flow-GRPO: CFG 4.5 (also in training), KL 0.04, 9 trained steps; Fast: no CFG, no KL, a
+    window of 3. PaddleOCR on the CPU."""
+    d = dict(name=name, pools=[dict(name="gpus", count=8, device="H800", role="any", gpus_per_node=8)],
+             links=dict(intra_node="nvlink-h800", inter_node="ib-400g", inter_pool="ib-400g"),
+             model="sd3.5-medium", height=512, width=512, denoise_steps=10, trained_steps=3 if fast else 9,
+             group_size=16, groups_per_step=64, micro_batch=8, rollout_batch=8, cfg=not fast,
+             train_cfg=not fast, lora=True, lora_rank=32, grad_ckpt=False, kl=not fast, reward="ocr-cpu",
+             weight_sync="lora-only")
+    return Testbed.from_dict(d, source=name)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One published step time: `value` in `unit` (s/step or images/s/GPU), its source, the
+    recipe's testbed, the system that ran it, and how many GPUs the published rate counts."""
+
+    key: str
+    system: str
+    value: float
+    unit: str  # "s/step" | "img/s/GPU"
+    source: str
+    testbed: Testbed = field(compare=False)
+    reward_gpus: int = 0  # GPUs of an asynchronous reward pool beside the colocated ones
+    unexplained: str = ""  # the cost this model does not explain, when the figure is out of tolerance
+
+    def published_step_s(self) -> float:
+        if self.unit == "s/step":
+            return self.value
+        gpus = self.testbed.n_gpus + self.reward_gpus
+        return self.testbed.samples_per_step / (self.value * gpus)
+
+
+FIGURES = (
+    Figure("verl-omni qwen-image full FT, 4x H200", "verl-omni", 250.0, "s/step",
+           f"{VO}:docs/algo/performance.md:51 (recipe {VO_FT}:examples/flowgrpo_trainer/run_qwen_image_ocr.sh)",
+           _qwen_ocr("verl-omni-qwen-full-h200x4", "H200", lora=False, cfg=False)),
+    Figure("verl-omni qwen-image LoRA 64, 4x H800, reward on the same GPUs", "verl-omni", 420.0, "s/step",
+           f"{VO}:docs/algo/performance.md:16 (recipe {VO_LORA}:examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh)",
+           _qwen_ocr("verl-omni-qwen-lora-h800x4", "H800", lora=True, cfg=True)),
+    Figure("verl-omni qwen-image LoRA 64, 4x H800, async reward on a 5th GPU", "verl-omni-async-reward", 360.0,
+           "s/step",
+           f"{VO}:docs/algo/performance.md:17 (recipe {VO}:examples/flowgrpo_trainer/qwen_image/"
+           "run_qwen_image_ocr_lora_async_reward.sh)",
+           _qwen_ocr("verl-omni-qwen-lora-h800x4-async-reward", "H800", lora=True, cfg=True), reward_gpus=1),
+    Figure("mm_grpo SD3.5-M Flow-GRPO, 8x H800", "mm_grpo", 0.4, "img/s/GPU",
+           f"{MM}:examples/flowgrpo_trainer/README.md:45 (script run_sd3.sh)", _sd35_ocr("mm-grpo-sd35-h800x8", False)),
+    Figure("mm_grpo SD3.5-M Flow-GRPO-Fast, 8x H800", "mm_grpo", 1.0, "img/s/GPU",
+           f"{MM}:examples/flowgrpo_trainer/README.md:46 (script run_sd3_fast.sh)",
+           _sd35_ocr("mm-grpo-sd35-fast-h800x8", True)),
+)
+
+
+def predict(fig: Figure, steps: int = 6, cm=None) -> dict:
+    """The shipped row's steady-state step time on the figure's recipe, and its breakdown."""
+    from digenrl.sim.planner import plan
+    from digenrl.sim.report import run_spec
+
+    p = plan(fig.testbed, mode="colocated", style=fig.system, steps=steps, cm=cm)
+    r = run_spec(fig.testbed, p.spec, steps, cm)
+    want = fig.published_step_s()
+    return {"figure": fig.key, "system": fig.system, "published_s": want, "predicted_s": r.step_s,
+            "error": r.step_s / want - 1.0, "breakdown_s": r.breakdown_s, "overhead_ws": r.overhead_ws,
+            "source": fig.source}
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: figure, published, predicted, error, the largest terms of the prediction."""
+    out = ["| figure | system | published s/step | predicted s/step | error | prediction: gen / reward / train / "
+           "opt / overhead / comm |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["breakdown_s"]
+        parts = " / ".join(f"{b.get(k, 0.0):.1f}" for k in ("generate", "reward", "train", "optimizer", "overhead",
+                                                            "comm"))
+        out.append(f"| {r['figure']} | {r['system']} | {r['published_s']:.0f} | {r['predicted_s']:.0f} | "
+                   f"{100 * r['error']:+.0f}% | {parts} |")
+    return "\n".join(out)
+
+
+def main() -> None:
+    print(table([predict(f) for f in FIGURES]))
+
+
+if __name__ == "__main__":
+    main()
