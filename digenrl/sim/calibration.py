@@ -18,6 +18,13 @@ measured wan2.1 ratios are 3.06 / 4.07, so the floor only bites where a point is
 (qwen-image-20b ckpt batch 1, see FIT_NOTES). A single measured point gets the floor as
 slope and the rest as fixed.
 
+The FLOP floor. A forward's per-sample slope is at least its FLOPs at the best rate any
+forward in the file reached (best_forward_flops). Launch-bound measurements (sd3.5-medium:
+76.5 / 80.4 / 81.3 ms at batch 1 / 2 / 4, i.e. 1.6 ms per extra sample, 1,500 TFLOP/s at the
+margin, above the H200's peak) otherwise extrapolate to impossible speeds at the batch sizes
+the recipes use (8-18 rows); with the floor that slope is 5.0 ms (2.44 TFLOP at 486 TFLOP/s)
+and the training floors follow from it.
+
 Memory in GiB (2**30 B): torch and the file's `peak_GB` use GiB (FLUX's forward peak,
 22.69, is below its bf16 weights in decimal GB, 23.8, so the file cannot be decimal).
 """
@@ -113,14 +120,23 @@ def _points(records: list[dict], model: str, what: str, grad_ckpt: bool | None =
     return sorted(pts)
 
 
+def best_forward_flops(records: list[dict]) -> float:
+    """The highest FLOP/s any measured forward reached (batch * forward_flops / time): the rate
+    no per-sample slope may beat. 486 TFLOP/s (wan2.1-14b) in the packaged file."""
+    return max(int(r["batch"]) * forward_flops(r["model"], int(r["tokens"])) / (float(r["ms"]) * MS)
+               for r in records if r.get("what") == "forward" and r.get("model") in MODELS and "tokens" in r)
+
+
 def fit_table(records: list[dict]) -> dict:
     """{(model, op): LinearFit} from calibration records (see the module doc for the ops)."""
     f: dict = {}
+    best = best_forward_flops(records)
     for name, m in MODELS.items():
         if m.scaled_from or not _points(records, name, "forward"):
             continue
         w_gib = BYTES_WEIGHT * m.params_B * 1e9 / GIB
-        f[name, "forward"] = fit_linear([(b, t * MS) for b, t in _points(records, name, "forward")])
+        f[name, "forward"] = fit_linear([(b, t * MS) for b, t in _points(records, name, "forward")],
+                                        forward_flops(m, tokens_for(m)) / best)
         f[name, "act_forward"] = fit_linear(  # peak minus bf16 weights
             [(b, max(0.0, p - w_gib)) for b, p in _points(records, name, "forward", key="peak_GB")],
             single="origin")

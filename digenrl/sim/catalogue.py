@@ -29,6 +29,7 @@ class Shape:
     height: int
     width: int
     frames: int = 1
+    text_tokens: int | None = None  # text tokens in the joint sequence (None: the model's default)
 
     @property
     def pixels(self) -> int:
@@ -97,7 +98,8 @@ def tokens_for(model: str | ModelSpec, shape: Shape | None = None) -> int:
     """Sequence length of one sample: latent patches (+ text tokens in joint attention).
 
     Image models: VAE /8, patch 2 -> (H/16)(W/16). Video (Wan, HunyuanVideo): causal
-    VAE 4x in time, 8x in space, patch 1x2x2 -> ((F-1)/4 + 1)(H/16)(W/16).
+    VAE 4x in time, 8x in space, patch 1x2x2 -> ((F-1)/4 + 1)(H/16)(W/16). Text tokens:
+    shape.text_tokens when a recipe sets its own prompt length, else the model's default.
     """
     m = get_model(model) if isinstance(model, str) else model
     s = shape or m.calib_shape
@@ -108,7 +110,7 @@ def tokens_for(model: str | ModelSpec, shape: Shape | None = None) -> int:
         if (s.frames - 1) % 4:
             raise ValueError(f"frames must be 4k+1 for {m.name} (causal video VAE), got {s.frames}")
         patches *= (s.frames - 1) // 4 + 1
-    return patches + m.text_tokens
+    return patches + (m.text_tokens if s.text_tokens is None else s.text_tokens)
 
 
 def forward_flops(model: str | ModelSpec, tokens: int) -> float:
@@ -127,6 +129,11 @@ TEXT_ENCODERS = {
     "qwen2.5-vl-7b": (8.290, 256),  # whole VLM resident; text-only prompts use the 7.6B LM
     "llava-llama3-8b+clip-l": (8.400, 256),
 }
+
+# Width of the text-encoder states a pipeline passes to the transformer (prompt_embeds[-1]).
+TEXT_DIMS = {"t5xxl": 4096, "t5xxl+clip-l": 4096, "t5xxl+clip-l+clip-g": 4096, "umt5-xxl": 4096,
+             "qwen2.5-vl-7b": 3584, "llava-llama3-8b+clip-l": 4096}
+LATENT_CHANNELS = 16  # every family here: 16-channel VAE latents at 1/8 of the pixels (1/4 of the frames)
 
 # VAEs: decoder params_B, the calibration entry whose per-pixel cost it uses, and a factor.
 VAES = {

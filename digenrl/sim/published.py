@@ -29,7 +29,7 @@ def _qwen_ocr(name: str, device: str, lora: bool, cfg: bool, **kw) -> Testbed:
              links=dict(intra_node=link, inter_node="ib-400g", inter_pool="ib-400g"),
              model="qwen-image-20b", height=512, width=512, denoise_steps=10, trained_steps=2,
              group_size=16, groups_per_step=32, micro_batch=16, rollout_batch=1, cfg=cfg, train_cfg=cfg,
-             lora=lora, lora_rank=64, grad_ckpt=True, kl=False, reward="qwen3-vl-8b",
+             lora=lora, lora_rank=64, grad_ckpt=True, kl=False, reward="qwen3-vl-8b", text_tokens=256,
              weight_sync="lora-only" if lora else "nccl")
     d.update(kw)
     return Testbed.from_dict(d, source=name)
@@ -39,12 +39,13 @@ def _sd35_ocr(name: str, fast: bool) -> Testbed:
     """mm_grpo's SD3.5-M OCR scripts (run_sd3.sh / run_sd3_fast.sh): 64 prompts x 16 images at
     512x512 on 8 H800, 10 steps, LoRA 32, no checkpointing, generation and training in batches of
     8; Flow-GRPO: CFG 4.5 (also in training), KL 0.04, 9 trained steps; Fast: no CFG, no KL, a
-    window of 3. PaddleOCR on the CPU."""
+    window of 3. PaddleOCR on the CPU. Prompts padded to 512 T5 tokens."""
     d = dict(name=name, pools=[dict(name="gpus", count=8, device="H800", role="any", gpus_per_node=8)],
              links=dict(intra_node="nvlink-h800", inter_node="ib-400g", inter_pool="ib-400g"),
              model="sd3.5-medium", height=512, width=512, denoise_steps=10, trained_steps=3 if fast else 9,
              group_size=16, groups_per_step=64, micro_batch=8, rollout_batch=8, cfg=not fast,
              train_cfg=not fast, lora=True, lora_rank=32, grad_ckpt=False, kl=not fast, reward="ocr-cpu",
+             text_tokens=77 + 512,  # CLIP 77 + T5 at max_prompt_length 512 (run_sd3*.sh:7)
              weight_sync="lora-only")
     return Testbed.from_dict(d, source=name)
 

@@ -175,7 +175,7 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "cfg_two_calls": "generate", "encode_per_sample": "generate", "decode_serial": "reward",
              "rollout_sleep_wake": "optimizer", "weight_gather": "optimizer", "param_offload": "optimizer",
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
-             "gang_reduce": "optimizer", "gang_backward_reduce": "train"}
+             "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n

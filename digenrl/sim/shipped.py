@@ -25,8 +25,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from digenrl.sim.catalogue import BYTES_WEIGHT, TEXT_ENCODERS, VAES, get_model, get_reward, trainable_params_B
-from digenrl.sim.collectives import allgather_traffic, pcie_s
+from digenrl.sim.catalogue import (BYTES_WEIGHT, LATENT_CHANNELS, TEXT_DIMS, TEXT_ENCODERS, VAES, get_model,
+                                   get_reward, trainable_params_B)
+from digenrl.sim.collectives import allgather_traffic, driver_dispatch_s, pageable_s, pcie_s
 
 VO = "verl-project/verl-omni@a1139baf"
 VO_FT = "verl-project/verl-omni@c415a591"  # the commit that published the full fine-tune figure
@@ -35,6 +36,37 @@ VL = "verl-project/verl@8a694930"  # verl-omni's verl pin
 MM = "leibniz-csi/mm_grpo@301f5c05"
 GR = "ModelTC/GenRL@82a867e"
 FG = "yifan123/flow_grpo@879042c"
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """A single controller's batch traffic per RL step (the verl lineage): whole-batch transfers
+    through one driver process (collectives.driver_dispatch_s), each sample carrying its image,
+    the stored latents of its trained steps, and its prompt embeddings."""
+
+    out: int  # whole-batch dispatches driver -> workers per RL step
+    into: int  # whole-batch returns workers -> driver per RL step
+    image_bytes: int  # bytes per image value in the batch (4: fp32)
+    latent_bytes: int  # bytes per stored latent value
+    negative: str  # negative prompt embeddings shipped: "cfg" (with CFG only) | "always"
+    reward_out: bool = False  # + one out when the reward runs as a phase (the batch goes to the reward worker)
+    ref_out: bool = False  # + one out when KL is on (a separate reference pass)
+
+    def sample_bytes(self, tb) -> float:
+        m = get_model(tb.model)
+        frames = tb.frames
+        lat_frames = (frames - 1) // 4 + 1 if m.kind == "video" else 1
+        latent = LATENT_CHANNELS * (tb.height // 8) * (tb.width // 8) * lat_frames
+        tokens = tb.shape.text_tokens if tb.shape.text_tokens is not None else (
+            m.text_tokens or TEXT_ENCODERS[m.text_encoder][1])
+        embeds = tokens * TEXT_DIMS[m.text_encoder] * BYTES_WEIGHT
+        negative = self.negative == "always" or tb.cfg
+        return (3 * tb.height * tb.width * frames * self.image_bytes + (tb.trained_steps + 1) * latent
+                * self.latent_bytes + embeds * (2 if negative else 1))
+
+    def dispatches(self, tb, reward: str) -> tuple[int, int]:
+        """(out, in) whole-batch transfers per RL step on `tb` with the system's reward placement."""
+        return self.out + (self.reward_out and reward == "phase") + (self.ref_out and tb.kl), self.into
 
 
 @dataclass(frozen=True)
@@ -60,6 +92,8 @@ class System:
     reward_moves: bool  # the reward model is moved to the GPU and back every step
     decode_serial: bool  # VAE decode one sample at a time
     optimizer_steps: int  # mini-batches (optimizer steps) per RL step in the shipped recipes
+    pageable_offload: bool = False  # offload copies to unpinned host memory (collectives.pageable_s)
+    dispatch: Dispatch | None = None  # a single controller's batch traffic (None: SPMD, no driver)
     sources: dict = field(default_factory=dict, compare=False)
 
 
@@ -68,7 +102,8 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
         "verl-omni", "veRL-Omni", sampler="copy-sleep", shard="world", cfg_calls=2, train_cfg_calls=2,
         encode_per_sample=True, recompute_logp=True, logp_batch=32, reduce_every_backward=True,
         param_moves=3, optimizer_moves=1, gather_bytes=4, reward="phase", reward_moves=False,
-        decode_serial=False, optimizer_steps=2,
+        decode_serial=False, optimizer_steps=2, pageable_offload=True,
+        dispatch=Dispatch(out=2, into=1, image_bytes=4, latent_bytes=4, negative="cfg", reward_out=True),
         sources={
             "rollout copy sleeps (level 1: DiT, text encoder, VAE to host) every step":
                 f"{VO}:verl_omni/trainer/diffusion/ray_diffusion_trainer.py:1167; "
@@ -101,12 +136,21 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
                 f"{VL}:verl/experimental/reward_loop/reward_loop.py:343-355",
             "two optimizer steps per RL step (ppo_mini_batch_size 16 of 32 prompts)":
                 f"{VO}:docs/algo/flowgrpo.md:188-202",
+            "offload copies to unpinned host memory":
+                f"{VL}:verl/utils/fsdp_utils.py:169-249",
+            "the whole batch through the driver: generation back (fp32 images, fp32 window latents, "
+            "prompt and negative embeds), then out to the reward worker, old log-probs and the update":
+                f"{VO_LORA}:verl_omni/trainer/diffusion/ray_diffusion_trainer.py:882-897; "
+                f"{VO_LORA}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:188; "
+                f"{VO_LORA}:verl_omni/experimental/agent_loop/diffusion_agent_loop.py:214-222; "
+                f"{VL}:verl/protocol.py:388-420",
         }),
     System(
         "mm_grpo", "mm_grpo", sampler="copy", shard="replicated", cfg_calls=1, train_cfg_calls=1,
         encode_per_sample=False, recompute_logp=True, logp_batch=None, reduce_every_backward=True,
         param_moves=0, optimizer_moves=0, gather_bytes=4, reward="overlap", reward_moves=False,
         decode_serial=False, optimizer_steps=2,
+        dispatch=Dispatch(out=2, into=1, image_bytes=4, latent_bytes=2, negative="always", ref_out=True),
         sources={
             "a separate diffusers pipeline kept on the GPU (free_cache_engine false)":
                 f"{MM}:gerl/workers/rollout/diffusers_rollout/diffusers_rollout.py:66-89; "
@@ -127,6 +171,10 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
                 f"{MM}:gerl/workers/rollout/diffusers_rollout/diffusers_rollout.py:191-199",
             "two optimizer steps per RL step (ppo_mini_batch_size 32 of 64 prompts)":
                 f"{MM}:gerl/workers/diffusers_fsdp_workers.py:223-224",
+            "the whole batch through the driver (fp32 images, fp16 latents of every cached step, prompt "
+            "and negative embeds): generation back, out to old log-probs, the reference pass and the update":
+                f"{MM}:gerl/workers/diffusers_fsdp_workers.py:736,782,820,823,846-851,868-879; "
+                f"{MM}:gerl/workers/rollout/diffusers_rollout/diffusers_rollout.py:125-132,164-190",
         }),
     System(
         "genrl", "GenRL", sampler="fsdp", shard="world", cfg_calls=2, train_cfg_calls=2,
@@ -211,11 +259,12 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
     weight_gather       a full fine-tune's rollout copy refilled: all-gather of every parameter
                         at gather_bytes over the shard group (fp32 full_tensor, then the cast)
     param_offload       param_moves round trips of this GPU's parameter shard (fp32 masters for a
-                        full fine-tune, the bf16 base under LoRA) over PCIe
+                        full fine-tune, the bf16 base under LoRA) over PCIe (unpinned: pageable_s)
     optimizer_offload   optimizer_moves round trips of this GPU's AdamW state + gradients (12 B/param)
     reward_moves        the reward model to the GPU and back (reward_moves, or a reward phase's
                         wake and sleep)
     extra_optimizer     AdamW steps beyond the scheduler's one per RL step
+    driver_dispatch     a single controller's whole-batch transfers (Dispatch), every GPU waiting
     """
     m = get_model(tb.model)
     shards = shard_group(system, n_gpus)
@@ -229,11 +278,17 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
     if system.sampler in ("copy", "copy-sleep") and system.gather_bytes and not tb.lora and shards > 1:
         out["weight_gather"] = allgather_traffic(system.gather_bytes * m.params_B * 1e9, shards,
                                                  chunks=m.layers).seconds(link)
+    copy = pageable_s if system.pageable_offload else pcie_s
     if system.param_moves:
         per_param = 4 if not tb.lora else BYTES_WEIGHT
-        out["param_offload"] = system.param_moves * 2 * float(pcie_s(per_param * m.params_B * 1e9 / shards, device))
+        out["param_offload"] = system.param_moves * 2 * float(copy(per_param * m.params_B * 1e9 / shards, device))
     if system.optimizer_moves:
-        out["optimizer_offload"] = system.optimizer_moves * 2 * float(pcie_s(12 * trainable * 1e9 / shards, device))
+        out["optimizer_offload"] = system.optimizer_moves * 2 * float(copy(12 * trainable * 1e9 / shards, device))
+    if system.dispatch is not None:
+        batch = system.dispatch.sample_bytes(tb) * tb.samples_per_step
+        n_out, n_in = system.dispatch.dispatches(tb, system.reward)
+        out["driver_dispatch"] = (n_out * driver_dispatch_s(batch, n_gpus, True)
+                                  + n_in * driver_dispatch_s(batch, n_gpus, False))
     if system.reward_moves or system.reward == "phase":
         params_B = get_reward(tb.reward)[0]
         tp = n_gpus if system.reward == "phase" else 1  # a woken reward server is tensor-parallel over the GPUs

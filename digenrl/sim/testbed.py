@@ -76,6 +76,7 @@ class Testbed:
     kl: bool = False  # KL to the reference policy (a reference copy for full fine-tunes)
     reward: str = "pickscore"
     weight_sync: str = "nccl"
+    text_tokens: int | None = None  # text tokens in the joint sequence (the recipe's prompt length; None: the model's)
     links: Links = field(default_factory=Links)
     description: str = ""
 
@@ -86,7 +87,7 @@ class Testbed:
 
     @property
     def shape(self) -> Shape:
-        return Shape(self.height, self.width, self.frames)
+        return Shape(self.height, self.width, self.frames, self.text_tokens)
 
     @property
     def tokens(self) -> int:
@@ -217,6 +218,11 @@ def _validate(tb: Testbed) -> None:
         raise TestbedError("key 'weight_sync': 'lora-only' needs lora: true; allowed without LoRA: "
                            "['nccl', 'object-store']")
     m = MODELS[tb.model]
+    if tb.text_tokens is not None:
+        _int("text_tokens", tb.text_tokens)
+        if not m.text_tokens:
+            raise TestbedError(f"key 'text_tokens': {tb.model} reads its prompt by cross-attention (no text tokens "
+                               "in the sequence); remove the key")
     if m.kind == "image" and tb.frames != 1:
         raise TestbedError(f"key 'frames': {tb.model} generates images; allowed: 1")
     try:
