@@ -87,6 +87,10 @@ FIT_NOTES = {
         "other model, and batch 2 (1579 ms, 790/sample) is consistent. The FLOP floor (4 x forward "
         "per-sample) sets the slope; the fit misses batch 1 by -18% and batch 2 by +15%."
     ),
+    ("sd3.5-medium", "forward"): (
+        "launch-bound (76.5 / 80.4 / 81.3 ms at batch 1 / 2 / 4); the FLOP floor sets the slope at 5.0 ms "
+        "per sample; the fit misses batch 1 by -5% and batch 4 by +8%."
+    ),
 }
 
 
@@ -136,7 +140,7 @@ def fit_table(records: list[dict]) -> dict:
             continue
         w_gib = BYTES_WEIGHT * m.params_B * 1e9 / GIB
         f[name, "forward"] = fit_linear([(b, t * MS) for b, t in _points(records, name, "forward")],
-                                        forward_flops(m, tokens_for(m)) / best)
+                                        forward_flops(m, tokens_for(m)) / best, FIT_NOTES.get((name, "forward"), ""))
         f[name, "act_forward"] = fit_linear(  # peak minus bf16 weights
             [(b, max(0.0, p - w_gib)) for b, p in _points(records, name, "forward", key="peak_GB")],
             single="origin")

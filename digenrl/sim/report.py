@@ -172,7 +172,7 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     where = {"fsdp_gather": "generate", "recompute_logp": "train", "phase_switch": "optimizer",
              "offload_reload": "optimizer", "gang_train": "train", "gang_generate": "generate",
              # the shipped systems' mechanisms (shipped.py)
-             "cfg_two_calls": "generate", "encode_per_sample": "generate", "decode_serial": "reward",
+             "cfg_two_calls": "generate", "cfg_two_calls_train": "train", "encode_per_sample": "generate", "decode_serial": "reward",
              "rollout_sleep_wake": "optimizer", "weight_gather": "optimizer", "param_offload": "optimizer",
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
              "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer"}

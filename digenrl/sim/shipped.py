@@ -77,7 +77,8 @@ class System:
     label: str
     sampler: str  # copy-sleep (separate rollout copy, offloaded and reloaded every step) | copy (resident
     #               separate copy) | shared (the trained module, unwrapped) | fsdp (the FSDP-wrapped module)
-    shard: str  # world (FSDP FULL_SHARD over every GPU) | replicated (every GPU holds the whole model)
+    shard: str  # world (FSDP FULL_SHARD over every GPU) | replicated (every GPU holds the whole model) |
+    #             zero2 (DeepSpeed ZeRO-2: weights replicated, gradients and optimizer state sharded)
     cfg_calls: int  # sampling CFG: 1 = cond and uncond in one call over 2B rows, 2 = two calls over B
     train_cfg_calls: int  # the same in training (policy, reference and recomputed forwards)
     encode_per_sample: bool  # every sample a request of its own: the text encoder runs per sample
@@ -203,7 +204,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
                 f"{GR}:config/default.yaml:32,49",
         }),
     System(
-        "flow_grpo", "flow_grpo", sampler="shared", shard="replicated", cfg_calls=1, train_cfg_calls=1,
+        "flow_grpo", "flow_grpo", sampler="shared", shard="zero2", cfg_calls=1, train_cfg_calls=1,
         encode_per_sample=False, recompute_logp=False, logp_batch=None, reduce_every_backward=False,
         param_moves=0, optimizer_moves=0, gather_bytes=0, reward="overlap", reward_moves=False,
         decode_serial=False, optimizer_steps=2,
@@ -247,8 +248,30 @@ def get_system(name: str) -> System:
 
 
 def shard_group(system: System, n_gpus: int) -> int:
-    """GPUs one FSDP shard group spans (1: replicated)."""
+    """GPUs one FSDP shard group spans (1: weights replicated, DDP or ZeRO-2)."""
     return n_gpus if system.shard == "world" else 1
+
+
+def fit(cm, system: System, tb, device: str, n_gpus: int):
+    """Does the system as shipped hold its training phase on one GPU? memory.fits over what its code
+    keeps resident while it trains: the trainer state (sharded over every GPU for FSDP; gradients
+    and optimizer state only for ZeRO-2; an offloading system loads all of it back to train), the
+    reference copy of a full fine-tune with KL, and the text encoder, VAE and reward model where
+    they stay on the GPU (veRL-Omni's rollout copy and reward server sleep while it trains).
+    Returns (fits, peak GiB, usable GiB)."""
+    kw = dict(lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank,
+              reward=tb.reward, train_batch=tb.micro_batch)
+    roles = ["trainer"] + (["ref"] if tb.kl and not tb.lora else [])
+    if system.sampler != "copy-sleep":
+        roles += ["text_encoder", "vae"]
+    if system.reward == "overlap" and not system.reward_moves:
+        roles += ["reward"]
+    rep = cm.fits(tb.model, roles, device, fsdp_shards=shard_group(system, n_gpus), **kw)
+    peak = rep.train_peak_gib
+    if system.shard == "zero2" and n_gpus > 1:  # gradients and optimizer state sharded, weights whole
+        t = rep.roles["trainer"]
+        peak -= (t.grads + t.optimizer) * (1 - 1 / n_gpus)
+    return peak <= rep.usable_gib, peak, rep.usable_gib
 
 
 def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> dict[str, float]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
 from digenrl.sim.planner import PLAN_STEPS, plan
+from digenrl.sim.shipped import SYSTEMS
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import Report, ideal_step_s, run_spec
 from digenrl.sim.testbed import Pool, Testbed, load_testbed
@@ -146,7 +147,10 @@ def _note(base: str, b, total: float, f: dict, per_dollar: bool, hetero_tb: bool
     if total >= PAPER_SPEEDUP:
         return ""
     why = []
-    if ROWS[base][0] == "colocated":
+    if ROWS[base][1] in SYSTEMS:  # a peer as shipped: the costs it pays beyond the work, largest first
+        paid = sorted(((v / b.n_gpus, k) for k, v in b.overhead_ws.items() if v > 0), reverse=True)[:3]
+        why.append("its largest costs per GPU-step: " + (", ".join(f"{k} {v:.1f} s" for v, k in paid) or "none"))
+    elif ROWS[base][0] == "colocated":
         cfg = b.colocated_config or ""
         paid = {k: v for k, v in b.overhead_ws.items() if v > 0}
         if cfg.startswith("replicated") and "+offload" not in cfg:

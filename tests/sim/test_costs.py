@@ -21,7 +21,9 @@ def cm():
 # ---- the fit reproduces the calibration ------------------------------------------
 
 # The one point a linear fit with a physical slope cannot reach (see calibration.FIT_NOTES).
-OUTLIERS = {("qwen-image-20b", "fwd+bwd", True)}
+# Points a FLOP floor moves off the least-squares line (calibration.py module doc): qwen's ckpt
+# batch 1; sd3.5's launch-bound forwards (-5% at batch 1, +8% at batch 4 under the forward floor).
+OUTLIERS = {("qwen-image-20b", "fwd+bwd", True), ("sd3.5-medium", "forward", None)}
 
 
 def test_reproduces_every_calibration_point(cm):

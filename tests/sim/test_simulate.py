@@ -72,6 +72,16 @@ def test_colocated_pays_its_costs_where_they_happen(report):
     assert report.decomposition["verl-omni"]["factors"]["baseline_costs"] > 1.0
 
 
+def test_shipped_rows_do_the_same_work(report):
+    """A shipped system's extra seconds land in overhead/comm, never in the work columns: generation
+    and training per GPU-step equal the ideal row's (same samples, same forwards)."""
+    ideal = report.rows["colocated-ideal"].breakdown_s
+    for row in ("verl-omni", "genrl", "flow_grpo"):
+        b = report.rows[row].breakdown_s
+        for col in ("generate", "train"):
+            assert b[col] == pytest.approx(ideal[col], rel=0.02), (row, col)
+
+
 def test_writes_json_and_gantts(report):
     for p in report.gantt.values():
         with open(p, "rb") as f:
