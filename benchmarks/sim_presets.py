@@ -1,8 +1,10 @@
 """The paper-preset table: every packaged testbed, every mode, side by side.
 
-    python benchmarks/sim_presets.py [--out results/sim] [--steps 12] [--presets a,b]
+    python benchmarks/sim_presets.py [--out results/sim] [--steps 12] [--presets a,b] [--no-published]
 
-Prints one table per preset (see docs/simulator.md for the columns) and writes
+Prints the shipped rows against the peers' published step times (sim/published.py), then one
+table per preset (see docs/simulator.md for the columns: the shipped rows, colocated-ideal and the
+ladder, every speedup decomposed), then a markdown summary, and writes
 report-<preset>.json, gantt-<preset>-<mode>.png and summary.json into --out.
 """
 
@@ -59,10 +61,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--presets", help="comma-separated preset names (default: all but the small test preset)")
     p.add_argument("--memory", action="store_true", help="print the memory table (markdown) and exit")
+    p.add_argument("--no-published", dest="published", action="store_false",
+                   help="skip the published-figures table printed first")
     a = p.parse_args(argv)
     if a.memory:
         print("\n".join(memory_rows()))
         return 0
+    if a.published:
+        from digenrl.sim.published import FIGURES, predict, table
+
+        print("== the shipped rows against the step times the peers publish (sim/published.py)")
+        print(table([predict(f) for f in FIGURES]) + "\n", flush=True)
     names = a.presets.split(",") if a.presets else [n for n in list_presets() if not n.startswith("small")]
     summary = {}
     for name in names:
@@ -79,12 +88,19 @@ def main(argv=None) -> int:
             "digenrl_plan": knobs,
             "trainer_memory_gib": trainer_memory(rep.testbed, knobs),
         }
-    print("== summary: digenrl utilisation of the ideal bound, speedups, plan")
+    print("== summary: digenrl utilisation of the ideal bound, speedups (a x b x c x r), plan")
+    bases = list(next(iter(summary.values()))["speedups"]) if summary else []
+    print("| preset | digenrl util | " + " | ".join(f"vs {b}" for b in bases) + " | digenrl plan |")
+    print("|---" * (len(bases) + 3) + "|")
     for name, s in summary.items():
-        sp = "  ".join(f"{b} {v:.2f}x" for b, v in s["speedups"].items())
         k = s["digenrl_plan"]
-        print(f"{name:<32} util {100 * s['digenrl_utilisation']:5.1f}%  {sp}  "
-              f"gang {k.get('gang')} {k.get('reshard')} rollout {k.get('n_rollout', '-')}")
+        cells = []
+        for b in bases:
+            f = s["factors"][b]
+            cells.append(f"{s['speedups'][b]:.2f}x = {f['baseline_costs']:.2f} x {f['heterogeneity']:.2f} x "
+                         f"{f['independent_scaling']:.2f} x {f['overlap']:.2f}")
+        print(f"| {name} | {100 * s['digenrl_utilisation']:.1f}% | " + " | ".join(cells) +
+              f" | gang {k.get('gang')} {k.get('reshard')}, rollout {k.get('n_rollout', 'fixed')} |")
     print("== memory per trainer GPU of digenrl's plan (GiB; memory.py)")
     for name, s in summary.items():
         m = s["trainer_memory_gib"]
