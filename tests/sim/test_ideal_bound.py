@@ -279,3 +279,30 @@ def test_growing_rollout_lead_does_not_shorten_a_trainer_bound_step():
     # in a true steady state (12 steps) the window's wall time is the step: unchanged by the rule
     long = run_spec(tb, HETERO_LEAD_SPEC, 12, cm)
     assert r.step_s == pytest.approx(long.step_s, rel=1e-9)
+
+
+# 2 H20, colocated GenRL with micro-batches of 3 samples cut from prompt groups of 2: each
+# unit encoded 3 // 2 = 1 prompt though it touches 2 (4 encodings for 6 prompts), which read
+# 100.7% of the ideal; durations now counts the prompt groups a whole unit touches.
+CUT_GROUPS = {
+    "name": "cut-groups",
+    "pools": [{"name": "all", "count": 2, "device": "H20", "role": "any", "gpus_per_node": 4}],
+    "model": "wan2.1-1.3b", "height": 256, "width": 512, "frames": 5, "denoise_steps": 2, "trained_steps": 1,
+    "group_size": 2, "groups_per_step": 6, "micro_batch": 2, "rollout_batch": 3, "lora": True,
+    "grad_ckpt": False, "reward": "videoalign", "weight_sync": "nccl",
+}
+CUT_GROUPS_SPEC = RunSpec(mode="colocated", micro_batch_groups=3, samples_per_group=1, tsp_chunk=1, style="genrl")
+
+
+def test_units_that_cut_prompt_groups_encode_every_prompt_they_touch():
+    cm = CostModel()
+    tb = Testbed.from_dict(CUT_GROUPS)
+    ideal = ideal_step_s(tb, cm)["step_s"]
+    r = run_spec(tb, CUT_GROUPS_SPEC, STEPS, cm)
+    assert r.step_s >= ideal * (1 - TOL), _failure(CUT_GROUPS, "genrl", CUT_GROUPS_SPEC, r.step_s, ideal)
+    # by hand: 4 units of samples [0,3) [3,6) [6,9) [9,12) touch prompts {0,1} {1,2} {3,4} {4,5}:
+    # one encoder pass of 2 prompts each (was: of 1), plus 2 denoising steps of one forward of 3;
+    # 4 units over 2 GPUs
+    enc = float(cm.text_encode_s(tb.model, "H20", 2))
+    gen = float(cm.denoise_s(tb.model, "H20", 3, False, tb.shape))
+    assert r.breakdown_s["generate"] == pytest.approx((4 * enc + 4 * 2 * gen) / 2, rel=1e-9)
