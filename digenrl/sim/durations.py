@@ -247,12 +247,17 @@ class DurationFn:
     def __call__(self, worker: Worker, unit) -> float:
         return _UNIT_COST[type(unit)](self, worker, self.layout.device[worker.id], unit)
 
-    def _rows(self, unit) -> tuple[int, tuple[int, int] | None]:
-        """Samples of a Generate / Train unit, and its shard's sample indices within the step."""
+    def _rows(self, unit) -> tuple[int, tuple[int, int]]:
+        """Samples of a Generate / Train unit, and its (shard's) sample indices [first, last)
+        within the step. Whole units too: with samples_per_group < group_size a micro-batch
+        may start mid prompt group, and the prompts it encodes follow from where it starts
+        (3 samples from sample 3 of groups of 2 touch prompts 1 and 2, not 3 // 2 = 1)."""
+        spg = self.samples_per_group
+        base = unit.groups[0] * spg  # sched.partition: a unit's groups are contiguous
         r = unit.samples
         if r is None:
-            return len(unit.groups) * self.samples_per_group, None
-        base = unit.groups[0] * self.samples_per_group
+            n = len(unit.groups) * spg
+            return n, (base, base + n)
         return r[1] - r[0], (base + r[0], base + r[1])
 
     def _generate_unit(self, worker: Worker, dev: str, unit: Generate) -> float:

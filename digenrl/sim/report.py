@@ -26,12 +26,17 @@ one-step-off) may enter the window with generation done for its steps before t0 
 built while the pipeline filled) and leave it with less: the window's wall time then
 undercounts those steps. Their GPU-seconds W_steps (every unit of steps a+1..b, whole) and
 the GPU-seconds inside the window W_in differ by what the lead shrank or grew, and
-    step_s = (t1 - t0 + (W_steps - W_in) / GPUs) / (b - a)
-spreads that difference over every GPU, as if the window had done it at no loss. Then
-step_s >= W_steps / GPUs / (b - a) >= the ideal bound (W_steps >= the useful work), so no
-mode can exceed 100% of the ideal by borrowing work done before the window; a mode in a true
-steady state (same lead at both ends) is unchanged. The breakdown is W_steps per kind.
-Bubbles use the window's wall time.
+    step_s = max over device types d of (t1 - t0 + (W_steps[d] - W_in[d]) / GPUs[d]) / (b - a)
+spreads that difference over the GPUs of the device type that did the work, as if the
+window had done it at no loss. Then step_s >= W_steps[d] / GPUs[d] / (b - a) for every d:
+the steps' actual placement of work on device types, whose fluid version the ideal bound
+minimises, so step_s >= the ideal bound and no mode can exceed 100% of it by borrowing work
+done before the window; a mode in a true steady state (same lead at both ends) is unchanged.
+Per device type, not over all GPUs: on a heterogeneous testbed the rollout GPUs may grow
+their lead inside the window while the trainers bound the step; spreading that negative
+difference over the trainers too read up to 103% of the ideal (tests/sim/test_ideal_bound.py).
+One device type (every homogeneous testbed): the same number as one sum over all GPUs.
+The breakdown is W_steps per kind. Bubbles use the window's wall time.
 """
 
 from __future__ import annotations
@@ -158,14 +163,21 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     n_steps = b - a
     n = fn.layout.n_gpus  # GPUs: a trainer gang holds several
     busy = {k: 0.0 for k in KINDS}  # W_steps per kind: whole units of steps a+1..b
-    w_in = 0.0  # GPU-seconds inside [t0, t1], whichever step they belong to
-    gpus = fn.layout.gpus
+    gpus, device = fn.layout.gpus, fn.layout.device
+    # Per device type d: GPUs[d], W_steps[d] - W_in[d] (GPU-seconds; W_in: inside [t0, t1],
+    # whichever step they belong to)
+    n_dev: dict[str, int] = {}
+    lead: dict[str, float] = {}
+    for w in fn.layout.workers:
+        n_dev[device[w.id]] = n_dev.get(device[w.id], 0) + gpus.get(w.id, 1)
+        lead.setdefault(device[w.id], 0.0)
     for s in trace.spans:  # GPU-seconds: a gang's span occupies all its GPUs
-        g = gpus.get(s.worker, 1)
-        w_in += max(0.0, min(s.end, t1) - max(s.start, t0)) * g
+        g, d = gpus.get(s.worker, 1), device[s.worker]
+        lead[d] -= max(0.0, min(s.end, t1) - max(s.start, t0)) * g
         if s.step is not None and a < s.step <= b:
             busy[s.kind] += (s.end - s.start) * g
-    step_s = (t1 - t0 + (sum(busy.values()) - w_in) / n) / n_steps  # see the module doc
+            lead[d] += (s.end - s.start) * g
+    step_s = max(t1 - t0 + lead[d] / n_dev[d] for d in n_dev) / n_steps  # see the module doc
     over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
     bd = {k: v / n_steps / n for k, v in busy.items()}
     # Baseline overheads and exposed gang collectives were inside units: their own columns.
