@@ -319,3 +319,18 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
     if system.optimizer_steps > 1:
         out["extra_optimizer"] = (system.optimizer_steps - 1) * float(cm.optimizer_step_s(trainable / shards, device))
     return {k: v for k, v in out.items() if v > 0}
+
+
+def citations_markdown() -> str:
+    """docs/simulator.md's table of every shipped mechanism and the code that runs it."""
+    rows = ["| system | mechanism | where its code does it |", "|---|---|---|"]
+    for s in SYSTEMS.values():
+        for what, where in s.sources.items():
+            if s.name.endswith("-async-reward") and what in SYSTEMS["verl-omni"].sources:
+                continue  # inherited from verl-omni: listed there
+            rows.append(f"| {s.name} | {what} | {'; '.join(f'`{w.strip()}`' for w in where.split(';'))} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(citations_markdown())
