@@ -245,7 +245,7 @@ def test_flow_grpo_flux_digenrl_within_the_ideal_bound(flux):
     assert ideal / r.step_s <= 1.0, _failure(FLOW_GRPO_FLUX, "digenrl", FLUX_DIGENRL, r.step_s, ideal)
 
 
-@pytest.mark.parametrize("label", ["colocated", "one-step-off"])
+@pytest.mark.parametrize("label", ["colocated-ideal", "verl-omni", "flow_grpo", "one-step-off"])
 def test_flow_grpo_flux_generation_matches_the_baselines(flux, label):
     # Every row generates the same samples with the same forwards (rollout_batch 3), so the
     # generate column (GPU-seconds per step / GPUs) must agree; the window error showed as
