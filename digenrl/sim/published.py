@@ -72,13 +72,13 @@ class Figure:
 
 
 FIGURES = (
-    Figure("verl-omni qwen-image full FT, 4x H200", "verl-omni", 250.0, "s/step",
+    Figure("verl-omni qwen-image full FT, 4x H200", "verl-omni@2026-05", 250.0, "s/step",
            f"{VO}:docs/algo/performance.md:51 (recipe {VO_FT}:examples/flowgrpo_trainer/run_qwen_image_ocr.sh)",
            _qwen_ocr("verl-omni-qwen-full-h200x4", "H200", lora=False, cfg=False)),
-    Figure("verl-omni qwen-image LoRA 64, 4x H800, reward on the same GPUs", "verl-omni", 420.0, "s/step",
+    Figure("verl-omni qwen-image LoRA 64, 4x H800, reward on the same GPUs", "verl-omni@2026-05", 420.0, "s/step",
            f"{VO}:docs/algo/performance.md:16 (recipe {VO_LORA}:examples/flowgrpo_trainer/run_qwen_image_ocr_lora.sh)",
            _qwen_ocr("verl-omni-qwen-lora-h800x4", "H800", lora=True, cfg=True)),
-    Figure("verl-omni qwen-image LoRA 64, 4x H800, async reward on a 5th GPU", "verl-omni-async-reward", 360.0,
+    Figure("verl-omni qwen-image LoRA 64, 4x H800, async reward on a 5th GPU", "verl-omni@2026-05-async-reward", 360.0,
            "s/step",
            f"{VO}:docs/algo/performance.md:17 (recipe {VO}:examples/flowgrpo_trainer/qwen_image/"
            "run_qwen_image_ocr_lora_async_reward.sh)",

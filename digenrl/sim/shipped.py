@@ -104,7 +104,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
         encode_per_sample=True, recompute_logp=True, logp_batch=32, reduce_every_backward=True,
         param_moves=3, optimizer_moves=1, gather_bytes=4, reward="phase", reward_moves=False,
         decode_serial=False, optimizer_steps=2, pageable_offload=True,
-        dispatch=Dispatch(out=2, into=1, image_bytes=4, latent_bytes=4, negative="cfg", reward_out=True),
+        dispatch=Dispatch(out=2, into=1, image_bytes=1, latent_bytes=4, negative="cfg", reward_out=True),
         sources={
             "rollout copy sleeps (level 1: DiT, text encoder, VAE to host) every step":
                 f"{VO}:verl_omni/trainer/diffusion/ray_diffusion_trainer.py:1167; "
@@ -139,10 +139,10 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
                 f"{VO}:docs/algo/flowgrpo.md:188-202",
             "offload copies to unpinned host memory":
                 f"{VL}:verl/utils/fsdp_utils.py:169-249",
-            "the whole batch through the driver: generation back (fp32 images, fp32 window latents, "
+            "the whole batch through the driver: generation back (uint8 images, fp32 window latents, "
             "prompt and negative embeds), then out to the reward worker, old log-probs and the update":
-                f"{VO_LORA}:verl_omni/trainer/diffusion/ray_diffusion_trainer.py:882-897; "
-                f"{VO_LORA}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:188; "
+                f"{VO}:verl_omni/trainer/diffusion/ray_diffusion_trainer.py:1177-1188; "
+                f"{VO}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:80-88; "
                 f"{VO_LORA}:verl_omni/experimental/agent_loop/diffusion_agent_loop.py:214-222; "
                 f"{VL}:verl/protocol.py:388-420",
         }),
@@ -231,13 +231,20 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
 ]}
 
 
+# veRL-Omni as it was when it published its Qwen-Image figures (1cf9aa94, c415a591): the same
+# mechanisms, but the rollout returned fp32 images (uint8 since), so every dispatch moved 4x the pixels.
+_SPRING = dataclasses.replace(
+    SYSTEMS["verl-omni"], name="verl-omni@2026-05", label="veRL-Omni (May 2026)",
+    dispatch=dataclasses.replace(SYSTEMS["verl-omni"].dispatch, image_bytes=4),
+    sources={"images returned as fp32 (PILToTensor().float() / 255)":
+             f"{VO_LORA}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:188; "
+             f"{VO_FT}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:205"})
 _ASYNC_REWARD = dataclasses.replace(
-    SYSTEMS["verl-omni"], name="verl-omni-async-reward", label="veRL-Omni, async reward GPU", reward="pool",
-    sources={**SYSTEMS["verl-omni"].sources,
-             "reward on a GPU pool of its own, each sample scored as it finishes (no wake/sleep)":
-                 f"{VO}:verl_omni/agent_loop/diffusion_agent_loop.py:305-333; "
-                 f"{VO}:examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora_async_reward.sh:14-17,60-66"})
-SYSTEMS[_ASYNC_REWARD.name] = _ASYNC_REWARD
+    _SPRING, name="verl-omni@2026-05-async-reward", label="veRL-Omni (May 2026), async reward GPU", reward="pool",
+    sources={"reward on a GPU pool of its own, each sample scored as it finishes (no wake/sleep)":
+             f"{VO}:verl_omni/agent_loop/diffusion_agent_loop.py:305-333; "
+             f"{VO}:examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora_async_reward.sh:14-17,60-66"})
+SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD})
 
 
 def get_system(name: str) -> System:
@@ -324,10 +331,8 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
 def citations_markdown() -> str:
     """docs/simulator.md's table of every shipped mechanism and the code that runs it."""
     rows = ["| system | mechanism | where its code does it |", "|---|---|---|"]
-    for s in SYSTEMS.values():
+    for s in SYSTEMS.values():  # variants list only what differs from the system they derive from
         for what, where in s.sources.items():
-            if s.name.endswith("-async-reward") and what in SYSTEMS["verl-omni"].sources:
-                continue  # inherited from verl-omni: listed there
             rows.append(f"| {s.name} | {what} | {'; '.join(f'`{w.strip()}`' for w in where.split(';'))} |")
     return "\n".join(rows)
 

@@ -52,10 +52,10 @@ def test_async_reward_moves_only_the_reward(cm):
     """The 5th-GPU figure differs from the same-GPU one by the reward's placement alone: no wake and
     sleep of the reward model, no batch shipped to a reward worker; everything else identical."""
     sync, async_ = (next(f for f in FIGURES if f.system == s and f.testbed.lora)
-                    for s in ("verl-omni", "verl-omni-async-reward"))
+                    for s in ("verl-omni@2026-05", "verl-omni@2026-05-async-reward"))
     assert sync.testbed.__dict__ | {"name": ""} == async_.testbed.__dict__ | {"name": ""}
-    a = step_costs(cm, SYSTEMS["verl-omni"], sync.testbed, "H800", 4, "nvlink-h800")
-    b = step_costs(cm, SYSTEMS["verl-omni-async-reward"], async_.testbed, "H800", 4, "nvlink-h800")
+    a = step_costs(cm, SYSTEMS[sync.system], sync.testbed, "H800", 4, "nvlink-h800")
+    b = step_costs(cm, SYSTEMS[async_.system], async_.testbed, "H800", 4, "nvlink-h800")
     assert "reward_moves" in a and "reward_moves" not in b
     assert b["driver_dispatch"] < a["driver_dispatch"]
     assert {k: v for k, v in a.items() if k not in ("reward_moves", "driver_dispatch")} == \
@@ -68,7 +68,7 @@ def test_fp32_gather_and_pageable_offload_price_what_they_move(cm):
     import dataclasses
 
     fig = FIGURES[0]
-    vo = SYSTEMS["verl-omni"]
+    vo = SYSTEMS[fig.system]
     full = step_costs(cm, vo, fig.testbed, "H200", 4, "nvlink")
     bf16 = step_costs(cm, dataclasses.replace(vo, gather_bytes=2), fig.testbed, "H200", 4, "nvlink")
     pinned = step_costs(cm, dataclasses.replace(vo, pageable_offload=False), fig.testbed, "H200", 4, "nvlink")
