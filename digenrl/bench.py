@@ -256,7 +256,9 @@ def bench_main(argv: Optional[Sequence[str]] = None) -> int:
 
         if not args.testbed:
             p.error("--emulated needs --testbed (a preset name or a YAML file)")
-        modes = [m for m in modes or ALL if m != "local"]
+        from digenrl.sim.simulate import row_name
+
+        modes = [row_name(m) for m in modes or ALL if m != "local"]  # run.mode=colocated: colocated-ideal
         bad = [m for m in modes if m not in ALL]
         if bad:
             p.error(f"--modes: unknown {bad}; allowed: {', '.join(ALL)}")

@@ -20,7 +20,7 @@ from digenrl.runtime.emulated import ActorPool  # noqa: E402
 from digenrl.sim.planner import PLAN_STEPS, plan  # noqa: E402
 from digenrl.sim.costs import default_cost_model  # noqa: E402
 from digenrl.sim.report import run_spec  # noqa: E402
-from digenrl.sim.simulate import ROWS  # noqa: E402
+from digenrl.sim.simulate import ROWS, row_name  # noqa: E402
 from digenrl.sim.testbed import load_testbed  # noqa: E402
 
 MODES = ("colocated", "disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
@@ -47,7 +47,7 @@ def small():
 
 def _emulate(actors, small, label):
     cm = default_cost_model()
-    mode, style = ROWS[label]
+    mode, style = ROWS[row_name(label)]  # run.mode=colocated: the colocated-ideal row
     spec = plan(small, mode=mode, style=style, steps=PLAN_STEPS, cm=cm).spec
     sim = run_spec(small, spec, PLAN_STEPS, cm, keep_trace=True)
     t0 = time.time()
