@@ -281,18 +281,19 @@ class DurationFn:
     def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
         n = len(unit.groups) * self.samples_per_group
         if self.system is not None and self.system.reward == "pool":  # scored on the reward pool: the decode stays
-            tb = self.tb
-            t = self._memo(("decodeb", dev, n), lambda: _in_batches(
-                n, tb.rollout_batch, lambda b: self.cm.vae_decode_s(tb.model, dev, b, tb.shape)))
+            t = self._decode(dev, n, self.tb.rollout_batch)
         else:
             t = self._reward(dev, n)
         if self.system is not None and self.system.decode_serial:  # one decode per sample (batch 1)
-            tb = self.tb
-            serial = self._memo(("decode1", dev, n), lambda: n * float(self.cm.vae_decode_s(tb.model, dev, 1, tb.shape)))
-            batched = self._memo(("decodeb", dev, n), lambda: _in_batches(
-                n, tb.rollout_batch, lambda b: self.cm.vae_decode_s(tb.model, dev, b, tb.shape)))
-            t += self._overhead("decode_serial", max(0.0, serial - batched))
+            t += self._overhead("decode_serial", max(0.0, self._decode(dev, n, 1)
+                                                      - self._decode(dev, n, self.tb.rollout_batch)))
         return t
+
+    def _decode(self, dev: str, n: int, batch: int) -> float:
+        """VAE decode of n samples in batches of `batch`."""
+        tb = self.tb
+        return self._memo(("decode", dev, n, batch), lambda: _in_batches(
+            n, batch, lambda b: self.cm.vae_decode_s(tb.model, dev, b, tb.shape)))
 
     def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
         n, _ = self._rows(unit)
@@ -350,11 +351,15 @@ class DurationFn:
 
         t = steps * self._memo(("gen", dev, n), per_step)
         if encode:  # one prompt per sample group; the text encoder runs once per prompt
-            g = self.tb.group_size
-            # a shard encodes every prompt group it touches (a group cut in two: both halves)
-            prompts = max(1, n // g) if rows is None else (rows[1] - 1) // g - rows[0] // g + 1
+            prompts = self._prompts(n, rows)
             t += self._memo(("enc", dev, prompts), lambda: cm.text_encode_s(tb.model, dev, prompts))
         return t
+
+    def _prompts(self, n: int, rows) -> int:
+        """Prompt groups a unit of n samples encodes: every group its rows touch (a group cut in
+        two: both halves)."""
+        g = self.tb.group_size
+        return max(1, n // g) if rows is None else (rows[1] - 1) // g - rows[0] // g + 1
 
     def _reward(self, dev: str, n: int) -> float:
         tb, cm = self.tb, self.cm
@@ -374,11 +379,13 @@ class DurationFn:
         return k * self._memo(("train", dev, n), per_step)
 
     def _fwd(self, dev: str, b: int, cfg: bool, calls: int) -> float:
-        """One no-grad transformer forward of b samples: CFG in one call over 2b rows, or two calls."""
+        """One no-grad transformer forward of b samples (CostModel.recompute_logp_s for one step):
+        CFG in one call over 2b rows, or two calls over b."""
         tb, cm = self.tb, self.cm
-        if cfg and calls == 2:
-            return 2 * float(cm.denoise_s(tb.model, dev, b, False, tb.shape))
-        return float(cm.denoise_s(tb.model, dev, b, cfg, tb.shape))
+
+        def forward(rows_cfg: bool) -> float:
+            return float(cm.recompute_logp_s(tb.model, dev, b, 1, rows_cfg, tb.shape))
+        return 2 * forward(False) if cfg and calls == 2 else forward(cfg)
 
     # ---- a shipped system's mechanisms (shipped.py), beyond what our units cost ----------
     def _shipped_gen_extra(self, dev: str, n: int, steps: int, encode: bool, rows) -> float:
@@ -396,8 +403,7 @@ class DurationFn:
                 cm.fsdp_gather_per_forward_s(tb.model, dev, self.col_shards, link, b, tb.cfg and calls == 1, tb.shape))))
             t += self._overhead("fsdp_gather", steps * per)
         if encode and sy.encode_per_sample:
-            g = tb.group_size
-            prompts = max(1, n // g) if rows is None else (rows[1] - 1) // g - rows[0] // g + 1
+            prompts = self._prompts(n, rows)
             requests = n * (2 if tb.cfg else 1)  # each sample a request; the negative prompt encoded too
             t += self._overhead("encode_per_sample", max(0.0, float(cm.text_encode_s(tb.model, dev, requests))
                                                           - float(cm.text_encode_s(tb.model, dev, prompts))))
@@ -424,9 +430,7 @@ class DurationFn:
         return t
 
     def _recompute_s(self, dev: str, n: int, k: int) -> float:
-        tb, cm = self.tb, self.cm
-
-        sy = self.system
+        tb, sy = self.tb, self.system
         batch = (sy.logp_batch if sy is not None and sy.logp_batch else tb.micro_batch)
         calls = sy.train_cfg_calls if sy is not None else 1
 

@@ -11,7 +11,6 @@ requires every prediction within +-25%, or names the cost that stays unexplained
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from digenrl.sim.shipped import MM, VO, VO_FT, VO_LORA
