@@ -83,7 +83,7 @@ class System:
     train_cfg_calls: int  # the same in training (policy, reference and recomputed forwards)
     encode_per_sample: bool  # every sample a request of its own: the text encoder runs per sample
     recompute_logp: bool  # old log-probs recomputed by the trainer (one no-grad pass per trained step)
-    logp_batch: int | None  # micro-batch of the recompute / reference pass (None: the train micro-batch)
+    logp_batch: int | None  # micro-batch of the recomputed old log-probs (None: the train micro-batch)
     reduce_every_backward: bool  # no no_sync: a gradient reduction after every (micro-batch, step) backward
     param_moves: int  # param shard host<->device round trips per RL step (offload); 0: resident
     optimizer_moves: int  # optimizer state (+ grads) round trips per RL step
