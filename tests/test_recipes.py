@@ -70,3 +70,29 @@ def test_family_recipe_roles_fit_one_h200(family, recipe):
     rollout = cost.fits(COST_MODEL_NAMES[family], ["rollout"], "H200", gen_batch=micro_batch, **kw)
     assert trainer.fits, f"{recipe}: trainer needs {trainer.peak_gib:.0f} GiB of {trainer.usable_gib:.0f}"
     assert rollout.fits, f"{recipe}: rollout needs {rollout.peak_gib:.0f} GiB of {rollout.usable_gib:.0f}"
+
+
+@pytest.mark.parametrize("family,recipe", [(f, r) for f, r in sorted(FAMILY_RECIPES.items())
+                                           if "lora_targets" in (Path(__file__).resolve().parents[1] / "recipes" / r)
+                                           .read_text()])
+def test_recipe_lora_targets_name_linear_layers_of_its_family(family, recipe, tmp_path):
+    """A recipe that lists its own LoRA targets names, with each, at least one nn.Linear of the
+    family's transformer (suffix match, as peft applies them): a target that matches nothing
+    would train less than the recipe claims, silently. (The family defaults are not checked
+    here: the tiny SD3 has one block, the last, which has no to_add_out.)"""
+    pytest.importorskip("diffusers")
+    import torch
+
+    from tests.models.tiny_diffusers import FAMILY_SETUPS
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+    targets = tuple(cfg.model.lora_targets)
+    root = FAMILY_SETUPS[family][0](tmp_path / family)
+    import diffusers
+
+    cls = {"flux": "FluxTransformer2DModel", "sd3": "SD3Transformer2DModel", "wan": "WanTransformer3DModel",
+           "qwen-image": "QwenImageTransformer2DModel", "hunyuan-video": "HunyuanVideoTransformer3DModel"}[family]
+    module = getattr(diffusers, cls).from_pretrained(root / "transformer")
+    linear = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    for t in targets:
+        assert any(n == t or n.endswith("." + t) for n in linear), (recipe, t)
