@@ -200,7 +200,8 @@ class DurationFn:
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
         tb, p = self.tb, self.trainer_pool
-        plan = style_plan(self.cm, IDEAL if self.style in SYSTEMS else self.style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
+        style = IDEAL if self.style in SYSTEMS else self.style  # a shipped system zeroed: the ideal's plan
+        plan = style_plan(self.cm, style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
                           intra=p.intra_link or tb.links.intra_node,
                           inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
                           train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,

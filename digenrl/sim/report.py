@@ -141,25 +141,25 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
 def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
     """(t0, t1, RL steps between them): optimizer-step ends steps // 3 and steps - 2, or the
     whole run when steps < 3 (see the module doc)."""
-    t0, t1, _, a, b = _window(trace, steps)
+    t0, t1, a, b = _window(trace, steps)
     return t0, t1, b - a
 
 
-def _window(trace: Trace, steps: int) -> tuple[float, float, int, int, int]:
-    """(t0, t1, -, a, b): the window's times and its steps a+1..b (a = -1: the whole run)."""
+def _window(trace: Trace, steps: int) -> tuple[float, float, int, int]:
+    """(t0, t1, a, b): the window's times and its steps a+1..b (a = -1: the whole run)."""
     opt_end: dict[int, float] = {}
     for s in trace.spans:
         if s.kind == "optimizer":
             opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
     if steps >= 3:
         a, b = steps // 3, steps - 2
-        return opt_end[a], opt_end[b], 0, a, b
-    return 0.0, opt_end[steps - 1], 0, -1, steps - 1
+        return opt_end[a], opt_end[b], a, b
+    return 0.0, opt_end[steps - 1], -1, steps - 1
 
 
 def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int,
             keep_trace: bool = False) -> RunResult:
-    t0, t1, _, a, b = _window(trace, steps)
+    t0, t1, a, b = _window(trace, steps)
     n_steps = b - a
     n = fn.layout.n_gpus  # GPUs: a trainer gang holds several
     busy = {k: 0.0 for k in KINDS}  # W_steps per kind: whole units of steps a+1..b

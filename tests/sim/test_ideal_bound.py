@@ -277,12 +277,18 @@ HETERO_LEAD_SPEC = RunSpec(mode="digenrl", micro_batch_groups=1, tsp_chunk=1, ta
                            train_shard=2, reshard="after-step")
 
 
-def test_growing_rollout_lead_does_not_shorten_a_trainer_bound_step():
+def _within_bound(d: dict, label: str, spec: RunSpec):
+    """Run one regression case for STEPS steps; assert it stays within the ideal bound."""
     cm = CostModel()
-    tb = Testbed.from_dict(HETERO_LEAD)
+    tb = Testbed.from_dict(d)
     ideal = ideal_step_s(tb, cm)["step_s"]
-    r = run_spec(tb, HETERO_LEAD_SPEC, STEPS, cm)
-    assert r.step_s >= ideal * (1 - TOL), _failure(HETERO_LEAD, "digenrl", HETERO_LEAD_SPEC, r.step_s, ideal)
+    r = run_spec(tb, spec, STEPS, cm)
+    assert r.step_s >= ideal * (1 - TOL), _failure(d, label, spec, r.step_s, ideal)
+    return tb, cm, r
+
+
+def test_growing_rollout_lead_does_not_shorten_a_trainer_bound_step():
+    tb, cm, r = _within_bound(HETERO_LEAD, "digenrl", HETERO_LEAD_SPEC)
     # in a true steady state (12 steps) the window's wall time is the step: unchanged by the rule
     long = run_spec(tb, HETERO_LEAD_SPEC, 12, cm)
     assert r.step_s == pytest.approx(long.step_s, rel=1e-9)
@@ -302,11 +308,7 @@ CUT_GROUPS_SPEC = RunSpec(mode="colocated", micro_batch_groups=3, samples_per_gr
 
 
 def test_units_that_cut_prompt_groups_encode_every_prompt_they_touch():
-    cm = CostModel()
-    tb = Testbed.from_dict(CUT_GROUPS)
-    ideal = ideal_step_s(tb, cm)["step_s"]
-    r = run_spec(tb, CUT_GROUPS_SPEC, STEPS, cm)
-    assert r.step_s >= ideal * (1 - TOL), _failure(CUT_GROUPS, "genrl", CUT_GROUPS_SPEC, r.step_s, ideal)
+    tb, cm, r = _within_bound(CUT_GROUPS, "genrl", CUT_GROUPS_SPEC)
     # by hand: 4 units of samples [0,3) [3,6) [6,9) [9,12) touch prompts {0,1} {1,2} {3,4} {4,5}:
     # one encoder pass of 2 prompts each (was: of 1), plus 2 denoising steps of one forward of 3;
     # 4 units over 2 GPUs
