@@ -28,6 +28,7 @@ from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
 SHARD_KINDS = ("none", "fsdp")
+SP_FAMILIES = ("wan", "hunyuan-video")  # adapters with sequence-parallel attention
 RESHARD_KINDS = ("after-forward", "after-step")
 
 
@@ -229,15 +230,20 @@ class PoolConfig:
     num_gpus: float = 0.0
     accelerator: Optional[str] = None  # Ray accelerator_type, e.g. "H200" or "L40S" (heterogeneous clusters)
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. node labels
-    # Gangs (trainer pool only for now): a scheduler worker is `gang` Ray actors, one per
-    # device, that run each unit SPMD. shard=fsdp: FSDP2 over the gang's devices, gradients
-    # all-reduced across gangs once per RL step (HSDP). reshard: after-forward frees the
-    # gathered parameters after each forward (ZeRO-3); after-step keeps them for the whole
-    # RL step (one gather per step). offload: AdamW state on the host (FSDP2 CPU offload).
+    # Gangs: a scheduler worker is `gang` Ray actors, one per device, that run each unit SPMD.
+    # Trainer pool: shard=fsdp: FSDP2 over the gang's devices, gradients all-reduced across
+    # gangs once per RL step (HSDP). reshard: after-forward frees the gathered parameters
+    # after each forward (ZeRO-3); after-step keeps them for the whole RL step (one gather
+    # per step). offload: AdamW state on the host (FSDP2 CPU offload). sp: sequence-parallel
+    # degree inside the gang (Ulysses; video families): sp ranks run the same rows, each on
+    # its slice of the video tokens (digenrl/models/sequence_parallel.py).
+    # Rollout pool: gang = the sequence-parallel degree; the gang runs each trajectory whole,
+    # every rank on its slice of the tokens, full weights on each rank.
     gang: int = 1
     shard: str = "none"
     reshard: str = "after-forward"
     offload: bool = False
+    sp: int = 1
 
     def check(self, key: str, minimum: int) -> None:
         _check(self.workers >= minimum, f"{key}.workers", f"must be >= {minimum}, got {self.workers}")
@@ -245,15 +251,27 @@ class PoolConfig:
         _check(self.gang >= 1, f"{key}.gang", f"must be >= 1 (devices per worker), got {self.gang}")
         _one_of(self.shard, f"{key}.shard", SHARD_KINDS)
         _one_of(self.reshard, f"{key}.reshard", RESHARD_KINDS)
-        _check(self.gang == 1 or self.shard == "fsdp", f"{key}.shard",
-               f"a gang of {self.gang} devices trains one sharded model: set shard=fsdp (or gang=1)")
         _check(not self.offload or self.shard == "fsdp", f"{key}.offload",
                "offloads the sharded optimizer state: needs shard=fsdp")
 
+    def check_trainer(self, key: str) -> None:
+        self.check(key, 1)
+        _check(self.gang == 1 or self.shard == "fsdp", f"{key}.shard",
+               f"a gang of {self.gang} devices trains one sharded model: set shard=fsdp (or gang=1)")
+        _check(self.sp >= 1 and self.gang % self.sp == 0, f"{key}.sp",
+               f"the sequence-parallel degree must divide {key}.gang={self.gang}, got {self.sp}")
+
+    def check_rollout(self, key: str) -> None:
+        """The rollout pool: a gang is a sequence-parallel group (full weights on every rank)."""
+        self.check(key, 0)
+        _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
+               "only the trainer pool shards (shard, reshard, offload are trainer keys)")
+        _check(self.sp == 1, f"{key}.sp", f"a rollout gang's sequence-parallel degree is {key}.gang; leave sp at 1")
+
     def check_single(self, key: str) -> None:
-        """Pools that are not gangs yet (rollout, reward): one device per worker, no sharding."""
-        _check(self.gang == 1, f"{key}.gang", "rollout and reward workers are one device each for now "
-               "(sequence-parallel rollout gangs are a later issue); set 1")
+        """The reward pool: one device per worker, no sharding."""
+        self.check(key, 0)
+        _check(self.gang == 1 and self.sp == 1, f"{key}.gang", "reward workers are one device each; set 1")
         _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
                "only the trainer pool shards (shard, reshard, offload are trainer keys)")
 
@@ -290,11 +308,9 @@ class RuntimeConfig:
     plan: str = "auto"
 
     def __post_init__(self) -> None:
-        self.rollout.check_single("runtime.rollout")
+        self.rollout.check_rollout("runtime.rollout")
+        self.trainer.check_trainer("runtime.trainer")
         self.reward.check_single("runtime.reward")
-        self.rollout.check("runtime.rollout", 0)
-        self.trainer.check("runtime.trainer", 1)
-        self.reward.check("runtime.reward", 0)
         _one_of(self.weight_sync, "runtime.weight_sync", WEIGHT_SYNC_METHODS)
         _one_of(self.compute, "runtime.compute", COMPUTE)
         _one_of(self.plan, "runtime.plan", PLAN)
@@ -354,6 +370,12 @@ class Config:
             _check(self.train.beta == 0 or self.model.lora_rank > 0, "train.beta",
                    "a KL reference for a sharded full fine-tune (a second sharded copy of the base model) is not "
                    "built; use LoRA (the reference is the adapters switched off) or beta 0")
+        if rt.rollout.gang > 1 or rt.trainer.sp > 1:
+            key = "runtime.rollout.gang" if rt.rollout.gang > 1 else "runtime.trainer.sp"
+            _check(self.model.name in SP_FAMILIES, key,
+                   f"sequence parallelism splits video tokens: model.name must be one of {', '.join(SP_FAMILIES)}, "
+                   f"got {self.model.name}")
+            _check(mode != "local", key, "sequence-parallel gangs are Ray workers; run.mode=local runs one process")
         if mode != "local":
             _check(rt.rollout.workers >= 1 or mode == "colocated" or mode in TAG_MODES,
                    "runtime.rollout.workers",
