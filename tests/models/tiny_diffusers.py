@@ -103,7 +103,7 @@ def build_sd3(root: Path) -> Path:
     return root
 
 
-def build_wan(root: Path) -> Path:
+def build_wan(root: Path, heads: int = 2) -> Path:
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 
     torch.manual_seed(0)
@@ -112,7 +112,7 @@ def build_wan(root: Path) -> Path:
                            latents_mean=[0.1, -0.1, 0.0, 0.2], latents_std=[1.5, 2.0, 1.0, 0.5])
     torch.manual_seed(0)
     transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4,
+        patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=8, in_channels=4, out_channels=4,
         text_dim=32, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
         qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
     )
@@ -143,14 +143,14 @@ def build_qwen_image(root: Path) -> Path:
     return root
 
 
-def build_hunyuan_video(root: Path) -> Path:
+def build_hunyuan_video(root: Path, heads: int = 2) -> Path:
     """Transformer + VAE only (prompts through the prompt cache, as for Qwen-Image)."""
     from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
                            HunyuanVideoTransformer3DModel)
 
     torch.manual_seed(0)
     transformer = HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        in_channels=4, out_channels=4, num_attention_heads=heads, attention_head_dim=10, num_layers=1,
         num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
         text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4),
     )

@@ -346,6 +346,14 @@ class DiffusersPolicy:
         v = self._forward(x.to(self.device, self.dtype), sigma, cond)
         return v.float()
 
+    def enable_sequence_parallel(self, group, counter=None):
+        """Run every forward of the transformer sequence-parallel over `group` (a
+        torch.distributed group whose ranks call each forward together; video families:
+        digenrl.models.sequence_parallel). Call before FSDP sharding. Returns the state."""
+        from digenrl.models.sequence_parallel import SequenceParallel, enable
+
+        return enable(self.module, SequenceParallel(group, counter))
+
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Final latents (B, *latent_shape) -> float32 pixels in [0, 1]."""
         if self.vae is None:
