@@ -50,6 +50,7 @@ class RealBackend:
         self.opt: dict[int, dict[str, Stepped]] = {}  # step -> worker -> its optimizer step
         self.stale: dict[int, int] = {}
         self.syncs: list[Synced] = []  # WeightSyncs since the last step record
+        self.gen_comm: dict[int, dict] = {}  # step -> collective bytes its rollout gangs' Generate units issued
         # Advantages over the whole step: a global std, or micro-batches that cut prompt groups
         # (both only where nothing trains before the whole step is rewarded: config checks).
         self.whole_step = rt.cfg.reward.adv_std == "global" or rt.cfg.data.micro_batch_samples > 0
@@ -69,15 +70,18 @@ class RealBackend:
         ranks of `wid`'s gang (one rank: all of them); a continuation takes, per rank, the
         previous segment's shards that cover its rows, whoever generated them. FSDP needs every
         rank in every forward: a rank without rows generates the unit's first row as a ghost,
-        whose output is dropped."""
+        whose output is dropped. Sequence parallelism: the rows are shared out over the gang's
+        groups of sp consecutive ranks (a rollout gang is one group); every rank of a group
+        runs the group's rows, and the first one's output is kept (the others' is the same)."""
         b = self.base
         plan = self.rt.plan(b + unit.step)
         mb = plan.micro_batches[unit.mb]
         first, last = row_range(unit.samples, len(mb.coords))
         shards = self.trajs.get((unit.step, unit.mb), {})
         outs, dones = [], []
+        sp = self._sp(wid)
         for r, actor in enumerate(h.ranks):
-            share = row_share(last - first, len(h), r)
+            share = row_share(last - first, len(h) // sp, r // sp)
             a, z = first + share.start, first + share.stop
             ghost = a == z
             if ghost:
@@ -88,7 +92,7 @@ class RealBackend:
                 rows = (a - offset, z - offset)
             traj, done = actor.generate.options(num_returns=2).remote(
                 unit, b + unit.step, b + unit.version, mb.prompts[a:z], mb.coords[a:z], plan.spec, rows, *prev)
-            if not ghost:
+            if not ghost and r % sp == 0:
                 outs.append(((a, z), traj))
             dones.append(done)
         self.out[wid] = outs
@@ -98,7 +102,15 @@ class RealBackend:
         shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
         n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
         refs, _ = covering(shards, (0, n), n)
+        if self._sp(wid) == len(h) > 1:  # a rollout gang: its ranks hold the same images, rank 0 scores
+            return [h.ranks[0].reward.remote(unit, *refs)]
         return h.reward.all(unit, *refs)
+
+    def _sp(self, wid: str) -> int:
+        """The sequence-parallel degree of worker `wid`'s gang."""
+        rt = self.cfg.runtime
+        role = next(w.role for w in self.rt.workers if w.id == wid)
+        return {"rollout": rt.rollout.gang, "trainer": rt.trainer.sp, "colocated": rt.trainer.sp}.get(role, 1)
 
     def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
         plan = self.rt.plan(self.base + unit.step)
@@ -147,6 +159,8 @@ class RealBackend:
         for rows in [k for k in shards if row_range(k, n)[0] < last and row_range(k, n)[1] > first]:
             del shards[rows]
         shards.update(self.out.pop(wid))
+        if done.comm:
+            self.gen_comm[unit.step] = _add([self.gen_comm.get(unit.step, {}), done.comm])
 
     def _rewarded(self, wid: str, unit: Reward, done: Rewarded) -> None:
         self.rewards[(unit.step, unit.mb)] = done
@@ -198,7 +212,8 @@ class RealBackend:
             "timing/allreduce_s": max(i.reduce_s for i in infos.values()),
             "step_s": step_s, "wall_s": self.wall_s, "samples_per_s": m["samples"] / step_s,
             # bytes of each collective the trainer ranks issued since their previous step
-            **_add([i.comm for i in infos.values()]),
+            # (trainer ranks), and the rollout gangs' ranks for the step's Generate units
+            **_add([i.comm for i in infos.values()] + [self.gen_comm.pop(step, {})]),
         }
         if cfg.runtime.weight_sync == "nccl":  # what the relay sent for this step's pulls
             record["comm/sync/send_bytes"] = record["weight_sync_bytes"]

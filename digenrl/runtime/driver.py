@@ -94,14 +94,16 @@ class RayTrainer:
 
     # -- pools -----------------------------------------------------------------------------
     def _start_workers(self, pools) -> None:
-        """One Gang per scheduler worker: runtime.trainer.gang actors per trainer (one
-        placement group for the pool, a bundle per device), one actor per other worker."""
+        """One Gang per scheduler worker: runtime.trainer.gang actors per trainer and
+        runtime.rollout.gang per rollout worker (one placement group for the pool, a bundle
+        per device), one actor per reward worker. A rollout gang forms its own process group
+        and runs sequence-parallel (`_init_sp`)."""
         for p in pools:
             if p.workers == 0:
                 continue
-            gang = p.resources.gang if p.role in ("trainer", "colocated") else 1
+            gang = p.resources.gang if p.role != "reward" else 1
             pg = None
-            if p.role in ("trainer", "colocated"):  # gradient collectives: packed on few nodes
+            if gang > 1 or p.role in ("trainer", "colocated"):  # collectives: packed on few nodes
                 pg = PoolPlacement(p.resources, p.workers * gang, name=p.role)
                 self._placements.append(pg)
             for i in range(p.workers):
@@ -111,6 +113,9 @@ class RayTrainer:
         pids = [ray.get(h.ready.all()) for h in self.handles.values()]
         self.rank_pids.update(zip(self.handles, pids))
         self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
+        for w in self.workers:
+            if w.role == "rollout" and self.cfg.runtime.rollout.gang > 1:
+                self._init_sp(w.id)
         trainers = self.train_ids
         tc = self.cfg.runtime.trainer
         if len(trainers) > 1 or tc.shard == "fsdp":
@@ -128,14 +133,22 @@ class RayTrainer:
                                         for r, o in enumerate(opts)])
         self.workers.append(worker)
 
+    def _init_sp(self, wid: str) -> None:
+        """Rollout gang `wid`'s ranks join their own process group (sequence parallelism)."""
+        ranks = self.handles[wid].ranks
+        addr = ray.get(ranks[0].dist_address.remote())
+        ray.get([a.init_sp.remote(addr, r, len(ranks)) for r, a in enumerate(ranks)])
+
     def replace(self, old: Worker) -> Worker:
         """A fresh actor for a lost rollout/reward worker; the scheduler syncs its weights."""
         self.handles.pop(old.id).kill()
         self._n_replaced += 1
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
-        self._spawn(new, [actor_options(pool)])
-        ray.get(self.handles[new.id].ready.remote())
+        self._spawn(new, [actor_options(pool)] * (pool.gang if old.role == "rollout" else 1))
+        ray.get(self.handles[new.id].ready.all())
+        if old.role == "rollout" and pool.gang > 1:
+            self._init_sp(new.id)
         if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":
             self.join_relay(new.id)  # its first WeightSync pulls from the relay
         log.warning("worker %s lost; replaced by %s", old.id, new.id)
@@ -152,7 +165,8 @@ class RayTrainer:
         relay = self._relay()
         address = ray.get(relay.relay_open.options(concurrency_group="relay").remote(wid))
         accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
-        ray.get([self.handles[wid].relay_connect.remote(address), accepted])
+        # rank 0 of a rollout gang: it broadcasts each version to the others (receive_weights)
+        ray.get([self.handles[wid].ranks[0].relay_connect.remote(address), accepted])
 
     def pull(self, wid: str, unit, version: int) -> list:
         """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the

@@ -14,6 +14,11 @@ A Train unit's rows are shared out over the gang's ranks (`share`): each rank ba
 rows weighted by their share of the whole RL step, FSDP reduce-scatters the sum. Ranks with
 fewer rows run zero-weight ghost passes so every rank issues the same collectives.
 
+Sequence parallelism (runtime.trainer.sp = P): the gang's consecutive ranks form groups of
+P that run the same rows, each on 1/P of the video tokens (digenrl.models.sequence_parallel);
+rows are shared out over the groups. Each rank's gradient is then its part of its group's,
+and the same FSDP sum over the gang adds the parts up.
+
 The module starts identical on every rank (rank 0's state is broadcast before sharding, so
 LoRA's random initialisation agrees) and holds fp32 master weights of what it trains:
 model.dtype is the compute dtype (FSDP MixedPrecisionPolicy), the dtype weights are
@@ -57,6 +62,11 @@ class GangRank:
         device = "cuda" if cfg.model.device.startswith("cuda") else "cpu"
         self.mesh = init_device_mesh(device, (gangs, gang), mesh_dim_names=("replicate", "shard"))
         module = trainer.policy.module
+        self.sp = pool.sp
+        self.sp_rank = self.rank % self.sp
+        if self.sp > 1:  # before FSDP wraps the module; every rank makes every group (a collective)
+            group, _ = dist.new_subgroups(group_size=self.sp)
+            trainer.policy.enable_sequence_parallel(group, counter)
         with torch.no_grad():  # identical starting weights on every rank (LoRA's init included)
             for value in module.state_dict().values():
                 dist.broadcast(value, src=0)
@@ -84,10 +94,12 @@ class GangRank:
         self.group: dist.ProcessGroup = self.mesh.get_group("shard")  # this gang's ranks (checkpoints)
 
     def share(self, n: int) -> tuple[slice, int]:
-        """This rank's rows of a unit of n rows, and the passes per trained step every rank runs."""
-        most = -(-n // self.size)
+        """This rank's rows of a unit of n rows (its sequence-parallel group's), and the passes
+        per trained step every rank runs."""
+        groups = self.size // self.sp
+        most = -(-n // groups)
         passes = -(-most // self.backward_batch) if self.backward_batch else 1
-        return row_share(n, self.size, self.rank), passes
+        return row_share(n, groups, self.rank // self.sp), passes
 
     def after_step(self) -> None:
         """reshard=after-step: the optimizer changed the shards, drop the stale gathered copies."""

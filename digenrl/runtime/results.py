@@ -26,6 +26,8 @@ class Done:
 class Generated(Done):
     """A Generate segment finished; its Trajectories are the unit's other return value."""
 
+    comm: dict = field(default_factory=dict)  # a rollout gang rank's collective bytes (sequence parallelism)
+
 
 @dataclass
 class Rewarded(Done):
@@ -76,6 +78,8 @@ def merge(records: Sequence[Done]) -> Done:
     out = replace(first, start=min(r.start for r in records), end=max(r.end for r in records))
     if isinstance(first, Trained):
         out.trained = [c for r in records for c in r.trained]
+    elif isinstance(first, Generated):
+        out.comm = _add([r.comm for r in records])
     elif isinstance(first, Stepped):
         out.sums = _add([r.sums for r in records])
         out.weight = sum(r.weight for r in records)

@@ -54,6 +54,7 @@ class PolicyWorker:
         self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
         self.relay = None  # weight_sync=nccl: the publisher's relay (created at its first publish)
         self.relay_client = None  # weight_sync=nccl: a rollout worker's end of its pair group
+        self.sp_group = None  # a sequence-parallel rollout gang's process group (init_sp)
         if role == "rollout":
             from digenrl.models import build_policy
             from digenrl.trainer import build_rewarder
@@ -96,9 +97,12 @@ class PolicyWorker:
                 traj = select_rows(concat_trajectories(prev), *rows)
                 traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
             advance(self.policy, traj, spec, unit.t_end)
-            if unit.t_end == spec.num_steps:
+            if unit.t_end == spec.num_steps and self._sp_lead:  # (the rest of its sp group: same latents)
                 finish(self.policy, traj)
-        return traj, Generated(**_times(t0))
+        # a rollout worker reports its collectives (sequence parallelism) per unit; a trainer's
+        # counter is read at its optimizer step
+        comm = self.counter.take() if self.trainer is None else {}
+        return traj, Generated(**_times(t0), comm=comm)
 
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
         """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
@@ -116,9 +120,15 @@ class PolicyWorker:
         mine, passes = self.gang.share(len(traj)) if self.gang is not None else (slice(0, len(traj)), 0)
         self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
                                 total_steps=total_steps, rows=mine, passes=passes)
-        done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps]
+        # the ranks of a sequence-parallel group train the same rows: the first one reports them
+        done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps] if self._sp_lead else []
         self.trained.extend(done)
         return Trained(**_times(t0), trained=done)
+
+    @property
+    def _sp_lead(self) -> bool:
+        """Rank 0 of its sequence-parallel group (every worker without sequence parallelism)."""
+        return self.gang.sp_rank == 0 if self.gang is not None else self.rank == 0
 
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:
         """Reduce the accumulated gradients across trainers, step, and (worker 0) publish.
@@ -128,7 +138,7 @@ class PolicyWorker:
         calls this; rank 0 of the publishing gang returns the payload.
         """
         t0 = time.time()
-        sums, weight = self.learner.accumulated()
+        sums, weight = self.learner.accumulated() if self._sp_lead else ({}, 0.0)  # (sp: counted once)
         # across trainers, once per RL step: every trainer, or a gang rank's column of the mesh
         if self.gang is not None:
             if self.gang.replicas is not None:  # one gang: FSDP's reduce-scatters summed it all
@@ -191,11 +201,17 @@ class PolicyWorker:
         self.relay_client.connect(address)
 
     def receive_weights(self, unit: Optional[WeightSync], version: int) -> Synced:
-        """WeightSync under weight_sync=nccl: receive `version` from the relay, in place."""
+        """WeightSync under weight_sync=nccl: receive `version` from the relay, in place. In a
+        sequence-parallel rollout gang rank 0 receives it, then broadcasts it to the others."""
         t0 = time.time()
-        got, nbytes = self.relay_client.receive(self.policy.module)
+        got, nbytes = self.relay_client.receive(self.policy.module) if self.rank == 0 else (version, 0)
         if got != version:
             raise RuntimeError(f"{self.id}: the relay sent version {got}, the scheduler asked for {version}")
+        if self.sp_group is not None:
+            import torch.distributed as dist
+
+            for value in weight_sync.payload_state(self.engine, self.policy.module).values():
+                dist.broadcast(value, src=0, group=self.sp_group)
         self.version = version
         return Synced(**_times(t0), bytes=nbytes)
 
@@ -249,6 +265,18 @@ class PolicyWorker:
 
             self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang, self.counter)
             self.learner = self.trainer.learner
+
+    def init_sp(self, address: str, rank: int, world: int) -> None:
+        """A rank of a sequence-parallel rollout gang (runtime.rollout.gang): join the gang's own
+        process group (gloo on CPU, NCCL on GPU) and run every forward of the policy over it
+        (digenrl.models.sequence_parallel)."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
+        self.dist = True
+        self.sp_group = dist.group.WORLD
+        self.policy.enable_sequence_parallel(self.sp_group, self.counter)
 
     def save(self, step: int, wall_s: float) -> str:
         """Trainer 0's checkpoint: its own files, or in a gang the sharded layout (`dcp/`)

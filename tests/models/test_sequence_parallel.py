@@ -5,6 +5,7 @@ over 2 and 4 CPU processes (gloo), against the same model on one process.
   single-process ones (token counts that no degree divides);
 - a rollout (start + advance with the SDE, as a rollout worker runs it): latents and log-probs
   equal within 1e-5;
+- a hand-over (TAG): a trajectory a gang started, finished on one process, ends the same;
 - training on a gang (FSDP over the group + sequence parallelism over the same ranks, every
   rank on the same rows): the Learner's gradients equal the single-device ones (LoRA, full).
 """
@@ -102,7 +103,7 @@ def _transformer_rank(rank, world, family):
     return {"out": out, "grads": grads}
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
 def test_transformer_output_and_gradients(family, world, tmp_path):
     module, x, kwargs = _transformer(family)
@@ -175,6 +176,28 @@ def test_rollout_gang_matches_one_rank(family, world, pipelines, tmp_path):
     sde = list(SPEC.sde_steps)
     torch.testing.assert_close(got["log_probs"][:, sde], want.log_probs[:, sde], rtol=1e-5, atol=1e-5)
     assert got["comm"]["comm/generate/all_to_all_bytes"] > 0  # it did run sequence-parallel
+
+
+def _segment_rank(rank, world, family, path, cache, t_end):
+    policy = _policy(family, path, cache / f"rank{rank}")
+    policy.enable_sequence_parallel(dist.group.WORLD)
+    with torch.no_grad():
+        return advance(policy, start(policy, PROMPTS, COORDS, SPEC, step=0, version=0), SPEC, t_end)
+
+
+@pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
+def test_hand_over_from_a_gang_to_one_rank(family, pipelines, tmp_path):
+    """TAG: a gang of 2 runs the first denoising step, one process (no sequence parallelism)
+    finishes the trajectory; it ends where a trajectory that never moved does."""
+    policy = _policy(family, pipelines[family], tmp_path / "cache")
+    want = _rollout(policy)
+    moved = _spawn(_segment_rank, 2, tmp_path, family, pipelines[family], tmp_path, 1)
+    assert moved.t_done == 1
+    with torch.no_grad():
+        advance(policy, moved, SPEC)
+    torch.testing.assert_close(moved.latents, want.latents, rtol=1e-5, atol=1e-5)
+    sde = list(SPEC.sde_steps)
+    torch.testing.assert_close(moved.log_probs[:, sde], want.log_probs[:, sde], rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- training
