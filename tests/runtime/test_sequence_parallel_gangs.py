@@ -43,12 +43,18 @@ def _overrides(run, mode, wan, *extra):
     return tiny(run, mode, *WAN, f"model.path={wan}", *extra)
 
 
-@pytest.mark.parametrize("mode", ["gap+tsp", "gap+tsp+tag"])
-def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan, mode):
+# +tag: the trainer gang generates too; nccl: rank 0 of the rollout gang receives each version
+# from the relay and broadcasts it to rank 1 (a stale rank 1 would change step 2's samples)
+CASES = {"gap+tsp": [], "gap+tsp+tag": [], "gap+tsp nccl": ["runtime.weight_sync=nccl"]}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan, case):
+    mode = case.split()[0]
     local = tmp_path / "local"
     Trainer(load_config(None, _overrides(local, "local", wan)), progress=False).train()
     run = tmp_path / "sp"
-    rt = RayTrainer(load_config(None, _overrides(run, mode, wan, "train.tsp_chunk=1", *SP)),
+    rt = RayTrainer(load_config(None, _overrides(run, mode, wan, "train.tsp_chunk=1", *SP, *CASES[case])),
                     progress=False, evaluate=False)
     rt.train()
 
