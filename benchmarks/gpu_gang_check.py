@@ -19,6 +19,11 @@ models ran, 1 a model failed (its error is in the JSON), 2 no GPU without --tiny
     python benchmarks/gpu_gang_check.py --models sd3,flux
     python benchmarks/gpu_gang_check.py --tiny         # tiny DiT on CPU under gloo (seconds)
 
+Then the sequence-parallel case (benchmarks/gpu_sp_check.py; --no-sp skips it): a
+random-weight Wan2.1-1.3B forward with the sequence-parallel attention processors at degree 1
+against diffusers' own (within 3%), and on a device with more than one GPU the forward at
+degree N against one GPU's (output, speed-up, all-to-all bytes against the simulator's).
+
 --train auto (the default) trains every weight when the memory model says a full fine-tune
 fits one H200, else LoRA (FLUX.1 at 16 B/param is ~177 GiB).
 """
@@ -352,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="without gradient checkpointing (the memory model's default has it)")
     ap.add_argument("--bucket-mib", type=float, default=256.0, help="relay bucket size in MiB")
     ap.add_argument("--min-copy-s", type=float, default=None, help="time each copy rate over at least this long")
+    ap.add_argument("--no-sp", dest="sp", action="store_false", help="skip the sequence-parallel case")
     args = ap.parse_args(argv)
     if args.steps < 2:
         ap.error("--steps must be >= 2 (the first step creates the optimizer state)")
@@ -389,13 +395,26 @@ def main(argv: list[str] | None = None) -> int:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        sp_row: dict = {}
+        if args.sp:
+            import gpu_sp_check
+
+            t0 = time.perf_counter()
+            try:
+                sp_row = gpu_sp_check.run(args.tiny)
+            except Exception as e:
+                traceback.print_exc(file=sys.stderr)
+                sp_row = {"error": f"{type(e).__name__}: {e}"}
+            sp_row["wall_s"] = time.perf_counter() - t0
+            log(f"  sequence parallel: done in {sp_row['wall_s']:.1f}s")
     finally:
         dist.destroy_process_group()
     print(json.dumps({
         "check": "gpu_gang_check", "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "backend": backend, "world_size": 1, "tiny": args.tiny, "models": rows,
+        "sequence_parallel": sp_row,
     }), flush=True)
-    return 0 if all("error" not in r for r in rows) else 1
+    return 0 if all("error" not in r for r in [*rows, sp_row]) else 1
 
 
 if __name__ == "__main__":

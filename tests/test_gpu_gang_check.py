@@ -64,7 +64,7 @@ def _check_row(row: dict, lora: bool) -> None:
 
 
 def test_tiny_full_finetune_after_forward():
-    out = _report("--tiny", "--models", "tiny-dit,flux")
+    out = _report("--tiny", "--models", "tiny-dit,flux", "--no-sp")
     assert out["backend"] == "gloo" and out["world_size"] == 1 and out["device"] == "cpu"
     rows = {r["model"]: r for r in out["models"]}
     assert set(rows) == {"tiny-dit", "flux"}
@@ -80,13 +80,28 @@ def test_tiny_lora_after_step_small_buckets():
     # 64 KiB buckets: the adapters (~0.25 MB bf16) split over several
     # (FLUX.1 is the model --train auto puts on LoRA on one H200)
     out = _report("--tiny", "--models", "tiny-dit,flux", "--train", "lora", "--reshard", "after-step",
-                  "--bucket-mib", "0.0625")
+                  "--bucket-mib", "0.0625", "--no-sp")
     rows = {r["model"]: r for r in out["models"]}
     for row in rows.values():
         _check_row(row, lora=True)
         assert row["reshard_after_forward"] is False
     relay = rows["tiny-dit"]["relay"]
     assert relay["buckets"] >= relay["payload_GB"] * 1e9 / 65536 > 1
+
+
+def test_tiny_sequence_parallel_case():
+    """The sequence-parallel case on a tiny Wan: the degree-1 processors change nothing, 2 gloo
+    ranks give the one-process output, and they count the bytes the simulator predicts."""
+    out = _report("--tiny", "--models", "tiny-dit")
+    sp = out["sequence_parallel"]
+    assert "error" not in sp, sp.get("error")
+    one = sp["degree1"]
+    assert one["max_abs_diff"] == 0.0 and one["diffusers_ms"] > 0 and one["sp_degree1_ms"] > 0
+    assert one["tokens"] % 2  # an odd token count: the split pads
+    two = sp["degreeN"]
+    assert two["degree"] == 2 and two["max_abs_diff"] < 1e-5
+    assert two["counted"]["comm/train/all_to_all_bytes"] > 0
+    assert two["bytes_match"], (two["counted"], two.get("predicted"), two.get("predicted_error"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU refusal")
