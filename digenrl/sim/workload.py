@@ -84,6 +84,8 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
         raise ConfigError(f"runtime.rollout.gang: {rollout} rollout GPUs do not split into gangs of {rgang}")
     gang = 1 if spec.mode == "colocated" else (spec.gang or fitting_gang(tb, trainer, after_step=spec.reshard == "after-step",
                                                                           sp=sp))
+    if not gang:
+        raise ConfigError(f"runtime.trainer.sp: {trainer} trainer GPUs hold no gang of a multiple of {sp} GPUs")
     if trainer % gang:
         raise ConfigError(f"runtime.trainer.gang: {trainer} trainer GPUs do not split into gangs of {gang}")
     gangs = {"gang": gang, "shard": "fsdp" if gang > 1 else "none", "reshard": spec.reshard or "after-forward",
