@@ -174,7 +174,8 @@ def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
             if why:
                 return why
         # the largest sequence-parallel degree the planner may pick holds the least per GPU
-        sp = tb.trainer_sp or max(d for d in degrees(tb.model, trainers) if trainers % d == 0)
+        gpn = (tb.pool("trainer") or tb.pools)[0].gpus_per_node
+        sp = tb.trainer_sp or max(d for d in degrees(tb.model, min(trainers, gpn)) if trainers % d == 0)
         gang, rep = trainer_fit(tb, trainers, cm, sp=sp)
         if rep is None:
             return f"trainer_sp={sp}: {trainers} trainer GPUs hold no gang of a multiple of {sp} GPUs"
