@@ -34,6 +34,13 @@ are charged to the unit that issues them, minus what FSDP's prefetch hides behin
     Generate       TAG on a gang: every rank generates the unit whole; gathers as for Train
     OptimizerStep  the publisher's gather (every unit once) before the relay sends
 
+Sequence-parallel gangs (runtime.rollout.gang, runtime.trainer.sp; sim.sp, video models): a
+rollout worker of P GPUs runs each Generate whole, every rank a forward at its share of the
+FLOPs (fixed costs whole) plus the Ulysses all-to-alls and gathers on the gang's link, exposed;
+it decodes and scores on rank 0 (the others wait). A trainer gang of G with sp = P shares a
+unit's rows over G / P data groups, each group's P ranks computing its rows that way (Train:
+forward + backward + recompute, the KL forward; TAG Generate alike).
+
 Colocated baselines (DESIGN.md sec. 3) pay extra costs where they physically happen:
 
     per-forward FSDP all-gather   every Generate forward, when the rollout samples with an
