@@ -244,3 +244,14 @@ def test_the_720p_preset_plans_sequence_parallel_rollouts():
     assert (tb.height, tb.width, tb.frames) == (720, 1280, 53) and refusal(tb) is None
     cfg = config_for(tb, RunSpec("digenrl", n_rollout=12, rollout_gang=4), 2)
     assert cfg.runtime.rollout.workers == 3 and cfg.runtime.rollout.gang == 4
+
+
+@pytest.mark.parametrize("mode", ["gap", "gap+tsp"])
+def test_planner_within_5_percent_of_exhaustive_over_the_degrees(mode):
+    from digenrl.sim.planner import exhaustive, grid
+
+    tb = Testbed.from_dict({**_TB, "pools": [dict(name="h", count=8, device="H200", role="any", gpus_per_node=8)],
+                            "denoise_steps": 4, "trained_steps": 2, "group_size": 8, "groups_per_step": 1})
+    assert grid(tb, mode)["rollout_gang"] == [1, 2, 4, 8] and grid(tb, mode)["trainer_sp"] == [1, 2, 4, 8]
+    p, e = plan(tb, mode=mode, steps=4), exhaustive(tb, mode=mode, steps=4)
+    assert p.throughput >= 0.95 * e.throughput and p.evaluated < e.evaluated
