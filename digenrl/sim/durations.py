@@ -187,7 +187,7 @@ class DurationFn:
                            lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
                            lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
                            offload=self.offload, gang=self.gang > 1, sp=self.trainer_sp)
-        self._sp_setup(fit)
+        self._sp_setup()
         if self.mode == "colocated":
             # zero_baseline on a shipped system: its mechanisms and its sharding removed, i.e. the
             # colocated-ideal row's memory plan with that row's extra costs zeroed as well
@@ -466,7 +466,7 @@ class DurationFn:
         return k * self._memo(("recompute", dev, n), per_step)
 
     # ---- sequence-parallel gangs (sim.sp: the bytes the runtime counts) ----------
-    def _sp_setup(self, trainer_fit) -> None:
+    def _sp_setup(self) -> None:
         """Sequence-parallel dims and links; a rollout gang rank must hold the whole model and
         1/rollout_gang of a forward's activations."""
         tb = self.tb
@@ -628,6 +628,13 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     row: "colocated-ideal" (default) or a shipped system (shipped.SYSTEMS); `zero_baseline`
     removes its extra costs.
     """
+    t = run.pool("trainer") or run.pool("colocated")
+    if run.sched.mode == "colocated" and t is not None and t.resources.sp > 1:
+        from digenrl.config import ConfigError
+
+        raise ConfigError("runtime.trainer.sp: the simulator prices sequence-parallel gangs on disaggregated "
+                          "pools only (run.mode=colocated samples and trains on the baselines' memory plans); "
+                          "set 1, or a disaggregated mode")
     lay = layout(testbed, run)
     mode, spg = run.sched.mode, run.sched.group_size
     if testbed.group_size % spg:
@@ -637,7 +644,7 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     t = run.pool("trainer").resources if run.pool("trainer") else None
     gang = dict(gang=t.gang, after_step=t.reshard == "after-step", offload=t.offload, trainer_sp=t.sp) if t else {}
     r = run.pool("rollout")
-    if r is not None and mode != "colocated":
+    if r is not None:
         gang["rollout_gang"] = r.resources.gang
     return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, **gang)
 

@@ -237,6 +237,10 @@ def test_refusals_name_the_key():
                   "runtime.rollout.workers=1")
     with pytest.raises(ConfigError, match=r"runtime\.trainer\.sp=5"):
         duration_fn(cfg, load_testbed("h200x16-hunyuan"), cost_model())
+    # colocated runs are priced on the baselines' memory plans, which have no sequence parallelism
+    with pytest.raises(ConfigError, match=r"runtime\.trainer\.sp: .*disaggregated"):
+        duration_fn(_sp_cfg("run.mode=colocated", "runtime.rollout.gang=1", "model.name=hunyuan-video",
+                            "runtime.testbed=h200x16-hunyuan"), load_testbed("h200x16-hunyuan"), cost_model())
 
 
 def test_the_720p_preset_plans_sequence_parallel_rollouts():
