@@ -22,7 +22,7 @@ reduce_scatter, the output buffer for all_gather; nothing at P = 1):
 
 Compute: Ulysses splits both terms of a forward's FLOPs. A rank's linear layers see L image
 tokens plus the T replicated text tokens; its attention covers H / P heads over the whole
-P * L + T sequence. `rank_flops_fraction` is a rank's FLOPs over the 1-rank forward's
+S + T sequence (padding dropped). `rank_flops_fraction` is a rank's FLOPs over the 1-rank forward's
 (>= 1 / P: padding and the replicated text are the loss).
 """
 
@@ -159,7 +159,8 @@ def train_pass_bytes(dims: SpDims, rows: int, tokens: int, degree: int, elem_byt
 
 def rank_flops_fraction(model: str, shape: Shape, degree: int) -> float:
     """A rank's share of one forward's FLOPs at `degree` (catalogue.forward_flops' two terms):
-    linear layers over L + T tokens, attention over H / P heads of the P * L + T sequence."""
+    linear layers over L + T tokens (padding included), attention over H / P heads of the S + T
+    sequence (the runtime drops the padding before attention, models/sequence_parallel.py)."""
     if degree <= 1:
         return 1.0
     m = get_model(model)
@@ -167,7 +168,7 @@ def rank_flops_fraction(model: str, shape: Shape, degree: int) -> float:
     s = tokens_for(m, shape) - t
     L = -(-s // degree)
     full = 2e9 * m.tok_params_B * (s + t) + 4.0 * m.hidden * m.layers * (s + t) ** 2
-    rank = 2e9 * m.tok_params_B * (L + t) + 4.0 * m.hidden * m.layers * (degree * L + t) ** 2 / degree
+    rank = 2e9 * m.tok_params_B * (L + t) + 4.0 * m.hidden * m.layers * (s + t) ** 2 / degree
     return rank / full
 
 
