@@ -1,11 +1,15 @@
 """The paper-preset table: every packaged testbed, every mode, side by side.
 
     python benchmarks/sim_presets.py [--out results/sim] [--steps 12] [--presets a,b] [--no-published]
+    python benchmarks/sim_presets.py --sp [--presets a,b] [--sp-groups 1,2,4,8]
 
 Prints the shipped rows against the peers' published step times (sim/published.py), then one
 table per preset (see docs/simulator.md for the columns: the shipped rows, colocated-ideal and the
 ladder, every speedup decomposed), then a markdown summary, and writes
 report-<preset>.json, gantt-<preset>-<mode>.png and summary.json into --out.
+--sp prints, for the presets whose model has Ulysses attention (sim.sp), digenrl's plan with
+sequence-parallel gangs against its best plan without them (utilisation of the ideal bound and
+the gain), optionally at several prompts per step (--sp-groups).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ def trainer_memory(tb, knobs: dict) -> dict:
     from digenrl.sim.costs import default_cost_model
 
     gang, after_step = knobs.get("gang") or 1, knobs.get("reshard") == "after-step"
+    sp = knobs.get("trainer_sp") or 1
     dev = (tb.pool("trainer") or tb.pools)[0].device
     rep = default_cost_model().fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora,
                                     grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
                                     lora_rank=tb.lora_rank, fsdp_shards=gang, gang=gang > 1,
-                                    after_step=after_step)
+                                    after_step=after_step, sp=sp)
     m = rep.roles["trainer"]
     return {"weights": m.weights, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
             "peak": rep.peak_gib, "usable": rep.usable_gib}
@@ -55,17 +60,57 @@ def memory_rows() -> list[str]:
     return rows
 
 
+def sp_rows(names: list[str], groups: list[int] | None, steps: int) -> list[str]:
+    """Markdown rows: digenrl's plan with sequence-parallel gangs and without (the degrees fixed
+    at 1), each preset at its own prompts per step or at each of `groups`."""
+    import dataclasses
+
+    from digenrl.sim.planner import plan
+    from digenrl.sim.report import ideal_step_s
+    from digenrl.sim.sp import CATALOGUE
+    from digenrl.sim.testbed import load_testbed
+
+    rows = ["| preset | prompts x samples | ideal s/step | with SP: s/step, util, plan | without SP: s/step, util, plan "
+            "| gain |", "|---|---|---|---|---|---|"]
+    for name in names:
+        base = load_testbed(name)
+        if base.model not in CATALOGUE:
+            continue
+        for g in groups or [base.groups_per_step]:
+            tb = dataclasses.replace(base, groups_per_step=g)
+            ideal = ideal_step_s(tb)["step_s"]
+            t0 = time.perf_counter()
+            with_sp = plan(tb, steps=steps)
+            without = plan(dataclasses.replace(tb, rollout_gang=1, trainer_sp=1), steps=steps)
+
+            def cell(pl) -> str:
+                k = pl.spec.knobs()
+                return (f"{pl.step_s:.1f}, {100 * ideal / pl.step_s:.1f}%, rollout {k.get('n_rollout')} GPUs in gangs "
+                        f"of {k.get('rollout_gang') or 1}, trainer gang {k.get('gang')} sp {k.get('trainer_sp') or 1}")
+            rows.append(f"| {name} | {g} x {tb.group_size} | {ideal:.1f} | {cell(with_sp)} | {cell(without)} | "
+                        f"{without.step_s / with_sp.step_s:.3f}x |")
+            print(rows[-1] + f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="results/sim")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--presets", help="comma-separated preset names (default: all but the small test preset)")
     p.add_argument("--memory", action="store_true", help="print the memory table (markdown) and exit")
+    p.add_argument("--sp", action="store_true", help="print the sequence-parallel table (markdown) and exit")
+    p.add_argument("--sp-groups", help="with --sp: comma-separated prompts per step to plan each preset at")
     p.add_argument("--no-published", dest="published", action="store_false",
                    help="skip the published-figures table printed first")
     a = p.parse_args(argv)
     if a.memory:
         print("\n".join(memory_rows()))
+        return 0
+    if a.sp:
+        names = a.presets.split(",") if a.presets else list_presets()
+        groups = [int(g) for g in a.sp_groups.split(",")] if a.sp_groups else None
+        print("\n".join(sp_rows(names, groups, a.steps)))
         return 0
     if a.published:
         from digenrl.sim.published import FIGURES, predict, table
@@ -100,7 +145,9 @@ def main(argv=None) -> int:
             cells.append(f"{s['speedups'][b]:.2f}x = {f['baseline_costs']:.2f} x {f['heterogeneity']:.2f} x "
                          f"{f['independent_scaling']:.2f} x {f['overlap']:.2f}")
         print(f"| {name} | {100 * s['digenrl_utilisation']:.1f}% | " + " | ".join(cells) +
-              f" | gang {k.get('gang')} {k.get('reshard')}, rollout {k.get('n_rollout', 'fixed')} |")
+              f" | gang {k.get('gang')} {k.get('reshard')}, rollout {k.get('n_rollout', 'fixed')}"
+              + (f", rollout gang {k['rollout_gang']}" if (k.get("rollout_gang") or 1) > 1 else "")
+              + (f", trainer sp {k['trainer_sp']}" if (k.get("trainer_sp") or 1) > 1 else "") + " |")
     print("== memory per trainer GPU of digenrl's plan (GiB; memory.py)")
     for name, s in summary.items():
         m = s["trainer_memory_gib"]

@@ -124,7 +124,9 @@ def plan_main(argv=None) -> int:
                   "# digenrl train --config THIS_FILE   (emulated compute on the testbed's costs;\n"
                   "#   runtime.compute=real model.path=... reward.paths.<name>=... for the real run)\n"
                   "# runtime.trainer.gang/shard/reshard: the smallest FSDP gang that holds the\n"
-                  "#   training state (sim/memory.py) and the reshard policy the planner chose\n")
+                  "#   training state (sim/memory.py) and the reshard policy the planner chose\n"
+                  "# runtime.rollout.gang / runtime.trainer.sp: sequence-parallel degrees the planner\n"
+                  "#   chose (video models with Ulysses attention, sim/sp.py; absent: 1)\n")
         with open(a.out, "w") as f:
             f.write(header + dump_config(cfg))
         print(f"wrote {a.out}")

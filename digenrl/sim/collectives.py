@@ -10,6 +10,7 @@ reduce-scatter, HSDP all-reduce) is a new Traffic function and nothing else:
     ring all-reduce   2(n-1)/n * B     2(n-1) messages  (reduce-scatter + all-gather)
     ring all-gather   (n-1)/n * B      (n-1) messages per chunk (FSDP gathers layer by layer)
     pipelined bcast   B                one message per receiver (chunked chain)
+    all-to-all        (n-1)/n * B      (n-1) messages  (pairwise exchange; B: one rank's input)
 
 The *_s functions return a `devices.Cost` (always estimated: no link was measured), zero
 when there is nobody to talk to. The object-store path (Ray's default weight transfer)
@@ -69,6 +70,14 @@ def allgather_traffic(nbytes: float, n: int, chunks: int = 1) -> Traffic:
     if n <= 1:
         return Traffic(0.0, 0)
     return Traffic((n - 1) / n * nbytes, chunks * (n - 1))
+
+
+def alltoall_traffic(nbytes: float, n: int, calls: int = 1) -> Traffic:
+    """All-to-all over n ranks, `calls` of them, whose inputs add up to nbytes per rank: each rank
+    keeps 1/n of its input and sends the rest, one pairwise message per peer and call."""
+    if n <= 1:
+        return Traffic(0.0, 0)
+    return Traffic((n - 1) / n * nbytes, calls * (n - 1))
 
 
 def broadcast_traffic(nbytes: float, n_receivers: int) -> Traffic:

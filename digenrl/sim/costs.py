@@ -73,11 +73,21 @@ class CostModel:
         return forward_flops(m, tokens_for(m, shape)) / forward_flops(m, tokens_for(m)), True
 
     def _timed(self, model: str, op: str, device, batch: float, shape: Shape | None,
-               weight_passes: float) -> Cost:
+               weight_passes: float, degree: int = 1) -> Cost:
         """A fitted op at `batch` on `device`: per-sample part compute-bound (scaled by tokens
-        and TFLOP/s), fixed part = weight reads (memory-bound) + host overhead (unchanged)."""
+        and TFLOP/s), fixed part = weight reads (memory-bound) + host overhead (unchanged).
+
+        degree > 1: one rank of a sequence-parallel gang (sim.sp). Its per-sample part is its
+        share of the FLOPs (sp.rank_flops_fraction: tokens / P for the linear layers, heads / P
+        for attention, padding and replicated text included; no MFU loss at the smaller
+        GEMMs), its fixed part whole (every rank reads every weight, launches every kernel).
+        The all-to-alls are the caller's (DurationFn prices their bytes on the gang's link)."""
         fit = self.table[model, op]
         k_tok, tok_est = self._token_factor(model, shape)
+        if degree > 1:
+            from digenrl.sim.sp import rank_flops_fraction
+
+            k_tok, tok_est = k_tok * rank_flops_fraction(model, shape or get_model(model).calib_shape, degree), True
         measured_max = max((b for b, _ in fit.points), default=0)
         w_read_s = weight_passes * BYTES_WEIGHT * get_model(model).params_B * 1e9 / (get_device(REFERENCE).hbm_gbps * 1e9)
         t_mem = min(fit.fixed, w_read_s)
@@ -85,9 +95,12 @@ class CostModel:
         t_comp = Cost(fit.per_sample * k_tok * batch, est)
         return scale_seconds(t_comp, t_mem, fit.fixed - t_mem, device, source=f"{model}:{op} {fit.note}".strip())
 
-    def denoise_s(self, model: str, device, batch: int, cfg: bool = False, shape: Shape | None = None) -> Cost:
-        """One denoising step (one transformer forward) for `batch` samples; CFG doubles the batch."""
-        return self._timed(model, "forward", device, batch * (2 if cfg else 1), shape, weight_passes=1)
+    def denoise_s(self, model: str, device, batch: int, cfg: bool = False, shape: Shape | None = None,
+                  degree: int = 1) -> Cost:
+        """One denoising step (one transformer forward) for `batch` samples; CFG doubles the batch.
+        degree: a rank of a sequence-parallel gang's share (see _timed)."""
+        return self._timed(model, "forward", device, batch * (2 if cfg else 1), shape, weight_passes=1,
+                           degree=degree)
 
     def generate_s(self, model: str, device, batch: int, n_steps: int, cfg: bool = False,
                    shape: Shape | None = None) -> Cost:
@@ -95,18 +108,19 @@ class CostModel:
         return scaled(self.denoise_s(model, device, batch, cfg, shape), n_steps)
 
     def train_s(self, model: str, device, batch: int, grad_ckpt: bool, lora: bool = False,
-                cfg: bool = False, shape: Shape | None = None) -> Cost:
+                cfg: bool = False, shape: Shape | None = None, degree: int = 1) -> Cost:
         """One training step (forward + backward of one denoising step) for `batch` samples.
 
         cfg: the trained velocity uses guidance (flow_grpo with train.cfg), doubling the batch.
         LoRA: the fwd+bwd-frozen-base measurement if present, else LORA_TRAIN_FACTOR x full.
+        degree: a rank of a sequence-parallel gang's share (see _timed).
         """
         op = "train_ckpt" if grad_ckpt else "train"
         b = batch * (2 if cfg else 1)
         passes = 5 if grad_ckpt else 4  # weights read fwd (+ recompute) + bwd dgrad + wgrad, grads written
         if lora and (model, "lora_" + op) in self.table:
-            return self._timed(model, "lora_" + op, device, b, shape, weight_passes=passes - 1)
-        t = self._timed(model, op, device, b, shape, weight_passes=passes)
+            return self._timed(model, "lora_" + op, device, b, shape, weight_passes=passes - 1, degree=degree)
+        t = self._timed(model, op, device, b, shape, weight_passes=passes, degree=degree)
         if lora:
             return scaled(t, LORA_TRAIN_FACTOR[grad_ckpt], estimated=True, source=t.source + " x LoRA factor")
         return t

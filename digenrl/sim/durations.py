@@ -34,6 +34,13 @@ are charged to the unit that issues them, minus what FSDP's prefetch hides behin
     Generate       TAG on a gang: every rank generates the unit whole; gathers as for Train
     OptimizerStep  the publisher's gather (every unit once) before the relay sends
 
+Sequence-parallel gangs (runtime.rollout.gang, runtime.trainer.sp; sim.sp, video models): a
+rollout worker of P GPUs runs each Generate whole, every rank a forward at its share of the
+FLOPs (fixed costs whole) plus the Ulysses all-to-alls and gathers on the gang's link, exposed;
+it decodes and scores on rank 0 (the others wait). A trainer gang of G with sp = P shares a
+unit's rows over G / P data groups, each group's P ranks computing its rows that way (Train:
+forward + backward + recompute, the KL forward; TAG Generate alike).
+
 Colocated baselines (DESIGN.md sec. 3) pay extra costs where they physically happen:
 
     per-forward FSDP all-gather   every Generate forward, when the rollout samples with an
@@ -69,10 +76,11 @@ from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import IDEAL, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
-from digenrl.sim.collectives import allgather_traffic, allreduce_s, object_store_send_s, wire_s
+from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
 from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
+from digenrl.sim.sp import SpDims, forward_bytes, image_tokens_for
 from digenrl.sim.shipped import fit as shipped_fit
 from digenrl.sim.testbed import Testbed
 
@@ -108,7 +116,9 @@ def layout(tb: Testbed, run: RunContract) -> Layout:
     if len(workers) < len(run.workers()):
         raise ValueError("runtime.reward.workers: the simulator models rewards on the generating worker; set 0")
     gang = run.pool("trainer").resources.gang if run.pool("trainer") else 1
-    size = {w.id: gang if w.role == "trainer" else 1 for w in workers}  # a trainer gang holds `gang` GPUs
+    rgang = run.pool("rollout").resources.gang if run.pool("rollout") else 1
+    # a trainer gang holds `gang` GPUs, a rollout gang (sequence parallel) `rgang`
+    size = {w.id: gang if w.role == "trainer" else rgang if w.role == "rollout" else 1 for w in workers}
     if all(p.role == "any" for p in tb.pools):
         order = {"colocated": 0, "rollout": 0, "trainer": 1}
         places, i = {}, 0
@@ -125,7 +135,7 @@ def layout(tb: Testbed, run: RunContract) -> Layout:
         for role in ("rollout", "trainer"):
             mine = [w for w in workers if w.role == role]
             slots = [(p, i) for p in tb.pool(role) for i in range(p.count)]
-            per = gang if role == "trainer" else 1
+            per = gang if role == "trainer" else rgang
             if len(mine) * per != len(slots):
                 raise ValueError(f"{len(mine)} {role} workers x {per} GPUs but testbed {tb.name!r} fixes {len(slots)}")
             places.update({w.id: slots[j * per] for j, w in enumerate(mine)})
@@ -153,6 +163,8 @@ class DurationFn:
     gang: int = 1  # GPUs per trainer gang (runtime.trainer.gang)
     after_step: bool = False  # runtime.trainer.reshard == after-step
     offload: bool = False  # runtime.trainer.offload: AdamW state on the host
+    rollout_gang: int = 1  # runtime.rollout.gang: a rollout worker's sequence-parallel degree (sim.sp)
+    trainer_sp: int = 1  # runtime.trainer.sp: sequence-parallel degree inside a trainer gang
     overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
     _per_fwd: float = 0.0
     _per_step: dict = field(default_factory=dict)
@@ -174,7 +186,8 @@ class DurationFn:
         fit = self.cm.fits(tb.model, ["trainer"], self.trainer_device, train_batch=tb.micro_batch,
                            lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
                            lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
-                           offload=self.offload, gang=self.gang > 1)
+                           offload=self.offload, gang=self.gang > 1, sp=self.trainer_sp)
+        self._sp_setup()
         if self.mode == "colocated":
             # zero_baseline on a shipped system: its mechanisms and its sharding removed, i.e. the
             # colocated-ideal row's memory plan with that row's extra costs zeroed as well
@@ -194,7 +207,7 @@ class DurationFn:
                     "runtime.trainer.gang (FSDP over more GPUs) or set runtime.trainer.offload")
             self.opt_shards = self.gang
             self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, tb.micro_batch,
-                                 tb.kl and tb.lora)
+                                 tb.kl and tb.lora, self.trainer_sp)
             self.gang_link = tb.link(self.trainer_pool, self.gang)
 
     # ---- colocated baseline costs --------------------------------------------
@@ -265,10 +278,13 @@ class DurationFn:
         n, rows = self._rows(unit)
         steps = unit.t_end - unit.t_start
         gang = worker.role == "trainer" and self.comm.gang > 1
-        if gang:  # TAG on a gang: the rows are shared out over its ranks, rank 0 has the most
-            t = self._gen(dev, -(-n // self.comm.gang), steps, unit.t_start == 0)
-        else:
-            t = self._gen(dev, n, steps, unit.t_start == 0, rows)
+        sp_rows, sp = n, self.rollout_gang if worker.role == "rollout" else 1
+        if gang:  # TAG on a gang: the rows are shared out over its data groups (each of trainer_sp
+            # ranks running its rows sequence-parallel; without sp a group is a rank), rank 0's has the most
+            sp_rows, sp = -(-n // (self.comm.gang // self.trainer_sp)), self.trainer_sp
+            t = self._gen(dev, sp_rows, steps, unit.t_start == 0, sp=sp)
+        else:  # a rollout gang runs the unit whole, every rank on 1/rollout_gang of the tokens
+            t = self._gen(dev, n, steps, unit.t_start == 0, rows, sp=sp)
         if self.system is not None:
             t += self._shipped_gen_extra(dev, n, steps, unit.t_start == 0, rows)
         if self._per_fwd:
@@ -277,6 +293,10 @@ class DurationFn:
             gathers = self.comm.generate(steps, self._gathered.get(worker.id, False)) // self.comm.gather
             self._gathered[worker.id] = True
             t += self._overhead("gang_generate", self._exposed(gathers * self._gather_s(), t, gathers), self.gang)
+        if sp > 1:  # the all-to-alls sit between attention and the rest of a block: nothing hides them
+            gpus = self.gang if gang else self.rollout_gang
+            t += self._overhead("gang_sp_generate", steps * self._sp_gen_s(sp_rows, sp, "trainer" if gang else "rollout"),
+                                gpus)
         return t
 
     def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
@@ -302,14 +322,18 @@ class DurationFn:
         if self.mode == "colocated":  # each GPU trains its own rows, FSDP-gathering over its shard group
             t = self._train(dev, n, k)
             gang_rows = n * self.comm.gang  # GangComm splits rows over ranks: n each
-        else:  # a gang splits the rows over its ranks; rank 0 has the most (ceil)
-            t = self._train(dev, -(-n // self.gang), k)
+        else:  # a gang splits the rows over its data groups (ranks, or trainer_sp ranks sequence-
+            # parallel); rank 0's group has the most (ceil)
+            t = self._train(dev, -(-n // (self.gang // self.trainer_sp)), k, sp=self.trainer_sp)
             gang_rows = n
         if self.system is not None:
             t += self._shipped_train_extra(dev, n, k)
         if self.comm.gang > 1:
             t += self._overhead("gang_train", self._train_comm_s(worker, gang_rows, k, t),
                                 self.gang if self.mode != "colocated" else 1)
+        if self.trainer_sp > 1 and self.mode != "colocated":
+            t += self._overhead("gang_sp_train", k * self._sp_train_s(-(-n // (self.gang // self.trainer_sp))),
+                                self.gang)
         if self._recompute:
             t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
         if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
@@ -343,14 +367,14 @@ class DurationFn:
             v = self._cache[key] = float(fn())
         return v
 
-    def _gen(self, dev: str, n: int, steps: int, encode: bool, rows=None) -> float:
+    def _gen(self, dev: str, n: int, steps: int, encode: bool, rows=None, sp: int = 1) -> float:
         tb, cm = self.tb, self.cm
         rb = tb.rollout_batch
 
         def per_step():
-            return _in_batches(n, rb, lambda b: cm.denoise_s(tb.model, dev, b, tb.cfg, tb.shape))
+            return _in_batches(n, rb, lambda b: cm.denoise_s(tb.model, dev, b, tb.cfg, tb.shape, sp))
 
-        t = steps * self._memo(("gen", dev, n), per_step)
+        t = steps * self._memo(("gen", dev, n, sp), per_step)
         if encode:  # one prompt per sample group; the text encoder runs once per prompt
             prompts = self._prompts(n, rows)
             t += self._memo(("enc", dev, prompts), lambda: cm.text_encode_s(tb.model, dev, prompts))
@@ -370,21 +394,23 @@ class DurationFn:
             return _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape))
         return self._memo(("reward", dev, n), f)
 
-    def _train(self, dev: str, n: int, k: int) -> float:
+    def _train(self, dev: str, n: int, k: int, sp: int = 1) -> float:
         tb, cm = self.tb, self.cm
 
         def per_step():  # one trained denoising step of n samples, in micro-batches (+ the KL reference forward)
             return _in_batches(n, tb.micro_batch,
-                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape)
-                               + (self._fwd(dev, b, tb.train_cfg, 1) if tb.kl else 0.0))
-        return k * self._memo(("train", dev, n), per_step)
+                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape, sp)
+                               + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.kl else 0.0))
+        return k * self._memo(("train", dev, n, sp), per_step)
 
-    def _fwd(self, dev: str, b: int, cfg: bool, calls: int) -> float:
+    def _fwd(self, dev: str, b: int, cfg: bool, calls: int, sp: int = 1) -> float:
         """One no-grad transformer forward of b samples (CostModel.recompute_logp_s for one step):
-        CFG in one call over 2b rows, or two calls over b."""
+        CFG in one call over 2b rows, or two calls over b. sp: one sequence-parallel rank's share."""
         tb, cm = self.tb, self.cm
 
         def forward(rows_cfg: bool) -> float:
+            if sp > 1:
+                return float(cm.denoise_s(tb.model, dev, b, rows_cfg, tb.shape, sp))
             return float(cm.recompute_logp_s(tb.model, dev, b, 1, rows_cfg, tb.shape))
         return 2 * forward(False) if cfg and calls == 2 else forward(cfg)
 
@@ -438,6 +464,57 @@ class DurationFn:
         def per_step():  # old log-probs of one trained step, in the log-prob micro-batches
             return _in_batches(n, batch, lambda b: self._fwd(dev, b, tb.train_cfg, calls))
         return k * self._memo(("recompute", dev, n), per_step)
+
+    # ---- sequence-parallel gangs (sim.sp: the bytes the runtime counts) ----------
+    def _sp_setup(self) -> None:
+        """Sequence-parallel dims and links; a rollout gang rank must hold the whole model and
+        1/rollout_gang of a forward's activations."""
+        tb = self.tb
+        self.sp_dims = None
+        if self.rollout_gang == 1 and self.trainer_sp == 1:
+            return
+        self.sp_dims = SpDims.from_catalogue(tb.model, tb.shape)
+        self.sp_tokens = image_tokens_for(tb.model, tb.shape)
+        self.sp_links = {"trainer": tb.link(self.trainer_pool, self.trainer_sp)}
+        rollout = [w for w in self.layout.workers if w.role == "rollout"]
+        if self.rollout_gang > 1 and rollout:
+            pool = self.layout.pool[rollout[0].id]
+            self.sp_links["rollout"] = tb.link(pool, self.rollout_gang)
+            fit = self.cm.fits(tb.model, ["rollout"], pool.device, gen_batch=tb.rollout_batch, cfg=tb.cfg,
+                               shape=tb.shape, sp=self.rollout_gang)
+            if not fit.fits:
+                raise ValueError(f"{tb.name}: a rollout gang rank of {self.rollout_gang} {pool.device} does not hold "
+                                 f"the {tb.model} forward ({fit.peak_gib:.0f} GiB of {fit.usable_gib:.0f} usable): "
+                                 "raise runtime.rollout.gang")
+
+    def _sp_call_s(self, b: int, sp: int, pool: str, backward: bool = False) -> float:
+        """One transformer call's sequence-parallel collectives over b rows (CFG rows included)
+        on a gang's link: the all-to-alls (pairwise), the gathers and reduce-scatters (ring),
+        one message round per call (sp.forward_bytes' calls). pool: rollout | trainer (the link)."""
+        def f():
+            d = self.sp_dims
+            recompute = backward and self.tb.grad_ckpt
+            nb = forward_bytes(d, b, self.sp_tokens, sp, BYTES_WEIGHT, backward, recompute)
+            passes = 1 + backward + recompute  # a2a rounds: forward, backward, recomputed forward
+            text = d.attn_layers if d.text_tokens else 0
+            link = self.sp_links[pool]
+            return (alltoall_traffic(nb["all_to_all"], sp, 4 * d.attn_layers * passes).seconds(link)
+                    + allgather_traffic(nb["all_gather"], sp, text * (1 + recompute) + 1).seconds(link)
+                    + allgather_traffic(nb["reduce_scatter"], sp, text * backward).seconds(link))
+        return self._memo(("spcall", b, sp, pool, backward), f)
+
+    def _sp_gen_s(self, n: int, sp: int, pool: str) -> float:
+        """One denoising step of n samples on a sequence-parallel group: forwards of
+        rollout_batch samples, CFG doubling each (one call)."""
+        c = 2 if self.tb.cfg else 1
+        return _in_batches(n, self.tb.rollout_batch, lambda b: self._sp_call_s(b * c, sp, pool))
+
+    def _sp_train_s(self, n: int) -> float:
+        """One trained step of n samples on a trainer group: per micro-batch the training
+        forward + backward (+ recompute), and the KL reference forward."""
+        tb, sp, c = self.tb, self.trainer_sp, 2 if self.tb.train_cfg else 1
+        return _in_batches(n, tb.micro_batch, lambda b: self._sp_call_s(b * c, sp, "trainer", True)
+                           + (self._sp_call_s(b * c, sp, "trainer") if tb.kl else 0.0))
 
     # ---- gang collectives (sim.gangs: the bytes the runtime counts) -------------
     def _gather_s(self) -> float:
@@ -551,6 +628,13 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     row: "colocated-ideal" (default) or a shipped system (shipped.SYSTEMS); `zero_baseline`
     removes its extra costs.
     """
+    t = run.pool("trainer") or run.pool("colocated")
+    if run.sched.mode == "colocated" and t is not None and t.resources.sp > 1:
+        from digenrl.config import ConfigError
+
+        raise ConfigError("runtime.trainer.sp: the simulator prices sequence-parallel gangs on disaggregated "
+                          "pools only (run.mode=colocated samples and trains on the baselines' memory plans); "
+                          "set 1, or a disaggregated mode")
     lay = layout(testbed, run)
     mode, spg = run.sched.mode, run.sched.group_size
     if testbed.group_size % spg:
@@ -558,7 +642,10 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     if mode == "colocated" and style is None:
         style = IDEAL
     t = run.pool("trainer").resources if run.pool("trainer") else None
-    gang = dict(gang=t.gang, after_step=t.reshard == "after-step", offload=t.offload) if t else {}
+    gang = dict(gang=t.gang, after_step=t.reshard == "after-step", offload=t.offload, trainer_sp=t.sp) if t else {}
+    r = run.pool("rollout")
+    if r is not None:
+        gang["rollout_gang"] = r.resources.gang
     return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, **gang)
 
 

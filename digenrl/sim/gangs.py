@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 REDUCE_BYTES = 4  # gradients are reduced in fp32 (MixedPrecisionPolicy reduce_dtype)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PHASES = ("train", "generate", "publish", "sync")
-KINDS = ("all_gather", "reduce_scatter", "all_reduce", "send")
+KINDS = ("all_gather", "reduce_scatter", "all_reduce", "send", "all_to_all")  # all_to_all: sim.sp
 
 
 def key(phase: str, kind: str) -> str:
@@ -225,13 +225,14 @@ class GangComm:
     after_step: bool  # reshard=after-step
     backward_batch: int  # samples per forward/backward chunk (0: one chunk)
     ref_forward: bool  # a no-grad reference forward per chunk (KL under LoRA)
+    sp: int = 1  # sequence-parallel degree inside the gang: gang / sp data groups share the rows
 
     @classmethod
     def from_config(cls, cfg: "Config", layout: ModelLayout) -> "GangComm":
         t = cfg.runtime.trainer
         n = t.gang if t.shard == "fsdp" else 1
         return cls(layout, n, t.workers, t.reshard == "after-step", cfg.train.backward_batch,
-                   cfg.train.beta > 0 and cfg.model.lora_rank > 0)
+                   cfg.train.beta > 0 and cfg.model.lora_rank > 0, t.sp if n > 1 else 1)
 
     @property
     def gather(self) -> int:
@@ -239,9 +240,9 @@ class GangComm:
         return self.gang * self.layout.all_gather_bytes(self.gang)
 
     def passes(self, rows: int, trained_steps: int) -> int:
-        """Forward/backward passes each rank runs for a Train unit: ceil(ceil(rows/N)/bb) chunks
-        per trained step (ranks with fewer rows run zero-weight ghost passes to match)."""
-        per_rank = -(-rows // self.gang)
+        """Forward/backward passes each rank runs for a Train unit: ceil(ceil(rows/(N/sp))/bb)
+        chunks per trained step (ranks with fewer rows run zero-weight ghost passes to match)."""
+        per_rank = -(-rows // (self.gang // self.sp))
         chunks = -(-per_rank // self.backward_batch) if self.backward_batch else 1
         return trained_steps * max(chunks, 1)
 
@@ -276,9 +277,15 @@ class GangComm:
 
 
 def predict_comm(cfg: "Config", trace: "Trace", layout: Optional[ModelLayout] = None,
-                 model: Optional[str] = None) -> list[dict]:
+                 model: Optional[str] = None, sp_dims=None, sp_tokens: Optional[int] = None) -> list[dict]:
     """Per RL step, the `comm/<phase>/<kind>_bytes` the runtime counts for `cfg` running the
     schedule in `trace` (a simulated or a real run's trace: spans must carry their unit).
+
+    Sequence-parallel gangs (runtime.rollout.gang, runtime.trainer.sp > 1) add sim.sp's
+    all-to-alls, gathers and reduce-scatters, summed over every rank: trainer gangs' in their
+    optimizer windows like the FSDP bytes, rollout gangs' Generate units in the unit's RL step.
+    sp_dims / sp_tokens: the transformer's sp.SpDims and image tokens S (default: the catalogue
+    model's, at cfg.model's height, width and frames).
 
     Steps are each gang's optimizer windows: what a gang runs after its optimizer step s-1
     up to its optimizer step s is step s's, its publish gather too (trainer-0, after the
@@ -290,6 +297,7 @@ def predict_comm(cfg: "Config", trace: "Trace", layout: Optional[ModelLayout] = 
     layout = layout or layout_for(cfg, model)
     comm = GangComm.from_config(cfg, layout)
     spg = contract(cfg).shape.samples_per_group
+    sp = _SpComm.from_config(cfg, model, sp_dims, sp_tokens)
     publishes = cfg.run.mode != "colocated" and cfg.runtime.rollout.workers > 0
     steps: list[dict] = []
 
@@ -312,9 +320,13 @@ def predict_comm(cfg: "Config", trace: "Trace", layout: Optional[ModelLayout] = 
                 ag, rs = comm.train(rows, len(u.t_steps), gathered)
                 add(step, "train", "all_gather", ag)
                 add(step, "train", "reduce_scatter", rs)
+                for kind, nbytes in sp.train(rows, len(u.t_steps)).items():
+                    add(step, "train", kind, nbytes)
                 gathered = True
             elif s.kind == "generate":
                 add(step, "generate", "all_gather", comm.generate(s.unit.t_end - s.unit.t_start, gathered))
+                for kind, nbytes in sp.generate(_rows(s.unit, spg), s.unit.t_end - s.unit.t_start, "trainer").items():
+                    add(step, "generate", kind, nbytes)
                 gathered = True
             elif s.kind == "optimizer":
                 add(step, "train", "all_reduce", comm.all_reduce)
@@ -324,9 +336,71 @@ def predict_comm(cfg: "Config", trace: "Trace", layout: Optional[ModelLayout] = 
                 ends.append(s.end)
                 step += 1
         opt_end[wid] = ends
+    for s in trace.spans:  # rollout gangs: each Generate unit in its RL step
+        if s.kind == "generate" and trace.workers.get(s.worker) == "rollout" and not (s.extra or {}).get("lost"):
+            for kind, nbytes in sp.generate(_rows(s.unit, spg), s.unit.t_end - s.unit.t_start, "rollout").items():
+                add(s.step, "generate", kind, nbytes)
     if cfg.runtime.weight_sync == "nccl" and publishes:
         ends = opt_end.get("trainer-0", [])
         for s in trace.spans:
             if s.kind == "sync" and not (s.extra or {}).get("lost"):
                 add(bisect_right(ends, s.start), "sync", "send", layout.payload_bytes)
     return steps
+
+
+def _rows(unit, samples_per_group: int) -> int:
+    """Samples of a Generate / Train unit (its shard's, when the scheduler shards)."""
+    return unit.samples[1] - unit.samples[0] if unit.samples else len(unit.groups) * samples_per_group
+
+
+@dataclass(frozen=True)
+class _SpComm:
+    """predict_comm's sequence-parallel side: sim.sp's unit bytes for a Config's gangs."""
+
+    dims: object  # sp.SpDims (None: no sequence parallelism anywhere)
+    tokens: int
+    elem_bytes: int
+    cfg: bool  # CFG as one doubled batch (sampling.cfg_scale != 1), in sampling and training alike
+    trainer_gang: int
+    trainer_sp: int
+    rollout_gang: int
+    backward_batch: int
+    recompute: bool
+    ref_forward: bool
+
+    @classmethod
+    def from_config(cls, cfg: "Config", model: Optional[str], dims, tokens: Optional[int]) -> "_SpComm":
+        from digenrl.sim import sp
+        from digenrl.sim.catalogue import Shape
+
+        rt = cfg.runtime
+        rgang = rt.rollout.gang if cfg.run.mode != "colocated" else 1
+        if dims is None and (rgang > 1 or rt.trainer.sp > 1):
+            if model is None:
+                from digenrl.sim.testbed import load_testbed
+
+                model = load_testbed(rt.testbed).model
+            m = cfg.model
+            shape = Shape(m.height, m.width, m.frames or 1)
+            dims, tokens = sp.SpDims.from_catalogue(model, shape), sp.image_tokens_for(model, shape)
+        return cls(dims, tokens or 0, DTYPE_BYTES[cfg.model.dtype], cfg.sampling.cfg_scale != 1.0,
+                   rt.trainer.gang, rt.trainer.sp, rgang, cfg.train.backward_batch, cfg.model.grad_ckpt,
+                   cfg.train.beta > 0)
+
+    def train(self, rows: int, trained_steps: int) -> dict:
+        from digenrl.sim.sp import train_unit_bytes
+
+        if self.trainer_sp <= 1:
+            return {}
+        return train_unit_bytes(self.dims, rows, trained_steps, self.trainer_gang, self.trainer_sp,
+                                self.backward_batch, self.tokens, self.elem_bytes, self.cfg, self.recompute,
+                                self.ref_forward)
+
+    def generate(self, rows: int, steps: int, role: str) -> dict:
+        from digenrl.sim.sp import gang_generate_bytes
+
+        gang, degree = ((self.rollout_gang, self.rollout_gang) if role == "rollout"
+                        else (self.trainer_gang, self.trainer_sp))
+        if degree <= 1 or steps <= 0:
+            return {}
+        return gang_generate_bytes(self.dims, rows, steps, gang, degree, self.tokens, self.elem_bytes, self.cfg)

@@ -75,19 +75,21 @@ ROLES = ("rollout", "rollout_shared", "trainer", "ref", "text_encoder", "vae", "
 USABLE_FRACTION, RESERVED_GIB = 0.95, 1.0
 
 
-def _activations(table: dict, model: str, op: str, batch: float, shape: Shape | None) -> tuple[float, bool]:
-    """Fitted activation GiB of `op` at `batch`, scaled to `shape` (estimated when it is not the calibration shape)."""
+def _activations(table: dict, model: str, op: str, batch: float, shape: Shape | None,
+                 sp: int = 1) -> tuple[float, bool]:
+    """Fitted activation GiB of `op` at `batch`, scaled to `shape` (estimated when it is not the
+    calibration shape); a sequence-parallel rank (sp > 1) holds 1/sp of every sample's tokens."""
     fit = table[model, op]
     m = get_model(model)
     tok_est = shape is not None and shape != m.calib_shape
     k = tokens_for(m, shape) / tokens_for(m) if tok_est else 1.0  # flash attention: linear in tokens
-    return fit.fixed + fit.per_sample * k * batch, fit.estimated or tok_est
+    return fit.fixed + fit.per_sample * k * batch / sp, fit.estimated or tok_est or sp > 1
 
 
 def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool = False, grad_ckpt: bool = True,
                fsdp_shards: int = 1, cfg: bool = False, shape: Shape | None = None,
                lora_rank: int = DEFAULT_LORA_RANK, reward: str = "pickscore", after_step: bool = False,
-               offload: bool = False, gang: bool = False) -> Memory:
+               offload: bool = False, gang: bool = False, sp: int = 1) -> Memory:
     """GiB a role holds on one GPU (see ROLES), from the calibration `table` (calibration.fit_table).
 
     rollout         own bf16 copy (sharded / fsdp_shards + two gathered layers) + forward activations
@@ -100,6 +102,9 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
                     gathered bf16 parameters: two blocks
                     (reshard after-forward: in use + prefetched) or the whole model (after_step:
                     kept for the step); offload: the AdamW state on the host
+    sp              sequence-parallel degree (runtime.rollout.gang for a rollout rank,
+                    runtime.trainer.sp for a trainer rank): activations / sp; a rollout gang
+                    rank still holds the whole bf16 model (no FSDP in a rollout gang)
     ref             bf16 reference copy for the KL term (0 with LoRA: adapters disabled)
     text_encoder, vae (+ decode activations), reward
     """
@@ -111,17 +116,17 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
     gathered = 2 * BYTES_WEIGHT * p / m.layers / GIB if n > 1 else 0.0  # FSDP: layer in use + prefetched
     b = batch * (2 if cfg else 1)
     if role in ("rollout", "rollout_shared"):
-        act, est = _activations(table, model, "act_forward", b, shape)
+        act, est = _activations(table, model, "act_forward", b, shape, sp)
         w = 0.0 if role == "rollout_shared" else BYTES_WEIGHT * p / n / GIB + gathered
         return Memory(weights=w, activations=act, estimated=est)
     if role == "trainer" and gang:
-        act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
+        act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape, sp)
         held = BYTES_WEIGHT * p / GIB if after_step else (gathered if n > 1 else 0.0)
         t = lora_params_B(model, lora_rank) * 1e9 if lora else p  # trainable parameters
         base = BYTES_WEIGHT * p / n / GIB if lora else 0.0  # frozen base, bf16, sharded
         return Memory(4 * t / n / GIB + base + held, 4 * t / n / GIB, 0.0 if offload else 8 * t / n / GIB, act, est)
     if role == "trainer":
-        act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape)
+        act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape, sp)
         if lora:
             pl = lora_params_B(model, lora_rank) * 1e9
             bw, bg, bo = BYTES_LORA
@@ -147,7 +152,7 @@ def fits(table: dict, model: str, roles, device=REFERENCE, *, gen_batch: int = 1
          shards: dict | None = None, offload_optimizer: bool = False, **kw) -> FitReport:
     """Can one GPU hold `roles` (see ROLES, FitReport) at once? Usable memory is
     USABLE_FRACTION * HBM - RESERVED_GIB. kw go to memory_gib (lora, grad_ckpt,
-    fsdp_shards, cfg, shape, lora_rank, reward, after_step, offload, gang); `shards`
+    fsdp_shards, cfg, shape, lora_rank, reward, after_step, offload, gang, sp); `shards`
     overrides fsdp_shards per role."""
     dev = get_device(device)
     mems = {}

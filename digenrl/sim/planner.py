@@ -28,6 +28,12 @@ Knobs (axes):
                         the gathered model). The gang size is not an axis: each point takes
                         the smallest gang that holds the training state (workload.fitting_gang;
                         a larger gang adds collectives and ghost passes, and leaves fewer gangs for TSP)
+    rollout_gang        video models with Ulysses attention (sim.sp), disaggregated modes:
+                        GPUs per rollout worker, each trajectory sequence-parallel over them
+                        (runtime.rollout.gang); sp.DEGREES the heads allow, within a node
+    trainer_sp          the same inside a trainer gang (runtime.trainer.sp): the gang is then
+                        the smallest multiple of it that fits. A point whose split does not
+                        divide into these gangs runs at the nearest split that does (`snap`)
 
 Every mode, baselines included, gets its best point of this search: the planner starts from
 the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
@@ -50,6 +56,7 @@ from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import RunSpec, run_spec
+from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 
 GAP_MODES = tuple(m for m in MODES if m not in BATCH_MODES)
@@ -112,7 +119,37 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
         axes["gen_shard"] = shards
         if mode != "gap":
             axes["train_shard"] = shards
+    if mode != "colocated":
+        axes.update(sp_axes(tb))
     return axes
+
+
+def sp_axes(tb: Testbed) -> dict[str, list[int]]:
+    """rollout_gang / trainer_sp candidates (module doc): none for models without Ulysses
+    attention or where the testbed fixes the degree; fixed pools: degrees dividing the pool."""
+    axes = {}
+    for axis, role in (("rollout_gang", "rollout"), ("trainer_sp", "trainer")):
+        pools = tb.pool(role)
+        pool = (pools or tb.pools)[0]
+        vals = degrees(tb.model, pool.gpus_per_node)
+        if pools:  # a fixed pool: its GPUs split into gangs of the degree
+            vals = [d for d in vals if sum(p.count for p in pools) % d == 0]
+        if getattr(tb, axis) is None and len(vals) > 1:
+            axes[axis] = vals
+    return axes
+
+
+def snap(tb: Testbed, point: dict) -> dict:
+    """`point` with n_rollout moved to the nearest split (ties: fewer rollout GPUs) whose
+    rollout GPUs divide into rollout gangs and trainer GPUs into multiples of trainer_sp;
+    unchanged when there is no split to move or none fits."""
+    r = point.get("n_rollout")
+    rg = point.get("rollout_gang") or tb.rollout_gang or 1
+    sp = point.get("trainer_sp") or tb.trainer_sp or 1
+    if r is None or (r % rg == 0 and (tb.n_gpus - r) % sp == 0):
+        return point
+    ok = [k for k in range(1, tb.n_gpus) if k % rg == 0 and (tb.n_gpus - k) % sp == 0]
+    return {**point, "n_rollout": _nearest(ok, r)} if ok else point
 
 
 def _spec(mode: str, point: dict, style: str | None) -> RunSpec:
@@ -157,6 +194,9 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
             p[k] = 1
     if "reshard" in axes:
         p["reshard"] = RESHARD[0]
+    for k in ("rollout_gang", "trainer_sp"):  # no sequence parallelism (one GPU per trajectory)
+        if k in axes:
+            p[k] = 1
     return p
 
 
@@ -187,6 +227,7 @@ class _Evaluator:
         self.cache: dict = {}
 
     def __call__(self, point: dict):
+        point = snap(self.tb, point)
         key = tuple(sorted(point.items()))
         r = self.cache.get(key)
         if r is None:
@@ -230,6 +271,11 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
         starts += [{**first, a: k} for a in shard_axes]
         if len(shard_axes) > 1:
             starts.append({**first, **{a: k for a in shard_axes}})
+    # ... and sequence parallelism: a gang changes the split and the unit sizes that balance
+    # it, so the degrees start high too (each alone and together)
+    sp_ax = [k for k in ("rollout_gang", "trainer_sp") if k in axes]
+    for group in ([[a] for a in sp_ax] + ([sp_ax] if len(sp_ax) > 1 else [])):
+        starts.append({**first, **{a: axes[a][-1] for a in group}})
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)

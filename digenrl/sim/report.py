@@ -70,6 +70,8 @@ class RunSpec:
     gen_shard: Optional[int] = None  # Generate sample shards per micro-batch (SchedConfig.gen_shard)
     train_shard: Optional[int] = None  # Train sample shards per (micro-batch, chunk)
     gang: Optional[int] = None  # GPUs per trainer gang (None: the smallest that fits, workload.fitting_gang)
+    rollout_gang: Optional[int] = None  # GPUs per rollout worker, sequence-parallel (None: the testbed's or 1)
+    trainer_sp: Optional[int] = None  # sequence-parallel degree inside a trainer gang (None: the testbed's or 1)
     reshard: Optional[str] = None  # after-forward (None) | after-step
     style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False
@@ -85,6 +87,8 @@ class RunSpec:
         rt, d = cfg.runtime, cfg.data
         out = {"run.mode": self.mode, "runtime.rollout.workers": rt.rollout.workers,
                "runtime.trainer.workers": rt.trainer.workers}
+        if rt.rollout.gang > 1:
+            out["runtime.rollout.gang"] = rt.rollout.gang
         if d.micro_batch_samples:
             out["data.micro_batch_samples"] = d.micro_batch_samples
         else:
@@ -93,6 +97,8 @@ class RunSpec:
         if t.gang > 1:
             out.update({"runtime.trainer.gang": t.gang, "runtime.trainer.shard": t.shard,
                         "runtime.trainer.reshard": t.reshard})
+        if t.sp > 1:
+            out["runtime.trainer.sp"] = t.sp
         for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
                            ("runtime.gen_shard", self.gen_shard), ("runtime.train_shard", self.train_shard)):
             if value:
@@ -187,7 +193,8 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "cfg_two_calls": "generate", "cfg_two_calls_train": "train", "encode_per_sample": "generate", "decode_serial": "reward",
              "rollout_sleep_wake": "optimizer", "weight_gather": "optimizer", "param_offload": "optimizer",
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
-             "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer"}
+             "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer",
+             "gang_sp_generate": "generate", "gang_sp_train": "train"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n

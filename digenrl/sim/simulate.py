@@ -32,7 +32,7 @@ from pathlib import Path
 
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
-from digenrl.sim.planner import PLAN_STEPS, plan
+from digenrl.sim.planner import PLAN_STEPS, plan, snap
 from digenrl.sim.shipped import SYSTEMS
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import Report, ideal_step_s, run_spec
@@ -132,7 +132,9 @@ def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm)
     c = 1.0
     if mode == "colocated":
         where = ref if per_dollar else tb
-        half = run_spec(where, replace(d_ref.spec, n_rollout=where.n_gpus // 2, gang=None), steps, cm)  # gang: what fits there
+        half_point = snap(where, {"n_rollout": where.n_gpus // 2, "rollout_gang": d_ref.spec.rollout_gang,
+                                  "trainer_sp": d_ref.spec.trainer_sp})  # the nearest split the gangs divide
+        half = run_spec(where, replace(d_ref.spec, n_rollout=half_point["n_rollout"], gang=None), steps, cm)  # gang: what fits there
         c = d_ref.throughput / half.throughput
     r = total / (a * het * c)
     factors = {"baseline_costs": a, "heterogeneity": het, "independent_scaling": c, "overlap": r}

@@ -77,6 +77,11 @@ class Testbed:
     reward: str = "pickscore"
     weight_sync: str = "nccl"
     text_tokens: int | None = None  # text tokens in the joint sequence (the recipe's prompt length; None: the model's)
+    # Sequence-parallel degrees (video models with Ulysses attention, sim.sp): fixed here, or
+    # None for the planner to pick. rollout_gang: GPUs per rollout worker; trainer_sp: ranks
+    # per data group inside a trainer gang.
+    rollout_gang: int | None = None
+    trainer_sp: int | None = None
     links: Links = field(default_factory=Links)
     description: str = ""
 
@@ -217,6 +222,9 @@ def _validate(tb: Testbed) -> None:
     if tb.weight_sync == "lora-only" and not tb.lora:
         raise TestbedError("key 'weight_sync': 'lora-only' needs lora: true; allowed without LoRA: "
                            "['nccl', 'object-store']")
+    for k in ("rollout_gang", "trainer_sp"):
+        if getattr(tb, k) is not None:
+            _int(k, getattr(tb, k))
     m = MODELS[tb.model]
     if tb.text_tokens is not None:
         _int("text_tokens", tb.text_tokens)

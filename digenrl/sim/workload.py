@@ -22,6 +22,7 @@ from digenrl.rewards import REWARD_NAMES
 from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
+from digenrl.sim.sp import check_degree, degrees
 from digenrl.sim.testbed import Testbed, resize
 
 if TYPE_CHECKING:
@@ -74,11 +75,23 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
     if trained > usable:
         raise ConfigError(f"sampling.window_size: {tb.name!r} trains {trained} of {tb.denoise_steps} steps; "
                           f"an SDE window trains at most {usable} (the last step is always ODE)")
-    gang = 1 if spec.mode == "colocated" else (spec.gang or fitting_gang(tb, trainer, after_step=spec.reshard == "after-step"))
+    rgang, sp = (1, 1) if spec.mode == "colocated" else degrees_of(tb, spec)
+    for key, degree in (("runtime.rollout.gang", rgang), ("runtime.trainer.sp", sp)):
+        why = check_degree(tb.model, degree, key)
+        if why:
+            raise ConfigError(why)
+    if rollout % rgang:
+        raise ConfigError(f"runtime.rollout.gang: {rollout} rollout GPUs do not split into gangs of {rgang}")
+    gang = 1 if spec.mode == "colocated" else (spec.gang or fitting_gang(tb, trainer, after_step=spec.reshard == "after-step",
+                                                                          sp=sp))
+    if not gang:
+        raise ConfigError(f"runtime.trainer.sp: {trainer} trainer GPUs hold no gang of a multiple of {sp} GPUs")
     if trainer % gang:
         raise ConfigError(f"runtime.trainer.gang: {trainer} trainer GPUs do not split into gangs of {gang}")
-    gangs = {"gang": gang, "shard": "fsdp" if gang > 1 else "none", "reshard": spec.reshard or "after-forward"}
+    gangs = {"gang": gang, "shard": "fsdp" if gang > 1 else "none", "reshard": spec.reshard or "after-forward",
+             **({"sp": sp} if sp > 1 else {})}
     trainer //= gang
+    rollout //= rgang
     dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
     rpool = (tb.pool("rollout") or tb.pools)[0]
     tpool = (tb.pool("trainer") or tb.pools)[0]
@@ -99,41 +112,50 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
         "run": {"mode": spec.mode},
         "runtime": {"compute": "emulated", "testbed": testbed_ref or tb.name.split("@")[0],
                     "weight_sync": tb.weight_sync,
-                    "rollout": {"workers": rollout, **dev(rpool)}, "trainer": {"workers": trainer, **dev(tpool), **gangs},
+                    "rollout": {"workers": rollout, **dev(rpool), **({"gang": rgang} if rgang > 1 else {})},
+                    "trainer": {"workers": trainer, **dev(tpool), **gangs},
                     "tag_segment": spec.tag_segment or 1, "gen_shard": spec.gen_shard or 1,
                     "train_shard": spec.train_shard or 1},
     }
     return load_config(None, tree=tree)
 
 
-def fitting_gang(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False) -> int:
-    """The smallest gang (a divisor of the trainer GPUs) whose GPUs hold the training state
-    (memory.py, FSDP over the gang); 1 when a replica fits. Nothing fits: the largest, which
-    the duration function then refuses with the reason."""
+def degrees_of(tb: Testbed, spec: "RunSpec") -> tuple[int, int]:
+    """(runtime.rollout.gang, runtime.trainer.sp) of `spec` on `tb`: the spec's, else the
+    testbed's fixed ones, else 1."""
+    return (spec.rollout_gang or tb.rollout_gang or 1, spec.trainer_sp or tb.trainer_sp or 1)
+
+
+def fitting_gang(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False,
+                 sp: Optional[int] = None) -> int:
+    """The smallest gang (a divisor of the trainer GPUs, a multiple of the sequence-parallel
+    degree sp, default the testbed's or 1) whose GPUs hold the training state (memory.py,
+    FSDP over the gang, activations / sp); 1 when a replica fits. Nothing fits: the largest,
+    which the duration function then refuses with the reason (0: no gang is a multiple of sp)."""
+    return _fit(tb, trainer_gpus, cm, after_step, sp)[0]
+
+
+def trainer_fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False,
+                sp: Optional[int] = None):
+    """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs."""
+    return _fit(tb, trainer_gpus, cm, after_step, sp)
+
+
+def _fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel], after_step: bool, sp: Optional[int]):
     from digenrl.sim.costs import default_cost_model
 
     cm = cm or default_cost_model()
+    sp = sp or tb.trainer_sp or 1
     dev = (tb.pool("trainer") or tb.pools)[0].device
-    sizes = [d for d in range(1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0]
+    sizes = [d for d in range(1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0 and d % sp == 0]
+    rep = None
     for n in sizes:
         rep = cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
                       cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank, fsdp_shards=n,
-                      after_step=after_step, gang=n > 1)
+                      after_step=after_step, gang=n > 1, sp=sp)
         if rep.fits:
-            return n
-    return sizes[-1]
-
-
-def trainer_fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False):
-    """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs."""
-    from digenrl.sim.costs import default_cost_model
-
-    cm = cm or default_cost_model()
-    n = fitting_gang(tb, trainer_gpus, cm, after_step)
-    dev = (tb.pool("trainer") or tb.pools)[0].device
-    return n, cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
-                      cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank, fsdp_shards=n, gang=n > 1,
-                      after_step=after_step)
+            return n, rep
+    return (sizes[-1] if sizes else 0), rep
 
 
 def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
@@ -143,14 +165,25 @@ def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
     from digenrl.sim.report import RunSpec
 
     split = _split(tb)
-    trainers = tb.n_gpus - 1 if split else sum(p.count for p in tb.pool("trainer"))
+    rgang = tb.rollout_gang or 1
+    trainers = tb.n_gpus - rgang if split else sum(p.count for p in tb.pool("trainer"))
     try:
         family(tb.model)
-        gang, rep = trainer_fit(tb, trainers, cm)
+        for key, degree in (("rollout_gang", tb.rollout_gang), ("trainer_sp", tb.trainer_sp)):
+            why = check_degree(tb.model, degree or 1, key)
+            if why:
+                return why
+        # the largest sequence-parallel degree the planner may pick holds the least per GPU
+        gpn = (tb.pool("trainer") or tb.pools)[0].gpus_per_node
+        sp = tb.trainer_sp or max(d for d in degrees(tb.model, min(trainers, gpn)) if trainers % d == 0)
+        gang, rep = trainer_fit(tb, trainers, cm, sp=sp)
+        if rep is None:
+            return f"trainer_sp={sp}: {trainers} trainer GPUs hold no gang of a multiple of {sp} GPUs"
         if not rep.fits:
             return (f"no trainer gang holds the {tb.model} training state: {rep.peak_gib:.0f} GiB per GPU even "
                     f"with FSDP over {gang} {rep.device} ({rep.usable_gib:.0f} GiB usable)")
-        config_for(tb, RunSpec("digenrl", n_rollout=tb.n_gpus - trainers if split else None, gang=gang), 2)
+        config_for(tb, RunSpec("digenrl", n_rollout=tb.n_gpus - trainers if split else None, gang=gang,
+                               trainer_sp=sp if sp > 1 else None), 2)
     except ConfigError as e:
         return str(e)
     return None
@@ -162,7 +195,12 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
         raise ConfigError(f"model.name: {cfg.model.name!r} but runtime.testbed {tb.name!r} models "
                           f"{tb.model!r} (model.name={family(tb.model)})")
     rt, d = cfg.runtime, cfg.data
-    n = rt.rollout.workers + rt.trainer.workers * rt.trainer.gang  # GPUs
+    for key, degree in (("runtime.rollout.gang", rt.rollout.gang), ("runtime.trainer.sp", rt.trainer.sp)):
+        why = check_degree(tb.model, degree, key)
+        if why:
+            raise ConfigError(why)
+    rollout_gpus = 0 if cfg.run.mode == "colocated" else rt.rollout.workers * (rt.rollout.gang - 1)
+    n = rt.rollout.workers + rollout_gpus + rt.trainer.workers * rt.trainer.gang  # GPUs
     if _split(tb):
         if n != tb.n_gpus and len(tb.pools) != 1:
             raise ConfigError(f"runtime.trainer.workers: {n} workers but testbed {tb.name!r} has "

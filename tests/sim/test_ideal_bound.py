@@ -25,7 +25,7 @@ from digenrl.sched import BATCH_MODES
 from digenrl.sim.catalogue import MODELS, WEIGHT_SYNC_METHODS
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import DEVICES
-from digenrl.sim.planner import default_point, grid
+from digenrl.sim.planner import default_point, grid, snap
 from digenrl.sim.report import RunSpec, ideal_step_s, run_spec
 from digenrl.sim.simulate import ROWS, homogeneous_reference
 from digenrl.sim.testbed import Testbed, TestbedError
@@ -128,9 +128,11 @@ def random_spec(rng: random.Random, tb: Testbed, mode: str, style: str | None, c
 
     Batch-level modes may cut groups (samples_per_group 1, micro-batches of samples) or not;
     GAP modes train whole groups. The gang is None (the smallest that fits) or a larger
-    divisor of the trainer GPUs; a gang that does not fit is refused (a counted skip).
+    divisor of the trainer GPUs (a multiple of trainer_sp); a gang that does not fit is
+    refused (a counted skip). Video models draw sequence-parallel degrees too (rollout_gang,
+    trainer_sp), the split moved to the nearest one they divide, as the planner does.
     """
-    point = {axis: rng.choice(values) for axis, values in grid(tb, mode).items()}
+    point = snap(tb, {axis: rng.choice(values) for axis, values in grid(tb, mode).items()})
     spg = None
     if mode in BATCH_MODES:
         spg = rng.choice((1, None))
@@ -141,8 +143,11 @@ def random_spec(rng: random.Random, tb: Testbed, mode: str, style: str | None, c
             trainers = tb.n_gpus - point["n_rollout"]
         else:
             trainers = sum(p.count for p in tb.pool("trainer"))
-        smallest = fitting_gang(tb, trainers, cm, after_step=point.get("reshard") == "after-step")
-        point["gang"] = rng.choice([g for g in _divisors(trainers) if g >= smallest])
+        sp = point.get("trainer_sp") or 1
+        smallest = fitting_gang(tb, trainers, cm, after_step=point.get("reshard") == "after-step", sp=sp)
+        gangs = [g for g in _divisors(trainers) if g >= max(smallest, 1) and g % sp == 0]
+        if gangs:
+            point["gang"] = rng.choice(gangs)
     return RunSpec(mode, samples_per_group=spg, style=style, **point)
 
 
