@@ -207,7 +207,8 @@ class DurationFn:
                     "runtime.trainer.gang (FSDP over more GPUs) or set runtime.trainer.offload")
             self.opt_shards = self.gang
             self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, tb.micro_batch,
-                                 tb.kl and tb.lora, self.trainer_sp)
+                                 tb.kl and tb.lora, self.trainer_sp,
+                                 tb.weight_sync == "lora-only" or (tb.weight_sync == "nccl" and tb.lora))
             self.gang_link = tb.link(self.trainer_pool, self.gang)
 
     # ---- colocated baseline costs --------------------------------------------
@@ -523,6 +524,14 @@ class DurationFn:
         return self._memo(("gather1", n), lambda: allgather_traffic(
             self.fsdp.all_gather_bytes(n), n, chunks=len(self.fsdp.units)).seconds(self.gang_link))
 
+    def _publish_gather_s(self) -> float:
+        """The publish gather over the gang: the payload's tensors (GangComm.publish), one
+        collective per tensor-holding unit."""
+        n, c = self.comm.gang, self.comm
+        units = sum(u.trainable for u in self.fsdp.units) if c.adapters_only else len(self.fsdp.units)
+        return self._memo(("pub1", n, c.adapters_only), lambda: allgather_traffic(
+            self.fsdp.payload_gather_bytes(n, c.adapters_only), n, chunks=units).seconds(self.gang_link))
+
     def _reduce_scatter_s(self) -> float:
         """One backward's reduce-scatters (fp32 gradients of the trainable units): a ring
         reduce-scatter moves what the matching all-gather moves."""
@@ -581,15 +590,16 @@ class DurationFn:
     def _publish_s(self, dev: str) -> float:
         """Trainer side of a weight sync, inside OptimizerStep (the scheduler's pull model).
 
-        Colocated: nothing (same weights). A gang of N > 1 first unshards every FSDP unit
-        (one all-gather, LoRA or not: gangs.md) on trainer-0. nccl: the relay pushes the
+        Colocated: nothing (same weights). A gang of N > 1 first gathers the payload's tensors
+        on trainer-0 (every unit's under object-store; the adapters only under lora-only and
+        nccl with LoRA, as the runtime's gather_payload does). nccl: the relay pushes the
         bytes once into the pipelined chain. object-store / lora-only: device->host + one
         copy into the store.
         """
         if self.mode == "colocated" or self.n_rollout == 0:
             return 0.0
         tb, nbytes = self.tb, self._sync_bytes()
-        t = self._gather_s() if self.gang > 1 else 0.0
+        t = self._publish_gather_s() if self.gang > 1 else 0.0
         if tb.weight_sync == "nccl":  # the bytes leave the sender once; latencies are the receivers'
             return t + wire_s(nbytes, tb.links.inter_pool)
         return t + object_store_send_s(nbytes, dev)

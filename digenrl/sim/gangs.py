@@ -10,6 +10,8 @@ sums on the runtime side):
           reduce-scatter  N * sum_trainable   ceil(dim0/N) * rest * 4          fp32 reduce
           cross-gang      4 * (trainable tensors + sum_trainable ceil(dim0/N) * rest)
                           (one fp32 mask element per trainable tensor + the local shards)
+          publish gather  N * sum_payload ceil(dim0/N) * rest * p   payload_state's tensors: every
+                          param (object-store), trainable only (lora-only, nccl under LoRA)
           relay send      trainable tensors (LoRA) or the full state dict, model dtype
 
     Config + Trace (what each gang ran) --predict_comm--> per RL step
@@ -132,6 +134,14 @@ class ModelLayout:
         local shards of a gang add up to the whole trainable numel."""
         return self._cached("ar", n, lambda: REDUCE_BYTES * (n * self.trainable_tensors + self.trainable_numel))
 
+    def payload_gather_bytes(self, n: int, trainable_only: bool) -> int:
+        """The publish gather of the payload, bytes per rank: each payload tensor's gathered
+        output (every tensor, or the trainable ones: adapters), in param dtype; 0 for n = 1."""
+        if n <= 1:
+            return 0
+        return self._cached(f"pg{trainable_only}", n, lambda: sum(
+            n * u.shard_numel(n, trainable_only=trainable_only) * self.param_bytes for u in self.units))
+
     def gather_unit_bytes(self, n: int) -> float:
         """The largest unit's gather, bytes per rank: what a prefetching FSDP cannot hide."""
         if n <= 1:
@@ -226,18 +236,26 @@ class GangComm:
     backward_batch: int  # samples per forward/backward chunk (0: one chunk)
     ref_forward: bool  # a no-grad reference forward per chunk (KL under LoRA)
     sp: int = 1  # sequence-parallel degree inside the gang: gang / sp data groups share the rows
+    adapters_only: bool = False  # the published payload is the trainable tensors (lora-only; nccl under LoRA)
 
     @classmethod
     def from_config(cls, cfg: "Config", layout: ModelLayout) -> "GangComm":
         t = cfg.runtime.trainer
         n = t.gang if t.shard == "fsdp" else 1
+        engine, lora = cfg.runtime.weight_sync, cfg.model.lora_rank > 0
         return cls(layout, n, t.workers, t.reshard == "after-step", cfg.train.backward_batch,
-                   cfg.train.beta > 0 and cfg.model.lora_rank > 0, t.sp if n > 1 else 1)
+                   cfg.train.beta > 0 and lora, t.sp if n > 1 else 1,
+                   engine == "lora-only" or (engine == "nccl" and lora))
 
     @property
     def gather(self) -> int:
         """One gather of every unit on every rank of the gang."""
         return self.gang * self.layout.all_gather_bytes(self.gang)
+
+    @property
+    def publish(self) -> int:
+        """The publish gather on every rank of the gang (weight_sync.payload_state's tensors)."""
+        return self.gang * self.layout.payload_gather_bytes(self.gang, self.adapters_only)
 
     def passes(self, rows: int, trained_steps: int) -> int:
         """Forward/backward passes each rank runs for a Train unit: ceil(ceil(rows/(N/sp))/bb)
@@ -331,7 +349,7 @@ def predict_comm(cfg: "Config", trace: "Trace", layout: Optional[ModelLayout] = 
             elif s.kind == "optimizer":
                 add(step, "train", "all_reduce", comm.all_reduce)
                 if publishes and wid == "trainer-0":  # unshard every unit once, then reshard
-                    add(step, "publish", "all_gather", comm.gather)
+                    add(step, "publish", "all_gather", comm.publish)
                 gathered = False
                 ends.append(s.end)
                 step += 1

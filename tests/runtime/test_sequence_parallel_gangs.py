@@ -3,8 +3,8 @@
 A rollout gang of 2 (runtime.rollout.gang=2) generates every trajectory across its two
 ranks; a trainer gang of 2 with sp=2 (FSDP over the gang, both ranks on the same rows, each
 on half of the video tokens) trains. gap+tsp is on-policy, so the run must end at the
-single-device run's weights up to float round-off, with the same rewards; the ranks must
-have counted all-to-all bytes for generation and for training.
+single-device run's weights up to float round-off, with the same rewards; the bytes the ranks
+counted (all-to-alls for generation and training, FSDP) must be the simulator's prediction.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from digenrl.models import build_policy
 from digenrl.models.lora import trainable_state_dict
 from digenrl.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
+from digenrl.sim.gangs import module_layout, predict_comm
+from digenrl.sim.sp import SpDims
 from digenrl.trainer import Trainer
 
 from .conftest import tiny
@@ -76,6 +78,21 @@ def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan,
         assert r["reward_mean"] == pytest.approx(l["reward_mean"], abs=1e-4)
         assert r["train/grad_norm"] == pytest.approx(l["train/grad_norm"], rel=1e-4)  # parts summed once
         assert r["comm/generate/all_to_all_bytes"] > 0 and r["comm/train/all_to_all_bytes"] > 0
+    # Bytes: what the ranks counted == what the simulator charges for this config and schedule
+    # (sim.sp's all-to-alls and gathers, sim.gangs' FSDP traffic), within 1%
+    cfg = load_config(None, _overrides(run, mode, wan, "train.tsp_chunk=1", *SP, *CASES[case]))
+    policy = build_policy(cfg.model, progress=False)
+    layout = module_layout(policy.module, 4, trainable_state_dict(policy.module))
+    predicted = predict_comm(cfg, rt.trace, layout=layout, sp_dims=SpDims.from_module(policy.module), sp_tokens=9)
+    assert len(predicted) == len(records)
+    sync = "comm/sync/send_bytes"  # relay sends: which step a pull lands in depends on timing
+    for rec, pred in zip(records, predicted):
+        assert {k for k, v in rec.items() if k.startswith("comm/") and k.endswith("_bytes") and k != sync} == \
+            {k for k, v in pred.items() if v and k != sync}
+        for k, v in pred.items():
+            if k != sync:
+                assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
+    assert sum(r.get(sync, 0) for r in records) == sum(p[sync] for p in predicted)
     # every (step, group, sample, t) trained exactly once: the sp ranks report their rows once
     assert len(rt.trained) == len(set(rt.trained)) == sum(4 * len(rt.plan(k).trained_steps) for k in (0, 1))
     assert {len(p) for p in rt.rank_pids.values()} == {2}
