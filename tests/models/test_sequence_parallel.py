@@ -93,22 +93,36 @@ def _forward_backward(module, x, kwargs):
     return out.detach(), {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
-def _transformer_rank(rank, world, family):
+def _transformer_rank(rank, world, family, ckpt):
     module, x, kwargs = _transformer(family)
+    if ckpt:
+        module.enable_gradient_checkpointing()
     counter = CommCounter()
     sp_mod.enable(module, sp_mod.SequenceParallel(dist.group.WORLD, counter))
     out, grads = _forward_backward(module, x, kwargs)
+    counted = counter.take()
     for g in grads.values():  # each rank holds its part of a parameter's gradient
         dist.all_reduce(g)
-    return {"out": out, "grads": grads}
+    return {"out": out, "grads": grads, "comm": counted}
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("world,ckpt", [(2, False), (2, True), pytest.param(4, False, marks=pytest.mark.slow)],
+                         ids=["2", "2-checkpointing", "4"])
 @pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
-def test_transformer_output_and_gradients(family, world, tmp_path):
+def test_transformer_output_and_gradients(family, world, ckpt, tmp_path):
+    """Output and summed gradients equal one process's, and the bytes one rank counted for the
+    forward and backward (gradient checkpointing: the blocks' forwards again) are the ones
+    digenrl.sim.sp.forward_bytes predicts."""
+    from digenrl.sim.sp import SpDims, forward_bytes
+
     module, x, kwargs = _transformer(family)
     want_out, want_grads = _forward_backward(module, x, kwargs)
-    got = _spawn(_transformer_rank, world, tmp_path, family)
+    got = _spawn(_transformer_rank, world, tmp_path, family, ckpt)
+    text = kwargs["encoder_hidden_states"].shape[1] if family == "hunyuan-video" else None
+    pred = forward_bytes(SpDims.from_module(module, text), batch=2, tokens=45, degree=world, elem_bytes=4,
+                         backward=True, recompute=ckpt)
+    assert {k: v for k, v in got["comm"].items() if k.endswith("_bytes")} == \
+        {f"comm/train/{k}_bytes": v for k, v in pred.items() if v}
     torch.testing.assert_close(got["out"], want_out, rtol=1e-5, atol=1e-6)
     assert got["grads"].keys() == want_grads.keys()
     scale = max(g.abs().max().item() for g in want_grads.values())
