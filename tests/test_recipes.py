@@ -78,8 +78,7 @@ def test_family_recipe_roles_fit_one_h200(family, recipe):
 def test_recipe_lora_targets_name_linear_layers_of_its_family(family, recipe, tmp_path):
     """A recipe that lists its own LoRA targets names, with each, at least one nn.Linear of the
     family's transformer (suffix match, as peft applies them): a target that matches nothing
-    would train less than the recipe claims, silently. (The family defaults are not checked
-    here: the tiny SD3 has one block, the last, which has no to_add_out.)"""
+    would train less than the recipe claims, silently. (The family defaults: the next test.)"""
     pytest.importorskip("diffusers")
     import torch
 
@@ -96,3 +95,32 @@ def test_recipe_lora_targets_name_linear_layers_of_its_family(family, recipe, tm
     linear = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
     for t in targets:
         assert any(n == t or n.endswith("." + t) for n in linear), (recipe, t)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_RECIPES))
+def test_family_default_lora_targets_name_linear_layers(family, tmp_path):
+    """Each name in a family's default LoRA targets matches at least one nn.Linear of its
+    transformer (peft skips a name that matches nothing, silently). The tiny config gets two
+    layers: SD3's last joint block is context_pre_only and has no to_add_out, which every
+    other block of the released models has. Built on the meta device: no weights."""
+    pytest.importorskip("diffusers")
+    import json
+
+    import diffusers
+    import torch
+
+    from digenrl.models.diffusers_adapters import default_lora_targets, policy_class
+    from tests.models.tiny_diffusers import FAMILY_SETUPS
+
+    root = FAMILY_SETUPS[family][0](tmp_path / family)
+    config = json.loads((root / "transformer" / "config.json").read_text())
+    cls = getattr(diffusers, config["_class_name"])
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    config["num_layers"] = 2
+    with torch.device("meta"):
+        module = cls.from_config(config)
+    linear = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    targets = default_lora_targets(family)
+    assert targets == policy_class(family).default_lora_targets
+    for t in targets:
+        assert any(n == t or n.endswith("." + t) for n in linear), (family, t)
