@@ -124,3 +124,31 @@ def test_family_default_lora_targets_name_linear_layers(family, tmp_path):
     assert targets == policy_class(family).default_lora_targets
     for t in targets:
         assert any(n == t or n.endswith("." + t) for n in linear), (family, t)
+
+
+# What the peer each recipe cites samples on (issue 13): (sigma grid, text tokens, embedded guidance)
+PEER_SAMPLING = {
+    "sd3": ("diffusers", 128, 0.0),  # flow_grpo train_sd3.py: no sigmas, 128 T5 tokens
+    "flux": ("diffusers", 128, 3.5),  # flow_grpo train_flux.py: dynamic shift, 128 T5 tokens, guidance 3.5
+    "wan": ("diffusers", 512, 0.0),  # flow_grpo train_wan2_1.py: the UniPC grid, 512 UMT5 tokens
+    "qwen-image": ("diffusers", 512, 0.0),  # flow_grpo qwenimage pipeline: its default 512
+    "hunyuan-video": ("digenrl", 256, 6.018),  # DanceGRPO: shift(linspace(1, 0, N+1)), text_len 256, 6018
+}
+
+
+@pytest.mark.parametrize("family,recipe", sorted(FAMILY_RECIPES.items()))
+def test_family_recipe_samples_as_its_peer(family, recipe):
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+    s, m = cfg.sampling, cfg.model
+    assert (s.sigmas, m.max_sequence_length, m.guidance) == PEER_SAMPLING[family]
+
+
+def test_sd35_recipe_grid_ends_as_flow_grpos():
+    """The recipe's own grid (its hub id is not in this cache: the published SD3.5 scheduler
+    config): flow_grpo's last noisy sigma at 10 steps, 0.0089, not our grid's 0.25."""
+    pytest.importorskip("diffusers")
+    from digenrl.models import sampling_sigmas
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / "sd35_pickscore.yaml")
+    sigmas = sampling_sigmas(cfg.model, cfg.sampling, cfg.sampling.num_steps)
+    assert sigmas.shape == (11,) and sigmas[-2].item() == pytest.approx(0.0089, abs=5e-5)
