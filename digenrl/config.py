@@ -419,6 +419,13 @@ class Config:
                        f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
         _check(self.sampling.sigmas == "digenrl" or self.model.name != "tiny-dit", "sampling.sigmas",
                "diffusers builds a diffusers pipeline's grid; tiny-dit has no pipeline: use digenrl")
+        # Wan2.1's UniPC flow sigmas start at 1 - 1e-6, where flow-sde's std sqrt(s / (1 - s))
+        # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
+        # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)
+        s = self.sampling
+        _check(not (s.sigmas == "diffusers" and self.model.name == "wan" and s.sde == "flow-sde"), "sampling.sigmas",
+               "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
+               "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(

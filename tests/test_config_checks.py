@@ -85,6 +85,9 @@ def test_peer_sampling_keys_are_refused_where_they_cannot_act():
     _refused(["sampling.sigmas=karras"], "sampling.sigmas", "digenrl, diffusers")
     _refused(["sampling.sigmas=diffusers"], "sampling.sigmas", "tiny-dit")
     _refused(FLUX + ["sampling.sigmas=diffusers", "sampling.shift=3.0"], "sampling.shift", "scheduler config")
+    _refused(["model.name=wan", "model.path=/m", "sampling.sigmas=diffusers"], "sampling.sigmas", "flow-sde")
+    assert load_config(None, ["model.name=wan", "model.path=/m", "sampling.sigmas=diffusers",
+                              "sampling.sde=dance-sde"]).sampling.sigmas == "diffusers"
     for family in ("sd3", "wan", "qwen-image"):
         _refused([f"model.name={family}", "model.path=/m", "model.guidance=4.0"], "model.guidance", family,
                  "sampling.cfg_scale")

@@ -130,7 +130,7 @@ def test_family_default_lora_targets_name_linear_layers(family, tmp_path):
 PEER_SAMPLING = {
     "sd3": ("diffusers", 128, 0.0),  # flow_grpo train_sd3.py: no sigmas, 128 T5 tokens
     "flux": ("diffusers", 128, 3.5),  # flow_grpo train_flux.py: dynamic shift, 128 T5 tokens, guidance 3.5
-    "wan": ("diffusers", 512, 0.0),  # flow_grpo train_wan2_1.py: the UniPC grid, 512 UMT5 tokens
+    "wan": ("digenrl", 512, 0.0),  # flow_grpo train_wan2_1.py: 512 UMT5 tokens (its UniPC grid: a marked deviation)
     "qwen-image": ("diffusers", 512, 0.0),  # flow_grpo qwenimage pipeline: its default 512
     "hunyuan-video": ("digenrl", 256, 6.018),  # DanceGRPO: shift(linspace(1, 0, N+1)), text_len 256, 6018
 }
