@@ -20,7 +20,8 @@ import yaml
 from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.schedule import WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
-from digenrl.models.diffusers_adapters import FAMILIES
+from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES
+from digenrl.models.diffusers_adapters.sigmas import SIGMA_GRIDS
 from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
@@ -63,6 +64,12 @@ class ModelConfig:
     frames: int = 0  # video models only; 0 = default
     prompt_cache: Optional[str] = None  # folder of cached prompt embeddings (diffusers models)
     text_encoders: bool = True  # false: load no text encoders, every prompt must be in prompt_cache
+    # text tokens per prompt (T5 / UMT5 / Llama sequence); 0 = the family's default (sd3 256,
+    # flux 512, wan 512, qwen-image 256, hunyuan-video 256). Part of the prompt cache's key.
+    max_sequence_length: int = 0
+    # embedded guidance scale of guidance-distilled families (flux, hunyuan-video: a model
+    # input, not a CFG batch); 0 = the adapter's default 3.5. Other families refuse it.
+    guidance: float = 0.0
 
     def __post_init__(self) -> None:
         _one_of(self.name, "model.name", MODEL_NAMES)
@@ -72,13 +79,24 @@ class ModelConfig:
                "false needs model.prompt_cache (prompts can then only come from the cache)")
         for k in ("height", "width", "frames"):
             _check(getattr(self, k) >= 0, f"model.{k}", "must be >= 0")
+        _check(self.max_sequence_length >= 0, "model.max_sequence_length", "must be >= 0 (0 = the family's default)")
+        _check(self.max_sequence_length == 0 or self.name != "tiny-dit", "model.max_sequence_length",
+               "sets a diffusers family's text length; tiny-dit has its own tokenizer: leave it at 0")
+        _check(self.guidance >= 0, "model.guidance", "must be >= 0 (0 = the adapter's default)")
+        _check(self.guidance == 0 or self.name in EMBEDDED_GUIDANCE, "model.guidance",
+               f"{self.name} has no embedded guidance (only {', '.join(EMBEDDED_GUIDANCE)} do); "
+               "use sampling.cfg_scale for classifier-free guidance, and leave model.guidance at 0")
 
 
 @dataclass
 class SamplingConfig:
     num_steps: int = 10  # denoising steps per rollout
     eval_num_steps: int = 10
-    shift: float = 1.0  # SD3 time shift of the sigma schedule
+    # digenrl: shift(linspace(1, 0, num_steps + 1)) with `shift`; diffusers: the grid the
+    # model family's diffusers pipeline asks its scheduler for (shift from model.path's
+    # scheduler config, FLUX / Qwen-Image: dynamic from the resolution). See docs/models.md.
+    sigmas: str = "digenrl"
+    shift: float = 1.0  # SD3 time shift of the digenrl grid
     sde: str = "flow-sde"
     noise_level: float = 0.7
     cfg_scale: float = 1.0
@@ -92,6 +110,10 @@ class SamplingConfig:
         _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
         _check(self.eval_num_steps >= 1, "sampling.eval_num_steps", "must be >= 1")
         _check(self.shift > 0, "sampling.shift", "must be > 0")
+        _one_of(self.sigmas, "sampling.sigmas", SIGMA_GRIDS)
+        _check(self.sigmas == "digenrl" or self.shift == 1.0, "sampling.shift",
+               "shifts the digenrl grid only; sampling.sigmas=diffusers takes its shift from the pipeline's "
+               "scheduler config (model.path/scheduler/scheduler_config.json): leave sampling.shift at 1.0")
         _one_of(self.sde, "sampling.sde", tuple(k for k in SDE_KINDS if k != "ode"))
         _check(self.noise_level > 0, "sampling.noise_level", "must be > 0")
         _check(self.cfg_scale >= 1.0, "sampling.cfg_scale", "must be >= 1 (1 = no guidance)")
@@ -395,6 +417,15 @@ class Config:
                 _check(pool.workers == 0 or pool.num_gpus > 0, f"runtime.{name}.num_gpus",
                        f"is 0, but model.device={self.model.device} with run.mode={self.run.mode} loads the "
                        f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
+        _check(self.sampling.sigmas == "digenrl" or self.model.name != "tiny-dit", "sampling.sigmas",
+               "diffusers builds a diffusers pipeline's grid; tiny-dit has no pipeline: use digenrl")
+        # Wan2.1's UniPC flow sigmas start at 1 - 1e-6, where flow-sde's std sqrt(s / (1 - s))
+        # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
+        # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)
+        s = self.sampling
+        _check(not (s.sigmas == "diffusers" and self.model.name == "wan" and s.sde == "flow-sde"), "sampling.sigmas",
+               "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
+               "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(

@@ -18,7 +18,7 @@ import torch
 
 from digenrl.config import Config
 from digenrl.data import load_prompts
-from digenrl.math import sigma_schedule
+from digenrl.models import sampling_sigmas
 from digenrl.outputs import save_grid
 from digenrl.rollout import SampleSpec, generate
 
@@ -36,8 +36,8 @@ class Evaluator:
     def evaluate(self, step: int, *, ema=None, save_images: bool = True) -> dict[str, Any]:
         """Held-out prompts, ODE sampling from fixed noise; with `ema` (learner.EMA) applied."""
         s, d = self.cfg.sampling, self.cfg.data
-        spec = SampleSpec(sigmas=sigma_schedule(s.eval_num_steps, s.shift), sde_steps=(), cfg_scale=s.cfg_scale,
-                          seed=self.cfg.run.seed)
+        spec = SampleSpec(sigmas=sampling_sigmas(self.cfg.model, s, s.eval_num_steps), sde_steps=(),
+                          cfg_scale=s.cfg_scale, seed=self.cfg.run.seed)
         n = d.eval_samples
         prompts = [p for p in self.prompts for _ in range(n)]
         coords = [(EVAL_STEP, i, j) for i in range(len(self.prompts)) for j in range(n)]

@@ -26,8 +26,8 @@ from digenrl.contract import step_shape, tsp_chunk
 from digenrl.data import PromptSource, load_prompts
 from digenrl.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
-from digenrl.math import group_advantages, sigma_schedule
-from digenrl.models import build_policy
+from digenrl.math import group_advantages
+from digenrl.models import build_policy, sampling_sigmas
 from digenrl.models.lora import trainable_state_dict
 from digenrl.recorder import RunRecorder
 from digenrl.rewards import AsyncRewarder, build_reward
@@ -60,7 +60,7 @@ class StepPlan:
 def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     """The step's prompts, noise coordinates, SDE window and micro-batches, cut exactly as
     the scheduler cuts them (digenrl.contract), so a micro-batch index means one thing."""
-    sigmas = sigma_schedule(cfg.sampling.num_steps, cfg.sampling.shift)
+    sigmas = sampling_sigmas(cfg.model, cfg.sampling, cfg.sampling.num_steps)
     sde_steps, trained = cfg.sampling.sde_window().select(cfg.sampling.num_steps, cfg.run.seed, step)
     spec = SampleSpec(
         sigmas=sigmas,

@@ -65,3 +65,40 @@ def test_model_rewards_need_a_path_and_remote_a_served_url():
                              "reward.paths.remote=http://10.0.0.5:8000#pickscore"])
     assert cfg.reward.paths["remote"].endswith("#pickscore")
     load_config(None, ["reward.weights={jpeg-compressibility: 1.0}"])  # programmatic: no path
+
+
+# -- the peers' sampling settings: sampling.sigmas, model.max_sequence_length, model.guidance
+FLUX = ["model.name=flux", "model.path=/models/flux"]
+
+
+def test_peer_sampling_keys_act_where_documented():
+    cfg = load_config(None, FLUX + ["sampling.sigmas=diffusers", "model.max_sequence_length=128",
+                                    "model.guidance=3.5"])
+    assert (cfg.sampling.sigmas, cfg.model.max_sequence_length, cfg.model.guidance) == ("diffusers", 128, 3.5)
+    cfg = load_config(None, ["model.name=hunyuan-video", "model.path=/m", "model.guidance=6.018"])
+    assert cfg.model.guidance == 6.018
+    default = load_config(None)  # defaults: today's grid, the family's text length and guidance
+    assert (default.sampling.sigmas, default.model.max_sequence_length, default.model.guidance) == ("digenrl", 0, 0.0)
+
+
+def test_peer_sampling_keys_are_refused_where_they_cannot_act():
+    _refused(["sampling.sigmas=karras"], "sampling.sigmas", "digenrl, diffusers")
+    _refused(["sampling.sigmas=diffusers"], "sampling.sigmas", "tiny-dit")
+    _refused(FLUX + ["sampling.sigmas=diffusers", "sampling.shift=3.0"], "sampling.shift", "scheduler config")
+    _refused(["model.name=wan", "model.path=/m", "sampling.sigmas=diffusers"], "sampling.sigmas", "flow-sde")
+    assert load_config(None, ["model.name=wan", "model.path=/m", "sampling.sigmas=diffusers",
+                              "sampling.sde=dance-sde"]).sampling.sigmas == "diffusers"
+    for family in ("sd3", "wan", "qwen-image"):
+        _refused([f"model.name={family}", "model.path=/m", "model.guidance=4.0"], "model.guidance", family,
+                 "sampling.cfg_scale")
+    _refused(["model.guidance=2.0"], "model.guidance", "tiny-dit")
+    _refused(FLUX + ["model.guidance=-1"], "model.guidance", ">= 0")
+    _refused(["model.max_sequence_length=128"], "model.max_sequence_length", "tiny-dit")
+    _refused(FLUX + ["model.max_sequence_length=-5"], "model.max_sequence_length", ">= 0")
+
+
+def test_embedded_guidance_families_match_the_adapter_classes():
+    pytest.importorskip("diffusers")
+    from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES, policy_class
+
+    assert {f for f in FAMILIES if policy_class(f).embedded_guidance} == set(EMBEDDED_GUIDANCE)

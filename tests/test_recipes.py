@@ -78,8 +78,7 @@ def test_family_recipe_roles_fit_one_h200(family, recipe):
 def test_recipe_lora_targets_name_linear_layers_of_its_family(family, recipe, tmp_path):
     """A recipe that lists its own LoRA targets names, with each, at least one nn.Linear of the
     family's transformer (suffix match, as peft applies them): a target that matches nothing
-    would train less than the recipe claims, silently. (The family defaults are not checked
-    here: the tiny SD3 has one block, the last, which has no to_add_out.)"""
+    would train less than the recipe claims, silently. (The family defaults: the next test.)"""
     pytest.importorskip("diffusers")
     import torch
 
@@ -96,3 +95,60 @@ def test_recipe_lora_targets_name_linear_layers_of_its_family(family, recipe, tm
     linear = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
     for t in targets:
         assert any(n == t or n.endswith("." + t) for n in linear), (recipe, t)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_RECIPES))
+def test_family_default_lora_targets_name_linear_layers(family, tmp_path):
+    """Each name in a family's default LoRA targets matches at least one nn.Linear of its
+    transformer (peft skips a name that matches nothing, silently). The tiny config gets two
+    layers: SD3's last joint block is context_pre_only and has no to_add_out, which every
+    other block of the released models has. Built on the meta device: no weights."""
+    pytest.importorskip("diffusers")
+    import json
+
+    import diffusers
+    import torch
+
+    from digenrl.models.diffusers_adapters import default_lora_targets, policy_class
+    from tests.models.tiny_diffusers import FAMILY_SETUPS
+
+    root = FAMILY_SETUPS[family][0](tmp_path / family)
+    config = json.loads((root / "transformer" / "config.json").read_text())
+    cls = getattr(diffusers, config["_class_name"])
+    config = {k: v for k, v in config.items() if not k.startswith("_")}
+    config["num_layers"] = 2
+    with torch.device("meta"):
+        module = cls.from_config(config)
+    linear = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    targets = default_lora_targets(family)
+    assert targets == policy_class(family).default_lora_targets
+    for t in targets:
+        assert any(n == t or n.endswith("." + t) for n in linear), (family, t)
+
+
+# What the peer each recipe cites samples on (issue 13): (sigma grid, text tokens, embedded guidance)
+PEER_SAMPLING = {
+    "sd3": ("diffusers", 128, 0.0),  # flow_grpo train_sd3.py: no sigmas, 128 T5 tokens
+    "flux": ("diffusers", 128, 3.5),  # flow_grpo train_flux.py: dynamic shift, 128 T5 tokens, guidance 3.5
+    "wan": ("digenrl", 512, 0.0),  # flow_grpo train_wan2_1.py: 512 UMT5 tokens (its UniPC grid: a marked deviation)
+    "qwen-image": ("diffusers", 512, 0.0),  # flow_grpo qwenimage pipeline: its default 512
+    "hunyuan-video": ("digenrl", 256, 6.018),  # DanceGRPO: shift(linspace(1, 0, N+1)), text_len 256, 6018
+}
+
+
+@pytest.mark.parametrize("family,recipe", sorted(FAMILY_RECIPES.items()))
+def test_family_recipe_samples_as_its_peer(family, recipe):
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+    s, m = cfg.sampling, cfg.model
+    assert (s.sigmas, m.max_sequence_length, m.guidance) == PEER_SAMPLING[family]
+
+
+def test_sd35_recipe_grid_ends_as_flow_grpos():
+    """The recipe's own grid (its hub id is not in this cache: the published SD3.5 scheduler
+    config): flow_grpo's last noisy sigma at 10 steps, 0.0089, not our grid's 0.25."""
+    pytest.importorskip("diffusers")
+    from digenrl.models import sampling_sigmas
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / "sd35_pickscore.yaml")
+    sigmas = sampling_sigmas(cfg.model, cfg.sampling, cfg.sampling.num_steps)
+    assert sigmas.shape == (11,) and sigmas[-2].item() == pytest.approx(0.0089, abs=5e-5)

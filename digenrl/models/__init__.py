@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from digenrl.math.schedule import sigma_schedule
 from digenrl.models.lora import LoraSpec, apply_lora
 from digenrl.models.protocol import Cond, Policy, guided_velocity
 
 if TYPE_CHECKING:
-    from digenrl.config import ModelConfig
+    from digenrl.config import ModelConfig, SamplingConfig
 
-__all__ = ["Cond", "Policy", "build_policy", "guided_velocity"]
+__all__ = ["Cond", "Policy", "build_policy", "guided_velocity", "sampling_sigmas"]
 
 
 def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
@@ -46,7 +48,14 @@ def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
             frames=cfg.frames or None,
             prompt_cache=cfg.prompt_cache,
             text_encoders=cfg.text_encoders,
+            max_sequence_length=cfg.max_sequence_length or None,  # 0: the family's default
+            **({"guidance_scale": cfg.guidance} if cfg.guidance else {}),  # 0: the adapter's default
         )
+        if cfg.guidance and not (policy.embedded_guidance and policy.module.config.get("guidance_embeds")):
+            # ModelConfig refuses families without embedded guidance; this is a checkpoint of an
+            # embedded-guidance family whose transformer has none (e.g. FLUX.1-schnell)
+            raise ValueError(f"model.guidance: {cfg.path!r} embeds no guidance scale (its transformer has "
+                             f"guidance_embeds false); leave model.guidance at 0")
         default_targets = default_lora_targets(cfg.name)
     if cfg.lora_rank > 0:
         policy.module.requires_grad_(False)
@@ -54,3 +63,28 @@ def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
     if cfg.grad_ckpt:  # the tiny DiT and every diffusers transformer implement it
         policy.module.enable_gradient_checkpointing()
     return policy
+
+
+@functools.lru_cache(maxsize=32)
+def _diffusers_sigmas(family: str, path: Optional[str], num_steps: int, height: int, width: int) -> torch.Tensor:
+    from digenrl.models.diffusers_adapters import policy_class
+    from digenrl.models.diffusers_adapters.sigmas import load_scheduler, pipeline_sigmas, vae_factor
+
+    default_h, default_w = policy_class(family).default_size
+    factor = vae_factor(path)
+    latent_hw = ((height or default_h) // factor, (width or default_w) // factor)
+    return pipeline_sigmas(family, num_steps, load_scheduler(family, path), latent_hw)
+
+
+def sampling_sigmas(model: "ModelConfig", sampling: "SamplingConfig", num_steps: int) -> torch.Tensor:
+    """The sigma grid of a run: float32 (num_steps + 1,), 1 -> 0.
+
+    sampling.sigmas=digenrl: shift(linspace(1, 0, N+1)) with sampling.shift
+    (digenrl.math.sigma_schedule). diffusers: the grid model.name's diffusers pipeline builds
+    from model.path's scheduler config at model.height x model.width
+    (digenrl/models/diffusers_adapters/sigmas.py). A pure function of the config: the driver,
+    the trainer and the evaluator compute the same grid.
+    """
+    if sampling.sigmas == "digenrl":
+        return sigma_schedule(num_steps, sampling.shift)
+    return _diffusers_sigmas(model.name, model.path, num_steps, model.height, model.width).clone()

@@ -271,3 +271,27 @@ def test_load_policy_errors(tmp_path):
         load_policy("flux", str(tmp_path), train="rl")
     with pytest.raises(OSError, match="huggingface-cli download"):
         load_policy("flux", "no-such-org/no-such-model", local_files_only=True)
+
+
+def test_model_config_text_length_and_guidance_reach_the_adapter(folders, tmp_path_factory, tmp_path):
+    """model.max_sequence_length and model.guidance act through build_policy: the T5 sequence
+    is that long, the prompt cache keys on it, and the embedded scale is the one set."""
+    from digenrl.config import ModelConfig
+    from digenrl.models import build_policy
+    from tests.models.tiny_diffusers import build_flux
+
+    path = str(pipeline_folder(folders, tmp_path_factory, "flux"))
+    base = dict(name="flux", path=path, height=16, width=16, lora_rank=0, prompt_cache=str(tmp_path / "c"))
+    default = build_policy(ModelConfig(**base))
+    assert default.max_sequence_length == 512 and default.options.guidance_scale == 3.5  # the family's defaults
+    policy = build_policy(ModelConfig(**base, max_sequence_length=6, guidance=6.018))
+    cond = policy.encode_prompts(PROMPTS)
+    assert cond["prompt_embeds"].shape[1] == 6  # FLUX: T5 tokens only
+    assert torch.equal(cond["guidance"], torch.full((2,), 6.018))
+    assert "max_seq=6" in policy.cache.namespace and policy.cache.namespace != default.cache.namespace
+    assert policy.cache.key(PROMPTS[0]) != default.cache.key(PROMPTS[0])
+
+    schnell = build_flux(tmp_path / "schnell", guidance_embeds=False)  # a FLUX without embedded guidance
+    with pytest.raises(ValueError, match="model.guidance"):
+        build_policy(ModelConfig(**{**base, "path": str(schnell)}, guidance=3.5))
+    assert "guidance" not in build_policy(ModelConfig(**{**base, "path": str(schnell)})).encode_prompts(PROMPTS)

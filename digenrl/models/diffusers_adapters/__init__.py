@@ -20,6 +20,10 @@ FAMILIES = {
     "qwen-image": ("digenrl.models.diffusers_adapters.qwen_image", "QwenImagePolicy"),
     "hunyuan-video": ("digenrl.models.diffusers_adapters.hunyuan_video", "HunyuanVideoPolicy"),
 }
+# families whose transformer takes a guidance scale as an input (guidance-distilled:
+# FLUX.1-dev, HunyuanVideo): their classes set `embedded_guidance`; ModelConfig reads this
+# without importing diffusers
+EMBEDDED_GUIDANCE = ("flux", "hunyuan-video")
 _REQUIRED = ("diffusers", "transformers", "peft", "safetensors")
 
 
@@ -78,7 +82,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing the package does not impor
 
 
 __all__ = [
-    "FAMILIES", "default_lora_targets", "load_policy", "policy_class",
+    "EMBEDDED_GUIDANCE", "FAMILIES", "default_lora_targets", "load_policy", "policy_class",
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

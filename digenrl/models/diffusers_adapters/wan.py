@@ -27,6 +27,10 @@ class WanPolicy(DiffusersPolicy):
     default_size = (480, 832)
     default_num_frames = 33
     default_max_sequence_length = 512
+    # Wan2.1 T2V attention is self (attn1) + cross (attn2), each to_q/k/v/out.0; the add_k_proj /
+    # add_v_proj of the shared defaults exist only in the I2V model (added_kv_proj_dim), and
+    # peft would skip those names silently
+    default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
 
     def _latent_shape(self) -> tuple[int, ...]:
         if self.vae is not None:

@@ -1,0 +1,187 @@
+"""The sigma grid a family's diffusers pipeline samples on (`sampling.sigmas=diffusers`).
+
+    scheduler = load_scheduler("flux", "/models/FLUX.1-dev")      # the folder's scheduler config
+    sigmas = pipeline_sigmas("flux", 6, scheduler, latent_hw=(64, 64))  # float32 (7,), ends in 0
+
+DigenRL's own grid (digenrl.math.sigma_schedule) is shift(linspace(1, 0, N+1)). Each diffusers
+pipeline asks its scheduler for a different one, and the peers (flow_grpo, DanceGRPO) sample
+on whatever the pipeline asks for. We do not re-derive those formulas: we call the family's
+scheduler (its class and config from the pipeline folder's scheduler/scheduler_config.json)
+the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
+
+  sd3            set_timesteps(N) (no sigmas; mu only under use_dynamic_shifting)
+                 pipeline_stable_diffusion_3.py:1014-1041. flow_grpo's SD3 sampler does the
+                 same (flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py:120-128).
+                 SD3.5 (shift 3, 10 steps): shift(linspace(1, t_min, 10)) + [0], with
+                 t_min = shift(1/1000) = 0.002994 the scheduler's own sigma_min, so the last
+                 noisy sigma is shift(t_min) = 0.0089.
+  flux           sigmas = linspace(1, 1/N, N), mu = calculate_shift(image tokens) (the
+                 resolution-dependent "dynamic" shift exp(mu)); pipeline_flux.py:823-842,
+                 the same in flow_grpo/diffusers_patch/flux_pipeline_with_logprob.py:110-127.
+  qwen-image     as flux, with its own shift bounds and shift_terminal;
+                 pipeline_qwenimage.py:598-612 (flow_grpo qwenimage_pipeline_with_logprob.py:98-113).
+  wan            set_timesteps(N) on the folder's scheduler, which for Wan2.1 is
+                 UniPCMultistepScheduler with flow sigmas (pipeline_wan.py:554; flow_grpo
+                 wan_pipeline_with_logprob.py:229). We only take its grid: our steps stay Euler/SDE.
+  hunyuan-video  sigmas = linspace(1, 0, N+1)[:-1], static shift from the config (7.0 for
+                 hunyuanvideo-community/HunyuanVideo); pipeline_hunyuan_video.py:635-642.
+
+Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
+published scheduler config below is used, with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Optional
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+SIGMA_GRIDS = ("digenrl", "diffusers")
+
+# scheduler/scheduler_config.json of each family's reference checkpoint (the keys that differ
+# from the class defaults): stabilityai/stable-diffusion-3.5-medium, black-forest-labs/FLUX.1-dev,
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers (480p: flow_shift 3.0), Qwen/Qwen-Image,
+# hunyuanvideo-community/HunyuanVideo.
+PUBLISHED_SCHEDULERS: dict[str, dict[str, Any]] = {
+    "sd3": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0},
+    "flux": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 3.0,
+             "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
+             "base_image_seq_len": 256, "max_image_seq_len": 4096},
+    "wan": {"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000, "flow_shift": 3.0,
+            "use_flow_sigmas": True, "prediction_type": "flow_prediction", "final_sigmas_type": "zero",
+            "solver_order": 2, "solver_type": "bh2", "predict_x0": True, "lower_order_final": True},
+    "qwen-image": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 1.0,
+                   "use_dynamic_shifting": True, "time_shift_type": "exponential", "base_shift": 0.5,
+                   "max_shift": 0.9, "base_image_seq_len": 256, "max_image_seq_len": 8192,
+                   "shift_terminal": 0.02},
+    "hunyuan-video": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 7.0},
+}
+# The defaults each pipeline's `scheduler.config.get(key, default)` falls back on when computing
+# mu (pipeline_stable_diffusion_3.py:1021-1027 has max_shift 1.16; the others 1.15).
+_MU_DEFAULTS = {
+    "sd3": (256, 4096, 0.5, 1.16),
+    "flux": (256, 4096, 0.5, 1.15),
+    "qwen-image": (256, 4096, 0.5, 1.15),
+}
+
+
+def load_scheduler(family: str, path: Optional[str]):
+    """The family's diffusers scheduler, configured from `path` (a pipeline folder, or a hub id
+    in the local HF cache) as the pipeline's from_pretrained builds it: the class model_index.json
+    names, the config of scheduler/scheduler_config.json. The published config when `path` is
+    None or has no scheduler."""
+    import diffusers
+
+    if family not in PUBLISHED_SCHEDULERS:
+        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(PUBLISHED_SCHEDULERS)}")
+    found = _read_scheduler_config(path) if path else None
+    if found is None:
+        if path:
+            log.warning("digenrl: no scheduler config readable at %r; sampling.sigmas=diffusers uses %s's "
+                        "published one", path, family)
+        config = PUBLISHED_SCHEDULERS[family]
+        class_name = config["_class_name"]
+    else:
+        config, class_name = found
+    return getattr(diffusers, class_name).from_config(config)
+
+
+def _read_scheduler_config(path: str) -> Optional[tuple[dict, str]]:
+    """(config, class name) of the folder's scheduler, or None."""
+    local = os.path.join(path, "scheduler", "scheduler_config.json")
+    if os.path.isfile(local):
+        with open(local) as f:
+            config = json.load(f)
+        index = os.path.join(path, "model_index.json")
+        class_name = config.get("_class_name")
+        if os.path.isfile(index):  # from_pretrained takes the class from here, not from the config
+            with open(index) as f:
+                class_name = json.load(f).get("scheduler", [None, class_name])[1]
+        return config, class_name
+    if os.path.isdir(path):
+        return None
+    try:  # a hub id: only what the local HF cache holds (never a download from the driver)
+        from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
+
+        config = dict(FlowMatchEulerDiscreteScheduler.load_config(path, subfolder="scheduler", local_files_only=True))
+        index = DiffusionPipeline.load_config(path, local_files_only=True)
+        return config, index.get("scheduler", [None, config.get("_class_name")])[1]
+    except (OSError, ValueError, EnvironmentError):
+        return None
+
+
+def vae_factor(path: Optional[str]) -> int:
+    """Pixels per latent along height/width, from the folder's vae/config.json as the adapters
+    compute it (AutoencoderKL: 2**(blocks-1); Qwen-Image/Wan VAEs: 2**len(temperal_downsample));
+    8, every released family's factor, when the folder has none."""
+    cfg_path = os.path.join(path, "vae", "config.json") if path else ""
+    if not os.path.isfile(cfg_path):
+        return 8
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    if "spatial_compression_ratio" in cfg:  # HunyuanVideo
+        return int(cfg["spatial_compression_ratio"])
+    if "block_out_channels" in cfg:
+        return 2 ** (len(cfg["block_out_channels"]) - 1)
+    if "temperal_downsample" in cfg:
+        return 2 ** len(cfg["temperal_downsample"])
+    return 8
+
+
+def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int, int]) -> torch.Tensor:
+    """float32 (num_steps + 1,): the `scheduler.sigmas` the family's diffusers 0.42 pipeline
+    sets for `num_steps` steps at latent size `latent_hw` (what the dynamic shift reads);
+    the last entry is 0. `scheduler` is mutated (set_timesteps), as the pipeline would."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    h, w = latent_hw
+    cfg = scheduler.config
+    if family in ("sd3", "wan"):
+        kwargs = {}
+        if family == "sd3" and cfg.get("use_dynamic_shifting", None):
+            kwargs["mu"] = _mu(family, cfg, (h // 2) * (w // 2))  # SD3 patch size 2
+        scheduler.set_timesteps(num_steps, **kwargs)
+    elif family in ("flux", "qwen-image"):
+        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
+        if family == "flux" and getattr(cfg, "use_flow_sigmas", False):
+            sigmas = None
+        mu = _mu(family, cfg, (h // 2) * (w // 2))  # 2x2-packed latent tokens: latents.shape[1]
+        _retrieve(family, scheduler, num_steps, sigmas, mu=mu)
+    elif family == "hunyuan-video":
+        _retrieve(family, scheduler, num_steps, np.linspace(1.0, 0.0, num_steps + 1)[:-1])
+    else:
+        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(PUBLISHED_SCHEDULERS)}")
+    sigmas = scheduler.sigmas.detach().to("cpu", torch.float32)
+    if sigmas.shape != (num_steps + 1,) or sigmas[-1] != 0:
+        raise ValueError(f"{family}: the scheduler set {tuple(sigmas.shape)} sigmas ending in {float(sigmas[-1])}; "
+                         f"expected {num_steps + 1} ending in 0")
+    return sigmas
+
+
+def _mu(family: str, cfg, image_seq_len: int) -> float:
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    base_len, max_len, base_shift, max_shift = _MU_DEFAULTS[family]
+    return calculate_shift(
+        image_seq_len,
+        cfg.get("base_image_seq_len", base_len),
+        cfg.get("max_image_seq_len", max_len),
+        cfg.get("base_shift", base_shift),
+        cfg.get("max_shift", max_shift),
+    )
+
+
+def _retrieve(family: str, scheduler, num_steps: int, sigmas, **kwargs) -> None:
+    """The pipeline module's own retrieve_timesteps (it passes sigmas without num_steps)."""
+    import importlib
+
+    module = {"flux": "flux.pipeline_flux", "qwen-image": "qwenimage.pipeline_qwenimage",
+              "hunyuan-video": "hunyuan_video.pipeline_hunyuan_video"}[family]
+    retrieve = importlib.import_module(f"diffusers.pipelines.{module}").retrieve_timesteps
+    retrieve(scheduler, num_steps, "cpu", sigmas=sigmas, **kwargs)
