@@ -58,7 +58,8 @@ def _build(tiny: bool, device: torch.device):
     inputs = dict(
         hidden_states=torch.randn(1, *(TINY_LATENT if tiny else LATENT), generator=g).to(device, dtype),
         timestep=torch.tensor([500.0], device=device),
-        encoder_hidden_states=torch.randn(1, TINY_TEXT if tiny else TEXT, config.text_dim, generator=g).to(device, dtype),
+        encoder_hidden_states=torch.randn(1, TINY_TEXT if tiny else TEXT, config.text_dim,
+                                          generator=g).to(device, dtype),
     )
     return module, inputs
 

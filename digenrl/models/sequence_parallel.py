@@ -108,7 +108,7 @@ class SequenceParallel:
                              f"{self.degree}")
 
         def heads_view(x):  # (B, H/P, S + T, D): every video token, text of this rank's heads
-            video = _ToHeads.apply(x[:, :, :l].contiguous(), self)[:, :, :s]
+            video = _Exchange.apply(x[:, :, :l].contiguous(), self, True)[:, :, :s]
             if not text:
                 return video
             return torch.cat([video, _SliceHeads.apply(x[:, :, l:], self)], dim=2)
@@ -123,7 +123,7 @@ class SequenceParallel:
         out = F.scaled_dot_product_attention(heads_view(query), heads_view(key), heads_view(value),
                                              attn_mask=mask, scale=scale)
         video = F.pad(out[:, :, :s], (0, 0, 0, self.degree * l - s))
-        video = _ToTokens.apply(video.contiguous(), self)
+        video = _Exchange.apply(video.contiguous(), self, False)
         if not text:
             return video
         return torch.cat([video, _GatherHeads.apply(out[:, :, s:].contiguous(), self)], dim=2)
@@ -198,26 +198,17 @@ def _to_tokens(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
     return got.transpose(0, 1).reshape(b, hp * p, pl // p, d)
 
 
-class _ToHeads(torch.autograd.Function):
+class _Exchange(torch.autograd.Function):
+    """The all-to-all between token shards and head shards; its backward goes the other way."""
+
     @staticmethod
-    def forward(ctx, x, sp):
-        ctx.sp = sp
-        return _to_heads(x, sp)
+    def forward(ctx, x, sp, to_heads: bool):
+        ctx.sp, ctx.to_heads = sp, to_heads
+        return (_to_heads if to_heads else _to_tokens)(x, sp)
 
     @staticmethod
     def backward(ctx, grad):
-        return _to_tokens(grad.contiguous(), ctx.sp), None
-
-
-class _ToTokens(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, sp):
-        ctx.sp = sp
-        return _to_tokens(x, sp)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _to_heads(grad.contiguous(), ctx.sp), None
+        return (_to_tokens if ctx.to_heads else _to_heads)(grad.contiguous(), ctx.sp), None, None
 
 
 class _SliceHeads(torch.autograd.Function):

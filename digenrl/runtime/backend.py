@@ -102,7 +102,7 @@ class RealBackend:
         shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
         n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
         refs, _ = covering(shards, (0, n), n)
-        if self._sp(wid) == len(h) > 1:  # a rollout gang: its ranks hold the same images, rank 0 scores
+        if self._sp(wid) == len(h) > 1:  # one sequence-parallel group: its ranks hold the same images, rank 0 scores
             return [h.ranks[0].reward.remote(unit, *refs)]
         return h.reward.all(unit, *refs)
 
