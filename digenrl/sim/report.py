@@ -152,12 +152,13 @@ def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
 
 
 def _window(trace: Trace, steps: int) -> tuple[float, float, int, int]:
-    """(t0, t1, a, b): the window's times and its steps a+1..b (a = -1: the whole run)."""
+    """(t0, t1, a, b): the window's times and its steps a+1..b (a = -1: the whole run). The
+    steady window (from step steps//3 to steps-2) needs 4 steps to hold one; fewer: the whole run."""
     opt_end: dict[int, float] = {}
     for s in trace.spans:
         if s.kind == "optimizer":
             opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
-    if steps >= 3:
+    if steps >= 4:
         a, b = steps // 3, steps - 2
         return opt_end[a], opt_end[b], a, b
     return 0.0, opt_end[steps - 1], -1, steps - 1

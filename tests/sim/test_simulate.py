@@ -148,3 +148,10 @@ def test_cli_unknown_testbed_lists_presets(capsys):
     from digenrl.sim.cli import simulate_main
     assert simulate_main(["--testbed", "nope"]) == 2
     assert SMALL in capsys.readouterr().err
+
+
+def test_three_steps_measure_the_whole_run():
+    """steps=3 (the CLI's minimum) holds no steady window (steps//3 .. steps-2 is empty): the
+    whole run is measured instead of dividing by zero steps."""
+    report = simulate(SMALL, modes=("gap",), steps=3)
+    assert math.isfinite(report.rows["gap"].step_s) and report.rows["gap"].step_s > 0
