@@ -106,7 +106,9 @@ def _transformer_rank(rank, world, family, ckpt):
     return {"out": out, "grads": grads, "comm": counted}
 
 
-@pytest.mark.parametrize("world,ckpt", [(2, False), (2, True), pytest.param(4, False, marks=pytest.mark.slow)],
+# the default tier: degree 2; checkpointing and degree 4 in the slow tier (CI time)
+@pytest.mark.parametrize("world,ckpt", [(2, False), pytest.param(2, True, marks=pytest.mark.slow),
+                                        pytest.param(4, False, marks=pytest.mark.slow)],
                          ids=["2", "2-checkpointing", "4"])
 @pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
 def test_transformer_output_and_gradients(family, world, ckpt, tmp_path):
@@ -181,7 +183,7 @@ def _rollout_rank(rank, world, family, path, cache):
     return {"latents": traj.latents, "log_probs": traj.log_probs, "comm": counter.take()}
 
 
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
 def test_rollout_gang_matches_one_rank(family, world, pipelines, tmp_path):
     want = _rollout(_policy(family, pipelines[family], tmp_path / "cache"))
