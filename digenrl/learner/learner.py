@@ -3,9 +3,10 @@
 A training unit is (micro-batch, chunk of trained denoising steps). For every trained
 step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores the
 recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
-variant, `LearnerConfig.loss`) against the behaviour log-prob recorded at rollout. Gradients of all units of an RL step accumulate,
-each scaled so that the sum is the mean over every (sample, trained step) pair of the
-step, whatever the unit layout; then `optimizer_step` clips, checks and steps.
+variant, `LearnerConfig.loss`) against the behaviour log-prob recorded at rollout.
+Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
+over every (sample, trained step) pair of the step, whatever the unit layout; then
+`optimizer_step` clips, checks and steps.
 """
 
 from __future__ import annotations

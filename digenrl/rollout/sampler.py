@@ -94,7 +94,9 @@ def start(
     )
 
 
-def sde_noise(latent_shape: Sequence[int], spec: SampleSpec, coords: Sequence[tuple[int, int, int]], t: int) -> torch.Tensor:
+def sde_noise(
+    latent_shape: Sequence[int], spec: SampleSpec, coords: Sequence[tuple[int, int, int]], t: int
+) -> torch.Tensor:
     """The standard normals of SDE step t for samples `coords`: (B, *latent) float32, CPU.
 
     A pure function of (seed, coordinates, t): the learner draws them again to recover the
