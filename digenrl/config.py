@@ -18,6 +18,7 @@ from typing import Any, Optional
 import yaml
 
 from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
+from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES
@@ -203,9 +204,13 @@ class TrainConfig:
     # digenrl), else all trained steps in one unit. See digenrl.contract.tsp_chunk.
     tsp_chunk: int = 0
     backward_batch: int = 0  # samples per forward/backward (activation memory); 0 = whole micro-batch
+    # grpo: Flow-GRPO's clipped ratio; grpo-guard: GRPO-Guard's RatioNorm + 1/dt reweighting
+    # (arXiv 2510.22319, digenrl.math.loss.grpo_guard_loss)
+    loss: str = "grpo"
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
+        _one_of(self.loss, "train.loss", LOSS_KINDS)
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.clip_range > 0, "train.clip_range", "must be > 0")
         _check(self.beta >= 0, "train.beta", "must be >= 0")
@@ -426,6 +431,11 @@ class Config:
         _check(not (s.sigmas == "diffusers" and self.model.name == "wan" and s.sde == "flow-sde"), "sampling.sigmas",
                "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
                "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
+        # RatioNorm undoes the Gaussian log-ratio's drift -|d mean|^2 / (2 std^2); cps scores
+        # the surrogate -|x' - mean|^2, which has no std to normalise by
+        _check(self.train.loss != "grpo-guard" or s.sde in ("flow-sde", "dance-sde"), "train.loss",
+               f"grpo-guard normalises a Gaussian log-prob ratio; sampling.sde={s.sde} scores a surrogate: "
+               "use sampling.sde=flow-sde or dance-sde, or train.loss=grpo")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(

@@ -130,6 +130,7 @@ class Trainer:
                 max_grad_norm=t.max_grad_norm,
                 ema_decay=t.ema_decay,
                 backward_batch=t.backward_batch,
+                loss=t.loss,
             ),
         )
         self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)

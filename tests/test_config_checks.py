@@ -102,3 +102,16 @@ def test_embedded_guidance_families_match_the_adapter_classes():
     from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES, policy_class
 
     assert {f for f in FAMILIES if policy_class(f).embedded_guidance} == set(EMBEDDED_GUIDANCE)
+
+
+# -- train.loss ---------------------------------------------------------------------------
+def test_train_loss_reaches_the_learner_or_is_refused():
+    from digenrl.profile.run import learner_config
+
+    assert load_config(None, []).train.loss == "grpo"
+    for sde in ("flow-sde", "dance-sde"):
+        cfg = load_config(None, ["train.loss=grpo-guard", f"sampling.sde={sde}"])
+        assert learner_config(cfg).loss == "grpo-guard"  # the LearnerConfig the Trainer builds too
+    _refused(["train.loss=ppo"], "train.loss", "grpo, grpo-guard")
+    # cps scores a surrogate, not a Gaussian log-prob: RatioNorm has no std to normalise by
+    _refused(["train.loss=grpo-guard", "sampling.sde=cps"], "train.loss", "sampling.sde=cps")

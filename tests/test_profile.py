@@ -170,6 +170,7 @@ def test_profile_run_full_fine_tune_goes_through_learner_accumulate(monkeypatch)
 
 def test_profile_run_uses_the_trainers_learner_config(tmp_path):
     overrides = [f"run.run_dir={tmp_path}", "train.lr=3e-4", "train.weight_decay=0.01", "train.clip_range=2e-4",
-                 "train.beta=0.01", "train.max_grad_norm=0.5", "train.ema_decay=0.9", "train.backward_batch=2"]
+                 "train.beta=0.01", "train.max_grad_norm=0.5", "train.ema_decay=0.9", "train.backward_batch=2",
+                 "train.loss=grpo-guard"]
     cfg = load_config(None, overrides)
     assert learner_config(cfg) == Trainer(cfg, progress=False).learner.config

@@ -105,9 +105,10 @@ def test_micro_batch_layout_does_not_change_trajectories(tiny_overrides):
     assert torch.allclose(together.latents[n:], alone.latents, atol=1e-5)
 
 
-def test_backward_batch_splits_give_the_same_update(tiny_overrides):
+@pytest.mark.parametrize("loss", ["grpo", "grpo-guard"])  # guard: no statistic spans the rows of a unit
+def test_backward_batch_splits_give_the_same_update(tiny_overrides, loss):
     def one_step(extra):
-        t = Trainer(load_config(None, tiny_overrides + extra), progress=False)
+        t = Trainer(load_config(None, tiny_overrides + extra + [f"train.loss={loss}"]), progress=False)
         t.rl_step(0)
         return {k: v.clone() for k, v in t.policy.module.state_dict().items()}
 

@@ -2,10 +2,11 @@
 
 A training unit is (micro-batch, chunk of trained denoising steps). For every trained
 step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores the
-recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss against the
-behaviour log-prob recorded at rollout. Gradients of all units of an RL step accumulate,
-each scaled so that the sum is the mean over every (sample, trained step) pair of the
-step, whatever the unit layout; then `optimizer_step` clips, checks and steps.
+recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
+variant, `LearnerConfig.loss`) against the behaviour log-prob recorded at rollout.
+Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
+over every (sample, trained step) pair of the step, whatever the unit layout; then
+`optimizer_step` clips, checks and steps.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from typing import Optional
 import torch
 
 from digenrl.learner.ema import EMA
-from digenrl.math import gaussian_mean_kl, grpo_loss, sde_step
+from digenrl.math import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, sde_step
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
-from digenrl.rollout.sampler import SampleSpec, Trajectories
+from digenrl.rollout.sampler import SampleSpec, Trajectories, sde_noise
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ class LearnerConfig:
     # big models. Ratio == 1 is exact only when this equals the rollout batch (or the
     # kernels are batch-invariant, as the tiny DiT's are on CPU).
     backward_batch: int = 0
+    # grpo | grpo-guard (RatioNorm + 1/dt reweighting, math.loss.grpo_guard_loss); guard
+    # needs a Gaussian log-prob: flow-sde or dance-sde, not cps
+    loss: str = "grpo"
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSS_KINDS:
+            raise ValueError(f"loss {self.loss!r} unknown; allowed: {', '.join(LOSS_KINDS)}")
 
 
 class Learner:
@@ -96,6 +104,17 @@ class Learner:
         finally:
             self.policy.module = live
 
+    @staticmethod
+    def _behaviour_mean(traj: Trajectories, t: int, spec: SampleSpec, rows: slice, std: torch.Tensor) -> torch.Tensor:
+        """The rollout policy's SDE mean at step t for `rows`, (b, *latent): the sampler drew
+        x_{t+1} = mean_old + std * noise with noise a pure function of (seed, coords, t), so
+        mean_old = x_{t+1} - std * noise, whichever policy version and worker generated it."""
+        if spec.kind not in ("flow-sde", "dance-sde"):
+            raise ValueError(f"grpo-guard needs a Gaussian SDE log-prob (flow-sde or dance-sde), not {spec.kind}")
+        x_next = traj.latents[rows, t + 1].to(std.device)
+        noise = sde_noise(x_next.shape[1:], spec, traj.coords[rows], t).to(std.device)
+        return x_next - std.detach() * noise
+
     def accumulate(
         self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, *, total_samples: int, total_steps: int,
         rows: Optional[slice] = None, passes: int = 0,
@@ -142,14 +161,18 @@ class Learner:
         kl = None
         if self.config.beta > 0:
             kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
-        loss, m = grpo_loss(
-            out.log_prob,
-            traj.log_probs[rows, t].to(out.log_prob.device),
-            adv[rows],
-            clip_range=self.config.clip_range,
-            kl=kl,
-            beta=self.config.beta,
-        )
+        logp_old = traj.log_probs[rows, t].to(out.log_prob.device)
+        if self.config.loss == "grpo-guard":
+            loss, m = grpo_guard_loss(
+                out.log_prob, logp_old, adv[rows],
+                mean=out.mean, mean_old=self._behaviour_mean(traj, t, spec, rows, out.std),
+                std=out.std, dt=float(spec.sigmas[t] - spec.sigmas[t + 1]),
+                clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
+            )
+        else:
+            loss, m = grpo_loss(
+                out.log_prob, logp_old, adv[rows], clip_range=self.config.clip_range, kl=kl, beta=self.config.beta
+            )
         finite = bool(torch.isfinite(loss))
         if ghost or not finite:
             if not ghost:

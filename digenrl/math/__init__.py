@@ -4,17 +4,19 @@ See DESIGN.md section 1. All SDE math runs in float32 whatever the model dtype.
 """
 
 from digenrl.math.advantages import combine_rewards, group_advantages
-from digenrl.math.loss import gaussian_mean_kl, grpo_loss
+from digenrl.math.loss import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss
 from digenrl.math.schedule import SdeWindow, sigma_schedule
 from digenrl.math.sde import SDE_KINDS, StepOut, sde_step
 
 __all__ = [
+    "LOSS_KINDS",
     "SDE_KINDS",
     "SdeWindow",
     "StepOut",
     "combine_rewards",
     "gaussian_mean_kl",
     "group_advantages",
+    "grpo_guard_loss",
     "grpo_loss",
     "sde_step",
     "sigma_schedule",

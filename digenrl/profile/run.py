@@ -33,7 +33,8 @@ def learner_config(cfg: "Config") -> LearnerConfig:
     """The LearnerConfig the Trainer builds from cfg.train (tests hold the two equal)."""
     t = cfg.train
     return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
-                         max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch)
+                         max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
+                         loss=t.loss)
 
 
 def run_workload(cfg: "Config") -> Workload:

@@ -94,6 +94,17 @@ def start(
     )
 
 
+def sde_noise(
+    latent_shape: Sequence[int], spec: SampleSpec, coords: Sequence[tuple[int, int, int]], t: int
+) -> torch.Tensor:
+    """The standard normals of SDE step t for samples `coords`: (B, *latent) float32, CPU.
+
+    A pure function of (seed, coordinates, t): the learner draws them again to recover the
+    behaviour policy's SDE mean, latents[:, t+1] - std * noise (GRPO-Guard's drift).
+    """
+    return rng.per_sample_normal(latent_shape, [(spec.seed, rng.SDE_NOISE, *c, t) for c in coords])
+
+
 @torch.no_grad()
 def advance(policy: Policy, traj: Trajectories, spec: SampleSpec, t_end: Optional[int] = None) -> Trajectories:
     """Run denoising steps traj.t_done .. t_end-1 in place (all remaining by default)."""
@@ -128,9 +139,7 @@ def denoise_step(
     sigma = spec.sigmas[t].expand(b).to(device)
     v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale)
     kind = spec.step_kind(t)
-    noise = None
-    if kind != "ode":
-        noise = rng.per_sample_normal(policy.latent_shape, [(spec.seed, rng.SDE_NOISE, *c, t) for c in traj.coords])
+    noise = sde_noise(policy.latent_shape, spec, traj.coords, t) if kind != "ode" else None
     out = sde_step(
         x, v, spec.sigmas[t].item(), spec.sigmas[t + 1].item(), kind=kind, noise_level=spec.noise_level, noise=noise
     )
