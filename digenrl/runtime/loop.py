@@ -5,7 +5,9 @@
        |                                      ray.wait (any)
        |                                            v
        +-- complete(w, unit) + Span(worker-reported start/end) -- info
-       +-- worker_lost(w) + add_worker(replacement)          -- RayActorError
+       +-- worker_lost(w) + add_worker(replacement)          -- RayActorError (of any rank; a
+                                                                 rank's failed collective when a
+                                                                 peer rank died counts as it)
 
 Same shape as `digenrl.sim.engine.run_virtual`: the scheduler cannot tell the two apart.
 Real compute and emulated compute differ only in the backend (what a unit does).
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import RayActorError, RayTaskError
 
 from digenrl.runtime.results import Done, merge
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
@@ -102,6 +104,17 @@ class EventLoop:
                 self.pending.pop(other, None)
             self._lost(wid, unit, t_disp, e, rank=call.refs.index(ref) if len(call.refs) > 1 else None)
             return
+        except RayTaskError:
+            # a surviving rank of a gang fails its collective when a peer dies (gloo: "connection
+            # reset by peer") and can report first: a dead peer makes it a lost unit, not a bug
+            dead = _dead_rank(call, ref)
+            if dead is None:
+                raise
+            rank, e = dead
+            for other in call.refs:
+                self.pending.pop(other, None)
+            self._lost(wid, unit, t_disp, e, rank=rank)
+            return
         if len(call.done) < len(call.refs):
             return  # other ranks still running
         info = merge([call.done[r] for r in call.refs])
@@ -151,6 +164,23 @@ class _Call:
     t: float
     refs: list
     done: dict = field(default_factory=dict)
+
+
+def _dead_rank(call: _Call, failed, timeout_s: float = 30.0) -> Optional[tuple[int, RayActorError]]:
+    """(rank, error) of a rank of `call`'s gang whose actor died, waiting up to `timeout_s` for
+    the other ranks' results after rank `failed` raised; None when none did (or one rank)."""
+    others = [r for r in call.refs if r != failed]
+    if not others:
+        return None
+    ready, _ = ray.wait(others, num_returns=len(others), timeout=timeout_s)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except RayActorError as e:
+            return call.refs.index(ref), e
+        except RayTaskError:
+            continue
+    return None
 
 
 def _version(unit: Unit) -> Optional[int]:
