@@ -115,3 +115,21 @@ def test_train_loss_reaches_the_learner_or_is_refused():
     _refused(["train.loss=ppo"], "train.loss", "grpo, grpo-guard")
     # cps scores a surrogate, not a Gaussian log-prob: RatioNorm has no std to normalise by
     _refused(["train.loss=grpo-guard", "sampling.sde=cps"], "train.loss", "sampling.sde=cps")
+
+
+# -- sequence-parallel gangs: runtime.rollout.gang, runtime.trainer.sp ---------------------
+def test_sequence_parallel_keys_are_accepted_for_video_families_or_refused():
+    """The runtime acts on them (tests/runtime/test_sequence_parallel_gangs.py); here: where
+    they cannot act, they are refused before any work, the key named."""
+    wan = ["model.name=wan", "model.path=/m", "run.mode=gap"]
+    gang = ["runtime.trainer.gang=2", "runtime.trainer.shard=fsdp"]
+    cfg = load_config(None, wan + gang + ["runtime.rollout.gang=2", "runtime.trainer.sp=2"])
+    assert (cfg.runtime.rollout.gang, cfg.runtime.trainer.sp) == (2, 2)
+    _refused(["run.mode=gap", "runtime.rollout.gang=2"], "runtime.rollout.gang", "wan, hunyuan-video", "tiny-dit")
+    _refused(["run.mode=gap", *gang, "runtime.trainer.sp=2"], "runtime.trainer.sp", "wan, hunyuan-video")
+    _refused(wan + gang + ["runtime.trainer.sp=3"], "runtime.trainer.sp", "must divide")
+    _refused(wan + ["runtime.trainer.sp=2"], "runtime.trainer.sp", "must divide")  # gang 1
+    _refused(wan + ["runtime.rollout.sp=2"], "runtime.rollout.sp", "runtime.rollout.gang")
+    _refused(wan + ["runtime.reward.gang=2"], "runtime.reward.gang", "one device")
+    _refused(["model.name=wan", "model.path=/m", "run.mode=local", "runtime.rollout.gang=2"],
+             "runtime.rollout.gang", "run.mode=local")
