@@ -255,16 +255,20 @@ class PolicyWorker:
         """Join the trainers' world (gloo on CPU, NCCL on GPU). With shard=fsdp this rank
         becomes rank `rank % gang` of gang `rank // gang` (runtime/gang_rank.py): the module
         is sharded over the gang and the Learner rebuilt on the sharded parameters."""
-        import torch.distributed as dist
-
-        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
-        self.dist = True
+        self._join(address, rank, world)
         if self.cfg.runtime.trainer.shard == "fsdp":
             from digenrl.runtime.gang_rank import GangRank
 
             self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang, self.counter)
             self.learner = self.trainer.learner
+
+    def _join(self, address: str, rank: int, world: int) -> None:
+        """This process's default process group: gloo on CPU, NCCL on GPU."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
+        self.dist = True
 
     def init_sp(self, address: str, rank: int, world: int) -> None:
         """A rank of a sequence-parallel rollout gang (runtime.rollout.gang): join the gang's own
@@ -272,9 +276,7 @@ class PolicyWorker:
         (digenrl.models.sequence_parallel)."""
         import torch.distributed as dist
 
-        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
-        self.dist = True
+        self._join(address, rank, world)
         self.sp_group = dist.group.WORLD
         self.policy.enable_sequence_parallel(self.sp_group, self.counter)
 
