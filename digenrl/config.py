@@ -19,7 +19,7 @@ import yaml
 
 from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.loss import LOSS_KINDS
-from digenrl.math.schedule import WINDOW_KINDS, SdeWindow
+from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES
 from digenrl.models.diffusers_adapters.sigmas import SIGMA_GRIDS
@@ -106,6 +106,10 @@ class SamplingConfig:
     window_stride: int = 1
     window_every: int = 10
     window_fraction: float = 0.6
+    # step: one set of trained steps per RL step, shared by its samples; sample: each sample
+    # draws its own (DanceGRPO's per-sample fraction; DiffusionNFT's per-sample noise levels).
+    # See rollout.sampler.trained_steps.
+    window_draw: str = "step"
 
     def __post_init__(self) -> None:
         _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
@@ -115,8 +119,11 @@ class SamplingConfig:
         _check(self.sigmas == "digenrl" or self.shift == 1.0, "sampling.shift",
                "shifts the digenrl grid only; sampling.sigmas=diffusers takes its shift from the pipeline's "
                "scheduler config (model.path/scheduler/scheduler_config.json): leave sampling.shift at 1.0")
-        _one_of(self.sde, "sampling.sde", tuple(k for k in SDE_KINDS if k != "ode"))
+        _one_of(self.sde, "sampling.sde", SDE_KINDS)
         _check(self.noise_level > 0, "sampling.noise_level", "must be > 0")
+        _check(self.sde != "ode" or self.noise_level == 0.7, "sampling.noise_level",
+               "sampling.sde=ode draws no noise: leave sampling.noise_level at its default 0.7")
+        _one_of(self.window_draw, "sampling.window_draw", WINDOW_DRAWS)
         _check(self.cfg_scale >= 1.0, "sampling.cfg_scale", "must be >= 1 (1 = no guidance)")
         _one_of(self.window, "sampling.window", WINDOW_KINDS)
         try:
@@ -207,10 +214,19 @@ class TrainConfig:
     # grpo: Flow-GRPO's clipped ratio; grpo-guard: GRPO-Guard's RatioNorm + 1/dt reweighting
     # (arXiv 2510.22319, digenrl.math.loss.grpo_guard_loss)
     loss: str = "grpo"
+    # nft only: DiffusionNFT's guidance strength beta (v+ = beta v + (1 - beta) v_old); the
+    # advantage clip of its optimality probability is reward.adv_clip
+    nft_beta: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.loss, "train.loss", LOSS_KINDS)
+        _check(self.nft_beta > 0, "train.nft_beta", "must be > 0")
+        _check(self.loss == "nft" or self.nft_beta == 1.0, "train.nft_beta",
+               f"is DiffusionNFT's guidance strength; train.loss={self.loss} has none: set train.loss=nft "
+               "or leave train.nft_beta at 1.0")
+        _check(self.loss != "nft" or self.clip_range == 1e-4, "train.clip_range",
+               "DiffusionNFT has no ratio to clip: leave train.clip_range at its default 1e-4 with train.loss=nft")
         _check(self.lr > 0, "train.lr", "must be > 0")
         _check(self.clip_range > 0, "train.clip_range", "must be > 0")
         _check(self.beta >= 0, "train.beta", "must be >= 0")
@@ -431,11 +447,20 @@ class Config:
         _check(not (s.sigmas == "diffusers" and self.model.name == "wan" and s.sde == "flow-sde"), "sampling.sigmas",
                "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
                "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
+        # an ODE rollout records no log-probs: only DiffusionNFT trains on it
+        _check(s.sde != "ode" or self.train.loss == "nft", "sampling.sde",
+               f"ode records no log-probs for train.loss={self.train.loss} to train on: use an SDE kind "
+               "(flow-sde, dance-sde, cps), or train.loss=nft (trains on the clean samples)")
         # RatioNorm undoes the Gaussian log-ratio's drift -|d mean|^2 / (2 std^2); cps scores
         # the surrogate -|x' - mean|^2, which has no std to normalise by
         _check(self.train.loss != "grpo-guard" or s.sde in ("flow-sde", "dance-sde"), "train.loss",
                f"grpo-guard normalises a Gaussian log-prob ratio; sampling.sde={s.sde} scores a surrogate: "
                "use sampling.sde=flow-sde or dance-sde, or train.loss=grpo")
+        # a per-sample draw among the SDE steps needs every step but the last to be SDE
+        _check(s.window_draw == "step" or self.train.loss == "nft" or s.window in ("all-but-last", "fraction"),
+               "sampling.window_draw",
+               f"sample draws each sample's trained steps among all SDE steps; sampling.window={s.window} "
+               "samples only its window with the SDE: use window fraction or all-but-last, or window_draw=step")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(

@@ -60,15 +60,25 @@ class StepPlan:
 def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     """The step's prompts, noise coordinates, SDE window and micro-batches, cut exactly as
     the scheduler cuts them (digenrl.contract), so a micro-batch index means one thing."""
-    sigmas = sampling_sigmas(cfg.model, cfg.sampling, cfg.sampling.num_steps)
-    sde_steps, trained = cfg.sampling.sde_window().select(cfg.sampling.num_steps, cfg.run.seed, step)
+    s = cfg.sampling
+    sigmas = sampling_sigmas(cfg.model, s, s.num_steps)
+    sde_steps, trained = s.sde_window().select(s.num_steps, cfg.run.seed, step)
+    nft = cfg.train.loss == "nft"
+    draw_levels = 0
+    if s.window_draw == "sample":
+        # the scheduler's trained steps become slots 0..k-1; each sample maps slot j to its own
+        # step among the SDE steps (every step but the last), or, for DiffusionNFT, among all
+        # noise levels of the grid (sigmas[0..N-1], all > 0)
+        draw_levels = s.num_steps if nft else len(sde_steps)
+        trained = list(range(len(trained)))
     spec = SampleSpec(
         sigmas=sigmas,
-        sde_steps=tuple(sde_steps),
-        kind=cfg.sampling.sde,
-        noise_level=cfg.sampling.noise_level,
-        cfg_scale=cfg.sampling.cfg_scale,
+        sde_steps=() if s.sde == "ode" else tuple(sde_steps),
+        kind="ode" if s.sde == "ode" else s.sde,
+        noise_level=s.noise_level,
+        cfg_scale=s.cfg_scale,
         seed=cfg.run.seed,
+        draw_levels=draw_levels,
     )
     chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
@@ -79,6 +89,14 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         rows = shape.samples(groups)  # (prompt group, sample) per row
         mbs.append(MicroBatch(i, groups, [prompts[g] for g, _ in rows], [(step, g, s) for g, s in rows]))
     return StepPlan(step, spec, trained, chunks, mbs)
+
+
+def learner_config(cfg: Config) -> LearnerConfig:
+    """The learner's settings from cfg.train (and reward.adv_clip, DiffusionNFT's clip)."""
+    t = cfg.train
+    return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
+                         max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
+                         loss=t.loss, nft_beta=t.nft_beta, adv_clip=cfg.reward.adv_clip)
 
 
 def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:
@@ -119,20 +137,7 @@ class Trainer:
             torch.set_num_threads(cfg.run.threads)
         self.run_dir = Path(cfg.run.run_dir)
         self.policy = build_policy(cfg.model, progress=progress)
-        t = cfg.train
-        self.learner = Learner(
-            self.policy,
-            LearnerConfig(
-                lr=t.lr,
-                weight_decay=t.weight_decay,
-                clip_range=t.clip_range,
-                beta=t.beta,
-                max_grad_norm=t.max_grad_norm,
-                ema_decay=t.ema_decay,
-                backward_batch=t.backward_batch,
-                loss=t.loss,
-            ),
-        )
+        self.learner = Learner(self.policy, learner_config(cfg))
         self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
         self.rewarder = build_rewarder(cfg)
         self.evaluator = Evaluator(cfg, self.policy, self.rewarder)

@@ -106,7 +106,7 @@ def test_embedded_guidance_families_match_the_adapter_classes():
 
 # -- train.loss ---------------------------------------------------------------------------
 def test_train_loss_reaches_the_learner_or_is_refused():
-    from digenrl.profile.run import learner_config
+    from digenrl.trainer import learner_config
 
     assert load_config(None, []).train.loss == "grpo"
     for sde in ("flow-sde", "dance-sde"):
@@ -115,6 +115,43 @@ def test_train_loss_reaches_the_learner_or_is_refused():
     _refused(["train.loss=ppo"], "train.loss", "grpo, grpo-guard")
     # cps scores a surrogate, not a Gaussian log-prob: RatioNorm has no std to normalise by
     _refused(["train.loss=grpo-guard", "sampling.sde=cps"], "train.loss", "sampling.sde=cps")
+
+
+def test_nft_keys_reach_the_learner_or_are_refused():
+    """train.loss=nft, train.nft_beta, reward.adv_clip (NFT's clip) and sampling.sde=ode act
+    (tests/learner/test_nft_learner.py); where they cannot act they are refused."""
+    from digenrl.trainer import learner_config
+
+    cfg = load_config(None, ["train.loss=nft", "train.nft_beta=0.1", "reward.adv_clip=3", "sampling.sde=ode"])
+    lc = learner_config(cfg)
+    assert (lc.loss, lc.nft_beta, lc.adv_clip) == ("nft", 0.1, 3.0)
+    _refused(["train.nft_beta=0.5"], "train.nft_beta", "train.loss=grpo")
+    _refused(["train.loss=nft", "train.nft_beta=0"], "train.nft_beta", "> 0")
+    _refused(["train.loss=nft", "train.clip_range=0.01"], "train.clip_range", "no ratio")
+    _refused(["sampling.sde=ode"], "sampling.sde", "no log-probs")
+    _refused(["train.loss=grpo-guard", "sampling.sde=ode"], "sampling.sde", "no log-probs")
+    _refused(["train.loss=nft", "sampling.sde=ode", "sampling.noise_level=0.3"], "sampling.noise_level", "ode")
+
+
+def test_window_draw_reaches_the_plan_or_is_refused():
+    """sampling.window_draw=sample turns the step's trained steps into slots that each
+    sample maps to its own steps (SampleSpec.draw_levels)."""
+    from digenrl.data import PromptSource, load_prompts
+    from digenrl.trainer import plan_step
+
+    def plan(*over):
+        cfg = load_config(None, list(over))
+        return plan_step(cfg, PromptSource(load_prompts("toy"), 0, cfg.data.groups_per_step), 0)
+
+    step = plan("sampling.window=fraction", "sampling.window_fraction=0.5")
+    sample = plan("sampling.window=fraction", "sampling.window_fraction=0.5", "sampling.window_draw=sample")
+    assert len(step.trained_steps) == len(sample.trained_steps) == 4  # round(0.5 * 9)
+    assert (step.spec.draw_levels, sample.spec.draw_levels) == (0, 9)  # the 9 SDE steps of 10
+    assert sample.trained_steps == [0, 1, 2, 3] and step.trained_steps != [0, 1, 2, 3]
+    nft = plan("train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample")
+    assert nft.spec.draw_levels == 10 and nft.spec.sde_steps == () and len(nft.trained_steps) == 9
+    _refused(["sampling.window_draw=each"], "sampling.window_draw", "step, sample")
+    _refused(["sampling.window=contiguous", "sampling.window_draw=sample"], "sampling.window_draw", "contiguous")
 
 
 # -- sequence-parallel gangs: runtime.rollout.gang, runtime.trainer.sp ---------------------

@@ -12,7 +12,7 @@ from digenrl.config import Config, load_config
 from digenrl.learner import Learner
 from digenrl.models import build_policy
 from digenrl.profile import PeakMemory, merge_records, profile_main, profile_run
-from digenrl.profile.run import learner_config
+from digenrl.trainer import learner_config
 from digenrl.rollout import sampler
 from digenrl.sim.calibration import load_calibration
 from digenrl.sim.costs import CostModel

@@ -21,10 +21,10 @@ from typing import Optional
 import torch
 
 from digenrl.learner.ema import EMA
-from digenrl.math import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, sde_step
+from digenrl.math import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, sde_step
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
-from digenrl.rollout.sampler import SampleSpec, Trajectories, sde_noise
+from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +45,16 @@ class LearnerConfig:
     # grpo | grpo-guard (RatioNorm + 1/dt reweighting, math.loss.grpo_guard_loss); guard
     # needs a Gaussian log-prob: flow-sde or dance-sde, not cps
     loss: str = "grpo"
+    # nft: DiffusionNFT's guidance strength beta and the advantage clip c of its optimality
+    # probability r = 1/2 + clip(A, -c, c) / (2c) (math.loss.nft_loss)
+    nft_beta: float = 1.0
+    adv_clip: float = 5.0
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
             raise ValueError(f"loss {self.loss!r} unknown; allowed: {', '.join(LOSS_KINDS)}")
+        if self.nft_beta <= 0 or self.adv_clip <= 0:
+            raise ValueError(f"nft_beta ({self.nft_beta}) and adv_clip ({self.adv_clip}) must be > 0")
 
 
 class Learner:
@@ -74,45 +80,63 @@ class Learner:
 
     # -- one trained step of one unit ------------------------------------------------
     def score(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice = slice(None)):
-        """Recompute the policy's SDE step at denoising step t with grad: StepOut."""
+        """Recompute the policy's SDE step at trained slot t (the denoising step t, or each
+        row's own step under `spec.draw_levels`) with grad: StepOut."""
         device = self.params[0].device
-        x = traj.latents[rows, t].to(device)
+        steps = self._steps(traj, t, spec, rows)
+        ar = torch.arange(len(steps))
+        x = traj.latents[rows][ar, steps].to(device)
         b = x.shape[0]
-        sigma = spec.sigmas[t].expand(b).to(device)
+        sigma = spec.sigmas[steps].to(device)  # (b,)
         negative = self.policy.negative_cond(b) if spec.cfg_scale != 1.0 else None
         cond = {k: v[rows] for k, v in traj.cond.items()}
         v = guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale)
         return sde_step(
             x,
             v,
-            spec.sigmas[t].item(),
-            spec.sigmas[t + 1].item(),
+            sigma,
+            spec.sigmas[steps + 1].to(device),
             kind=spec.kind,
             noise_level=spec.noise_level,
-            prev_sample=traj.latents[rows, t + 1].to(device),
+            prev_sample=traj.latents[rows][ar, steps + 1].to(device),
         )
 
+    @staticmethod
+    def _steps(traj: Trajectories, t: int, spec: SampleSpec, rows: slice) -> torch.Tensor:
+        """(b,) long: the denoising step each row of `rows` trains in slot t."""
+        return torch.tensor(trained_steps(spec, traj.coords[rows], t), dtype=torch.long)
+
+    def _velocity(self, traj: Trajectories, x: torch.Tensor, sigma: torch.Tensor, spec: SampleSpec, rows: slice):
+        negative = self.policy.negative_cond(x.shape[0]) if spec.cfg_scale != 1.0 else None
+        cond = {k: v[rows] for k, v in traj.cond.items()}
+        return guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale)
+
     @torch.no_grad()
-    def _reference_mean(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice) -> torch.Tensor:
+    def _with_reference(self, fn):
+        """fn() evaluated with the KL reference's weights (LoRA: adapters off), no grad."""
         if self._reference is None:
             with adapters_disabled(self.policy.module):
-                return self.score(traj, t, spec, rows).mean
+                return fn()
         live = self.policy.module
         self.policy.module = self._reference
         try:
-            return self.score(traj, t, spec, rows).mean
+            return fn()
         finally:
             self.policy.module = live
 
+    def _reference_mean(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice) -> torch.Tensor:
+        return self._with_reference(lambda: self.score(traj, t, spec, rows).mean)
+
     @staticmethod
     def _behaviour_mean(traj: Trajectories, t: int, spec: SampleSpec, rows: slice, std: torch.Tensor) -> torch.Tensor:
-        """The rollout policy's SDE mean at step t for `rows`, (b, *latent): the sampler drew
+        """The rollout policy's SDE mean at slot t for `rows`, (b, *latent): the sampler drew
         x_{t+1} = mean_old + std * noise with noise a pure function of (seed, coords, t), so
         mean_old = x_{t+1} - std * noise, whichever policy version and worker generated it."""
         if spec.kind not in ("flow-sde", "dance-sde"):
             raise ValueError(f"grpo-guard needs a Gaussian SDE log-prob (flow-sde or dance-sde), not {spec.kind}")
-        x_next = traj.latents[rows, t + 1].to(std.device)
-        noise = sde_noise(x_next.shape[1:], spec, traj.coords[rows], t).to(std.device)
+        steps = Learner._steps(traj, t, spec, rows)
+        x_next = traj.latents[rows][torch.arange(len(steps)), steps + 1].to(std.device)
+        noise = sde_noise(x_next.shape[1:], spec, traj.coords[rows], steps.tolist()).to(std.device)
         return x_next - std.detach() * noise
 
     def accumulate(
@@ -142,8 +166,12 @@ class Learner:
         ghosts = max(passes - len(chunks), 0)
         metrics: dict[str, float] = {}
         for t in t_steps:
-            if math.isnan(float(traj.log_probs[0, t])):
-                raise ValueError(f"denoising step {t} was sampled with the ODE: it has no log-prob to train")
+            if self.config.loss != "nft" and last > first:  # nft trains on clean samples: no log-prob needed
+                steps = self._steps(traj, t, spec, slice(first, last))
+                logp = traj.log_probs[first:last][torch.arange(len(steps)), steps]
+                if bool(torch.isnan(logp).any()):
+                    raise ValueError(f"denoising step {int(steps[torch.isnan(logp)][0])} was sampled with the ODE: "
+                                     "it has no log-prob to train")
             for chunk in chunks:
                 metrics = self._backward_rows(traj, t, chunk, spec, adv, total_samples * total_steps)
             for _ in range(ghosts):
@@ -156,23 +184,11 @@ class Learner:
     ) -> dict[str, float]:
         """Loss and backward of rows `rows` at trained step t, weighted into the step mean.
         A ghost pass (see `accumulate`) backwards weight 0 and records nothing."""
-        out = self.score(traj, t, spec, rows)
-        weight = out.prev_sample.shape[0] / denominator
-        kl = None
-        if self.config.beta > 0:
-            kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
-        logp_old = traj.log_probs[rows, t].to(out.log_prob.device)
-        if self.config.loss == "grpo-guard":
-            loss, m = grpo_guard_loss(
-                out.log_prob, logp_old, adv[rows],
-                mean=out.mean, mean_old=self._behaviour_mean(traj, t, spec, rows, out.std),
-                std=out.std, dt=float(spec.sigmas[t] - spec.sigmas[t + 1]),
-                clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
-            )
+        if self.config.loss == "nft":
+            loss, m, b = self._nft_loss(traj, t, rows, spec, adv)
+            weight = b / denominator
         else:
-            loss, m = grpo_loss(
-                out.log_prob, logp_old, adv[rows], clip_range=self.config.clip_range, kl=kl, beta=self.config.beta
-            )
+            loss, m, weight = self._grpo_loss(traj, t, rows, spec, adv, denominator)
         finite = bool(torch.isfinite(loss))
         if ghost or not finite:
             if not ghost:
@@ -186,6 +202,45 @@ class Learner:
             self._sums[k] += float(v) * weight
         self._weight += weight
         return {k: float(v) for k, v in m.items()}
+
+    def _grpo_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
+                   denominator: int):
+        out = self.score(traj, t, spec, rows)
+        weight = out.prev_sample.shape[0] / denominator
+        kl = None
+        if self.config.beta > 0:
+            kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
+        steps = self._steps(traj, t, spec, rows)
+        ar = torch.arange(len(steps))
+        logp_old = traj.log_probs[rows][ar, steps].to(out.log_prob.device)
+        if self.config.loss == "grpo-guard":
+            loss, m = grpo_guard_loss(
+                out.log_prob, logp_old, adv[rows],
+                mean=out.mean, mean_old=self._behaviour_mean(traj, t, spec, rows, out.std),
+                std=out.std, dt=(spec.sigmas[steps] - spec.sigmas[steps + 1]).to(out.std.device),
+                clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
+            )
+        else:
+            loss, m = grpo_loss(
+                out.log_prob, logp_old, adv[rows], clip_range=self.config.clip_range, kl=kl, beta=self.config.beta
+            )
+        return loss, m, weight
+
+    def _nft_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor):
+        """DiffusionNFT on trained slot t of `rows`: the clean samples x0 = latents[:, T] noised
+        along the forward process (`forward_targets`). The old policy is the one at the start
+        of this RL step, which is these very weights (one optimizer step per RL step): v_old
+        is v detached, from the same forward."""
+        device = self.params[0].device
+        x0 = traj.latents[rows, spec.num_steps].to(device)
+        x_t, sigma = forward_targets(x0, spec, traj.coords[rows], t)
+        v = self._velocity(traj, x_t, sigma, spec, rows)
+        v_ref = None
+        if self.config.beta > 0:
+            v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
+        loss, m = nft_loss(v, v.detach(), x_t, x0, sigma, adv[rows], beta=self.config.nft_beta,
+                           adv_clip=self.config.adv_clip, v_ref=v_ref, kl_beta=self.config.beta)
+        return loss, m, x0.shape[0]
 
     def accumulated(self) -> tuple[dict[str, float], float]:
         """Weighted metric sums and total weight since the last optimizer step (a trainer

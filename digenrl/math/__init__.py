@@ -4,7 +4,7 @@ See DESIGN.md section 1. All SDE math runs in float32 whatever the model dtype.
 """
 
 from digenrl.math.advantages import combine_rewards, group_advantages
-from digenrl.math.loss import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss
+from digenrl.math.loss import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, nft_optimality
 from digenrl.math.schedule import SdeWindow, sigma_schedule
 from digenrl.math.sde import SDE_KINDS, StepOut, sde_step
 
@@ -18,6 +18,8 @@ __all__ = [
     "group_advantages",
     "grpo_guard_loss",
     "grpo_loss",
+    "nft_loss",
+    "nft_optimality",
     "sde_step",
     "sigma_schedule",
 ]

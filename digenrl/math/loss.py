@@ -1,5 +1,5 @@
 """The clipped GRPO objective on (sample, denoising step) units, its GRPO-Guard variant,
-and the KL to a reference."""
+the KL to a reference, and DiffusionNFT's forward-process objective."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Optional, Union
 
 import torch
 
-LOSS_KINDS = ("grpo", "grpo-guard")
+LOSS_KINDS = ("grpo", "grpo-guard", "nft")
 
 
 def gaussian_mean_kl(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -130,4 +130,78 @@ def grpo_guard_loss(
     pg_loss = (_clipped(ratio, advantages.detach(), clip_range) / dt_).mean()
     loss, metrics = _with_kl(pg_loss, ratio, logratio, clip_range, kl, beta)
     metrics["loss/guard_bias"] = bias.detach().mean()
+    return loss, metrics
+
+
+def nft_optimality(advantages: torch.Tensor, adv_clip: float) -> torch.Tensor:
+    """DiffusionNFT's optimality probability r = 1/2 + clip(A, -c, c) / (2c) in [0, 1], (B,)."""
+    return 0.5 + 0.5 * torch.clamp(advantages.detach().float() / adv_clip, -1.0, 1.0)
+
+
+def nft_loss(
+    v: torch.Tensor,
+    v_old: torch.Tensor,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    sigma: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    beta: float,
+    adv_clip: float,
+    v_ref: Optional[torch.Tensor] = None,
+    kl_beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """DiffusionNFT (Zheng et al. 2025, arXiv 2509.16117) on forward-process targets.
+
+    A clean rollout sample x0 is noised along the forward process, x_t = (1 - s) x0 + s eps,
+    and the velocity v = v_theta(x_t, s) is split into an implicit positive and negative
+    policy around the old (sampling) policy's v_old:
+
+        v+ = beta v + (1 - beta) v_old          v- = (1 + beta) v_old - beta v
+        x0+ = x_t - s v+                        x0- = x_t - s v-
+        w+- = max(mean|x0+- - x0|, 1e-5)        (adaptive weight, detached)
+        r   = 1/2 + clip(A, -c, c) / (2c)       (optimality probability, c = adv_clip)
+        loss = c / beta * mean_B( r mean((x0+ - x0)^2) / w+ + (1 - r) mean((x0- - x0)^2) / w- )
+               + kl_beta * mean_B( mean((v - v_ref)^2) )
+
+    The x0-space form with the adaptive weight and the c / beta scale are those of the
+    authors' code (NVlabs/DiffusionNFT, scripts/train_nft_sd3.py); the KL is their
+    velocity MSE to the reference (base) model. On the policy that sampled (v = v_old in
+    value) the loss is c / beta * mean(|x0_hat - x0|^2) / w, and its gradient in v is
+    -2 s A' (x0_hat - x0) / (w D) per sample with A' = clip(A, -c, c) and D the element
+    count, whatever beta: a reward-weighted regression of x0_hat towards good samples and
+    away from bad ones.
+
+    Shapes: v, v_old, x_t, x0, v_ref (B, ...); sigma (B,) the noise level of each row;
+    advantages (B,). v_old, v_ref, x_t, x0 and the advantages are detached. Per row: no
+    statistic spans rows, so how units cut a batch never changes a row's term.
+    """
+    b = v.shape[0]
+    dims = tuple(range(1, v.ndim))
+    s = sigma.float().reshape(b, *([1] * (v.ndim - 1)))
+    v32, v_old = v.float(), v_old.detach().float()
+    x_t, x0 = x_t.detach().float(), x0.detach().float()
+    r = nft_optimality(advantages, adv_clip)
+    x0_pos = x_t - s * (beta * v32 + (1.0 - beta) * v_old)
+    x0_neg = x_t - s * ((1.0 + beta) * v_old - beta * v32)
+    with torch.no_grad():
+        w_pos = (x0_pos - x0).abs().mean(dim=dims, keepdim=True).clamp(min=1e-5)
+        w_neg = (x0_neg - x0).abs().mean(dim=dims, keepdim=True).clamp(min=1e-5)
+    pos = ((x0_pos - x0) ** 2 / w_pos).mean(dim=dims)  # (B,)
+    neg = ((x0_neg - x0) ** 2 / w_neg).mean(dim=dims)
+    policy = (adv_clip / beta * (r * pos + (1.0 - r) * neg)).mean()
+    loss = policy
+    kl_mean = torch.zeros((), device=v.device)
+    if v_ref is not None:
+        kl_mean = ((v32 - v_ref.detach().float()) ** 2).mean(dim=dims).mean()
+        loss = loss + kl_beta * kl_mean
+    with torch.no_grad():
+        metrics = {
+            "loss/policy": policy.detach(),
+            "loss/kl": kl_mean.detach(),
+            "loss/nft_r_mean": r.mean(),
+            "loss/nft_positive": pos.mean(),
+            "loss/nft_negative": neg.mean(),
+            "loss/nft_old_deviation": ((v32 - v_old) ** 2).mean(),
+        }
     return loss, metrics

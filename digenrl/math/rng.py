@@ -21,6 +21,8 @@ SDE_NOISE = 3
 WINDOW = 4
 EVAL = 5
 TRAIN_DATA = 6
+TRAINED_STEP = 7  # per-sample draw of trained denoising steps (SampleSpec.draw_levels)
+FORWARD_NOISE = 8  # DiffusionNFT's forward-process noise
 
 
 def key(*parts: int) -> int:

@@ -9,6 +9,7 @@ import torch
 from digenrl.math import rng
 
 WINDOW_KINDS = ("all-but-last", "contiguous", "sliding", "fraction")
+WINDOW_DRAWS = ("step", "sample")  # trained steps drawn once per RL step, or per sample
 
 
 def sigma_schedule(num_steps: int, shift: float = 1.0) -> torch.Tensor:

@@ -20,21 +20,13 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from digenrl.learner import Learner, LearnerConfig
+from digenrl.learner import Learner
 from digenrl.profile.measure import Profiler
 from digenrl.profile.targets import Target, diffusers_target, tiny_dit_target
 from digenrl.profile.workload import Workload
 
 if TYPE_CHECKING:
     from digenrl.config import Config
-
-
-def learner_config(cfg: "Config") -> LearnerConfig:
-    """The LearnerConfig the Trainer builds from cfg.train (tests hold the two equal)."""
-    t = cfg.train
-    return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
-                         max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
-                         loss=t.loss)
 
 
 def run_workload(cfg: "Config") -> Workload:
@@ -67,7 +59,7 @@ def profile_run(cfg: "Config", *, batches: Sequence[int] = (1, 2, 4, 8), repeats
     trained on by the measurements: do not reuse it.
     """
     from digenrl.models import build_policy
-    from digenrl.trainer import build_rewarder
+    from digenrl.trainer import build_rewarder, learner_config
 
     if not batches or min(batches) < 1:
         raise ValueError(f"batches must be sizes >= 1, got {tuple(batches)}")

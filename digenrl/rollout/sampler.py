@@ -29,6 +29,11 @@ class SampleSpec:
     noise_level: float = 0.7
     cfg_scale: float = 1.0
     seed: int = 0
+    # 0: a trained "slot" t is denoising step t for every sample (one draw per RL step).
+    # n > 0: each sample draws its own trained steps, slot t of sample c being entry t of a
+    # permutation of range(n) seeded by (seed, c) (DanceGRPO's per-sample fraction; every
+    # DiffusionNFT noise level). See `trained_steps`.
+    draw_levels: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -95,14 +100,47 @@ def start(
 
 
 def sde_noise(
-    latent_shape: Sequence[int], spec: SampleSpec, coords: Sequence[tuple[int, int, int]], t: int
+    latent_shape: Sequence[int], spec: SampleSpec, coords: Sequence[tuple[int, int, int]], t: int | Sequence[int]
 ) -> torch.Tensor:
     """The standard normals of SDE step t for samples `coords`: (B, *latent) float32, CPU.
 
     A pure function of (seed, coordinates, t): the learner draws them again to recover the
     behaviour policy's SDE mean, latents[:, t+1] - std * noise (GRPO-Guard's drift).
+    `t` is one step for all samples or one per sample.
     """
-    return rng.per_sample_normal(latent_shape, [(spec.seed, rng.SDE_NOISE, *c, t) for c in coords])
+    ts = [t] * len(coords) if isinstance(t, int) else list(t)
+    return rng.per_sample_normal(latent_shape, [(spec.seed, rng.SDE_NOISE, *c, ti) for c, ti in zip(coords, ts)])
+
+
+def trained_steps(spec: SampleSpec, coords: Sequence[tuple[int, int, int]], slot: int) -> list[int]:
+    """The denoising step (or DiffusionNFT noise level) each sample trains in trained slot `slot`.
+
+    The scheduler's Train units name slots; with `spec.draw_levels` = 0 a slot is the step
+    itself, else sample c trains permutation(draw_levels; seed, c)[slot]: a pure function of
+    (seed, coordinates, slot), so any trainer, in any row layout, trains the same steps.
+    """
+    if not spec.draw_levels:
+        return [int(slot)] * len(coords)
+    if not 0 <= slot < spec.draw_levels:
+        raise ValueError(f"trained slot {slot} out of range: samples draw from {spec.draw_levels} levels")
+    return [rng.permutation(spec.draw_levels, spec.seed, rng.TRAINED_STEP, *c)[slot] for c in coords]
+
+
+def forward_targets(
+    x0: torch.Tensor, spec: SampleSpec, coords: Sequence[tuple[int, int, int]], slot: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """DiffusionNFT's forward-process input of trained slot `slot`: (x_t (B, *latent), sigma (B,)).
+
+    Row i is noised to sigma = spec.sigmas[level_i] (level from `trained_steps`, so every
+    level is > 0): x_t = (1 - sigma) x0 + sigma eps, with eps a pure function of (seed,
+    coordinates, slot). A Train unit carries only (rows, slots); its targets are redrawn
+    here, on whichever trainer runs it, from the clean sample x0 = latents[:, T].
+    """
+    levels = trained_steps(spec, coords, slot)
+    sigma = spec.sigmas[levels].float()  # (B,)
+    eps = rng.per_sample_normal(x0.shape[1:], [(spec.seed, rng.FORWARD_NOISE, *c, slot) for c in coords])
+    s = sigma.reshape(-1, *([1] * (x0.ndim - 1))).to(x0.device)
+    return (1.0 - s) * x0.float() + s * eps.to(x0.device), sigma.to(x0.device)
 
 
 @torch.no_grad()
