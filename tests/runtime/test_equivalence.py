@@ -191,3 +191,25 @@ def test_grpo_guard_gap_tsp_matches_single_device(ray_cluster, local_run, tmp_pa
     assert ours[0]["ratio_mean"] == 1.0
     a, b = _weights(ref), _weights(local_run)
     assert any(not torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-5) for k in a), "grpo-guard trained like grpo"
+
+
+@pytest.mark.parametrize("mode,extra", [
+    # DiffusionNFT on ODE rollouts, every sample its own noise levels; trainers generate too (TAG)
+    ("gap+tsp+tag", ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]),
+    # DanceGRPO's per-sample fraction window
+    ("gap+tsp", ["sampling.sde=dance-sde", "sampling.window=fraction", "sampling.window_draw=sample"]),
+])
+def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mode, extra):
+    """Train units name slots; each row maps them to its own steps (or NFT noise levels).
+    Spread over 2 trainers one slot per unit, the run ends at the single-device weights."""
+    ref = tmp_path / "local"
+    Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
+    run = tmp_path / "ray"
+    RayTrainer(load_config(None, tiny(run, mode, *ON_POLICY[mode], *extra)), progress=False).train()
+    _assert_same_weights(run, ref)
+    ours = [r for r in read_metrics(run) if r["step"] > 0]
+    theirs = [r for r in read_metrics(ref) if r["step"] > 0]
+    for a, b in zip(ours, theirs):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
+        for k in ("loss/policy", "train/grad_norm"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4), k
