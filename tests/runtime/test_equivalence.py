@@ -213,3 +213,29 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
         for k in ("loss/policy", "train/grad_norm"):
             assert a[k] == pytest.approx(b[k], rel=1e-4), k
+
+
+NFT = ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(ON_POLICY))
+@pytest.mark.parametrize("loss", ["nft", "grpo-guard"])
+def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp_path, mode, loss):
+    """Slow tier (`pytest -m slow tests/runtime/test_equivalence.py`): the matrix of objectives
+    x on-policy modes; the default tier runs one mode of each."""
+    extra = NFT if loss == "nft" else ["train.loss=grpo-guard"]
+    ref = tmp_path / "local"
+    Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
+    run = tmp_path / "ray"
+    RayTrainer(load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode], *extra)), progress=False).train()
+    _assert_same_weights(run, ref)
+
+
+@pytest.mark.slow
+def test_nft_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path):
+    run = tmp_path / "digenrl"
+    rt = RayTrainer(load_config(None, tiny(run, "digenrl", *NFT, steps=4)), progress=False, evaluate=False)
+    rt.train()
+    assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
+    assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")
