@@ -23,6 +23,8 @@ REWARD_NAMES = (
     "aesthetic",
     "hpsv2",
     "ocr",
+    "hpsv3",
+    "imagereward",
     "remote",
     "vlm-judge",
 )

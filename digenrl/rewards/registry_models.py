@@ -4,6 +4,8 @@
     reward.paths.pickscore="path=/models/PickScore_v1&processor_path=/models/clip-h"
     reward.paths.aesthetic="clip_path=/models/clip-l&head_path=/models/aesthetic.safetensors"
     reward.paths.hpsv2=/models/HPS_v2.1_compressed.pt
+    reward.paths.hpsv3=/models/HPSv3.safetensors                    needs digenrl[hpsv3]
+    reward.paths.imagereward=/models/ImageReward/ImageReward.pt     needs digenrl[imagereward]
     reward.paths.remote=http://10.0.0.5:8000#pickscore               served by `digenrl reward-server`
     reward.paths.vlm-judge="url=http://10.0.0.5:8000&model=Qwen/Qwen2.5-VL-7B-Instruct&style=yes-no"
 
@@ -22,6 +24,8 @@ _FIRST_ARGUMENT = {
     "pickscore": "path",
     "clip-score": "path",
     "hpsv2": "checkpoint_path",
+    "hpsv3": "checkpoint_path",
+    "imagereward": "checkpoint_path",
 }
 _NO_DEVICE = ("ocr", "vlm-judge")  # OCR picks its own; a judge's device is its server's
 

@@ -19,6 +19,8 @@ ALIASES = {
     "aesthetic": "digenrl.rewards.clip_models:AestheticScore",
     "hpsv2": "digenrl.rewards.clip_models:HPSv2Score",
     "ocr": "digenrl.rewards.clip_models:OCRScore",
+    "hpsv3": "digenrl.rewards.preference_models:HPSv3Score",
+    "imagereward": "digenrl.rewards.preference_models:ImageRewardScore",
     "vlm-judge": "digenrl.rewards.vlm_judge:VLMJudge",
 }
 
