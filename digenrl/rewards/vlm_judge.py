@@ -129,7 +129,8 @@ class JudgeConfig:
         parts = urlsplit(self.url)
         _require(parts.scheme in ("http", "https") and bool(parts.hostname) and parts.path in ("", "/"), "url",
                  f"{self.url!r} is not http(s)://host:port (without /v1)")
-        _require(_is_int(self.max_concurrency) and self.max_concurrency >= 1, "max_concurrency", "must be an integer >= 1")
+        _require(_is_int(self.max_concurrency) and self.max_concurrency >= 1, "max_concurrency",
+                 "must be an integer >= 1")
         _require(_is_number(self.timeout_s) and self.timeout_s > 0, "timeout_s", "must be > 0")
         _require(_is_int(self.retries) and self.retries >= 0, "retries", "must be an integer >= 0")
         _require(_is_number(self.backoff) and self.backoff >= 0, "backoff", "must be >= 0")
@@ -213,12 +214,13 @@ def yes_probability(choice: dict) -> float:
     try:
         first = choice["logprobs"]["content"][0]
         candidates = list(first.get("top_logprobs") or []) + [first]  # the sampled token too
-    except (KeyError, IndexError, TypeError):
-        raise MalformedAnswerError(f"the answer has no logprobs for its first token: {_quote(json.dumps(choice))}") from None
+    except (KeyError, IndexError, TypeError, AttributeError):
+        quoted = _quote(json.dumps(choice))
+        raise MalformedAnswerError(f"the answer has no logprobs for its first token: {quoted}") from None
     p = {"yes": 0.0, "no": 0.0}
     seen = set()
     for c in candidates:
-        token, logprob = c.get("token"), c.get("logprob")
+        token, logprob = (c.get("token"), c.get("logprob")) if isinstance(c, dict) else (None, None)
         if not isinstance(token, str) or not _is_number(logprob) or token in seen:
             continue
         seen.add(token)
@@ -226,7 +228,7 @@ def yes_probability(choice: dict) -> float:
         if word in p:
             p[word] += math.exp(logprob)
     if p["yes"] + p["no"] == 0.0:
-        tokens = [c.get("token") for c in candidates]
+        tokens = [c.get("token") for c in candidates if isinstance(c, dict)]
         raise MalformedAnswerError(f"no yes/no token among the first token's top logprobs {tokens!r}")
     return p["yes"] / (p["yes"] + p["no"])
 
@@ -305,7 +307,8 @@ class VLMJudge:
         if unreachable:
             raise VLMJudgeError(f"VLM judge server at {self.url} is not reachable after {attempts} ({last}); "
                                 "is it running? (e.g. vllm serve Qwen/Qwen2.5-VL-7B-Instruct --port 8000)")
-        raise VLMJudgeError(f"VLM judge at {self.url} failed {method} {path} after {attempts}; last error: {last}", status)
+        raise VLMJudgeError(f"VLM judge at {self.url} failed {method} {path} after {attempts}; last error: {last}",
+                            status)
 
     def check(self) -> list[str]:
         """The served model names (GET /v1/models); raises VLMJudgeError unless `model` is among them."""

@@ -137,7 +137,8 @@ def test_built_by_name_with_the_model_device(fake_hpsv3, fake_imagereward, tmp_p
 def test_bad_arguments_are_refused_naming_the_key(fake_hpsv3, fake_imagereward, tmp_path):
     for name in ("hpsv3", "imagereward"):  # at config load, before any model
         with pytest.raises(ConfigError, match=f"reward.paths.{name}: unknown key.*batchsize"):
-            load_config(None, [f"reward.weights={{{name}: 1.0}}", f"reward.paths.{name}=checkpoint_path=/m&batchsize=2"])
+            load_config(None, [f"reward.weights={{{name}: 1.0}}",
+                               f"reward.paths.{name}=checkpoint_path=/m&batchsize=2"])
     with pytest.raises(ValueError, match="batch_size"):
         HPSv3Score("/m.safetensors", batch_size=0)
     with pytest.raises(ValueError, match="sample_frames"):

@@ -29,7 +29,7 @@ from PIL import Image
 
 from digenrl.config import ConfigError, load_config
 from digenrl.rewards import build_reward
-from digenrl.rewards.vlm_judge import MalformedAnswerError, VLMJudge, VLMJudgeError, text_score
+from digenrl.rewards.vlm_judge import MalformedAnswerError, VLMJudge, VLMJudgeError, text_score, yes_probability
 
 MODEL = "test-vlm"
 
@@ -210,7 +210,8 @@ def test_question_template_and_jpeg_images(server):
     assert text in ("Q: is it a bright sky? {yes/no}", "Q: is it a dark sea? {yes/no}")
     assert server.bodies[0]["messages"][0]["content"][0]["image_url"]["url"].startswith("data:image/jpeg;base64,")
     assert server.bodies[0]["top_logprobs"] == 5
-    assert torch.allclose(scores, expected([0.3, 0.6], ["a bright sky", "a dark sea"]), atol=0.01)  # jpeg: ~lossless on flat
+    # jpeg is near lossless on a flat image
+    assert torch.allclose(scores, expected([0.3, 0.6], ["a bright sky", "a dark sea"]), atol=0.01)
 
 
 def test_text_score_parsing():
@@ -381,3 +382,12 @@ def test_each_bad_value_is_refused_at_config_naming_its_key(value, key):
     with pytest.raises(ConfigError) as e:
         load_config(None, ["reward.weights={vlm-judge: 1.0}", f"reward.paths.vlm-judge={value}"])
     assert "reward.paths.vlm-judge" in str(e.value) and key in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("choice", [
+    {}, {"logprobs": None}, {"logprobs": {"content": []}}, {"logprobs": {"content": ["Yes"]}},
+    {"logprobs": {"content": [{"top_logprobs": [3]}]}},
+])
+def test_yes_probability_of_answers_without_usable_logprobs_is_a_malformed_answer(choice):
+    with pytest.raises(MalformedAnswerError):
+        yes_probability(choice)
