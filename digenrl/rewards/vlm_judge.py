@@ -156,7 +156,7 @@ class JudgeConfig:
                      "score_min", f"must be a number below score_max, got {self.score_min!r} and {self.score_max!r}")
         if self.question is None:
             self.question = YES_NO_QUESTION if self.style == "yes-no" else (
-                SCORE_QUESTION.replace("{marker}", self.score_marker)
+                SCORE_QUESTION.replace("{marker}", self.score_marker.replace("{", "{{").replace("}", "}}"))
                 .replace("{lo}", f"{self.score_min:g}").replace("{hi}", f"{self.score_max:g}"))
         self.question = str(self.question)
         _require("{prompt}" in self.question, "question", "must contain {prompt}, where the prompt goes")

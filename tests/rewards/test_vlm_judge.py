@@ -391,3 +391,10 @@ def test_each_bad_value_is_refused_at_config_naming_its_key(value, key):
 def test_yes_probability_of_answers_without_usable_logprobs_is_a_malformed_answer(choice):
     with pytest.raises(MalformedAnswerError):
         yes_probability(choice)
+
+
+def test_the_default_score_question_names_the_marker_and_the_range():
+    from digenrl.rewards.vlm_judge import JudgeConfig
+
+    cfg = JudgeConfig(url="http://h:1", model="m", style="score", score_marker="{S}:", score_min=0, score_max=10)
+    assert "'{S}: <score>', a score from 0 (poor) to 10 (excellent)" in cfg.question.format(prompt="a cat")
