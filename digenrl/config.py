@@ -183,6 +183,7 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         from digenrl.rewards import REWARD_NAMES
+        from digenrl.rewards.registry_models import check_args as check_reward_args
 
         _check(bool(self.weights), "reward.weights", "name at least one reward")
         for name in self.weights:
@@ -192,6 +193,12 @@ class RewardConfig:
             _check(url.startswith(("http://", "https://")) and bool(served), "reward.paths.remote",
                    f"{self.paths['remote']!r} is not <http(s)://host:port>#<served reward name>, "
                    "e.g. http://10.0.0.5:8000#pickscore")
+        for name in self.weights:  # keys a model reward does not take fail here, not on a worker
+            if name in self.paths:
+                try:
+                    check_reward_args(name, self.paths[name])
+                except ValueError as e:
+                    raise ConfigError(f"reward.paths.{name}: {e}") from None
         _one_of(self.combine, "reward.combine", COMBINE_KINDS)
         _one_of(self.adv_std, "reward.adv_std", STD_KINDS)
         _check(self.threads >= 1, "reward.threads", "must be >= 1")
@@ -478,7 +485,8 @@ class Config:
         for name in self.reward.weights:
             _check(name in BUILTIN_REWARDS or name in self.reward.paths, f"reward.paths.{name}",
                    f"reward {name!r} loads a model: set reward.paths.{name}=<local model folder>"
-                   + (" (remote: <url>#<served reward name>)" if name == "remote" else ""))
+                   + (" (remote: <url>#<served reward name>)" if name == "remote" else "")
+                   + (" (vlm-judge: url=http://host:port&model=<served model>)" if name == "vlm-judge" else ""))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

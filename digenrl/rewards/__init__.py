@@ -23,7 +23,10 @@ REWARD_NAMES = (
     "aesthetic",
     "hpsv2",
     "ocr",
+    "hpsv3",
+    "imagereward",
     "remote",
+    "vlm-judge",
 )
 
 # computed by program, on CPU: no reward.paths entry, no model to load
@@ -33,7 +36,7 @@ RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
 
 
 def build_reward(name: str, paths: Mapping[str, str], device: str = "cpu") -> RewardFn:
-    """A reward by name; model rewards need `paths[name]` (a local folder or, for remote, a URL)."""
+    """A reward by name; model rewards need `paths[name]` (a local folder; for remote and vlm-judge, a server)."""
     if name not in REWARD_NAMES:
         raise ValueError(f"reward {name!r} unknown; choose one of: {', '.join(REWARD_NAMES)}")
     from digenrl.rewards import toy

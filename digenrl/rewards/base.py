@@ -88,3 +88,15 @@ def score_media(
     frames, frame_prompts, k = frames_to_images(images, prompts, sample_frames)
     per_frame = score_images(frames, frame_prompts).float().cpu()  # (B * K,)
     return per_frame.view(images.shape[0], k).mean(dim=1)
+
+
+def to_pil_images(images: torch.Tensor) -> list:
+    """(N, 3, H, W) float in [0, 1] -> N RGB PIL images, each pixel round(255 x).
+
+    For rewards whose packages take PIL images (ImageReward, HPSv3) or encoded files (a VLM judge).
+    """
+    from PIL import Image
+
+    arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)  # (N, 3, H, W)
+    arrays = arrays.permute(0, 2, 3, 1).cpu().numpy()  # (N, H, W, 3), what PIL reads
+    return [Image.fromarray(a) for a in arrays]  # uint8 (H, W, 3) reads as RGB

@@ -19,7 +19,31 @@ ALIASES = {
     "aesthetic": "digenrl.rewards.clip_models:AestheticScore",
     "hpsv2": "digenrl.rewards.clip_models:HPSv2Score",
     "ocr": "digenrl.rewards.clip_models:OCRScore",
+    "hpsv3": "digenrl.rewards.preference_models:HPSv3Score",
+    "imagereward": "digenrl.rewards.preference_models:ImageRewardScore",
+    "vlm-judge": "digenrl.rewards.vlm_judge:VLMJudge",
 }
+
+
+def parse_kwargs(query: str) -> dict:
+    """`key=value&key=value` -> kwargs; values parse as JSON when they can (numbers, true, null),
+    else stay strings. Percent-escapes are decoded (`%26` is a literal `&`, `+` a space)."""
+    kwargs = {}
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+def resolve_factory(target: str):
+    """The callable a spec target names: an ALIASES key or `module.path:Factory`."""
+    target = ALIASES.get(target, target)
+    if ":" not in target:
+        raise ValueError(f"unknown reward {target!r}: use one of {sorted(ALIASES)} or 'module.path:Factory'")
+    module, attr = target.split(":", 1)
+    return getattr(importlib.import_module(module), attr)
 
 
 def resolve_reward(spec: str | Reward) -> Reward:
@@ -33,18 +57,7 @@ def resolve_reward(spec: str | Reward) -> Reward:
         reward = spec
     else:
         target, _, query = spec.partition("?")
-        target = ALIASES.get(target, target)
-        if ":" not in target:
-            raise ValueError(f"unknown reward {target!r}: use one of {sorted(ALIASES)} or 'module.path:Factory'")
-        module, attr = target.split(":", 1)
-        factory = getattr(importlib.import_module(module), attr)
-        kwargs = {}
-        for key, value in parse_qsl(query, keep_blank_values=True):
-            try:
-                kwargs[key] = json.loads(value)
-            except json.JSONDecodeError:
-                kwargs[key] = value
-        reward = factory(**kwargs)
+        reward = resolve_factory(target)(**parse_kwargs(query))
     if not callable(reward) or not isinstance(getattr(reward, "name", None), str):
         raise TypeError(f"{spec!r} did not give a Reward (a callable with a str `name`)")
     return reward

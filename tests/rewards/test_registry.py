@@ -28,3 +28,13 @@ def test_missing_path_and_unknown_name_are_named():
         build_reward("remote", {"remote": "http://127.0.0.1:1"})
     with pytest.raises(ConfigError, match="reward.weights.pick"):
         load_config(None, ["reward.weights={pick: 1.0}"])
+
+
+def test_keys_a_reward_does_not_take_are_refused_when_the_config_loads():
+    # before: a TypeError when a worker built the reward; now the config names the key
+    with pytest.raises(ConfigError, match="reward.paths.pickscore: unknown key.*procesor_path"):
+        load_config(None, ["reward.weights={pickscore: 1.0}", "reward.paths.pickscore=path=/m&procesor_path=/p"])
+    with pytest.raises(ConfigError, match="reward.paths.aesthetic: unknown key.*head"):
+        load_config(None, ["reward.weights={aesthetic: 1.0}", "reward.paths.aesthetic=clip_path=/c&head=/h"])
+    cfg = load_config(None, ["reward.weights={pickscore: 1.0}", "reward.paths.pickscore=path=/m&processor_path=/p"])
+    assert cfg.reward.paths["pickscore"] == "path=/m&processor_path=/p"
