@@ -47,8 +47,8 @@ def resolve(spec: str, *, held_out: bool) -> tuple[PromptSet, str]:
     if split is None:
         split = "test" if held_out else "train"
         if split not in s.splits:
-            raise PromptSetError(f"{name} has no {split} split ({s.note or 'splits: ' + ', '.join(s.splits)}); "
-                                 f"to use its {', '.join(s.splits)} split say {name}:{next(iter(s.splits))}")
+            raise PromptSetError(f"{name} has no {split} split" + (f" ({s.note})" if s.note else "")
+                                 + f"; to use its {'/'.join(s.splits)} split say {name}:{next(iter(s.splits))}")
     elif split not in s.splits:
         raise PromptSetError(f"{spec!r}: {name} has no split {split!r}; splits: {', '.join(s.splits)}"
                              + ("" if split in SPLITS else f" (the form is NAME:SPLIT, SPLIT one of {', '.join(SPLITS)})"))

@@ -125,7 +125,7 @@ PROMPT_SETS: dict[str, PromptSet] = {
             citation=(FLOW_GRPO_CITATION, "Saharia et al., Photorealistic Text-to-Image Diffusion Models with "
                                           "Deep Language Understanding (Imagen), arXiv:2205.11487 (2022)"),
             # flow_grpo's drawbench/train.txt is one prompt, a placeholder: not registered
-            note="a benchmark: no train split; train on it only by saying so (drawbench:test)",
+            note="a benchmark; flow_grpo's drawbench/train.txt is a one-line placeholder",
         ),
     ]
 }
