@@ -4,6 +4,7 @@
                   (key=value overrides may go anywhere among the options)
     digenrl pretrain-toy [--steps N] [--out FILE]
     digenrl reward-server SPEC [--host H] [--port P]
+    digenrl prompts list | fetch NAME [--split train|test]   (named prompt sets: data.prompts=NAME)
     digenrl simulate --testbed FILE|PRESET      (each takes --help)
     digenrl plan --testbed FILE|PRESET --gpus N
     digenrl bench --real | --emulated --testbed X
@@ -111,6 +112,33 @@ def _reward_server(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prompts_list(args: argparse.Namespace) -> int:
+    from digenrl.prompt_sets import PROMPT_SETS, cache_path
+
+    for s in PROMPT_SETS.values():
+        print(f"{s.name}: {s.description}")
+        for split in s.splits:
+            state = "cached" if cache_path(s, split).exists() else "not fetched"
+            print(f"  {s.name}:{split:<5}  {state:<11}  {cache_path(s, split)}")
+        print(f"  source:  {s.source}\n  license: {s.license}; prompts: {s.upstream_license}")
+        if s.note:
+            print(f"  note:    {s.note}")
+    return 0
+
+
+def _prompts_fetch(args: argparse.Namespace) -> int:
+    from digenrl.prompt_sets import PromptSetError, fetch
+
+    try:
+        paths = fetch(args.name, args.split, progress=True)
+    except PromptSetError as e:
+        print(f"digenrl prompts fetch: {e}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"{path}  (digests match the registry)")
+    return 0
+
+
 TRAIN_HELP = "RL post-training (GRPO) of a flow-matching generator"
 
 
@@ -157,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-request-mb", type=float, default=256.0)
     r.add_argument("--timeout-s", type=float, default=120.0)
     r.set_defaults(func=_reward_server)
+
+    ps = sub.add_parser("prompts", help="named prompt sets (pickscore, ocr, geneval, drawbench): list, fetch")
+    pss = ps.add_subparsers(dest="prompts_command", required=True)
+    pss.add_parser("list", help="the sets, their splits, cache paths, sources and licenses"
+                   ).set_defaults(func=_prompts_list)
+    pf = pss.add_parser("fetch", help="download a set into the cache ($DIGENRL_CACHE) and check its digests")
+    pf.add_argument("name", help="a set name, see 'digenrl prompts list'")
+    pf.add_argument("--split", choices=("train", "test"), help="one split (default: every split the set has)")
+    pf.set_defaults(func=_prompts_fetch)
 
     for name, _, _, text in DELEGATED:  # listed for --help; main() hands them their argv
         sub.add_parser(name, help=text)

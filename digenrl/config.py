@@ -23,6 +23,7 @@ from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES
 from digenrl.models.diffusers_adapters.sigmas import SIGMA_GRIDS
+from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
@@ -142,8 +143,12 @@ class SamplingConfig:
 
 @dataclass
 class DataConfig:
-    prompts: str = "toy"  # "toy" or a text file, one prompt per line
-    eval_prompts: str = "toy-held-out"  # "toy-held-out" or a text file
+    # "toy", a named set ("pickscore" = its train split, "pickscore:test"; digenrl/prompt_sets:
+    # pickscore, ocr, geneval, drawbench) or a text file, one prompt per line
+    prompts: str = "toy"
+    # the held-out prompts, the same forms (a bare set name = its test split); "auto": toy ->
+    # toy-held-out, a named set -> that set's test split, a file -> toy-held-out
+    eval_prompts: str = "auto"
     groups_per_step: int = 8  # prompts per RL step
     group_size: int = 4  # samples per prompt (the GRPO group)
     micro_batch_groups: int = 2  # whole groups per generation / training micro-batch
@@ -170,6 +175,21 @@ class DataConfig:
         _check(0 <= self.micro_batch_samples <= self.groups_per_step * self.group_size,
                "data.micro_batch_samples",
                f"must be in [0, samples per step={self.groups_per_step * self.group_size}] (0 = whole groups)")
+        # a named set's name and split are checked here, before any file is read; files (and
+        # whether a set is fetched) are checked by digenrl/preflight.py
+        for key, spec, held_out in (("data.prompts", self.prompts, False),
+                                    ("data.eval_prompts", self.eval_prompts, True)):
+            try:
+                check_spec(spec, held_out=held_out)
+            except PromptSetError as e:
+                raise ConfigError(f"{key}: {e}") from None
+
+    def held_out_prompts(self) -> str:
+        """What data.eval_prompts reads, with "auto" resolved against data.prompts."""
+        if self.eval_prompts != "auto":
+            return self.eval_prompts
+        parsed = parse_spec(self.prompts)
+        return f"{parsed[0]}:test" if parsed is not None else "toy-held-out"
 
 
 @dataclass

@@ -12,16 +12,23 @@ from pathlib import Path
 from digenrl.math import rng
 
 
-def load_prompts(spec: str, *, held_out: bool = False) -> list[str]:
-    """'toy' / 'toy-held-out' (the toy world's split) or a text file, one prompt per line."""
+def load_prompts(spec: str, *, held_out: bool = False, progress: bool = False) -> list[str]:
+    """The prompts `spec` names: 'toy' / 'toy-held-out' (the toy world's split), a named set
+    ('pickscore', 'pickscore:test', ...; digenrl/prompt_sets; a bare name means the test split
+    when `held_out`, else the train split) or a text file, one prompt per line."""
     if spec in ("toy", "toy-held-out"):
         from digenrl.toy.world import split_prompts
 
         train, held = split_prompts()
         return [p.text for p in (held if spec == "toy-held-out" else train)]
+    from digenrl.prompt_sets import PROMPT_SETS, load_set, parse_spec
+
+    if parse_spec(spec) is not None:
+        return load_set(spec, held_out=held_out, progress=progress)
     path = Path(spec)
     if not path.exists():
-        raise ValueError(f"prompt file {spec!r} not found (or use 'toy' / 'toy-held-out')")
+        raise ValueError(f"prompt file {spec!r} not found (or use 'toy' / 'toy-held-out', or a named set: "
+                         f"{', '.join(PROMPT_SETS)}, NAME:SPLIT for a split)")
     prompts = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
     if not prompts:
         raise ValueError(f"prompt file {spec!r} has no prompts")

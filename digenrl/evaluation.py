@@ -28,7 +28,7 @@ EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation
 class Evaluator:
     def __init__(self, cfg: Config, policy, rewarder):
         self.cfg, self.policy, self.rewarder = cfg, policy, rewarder
-        self.prompts = load_prompts(cfg.data.eval_prompts)[: cfg.data.eval_max_prompts]
+        self.prompts = load_prompts(cfg.data.held_out_prompts(), held_out=True)[: cfg.data.eval_max_prompts]
         self.run_dir = Path(cfg.run.run_dir)
         self.last_rewards: Optional[torch.Tensor] = None  # per sample, prompt order: paired comparisons
 

@@ -6,7 +6,8 @@
 `Config` validation is pure (a recipe validates on a laptop whose disk has none of its
 files: tests/test_recipes.py); this is the second stage, run by `digenrl train`, that
 looks at the files the run is about to read: model.path, model.prompt_cache (when no text
-encoder is loaded), data.prompts, data.eval_prompts, reward.paths and runtime.testbed.
+encoder is loaded), data.prompts, data.eval_prompts (a named prompt set is fetched here, once,
+into the cache), reward.paths and runtime.testbed.
 
 Model and reward files are read by the Ray workers. When the run joins an existing
 cluster (runtime.address or $RAY_ADDRESS) they may live on disks this machine does not
@@ -84,12 +85,15 @@ def _check_tiny_dit(path: str | None) -> None:
 
 
 def _check_prompts(cfg: Config) -> None:
+    """Both prompt lists load: files exist and have prompts; a named set is fetched (or found in
+    the cache) and has the recorded digests."""
     from digenrl.data import load_prompts
 
     problems = []
-    for key in ("prompts", "eval_prompts"):
+    for key, spec, held_out in (("prompts", cfg.data.prompts, False),
+                                ("eval_prompts", cfg.data.held_out_prompts(), True)):
         try:
-            load_prompts(getattr(cfg.data, key))
+            load_prompts(spec, held_out=held_out, progress=True)
         except (ValueError, OSError) as e:
             problems.append(f"data.{key}: {e}")
     if problems:
