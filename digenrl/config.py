@@ -241,17 +241,10 @@ class TrainConfig:
     # grpo: Flow-GRPO's clipped ratio; grpo-guard: GRPO-Guard's RatioNorm + 1/dt reweighting
     # (arXiv 2510.22319, digenrl.math.loss.grpo_guard_loss)
     loss: str = "grpo"
-    # nft only: DiffusionNFT's guidance strength beta (v+ = beta v + (1 - beta) v_old); the
-    # advantage clip of its optimality probability is reward.adv_clip
-    nft_beta: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.loss, "train.loss", LOSS_KINDS)
-        _check(self.nft_beta > 0, "train.nft_beta", "must be > 0")
-        _check(self.loss == "nft" or self.nft_beta == 1.0, "train.nft_beta",
-               f"is DiffusionNFT's guidance strength; train.loss={self.loss} has none: set train.loss=nft "
-               "or leave train.nft_beta at 1.0")
         _check(self.loss != "nft" or self.clip_range == 1e-4, "train.clip_range",
                "DiffusionNFT has no ratio to clip: leave train.clip_range at its default 1e-4 with train.loss=nft")
         _check(self.lr > 0, "train.lr", "must be > 0")

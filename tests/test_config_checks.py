@@ -118,15 +118,13 @@ def test_train_loss_reaches_the_learner_or_is_refused():
 
 
 def test_nft_keys_reach_the_learner_or_are_refused():
-    """train.loss=nft, train.nft_beta, reward.adv_clip (NFT's clip) and sampling.sde=ode act
+    """train.loss=nft, reward.adv_clip (NFT's clip) and sampling.sde=ode act
     (tests/learner/test_nft_learner.py); where they cannot act they are refused."""
     from digenrl.trainer import learner_config
 
-    cfg = load_config(None, ["train.loss=nft", "train.nft_beta=0.1", "reward.adv_clip=3", "sampling.sde=ode"])
+    cfg = load_config(None, ["train.loss=nft", "reward.adv_clip=3", "sampling.sde=ode"])
     lc = learner_config(cfg)
-    assert (lc.loss, lc.nft_beta, lc.adv_clip) == ("nft", 0.1, 3.0)
-    _refused(["train.nft_beta=0.5"], "train.nft_beta", "train.loss=grpo")
-    _refused(["train.loss=nft", "train.nft_beta=0"], "train.nft_beta", "> 0")
+    assert (lc.loss, lc.adv_clip) == ("nft", 3.0)
     _refused(["train.loss=nft", "train.clip_range=0.01"], "train.clip_range", "no ratio")
     _refused(["sampling.sde=ode"], "sampling.sde", "no log-probs")
     _refused(["train.loss=grpo-guard", "sampling.sde=ode"], "sampling.sde", "no log-probs")

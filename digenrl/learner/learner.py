@@ -45,16 +45,14 @@ class LearnerConfig:
     # grpo | grpo-guard (RatioNorm + 1/dt reweighting, math.loss.grpo_guard_loss); guard
     # needs a Gaussian log-prob: flow-sde or dance-sde, not cps
     loss: str = "grpo"
-    # nft: DiffusionNFT's guidance strength beta and the advantage clip c of its optimality
-    # probability r = 1/2 + clip(A, -c, c) / (2c) (math.loss.nft_loss)
-    nft_beta: float = 1.0
+    # nft: the advantage clip c of DiffusionNFT's optimality probability r = 1/2 + clip(A, -c, c) / (2c)
     adv_clip: float = 5.0
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
             raise ValueError(f"loss {self.loss!r} unknown; allowed: {', '.join(LOSS_KINDS)}")
-        if self.nft_beta <= 0 or self.adv_clip <= 0:
-            raise ValueError(f"nft_beta ({self.nft_beta}) and adv_clip ({self.adv_clip}) must be > 0")
+        if self.adv_clip <= 0:
+            raise ValueError(f"adv_clip must be > 0, got {self.adv_clip}")
 
 
 class Learner:
@@ -230,7 +228,8 @@ class Learner:
         """DiffusionNFT on trained slot t of `rows`: the clean samples x0 = latents[:, T] noised
         along the forward process (`forward_targets`). The old policy is the one at the start
         of this RL step, which is these very weights (one optimizer step per RL step): v_old
-        is v detached, from the same forward."""
+        is v detached, from the same forward. Then the gradient does not depend on the
+        authors' guidance strength beta (math.loss.nft_loss): beta = 1, and no key sets it."""
         device = self.params[0].device
         x0 = traj.latents[rows, spec.num_steps].to(device)
         x_t, sigma = forward_targets(x0, spec, traj.coords[rows], t)
@@ -238,7 +237,7 @@ class Learner:
         v_ref = None
         if self.config.beta > 0:
             v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
-        loss, m = nft_loss(v, v.detach(), x_t, x0, sigma, adv[rows], beta=self.config.nft_beta,
+        loss, m = nft_loss(v, v.detach(), x_t, x0, sigma, adv[rows], beta=1.0,
                            adv_clip=self.config.adv_clip, v_ref=v_ref, kl_beta=self.config.beta)
         return loss, m, x0.shape[0]
 

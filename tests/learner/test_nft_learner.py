@@ -63,14 +63,14 @@ def test_nft_unit_is_the_formula_on_the_clean_sample():
     # with v_old = the same weights' velocity (the policy at the start of the step)
     policy = _policy()
     traj = _batch(policy, ODE, [2.0, -0.5])
-    learner = Learner(policy, LearnerConfig(loss="nft", nft_beta=0.3, adv_clip=4.0))
+    learner = Learner(policy, LearnerConfig(loss="nft", adv_clip=4.0))
     learner.accumulate(traj, [2], ODE, total_samples=2, total_steps=1)
     got = _grads(learner)
     learner.optimizer.zero_grad(set_to_none=True)
     x0 = traj.latents[:, ODE.num_steps]
     x_t, sigma = forward_targets(x0, ODE, traj.coords, 2)
     v = policy.velocity(x_t, sigma, traj.cond)
-    loss, _ = nft_loss(v, v.detach(), x_t, x0, sigma, traj.advantages, beta=0.3, adv_clip=4.0)
+    loss, _ = nft_loss(v, v.detach(), x_t, x0, sigma, traj.advantages, beta=1.0, adv_clip=4.0)
     loss.backward()
     torch.testing.assert_close(got, _grads(learner), rtol=1e-5, atol=1e-8)
 
