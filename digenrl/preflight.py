@@ -6,7 +6,8 @@
 `Config` validation is pure (a recipe validates on a laptop whose disk has none of its
 files: tests/test_recipes.py); this is the second stage, run by `digenrl train`, that
 looks at the files the run is about to read: model.path, model.prompt_cache (when no text
-encoder is loaded), data.prompts, data.eval_prompts, reward.paths and runtime.testbed.
+encoder is loaded), data.prompts, data.eval_prompts, reward.paths and runtime.testbed; and
+that the packages run.loggers needs are installed (wandb is an optional extra).
 
 Model and reward files are read by the Ray workers. When the run joins an existing
 cluster (runtime.address or $RAY_ADDRESS) they may live on disks this machine does not
@@ -41,6 +42,7 @@ def check_inputs(cfg: Config) -> None:
         checks = [_check_model, *checks, _check_reward_paths]
     if cfg.runtime.compute == "emulated" and cfg.run.mode != "local":  # no model, prompt or reward is read
         checks = [lambda c: _check_testbed(c.runtime.testbed)]
+    checks.append(_check_loggers)
     problems = []
     for check in checks:  # a recipe's placeholders all show at once, not one per attempt
         try:
@@ -115,6 +117,13 @@ def _check_reward_paths(cfg: Config) -> None:
                                             "a local model folder or file; nothing is downloaded")))
     if missing:
         raise ConfigError("\n  ".join(missing))
+
+
+def _check_loggers(cfg: Config) -> None:
+    if "wandb" in cfg.run.loggers:  # the package is an optional extra
+        from digenrl.loggers import require_wandb
+
+        require_wandb()
 
 
 def _check_testbed(testbed: str) -> None:
