@@ -59,7 +59,7 @@ def save_prompt_grid(x: torch.Tensor, prompts: list[str], k: int, path: Path) ->
     probe = ImageDraw.Draw(Image.new("RGB", (1, 1)))
     label_w = max(probe.textlength(text, font=font) for text in labels) + 8 if labels else 0
     pad = 2
-    canvas = Image.new("RGB", (int(label_w) + k * (cw + pad), len(prompts) * (ch + pad)), "white")
+    canvas = Image.new("RGB", (int(label_w) + k * (cw + pad) - pad, len(prompts) * (ch + pad) - pad), "white")
     draw = ImageDraw.Draw(canvas)
     for i, text in enumerate(labels):
         top = i * (ch + pad)
