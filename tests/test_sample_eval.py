@@ -210,3 +210,16 @@ def test_videos_become_animated_gifs_and_grid_shows_first_frames(tmp_path):
     with Image.open(grid) as g:
         right = g.convert("RGB").getpixel((g.width - 1, 0))[0]  # last cell: video 1, frame 0
     assert right == round(3 / 6 * 255)
+
+
+def test_ema_flag_loads_the_ema_weights(run, tmp_path):
+    from safetensors.torch import save_file
+
+    copy = tmp_path / "run"
+    shutil.copytree(run.dir, copy)
+    final = load_file(str(copy / "final" / "policy.safetensors"))
+    ema = {k: v * 0.5 for k, v in final.items()}  # stands in for a run with train.ema_decay > 0
+    save_file(ema, str(copy / "final" / "ema.safetensors"))
+    inputs = Inputs(_args(run, run_dir=str(copy), ema=True), "final")
+    live = trainable_state_dict(load_policy(inputs.cfg, inputs.snap, ema=True, progress=False).module)
+    assert all(torch.equal(live[k], ema[k]) for k in ema)
