@@ -53,7 +53,7 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
             label = mode if plan is None or mode == "local" else f"{mode} [plan {plan}]"
             c.run.mode, c.train.steps = mode, steps
             c.run.run_dir = str(root / label.replace("+", "_").replace(" [plan ", "-").rstrip("]"))
-            c.run.tensorboard, c.run.checkpoint_every = False, 0
+            c.run.loggers, c.run.checkpoint_every = [], 0  # metrics.jsonl only
             if plan is not None:
                 c.runtime.plan = plan
             summary = {}

@@ -220,6 +220,39 @@ def load_checkpoint(
     return state
 
 
+def load_weights(step_dir: Path, module: torch.nn.Module, *, ema: bool = False) -> None:
+    """Only the trainable weights of a checkpoint (either layout) or of final/, into a plain
+    unsharded `module` in place: no optimizer, no process group (`digenrl sample`/`eval`).
+
+    `ema`: the EMA weights instead of the policy's. `module` must have the run's LoRA
+    adapters (build_policy of the run's model config) when the run trained adapters.
+    """
+    from digenrl.models.lora import load_trainable_state_dict
+
+    step_dir = Path(step_dir)
+    what = "ema" if ema else "policy"
+    if not is_sharded(step_dir):
+        path = step_dir / f"{what}.safetensors"
+        if not path.exists():
+            raise FileNotFoundError(f"{step_dir} has no {path.name}" + (" (was train.ema_decay 0?)" if ema else ""))
+        load_trainable_state_dict(module, load_file(str(path)))
+        return
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    # the tensors DCP saved under `what` (_dcp_state): the module's non-frozen parameters,
+    # plus its buffers for the policy; DCP reads only the names asked for
+    live = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    if what == "policy":
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        live = get_model_state_dict(module, options=_options())
+    tree = {what: {n: t.detach().clone() for n, t in live.items()}}
+    with _quiet_if_alone(None):
+        dcp_load(tree, storage_reader=HuggingFaceStorageReader(str(step_dir / DCP_DIR)), no_dist=True)
+    load_trainable_state_dict(module, tree[what])
+
+
 def is_sharded(step_dir: Path) -> bool:
     return (Path(step_dir) / DCP_DIR).is_dir()
 

@@ -9,6 +9,8 @@
     digenrl plan --testbed FILE|PRESET --gpus N
     digenrl bench --real | --emulated --testbed X
     digenrl profile --model ... | --arch sd3|flux --random
+    digenrl sample --run-dir DIR [--step N|final|--base] --prompts SPEC --out DIR
+    digenrl eval --run-dir DIR [--step N|final] --prompts SPEC [--rewards a,b] --out DIR
 """
 
 from __future__ import annotations
@@ -206,6 +208,8 @@ DELEGATED = [
     ("plan", "digenrl.sim.cli", "plan_main", "choose the rollout/trainer split and knobs for a testbed"),
     ("bench", "digenrl.bench", "bench_main", "run every mode side by side (--real tiny model or --emulated)"),
     ("profile", "digenrl.profile", "profile_main", "measure per-step costs on this machine (calibration JSONL)"),
+    ("sample", "digenrl.posthoc", "sample_main", "images of a run's saved weights (ODE, fixed noise), with a grid"),
+    ("eval", "digenrl.posthoc", "eval_main", "base vs trained weights per reward, paired on the same noise"),
 ]
 
 

@@ -33,6 +33,8 @@ MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no schedule
 SHARD_KINDS = ("none", "fsdp")
 SP_FAMILIES = ("wan", "hunyuan-video")  # adapters with sequence-parallel attention
 RESHARD_KINDS = ("after-forward", "after-step")
+LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
+WANDB_MODES = ("online", "offline", "disabled")
 
 
 class ConfigError(ValueError):
@@ -267,10 +269,19 @@ class RunConfig:
     # torch intra-op threads of the run.mode=local process; 0 = torch's default. Ray modes
     # refuse it: each worker process takes runtime.worker_threads instead.
     threads: int = 0
-    tensorboard: bool = True
+    # where step metrics go besides metrics.jsonl: any of LOGGERS (digenrl/outputs.py,
+    # digenrl/loggers.py); [] = metrics.jsonl only
+    loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
+    # the older switch, kept for configs that set it: false drops tensorboard from
+    # run.loggers, true requires it there; folded into run.loggers at construction (-> None)
+    tensorboard: Optional[bool] = None
+    wandb_project: str = "digenrl"  # wandb only: the project the run is logged under
+    # wandb only: online | offline | disabled; None = wandb's own choice ($WANDB_MODE, else online)
+    wandb_mode: Optional[str] = None
 
     def __post_init__(self) -> None:
         _one_of(self.mode, "run.mode", MODES)
+        self._fold_loggers()
         _check(self.eval_every >= 0, "run.eval_every", "must be >= 0 (0 = only before and after)")
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0 = only at the end)")
         _check(self.keep_checkpoints >= 1, "run.keep_checkpoints", "must be >= 1")
@@ -278,6 +289,27 @@ class RunConfig:
         _check(self.threads == 0 or self.mode == "local", "run.threads",
                f"sets the threads of the run.mode=local process only; with run.mode={self.mode} every "
                "Ray worker takes runtime.worker_threads: use that (and leave run.threads at 0)")
+
+    def _fold_loggers(self) -> None:
+        """Check run.loggers and fold the run.tensorboard alias into it."""
+        for name in self.loggers:
+            _one_of(name, "run.loggers", LOGGERS)
+        _check(len(set(self.loggers)) == len(self.loggers), "run.loggers", f"names a logger twice: {self.loggers}")
+        if self.tensorboard is False:
+            self.loggers = [name for name in self.loggers if name != "tensorboard"]
+        elif self.tensorboard is True:
+            _check("tensorboard" in self.loggers, "run.tensorboard",
+                   f"true contradicts run.loggers={self.loggers}; set run.loggers alone (run.tensorboard is "
+                   "its older alias)")
+        self.tensorboard = None
+        if "wandb" not in self.loggers:
+            _check(self.wandb_project == "digenrl", "run.wandb_project",
+                   "names the wandb project, but run.loggers has no wandb: add it, or leave the key unset")
+            _check(self.wandb_mode is None, "run.wandb_mode",
+                   "sets wandb's mode, but run.loggers has no wandb: add it, or leave the key unset")
+        if self.wandb_mode is not None:
+            _one_of(self.wandb_mode, "run.wandb_mode", WANDB_MODES)
+        _check(bool(self.wandb_project), "run.wandb_project", "must not be empty")
 
 
 COMPUTE = ("real", "emulated")

@@ -2,6 +2,9 @@
 
     Evaluator(cfg, policy, rewarder).evaluate(step)  -> {"eval/reward_mean", "eval/<part>", ...}
 
+`digenrl sample` and `digenrl eval` (digenrl/posthoc.py) sample through it too, on prompts
+of their own, so a run's evaluation and a later one draw the same noise.
+
 The single-device Trainer calls it between steps; the Ray runtime runs it on an actor of
 its own (runtime/workers.py EvalWorker) with a copy of the trainer's weights, so training
 never waits for it. Both write the same sample grid (samples/step_N.png + .json).
@@ -26,15 +29,28 @@ EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation
 
 
 class Evaluator:
-    def __init__(self, cfg: Config, policy, rewarder):
+    """`rewarder` None: sample only (digenrl sample). `prompts`: these instead of
+    data.eval_prompts cut to data.eval_max_prompts (digenrl sample / eval)."""
+
+    def __init__(self, cfg: Config, policy, rewarder, prompts: Optional[list[str]] = None):
         self.cfg, self.policy, self.rewarder = cfg, policy, rewarder
-        self.prompts = load_prompts(cfg.data.held_out_prompts(), held_out=True)[: cfg.data.eval_max_prompts]
+        if prompts is None:
+            prompts = load_prompts(cfg.data.held_out_prompts(), held_out=True)[: cfg.data.eval_max_prompts]
+        self.prompts = prompts
         self.run_dir = Path(cfg.run.run_dir)
         self.last_rewards: Optional[torch.Tensor] = None  # per sample, prompt order: paired comparisons
+        self.last_parts: dict[str, torch.Tensor] = {}  # per reward (and sub-score), per sample
+        self.last_images: Optional[torch.Tensor] = None  # with keep_images: (P * K, 3, H, W) / (P * K, F, 3, H, W)
 
     @torch.no_grad()
-    def evaluate(self, step: int, *, ema=None, save_images: bool = True) -> dict[str, Any]:
-        """Held-out prompts, ODE sampling from fixed noise; with `ema` (learner.EMA) applied."""
+    def evaluate(self, step: int, *, ema=None, save_images: bool = True, keep_images: bool = False,
+                 bar=None) -> dict[str, Any]:
+        """Held-out prompts, ODE sampling from fixed noise; with `ema` (learner.EMA) applied.
+
+        Samples are prompt-major: row i * K + j is sample j of prompt i (K = data.eval_samples),
+        drawn from the noise of coordinates (EVAL_STEP, i, j), so two policies evaluated on the
+        same prompts see the same noise. `bar`: a tqdm bar advanced by samples generated.
+        """
         s, d = self.cfg.sampling, self.cfg.data
         spec = SampleSpec(sigmas=sampling_sigmas(self.cfg.model, s, s.eval_num_steps), sde_steps=(),
                           cfg_scale=s.cfg_scale, seed=self.cfg.run.seed)
@@ -48,17 +64,25 @@ class Evaluator:
             for i in range(0, len(prompts), bs):
                 traj = generate(self.policy, prompts[i : i + bs], coords[i : i + bs], spec, step=EVAL_STEP,
                                 version=step)
-                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
                 images.append(traj.images)
+                if bar is not None:
+                    bar.update(len(traj))
+                if self.rewarder is None:
+                    continue
+                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
                 rewards.append(total)
                 for k, v in p.items():
                     parts.setdefault(k, []).append(v)
         images_t = torch.cat(images)
-        self.last_rewards = torch.cat(rewards)
+        self.last_images = images_t if keep_images else None
+        self.last_rewards = torch.cat(rewards) if rewards else None
+        self.last_parts = {k: torch.cat(v) for k, v in parts.items()}
         if save_images and images_t.ndim == 4:
             out = self.run_dir / "samples" / f"step_{step:06d}.png"
             save_grid(images_t, out, nrow=n * 4)
             out.with_suffix(".json").write_text(json.dumps(prompts))
+        if self.last_rewards is None:
+            return {}
         metrics = {"eval/reward_mean": float(self.last_rewards.mean())}
-        metrics.update({f"eval/{k}": float(torch.cat(v).mean()) for k, v in parts.items()})
+        metrics.update({f"eval/{k}": float(v.mean()) for k, v in self.last_parts.items()})
         return metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
@@ -17,9 +17,11 @@ TIMING_KEYS = ("wall_s", "samples_per_s", "step_s")  # differ between otherwise 
 
 
 class MetricsLog:
-    """Appends one JSON line per optimizer step (and eval), mirrored to TensorBoard."""
+    """Appends one JSON line per optimizer step (and eval), mirrored to TensorBoard and to
+    `sinks`: more loggers, each with log(record) and close() (digenrl/loggers.py)."""
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool, resume_after: Optional[int] = None):
+    def __init__(self, run_dir: Path, *, tensorboard: bool, resume_after: Optional[int] = None,
+                 sinks: Sequence[Any] = ()):
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_after is not None and self.path.exists():
@@ -28,6 +30,7 @@ class MetricsLog:
             self.path.write_text("".join(k + "\n" for k in kept))
         elif resume_after is None and self.path.exists():
             self.path.unlink()
+        self.sinks = list(sinks)
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -44,10 +47,15 @@ class MetricsLog:
             for k, v in clean.items():
                 if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
                     self.writer.add_scalar(k if "/" in k else f"step/{k}", v, step)
+        for sink in self.sinks:
+            sink.log(clean)
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -7,7 +7,8 @@
 files: tests/test_recipes.py); this is the second stage, run by `digenrl train`, that
 looks at the files the run is about to read: model.path, model.prompt_cache (when no text
 encoder is loaded), data.prompts, data.eval_prompts (a named prompt set is fetched here, once,
-into the cache), reward.paths and runtime.testbed.
+into the cache), reward.paths and runtime.testbed; and that the packages run.loggers needs
+are installed (wandb is an optional extra).
 
 Model and reward files are read by the Ray workers. When the run joins an existing
 cluster (runtime.address or $RAY_ADDRESS) they may live on disks this machine does not
@@ -42,6 +43,7 @@ def check_inputs(cfg: Config) -> None:
         checks = [_check_model, *checks, _check_reward_paths]
     if cfg.runtime.compute == "emulated" and cfg.run.mode != "local":  # no model, prompt or reward is read
         checks = [lambda c: _check_testbed(c.runtime.testbed)]
+    checks.append(_check_loggers)
     problems = []
     for check in checks:  # a recipe's placeholders all show at once, not one per attempt
         try:
@@ -119,6 +121,13 @@ def _check_reward_paths(cfg: Config) -> None:
                                             "a local model folder or file; nothing is downloaded")))
     if missing:
         raise ConfigError("\n  ".join(missing))
+
+
+def _check_loggers(cfg: Config) -> None:
+    if "wandb" in cfg.run.loggers:  # the package is an optional extra
+        from digenrl.loggers import require_wandb
+
+        require_wandb()
 
 
 def _check_testbed(testbed: str) -> None:

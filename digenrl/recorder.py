@@ -72,7 +72,13 @@ class RunRecorder:
         self.start = resumed_from or 0
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
-        self._metrics = MetricsLog(self.run_dir, tensorboard=cfg.run.tensorboard, resume_after=resumed_from)
+        sinks = []
+        if "wandb" in cfg.run.loggers:
+            from digenrl.loggers import WandbLogger
+
+            sinks.append(WandbLogger(cfg))
+        self._metrics = MetricsLog(self.run_dir, tensorboard="tensorboard" in cfg.run.loggers,
+                                   resume_after=resumed_from, sinks=sinks)
         self._bar = tqdm(desc=f"GRPO [{cfg.run.mode}]", initial=self.start, total=cfg.train.steps,
                          unit="step", disable=not self.progress)
 
