@@ -23,6 +23,7 @@ REWARD_NAMES = (
     "aesthetic",
     "hpsv2",
     "ocr",
+    "geneval-detector",
     "remote",
 )
 

@@ -4,6 +4,7 @@
     reward.paths.pickscore="path=/models/PickScore_v1&processor_path=/models/clip-h"
     reward.paths.aesthetic="clip_path=/models/clip-l&head_path=/models/aesthetic.safetensors"
     reward.paths.hpsv2=/models/HPS_v2.1_compressed.pt
+    reward.paths.geneval-detector="path=/models/owlv2&metadata=/data/geneval_metadata.jsonl"
     reward.paths.remote=http://10.0.0.5:8000#pickscore               served by `digenrl reward-server`
 
 A bare path is the model's first argument; a `key=value&...` string passes keyword
@@ -16,7 +17,7 @@ from urllib.parse import quote
 
 from digenrl.rewards.specs import resolve_reward
 
-_FIRST_ARGUMENT = {"pickscore": "path", "clip-score": "path", "hpsv2": "checkpoint_path"}
+_FIRST_ARGUMENT = {"pickscore": "path", "clip-score": "path", "hpsv2": "checkpoint_path", "geneval-detector": "path"}
 
 
 def build(name: str, where: str, device: str = "cpu"):

@@ -19,6 +19,7 @@ ALIASES = {
     "aesthetic": "digenrl.rewards.clip_models:AestheticScore",
     "hpsv2": "digenrl.rewards.clip_models:HPSv2Score",
     "ocr": "digenrl.rewards.clip_models:OCRScore",
+    "geneval-detector": "digenrl.rewards.detector:GenEvalDetector",
 }
 
 
