@@ -162,6 +162,8 @@ def test_refusals_by_name_and_for_unknown_prompts(tiny_owl, tmp_path):
         build_reward("geneval-detector", {"geneval-detector": f"path={tiny_owl}&threshhold=0.5"})
     with pytest.raises(ConfigError, match="reward.paths.geneval-detector"):
         load_config(None, ["reward.weights={geneval-detector: 1.0}"])
+    cfg = load_config(None, ["reward.weights={geneval-detector: 1.0}", f"reward.paths.geneval-detector={tiny_owl}"])
+    assert cfg.reward.paths["geneval-detector"] == tiny_owl
     reward = GenEvalDetector(tiny_owl)
     with pytest.raises(ValueError, match="no metadata for prompt 'a photo of a cat'"):
         reward.score(torch.rand(1, 3, 32, 32), ["a photo of a cat"])
