@@ -56,7 +56,7 @@ def test_accuracy_on_fresh_held_out_images(reward):
 
 
 def test_training_is_a_function_of_its_seed():
-    """`python -m digenrl.toy.detector` rebuilds the shipped weights: same seed, same weights."""
+    """Same seed, same weights (one thread); another seed, other weights."""
     from digenrl.toy.detector import train
 
     a = train(steps=3, batch=4, progress=False).state_dict()
