@@ -25,6 +25,7 @@ REWARD_NAMES = (
     "ocr",
     "hpsv3",
     "imagereward",
+    "geneval-detector",
     "remote",
     "vlm-judge",
 )

@@ -22,6 +22,7 @@ ALIASES = {
     "hpsv3": "digenrl.rewards.preference_models:HPSv3Score",
     "imagereward": "digenrl.rewards.preference_models:ImageRewardScore",
     "vlm-judge": "digenrl.rewards.vlm_judge:VLMJudge",
+    "geneval-detector": "digenrl.rewards.detector:GenEvalDetector",
 }
 
 

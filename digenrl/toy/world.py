@@ -109,6 +109,15 @@ def _region(position: str, size: int) -> tuple[float, float, float, float]:
 
 def draw(prompt: ToyPrompt, size: int, gen: np.random.Generator) -> np.ndarray:
     """One image (3, size, size) float32 in [0, 1] that satisfies `prompt`."""
+    return draw_with_boxes(prompt, size, gen)[0]
+
+
+def draw_with_boxes(prompt: ToyPrompt, size: int, gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """`draw`, plus each object's box: (count, 4) float32 x0, y0, x1, y1 normalised to [0, 1].
+
+    Draws the same image as `draw` from the same generator state (the detector's training
+    labels come from here). The box is the shape's (2r x 2r) extent, clipped to the image.
+    """
     img = np.zeros((3, size, size), dtype=np.float32)
     r = size * 0.14  # half-size: ~9 px objects on 32 px, two fit side by side in a half
     y0, y1, x0, x1 = _region(prompt.position, size)
@@ -123,7 +132,8 @@ def draw(prompt: ToyPrompt, size: int, gen: np.random.Generator) -> np.ndarray:
         centres.append((cy, cx))
         mask = shape_mask(prompt.shape, cy, cx, r, size)
         img[:, mask] = np.asarray(COLORS[prompt.color], dtype=np.float32)[:, None]
-    return img
+    boxes = np.array([(cx - r, cy - r, cx + r, cy + r) for cy, cx in centres], dtype=np.float32) / size
+    return img, boxes.clip(0.0, 1.0)
 
 
 def sample_batch(
