@@ -266,11 +266,28 @@ def _check_positive(key: str, value) -> None:
         raise ValueError(f"geneval-detector: {key} must be an integer >= 1, got {value!r}")
 
 
+def _named_metadata(spec: str) -> dict[str, dict] | None:
+    """prompt -> metadata of a named prompt set (both splits for a bare name), or None when
+    `spec` names no set (then it is a jsonl path)."""
+    from digenrl.prompt_sets import parse_spec, prompt_metadata
+
+    parsed = parse_spec(str(spec))
+    if parsed is None:
+        return None
+    name, split = parsed
+    out: dict[str, dict] = {}
+    for one in [split] if split else ["train", "test"]:
+        out.update(prompt_metadata(name, one))
+    return out
+
+
 class GenEvalDetector:
     """(images (B, 3, H, W) in [0, 1], prompts) -> fraction of GenEval clauses met (B,) in [0, 1].
 
     path: a local OWLv2 folder (Owlv2ForObjectDetection + tokenizer + preprocessor_config.json).
-    metadata: a GenEval metadata jsonl; prompts not in it must be toy-world prompts.
+    metadata: a GenEval metadata jsonl, or a named prompt set that carries metadata ("geneval":
+        its train and test splits; "geneval:test": one split; digenrl.prompt_sets, fetched and
+        checked like data.prompts); prompts not in it must be toy-world prompts.
     clip_path: a CLIP folder for colour; without it, MeanColor (flat-colour images only).
     threshold / counting_threshold: minimum detection score (the latter for "counting" prompts).
     """
@@ -296,10 +313,12 @@ class GenEvalDetector:
         _check_unit("nms_iou", nms_iou)
         _check_positive("max_objects", max_objects)
         _check_positive("batch_size", batch_size)
-        for key, where in (("path", path), ("clip_path", clip_path), ("metadata", metadata)):
+        named = _named_metadata(metadata) if metadata else None
+        for key, where in (("path", path), ("clip_path", clip_path), ("metadata", None if named else metadata)):
             if where is not None and local_files_only and not os.path.exists(str(where)):
                 raise ValueError(f"geneval-detector: {key}={where!r} does not exist (nothing is downloaded)")
-        self.metadata: dict[str, dict] = geneval.load_metadata(metadata) if metadata else {}
+        self.metadata: dict[str, dict] = named if named is not None else (
+            geneval.load_metadata(metadata) if metadata else {})
         self.threshold, self.counting_threshold = threshold, counting_threshold
         self.detector: Detector = OwlDetector(
             path, device=device, threshold=min(threshold, counting_threshold), nms_iou=nms_iou,

@@ -178,3 +178,24 @@ def test_refusals_by_name_and_for_unknown_prompts(tiny_owl, tmp_path):
         GenEvalDetector(tiny_owl, metadata=str(twice))
     with pytest.raises(ValueError, match="scores images \\(B, 3, H, W\\)"):
         reward.score(torch.rand(1, 2, 3, 32, 32), ["a red circle"])
+
+
+def test_metadata_from_a_named_prompt_set(tiny_owl, metadata_jsonl, monkeypatch):
+    # metadata=geneval reads the set's train and test metadata (digenrl.prompt_sets, fetched and
+    # checked there: tests/test_prompt_sets.py); geneval:test one split
+    import digenrl.prompt_sets as sets
+
+    rows = {json.loads(line)["prompt"]: json.loads(line) for line in open(metadata_jsonl)}
+    first, second = list(rows)
+    asked = []
+
+    def fake(name, split):
+        asked.append((name, split))
+        return {first: rows[first]} if split == "train" else {second: rows[second]}
+
+    monkeypatch.setattr(sets, "prompt_metadata", fake)
+    assert GenEvalDetector(tiny_owl, metadata="geneval").metadata == rows
+    assert GenEvalDetector(tiny_owl, metadata="geneval:test").metadata == {second: rows[second]}
+    assert asked == [("geneval", "train"), ("geneval", "test"), ("geneval", "test")]
+    with pytest.raises(ValueError, match="does not exist"):
+        GenEvalDetector(tiny_owl, metadata="genevals")  # not a set: a path, and none there
