@@ -28,13 +28,19 @@ What is and is not pickled:
     `all_gather_object`/`scatter_object`, which pickle over the process group.
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash while
-saving never leaves a half-written "latest" checkpoint.
+saving never leaves a half-written "latest" checkpoint. Its `manifest.json` records every
+file's size and sha256 (state.json, written last, marks the folder complete); `--resume`
+picks the newest checkpoint that still matches its manifest, so a checkpoint truncated or
+damaged later (a full disk, a bad copy between machines) is refused with the reason, and the
+one before it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -50,6 +56,14 @@ if TYPE_CHECKING:
 
 DCP_DIR = "dcp"
 _GROUPS_FILE = "optimizer.json"
+MANIFEST = "manifest.json"
+_HASH_CHUNK = 1 << 22  # 4 MiB reads
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that does not match its manifest (truncated, damaged, incomplete)."""
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -264,9 +278,21 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("step_") and (p / "state.json").exists())
 
 
-def latest_checkpoint(run_dir: Path) -> Optional[Path]:
+def latest_checkpoint(run_dir: Path, *, verify: bool = True) -> Optional[Path]:
+    """The newest checkpoint; with `verify`, the newest that matches its manifest: a damaged
+    one is skipped with a warning that names the problem and the checkpoint used instead."""
     found = list_checkpoints(run_dir)
-    return found[-1] if found else None
+    if not verify:
+        return found[-1] if found else None
+    for step_dir in reversed(found):
+        try:
+            verify_checkpoint(step_dir)
+            return step_dir
+        except CheckpointError as e:
+            older = [p.name for p in found if p < step_dir]
+            log.warning("checkpoint refused: %s; %s", e,
+                        f"trying {older[-1]}" if older else "no older checkpoint: starting from step 0")
+    return None
 
 
 # -- internals ----------------------------------------------------------------------
@@ -275,8 +301,52 @@ def _step_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
     return root / f".tmp_step_{step:06d}", root / f"step_{step:06d}"
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files(step_dir: Path) -> list[Path]:
+    """Every file of a checkpoint folder but its manifest and state.json, sorted."""
+    return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name not in (MANIFEST, "state.json"))
+
+
+def verify_checkpoint(step_dir: Path) -> None:
+    """Raise CheckpointError naming what is wrong when `step_dir` does not match its manifest:
+    state.json missing or not JSON, a file missing, of another size, or with another sha256.
+    A folder written before manifests existed passes with a warning (nothing to check)."""
+    step_dir = Path(step_dir)
+    try:
+        json.loads((step_dir / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{step_dir}: state.json is missing or unreadable ({e})") from None
+    if not (step_dir / MANIFEST).exists():
+        log.warning("%s has no %s (written before checkpoints were checksummed): not verified", step_dir, MANIFEST)
+        return
+    try:
+        files = json.loads((step_dir / MANIFEST).read_text())["files"]
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{step_dir}: {MANIFEST} is unreadable ({e})") from None
+    for rel, want in files.items():
+        path = step_dir / rel
+        if not path.is_file():
+            raise CheckpointError(f"{step_dir}: {rel} is missing")
+        size = path.stat().st_size
+        if size != want["bytes"]:
+            raise CheckpointError(f"{step_dir}: {rel} has {size} bytes, the manifest says {want['bytes']} "
+                                  "(truncated or overwritten)")
+        if _sha256(path) != want["sha256"]:
+            raise CheckpointError(f"{step_dir}: {rel} does not match its sha256 in {MANIFEST} (damaged)")
+
+
 def _commit(run_dir: Path, tmp: Path, final: Path, state: dict[str, Any], keep: int) -> None:
-    """state.json last, then rename into place and drop all but the newest `keep`."""
+    """manifest.json (size and sha256 of every file), state.json last, then rename into
+    place and drop all but the newest `keep`."""
+    manifest = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(tmp)}
+    (tmp / MANIFEST).write_text(json.dumps({"files": manifest}, indent=1))
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

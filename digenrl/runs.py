@@ -77,7 +77,13 @@ def resolve_snapshot(run_dir: Path, step: str) -> Snapshot:
     if key not in found:
         have = ", ".join(found)
         raise RunError(f"--step {step}: {run_dir} has no such weights; available: {have} (0 = the base model)")
-    return found[key]
+    snap = found[key]
+    if snap.path is not None and snap.label != "final":
+        try:
+            ckpt.verify_checkpoint(snap.path)
+        except ckpt.CheckpointError as e:
+            raise RunError(f"--step {step}: {e}") from None
+    return snap
 
 
 def run_config(run_dir: Path, overrides: list[str]) -> Config:
