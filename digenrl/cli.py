@@ -83,7 +83,7 @@ def _interrupted(run_dir: Path, argv: Optional[list[str]]) -> int:
     (128 + SIGINT, what a shell reports for a Ctrl-C'd program)."""
     from digenrl.checkpoint import latest_checkpoint
 
-    latest = latest_checkpoint(run_dir)
+    latest = latest_checkpoint(run_dir, verify=False)  # quick on Ctrl-C; --resume verifies it
     if latest is None:
         where = f"no checkpoint in {run_dir} yet: --resume starts again from step 0"
     else:  # step_000040 -> 40: the RL steps done (and the policy version) when it was saved
