@@ -74,7 +74,7 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     spec = SampleSpec(
         sigmas=sigmas,
         sde_steps=() if s.sde == "ode" else tuple(sde_steps),
-        kind="ode" if s.sde == "ode" else s.sde,
+        kind=s.sde,
         noise_level=s.noise_level,
         cfg_scale=s.cfg_scale,
         seed=cfg.run.seed,

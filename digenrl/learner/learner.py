@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Optional
@@ -84,11 +83,8 @@ class Learner:
         steps = self._steps(traj, t, spec, rows)
         ar = torch.arange(len(steps))
         x = traj.latents[rows][ar, steps].to(device)
-        b = x.shape[0]
         sigma = spec.sigmas[steps].to(device)  # (b,)
-        negative = self.policy.negative_cond(b) if spec.cfg_scale != 1.0 else None
-        cond = {k: v[rows] for k, v in traj.cond.items()}
-        v = guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale)
+        v = self._velocity(traj, x, sigma, spec, rows)
         return sde_step(
             x,
             v,
@@ -104,7 +100,17 @@ class Learner:
         """(b,) long: the denoising step each row of `rows` trains in slot t."""
         return torch.tensor(trained_steps(spec, traj.coords[rows], t), dtype=torch.long)
 
+    @staticmethod
+    def _recorded_log_probs(
+        traj: Trajectories, t: int, spec: SampleSpec, rows: slice
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(steps, behaviour log-probs), both (b,): each row's step in slot t and the log-prob
+        the rollout recorded there (NaN where that step was sampled with the ODE)."""
+        steps = Learner._steps(traj, t, spec, rows)
+        return steps, traj.log_probs[rows][torch.arange(len(steps)), steps]
+
     def _velocity(self, traj: Trajectories, x: torch.Tensor, sigma: torch.Tensor, spec: SampleSpec, rows: slice):
+        """The policy's (guided) velocity at (x, sigma) under the conditions of `rows`."""
         negative = self.policy.negative_cond(x.shape[0]) if spec.cfg_scale != 1.0 else None
         cond = {k: v[rows] for k, v in traj.cond.items()}
         return guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale)
@@ -165,8 +171,7 @@ class Learner:
         metrics: dict[str, float] = {}
         for t in t_steps:
             if self.config.loss != "nft" and last > first:  # nft trains on clean samples: no log-prob needed
-                steps = self._steps(traj, t, spec, slice(first, last))
-                logp = traj.log_probs[first:last][torch.arange(len(steps)), steps]
+                steps, logp = self._recorded_log_probs(traj, t, spec, slice(first, last))
                 if bool(torch.isnan(logp).any()):
                     raise ValueError(f"denoising step {int(steps[torch.isnan(logp)][0])} was sampled with the ODE: "
                                      "it has no log-prob to train")
@@ -182,11 +187,8 @@ class Learner:
     ) -> dict[str, float]:
         """Loss and backward of rows `rows` at trained step t, weighted into the step mean.
         A ghost pass (see `accumulate`) backwards weight 0 and records nothing."""
-        if self.config.loss == "nft":
-            loss, m, b = self._nft_loss(traj, t, rows, spec, adv)
-            weight = b / denominator
-        else:
-            loss, m, weight = self._grpo_loss(traj, t, rows, spec, adv, denominator)
+        unit_loss = self._nft_loss if self.config.loss == "nft" else self._grpo_loss
+        loss, m, weight = unit_loss(traj, t, rows, spec, adv, denominator)
         finite = bool(torch.isfinite(loss))
         if ghost or not finite:
             if not ghost:
@@ -203,14 +205,14 @@ class Learner:
 
     def _grpo_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
                    denominator: int):
+        """(loss, metrics, weight in the step mean) of grpo / grpo-guard on slot t of `rows`."""
         out = self.score(traj, t, spec, rows)
         weight = out.prev_sample.shape[0] / denominator
         kl = None
         if self.config.beta > 0:
             kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
-        steps = self._steps(traj, t, spec, rows)
-        ar = torch.arange(len(steps))
-        logp_old = traj.log_probs[rows][ar, steps].to(out.log_prob.device)
+        steps, logp_old = self._recorded_log_probs(traj, t, spec, rows)
+        logp_old = logp_old.to(out.log_prob.device)
         if self.config.loss == "grpo-guard":
             loss, m = grpo_guard_loss(
                 out.log_prob, logp_old, adv[rows],
@@ -224,7 +226,8 @@ class Learner:
             )
         return loss, m, weight
 
-    def _nft_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor):
+    def _nft_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
+                  denominator: int):
         """DiffusionNFT on trained slot t of `rows`: the clean samples x0 = latents[:, T] noised
         along the forward process (`forward_targets`). The old policy is the one at the start
         of this RL step, which is these very weights (one optimizer step per RL step): v_old
@@ -239,7 +242,7 @@ class Learner:
             v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
         loss, m = nft_loss(v, v.detach(), x_t, x0, sigma, adv[rows], beta=1.0,
                            adv_clip=self.config.adv_clip, v_ref=v_ref, kl_beta=self.config.beta)
-        return loss, m, x0.shape[0]
+        return loss, m, x0.shape[0] / denominator
 
     def accumulated(self) -> tuple[dict[str, float], float]:
         """Weighted metric sums and total weight since the last optimizer step (a trainer
