@@ -5,7 +5,9 @@
 Runs `run.mode=local` (one process; add run.threads=1 to match the figures in the notes),
 evaluates the held-out prompts before and after training with the same noise, and prints
 one JSON line: the overrides, the held-out mean before and after, the mean paired
-difference and its paired t (as tests/test_learning.py measures the default run).
+difference and its paired t (as tests/test_learning.py measures the default run), the
+strict (all-correct) rate before and after, the train reward over the first and last 8
+steps, and the training wall time.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+import time
 
 from digenrl.config import load_config
+from digenrl.outputs import read_metrics
 from digenrl.trainer import Trainer
 
 
@@ -26,14 +30,24 @@ def main() -> None:
         cfg = load_config(None, [f"run.run_dir={tmp}/run", "run.mode=local", "run.loggers=[]", "run.eval_every=0",
                                  *args.overrides])
         trainer = Trainer(cfg, progress=False)
-        trainer.evaluate(0, save_images=False)
+        first = trainer.evaluate(0, save_images=False)
         before = trainer.last_eval_rewards.clone()
+        t0 = time.perf_counter()
         trainer.train()
+        wall = time.perf_counter() - t0
         diff = trainer.last_eval_rewards - before
+        rows = read_metrics(cfg.run.run_dir)
     t = diff.mean() / (diff.std() / len(diff) ** 0.5)
+    train = [r["reward_mean"] for r in rows if "reward_mean" in r]
+    strict = [k for k in first if k.endswith("/strict")]
     print(json.dumps({"overrides": args.overrides, "before": before.mean().item(),
                       "after": (before + diff).mean().item(), "gain": diff.mean().item(), "t": t.item(),
-                      "samples": len(diff)}))
+                      "samples": len(diff),
+                      # the GenEval-style all-correct rate, where the reward reports one
+                      **({"strict_before": first[strict[0]], "strict_after": rows[-1][strict[0]]} if strict else {}),
+                      # train reward: mean of the first and of the last 8 RL steps
+                      "train_first8": sum(train[:8]) / len(train[:8]), "train_last8": sum(train[-8:]) / len(train[-8:]),
+                      "wall_s": round(wall, 1)}))
 
 
 if __name__ == "__main__":
