@@ -176,3 +176,17 @@ def test_draining_worker_lost():
     s, tr = elastic_run("gap", drains=[(2.5, "r0")], failures=[(3.0, "r0")], rollout_segment=None)
     assert trained(tr, s.cfg.group_size) == expected(s.cfg)
     assert s.stats["requeued"] == 1 and "r0" not in {w.id for w in s.workers}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reward_workers_drain(mode):
+    # two reward workers, both drained mid-run: Rewards then run on the generating workers
+    c = SchedConfig(mode=mode, rl_steps=3, groups_per_step=12, micro_batch_groups=2, num_steps=6,
+                    tsp_chunk=2, group_size=4, rollout_segment=2)
+    s = Scheduler(c, pools(mode, 3, 2, n_reward=2))
+    tr = run_virtual(s, const_cost(COST, c.group_size), drains=[(5.9, "w0"), (12.9, "w1")])
+    assert trained(tr, c.group_size) == expected(c)
+    assert not [w for w in s.workers if w.role == "reward"]
+    assert all(x.start < tr.alive[x.worker][1] for x in done(tr, "reward") if x.worker in ("w0", "w1"))
+    late = [x for x in done(tr, "reward") if x.start > 13]
+    assert late and all(x.worker not in ("w0", "w1") for x in late)
