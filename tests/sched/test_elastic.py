@@ -161,11 +161,14 @@ def test_refusals():
     assert s.drain("r0") is False  # draining twice is a no-op
 
 
+@pytest.mark.parametrize("mode", ["gap+tsp+tag", "digenrl"])
 @pytest.mark.parametrize("segment", [None, 1])
-def test_tag_may_drain_every_rollout_worker(segment):
-    # gap+tsp+tag: trainers generate, so the rollout pool may go to zero mid-run
-    drains = [(2.5, "r0"), (3.0, "r1")]
-    s, tr = elastic_run("gap+tsp+tag", drains, n_rollout=2, rollout_segment=segment)
+@pytest.mark.parametrize("when", [2.5, 13.3])
+def test_tag_may_drain_every_rollout_worker(mode, segment, when):
+    # TAG: trainers generate, so the rollout pool may go to zero mid-run (under TCSS also
+    # while the rollout workers generate the next step with the previous weights)
+    drains = [(when, "r0"), (when + 0.5, "r1")]
+    s, tr = elastic_run(mode, drains, n_rollout=2, rollout_segment=segment)
     assert s.done and not [w for w in s.workers if w.role == "rollout"]
     assert trained(tr, s.cfg.group_size) == expected(s.cfg)
     check_drained(s, tr, drains)
