@@ -170,6 +170,7 @@ def test_tag_may_drain_every_rollout_worker(mode, segment, when):
     drains = [(when, "r0"), (when + 0.5, "r1")]
     s, tr = elastic_run(mode, drains, n_rollout=2, rollout_segment=segment)
     assert s.done and not [w for w in s.workers if w.role == "rollout"]
+    assert s.stats["restarts"] == 0  # nobody else holds their version: they finish, then leave
     assert trained(tr, s.cfg.group_size) == expected(s.cfg)
     check_drained(s, tr, drains)
 
