@@ -11,6 +11,7 @@
     digenrl profile --model ... | --arch sd3|flux --random
     digenrl sample --run-dir DIR [--step N|final|--base] --prompts SPEC --out DIR
     digenrl eval --run-dir DIR [--step N|final] --prompts SPEC [--rewards a,b] --out DIR
+    digenrl scale --run-dir DIR rollout=+N|-N|N [--allow-empty]   (a running Ray run's rollout pool)
 """
 
 from __future__ import annotations
@@ -141,6 +142,27 @@ def _prompts_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale(args: argparse.Namespace) -> int:
+    """Validate a scale request against the running driver's pools.json, then queue it."""
+    from digenrl.runtime import scale
+
+    try:
+        req = scale.parse_request(args.request, allow_empty=args.allow_empty)
+        state = scale.read_state(Path(args.run_dir))
+        queued = [q for _, q in scale.pending(Path(args.run_dir))]
+        now, after = scale.check_request(req, state, queued)
+    except scale.ScaleError as e:
+        print(f"digenrl scale: refused: {e}", file=sys.stderr)
+        return 2
+    path = scale.write_request(Path(args.run_dir), req)
+    what = {"+": f"adding {req.n}", "-": f"draining {req.n}", "=": f"setting the pool to {req.n}"}[req.op]
+    print(f"digenrl scale: requested {req} for the run in {args.run_dir} (pid {state.get('pid')}): "
+          f"{what}; {req.role} workers {now} -> {after}"
+          f"{f' after {len(queued)} queued request(s)' if queued else ''}; request {path.name}, "
+          f"answered in {Path(args.run_dir) / scale.LOG}")
+    return 0
+
+
 TRAIN_HELP = "RL post-training (GRPO) of a flow-matching generator"
 
 
@@ -196,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
     pf.add_argument("name", help="a set name, see 'digenrl prompts list'")
     pf.add_argument("--split", choices=("train", "test"), help="one split (default: every split the set has)")
     pf.set_defaults(func=_prompts_fetch)
+
+    sc = sub.add_parser("scale", help="grow or drain a running run's rollout pool (rollout=+N, -N or N)")
+    sc.add_argument("--run-dir", required=True, help="the run directory of a running `digenrl train` (Ray mode)")
+    sc.add_argument("request", help="rollout=+N adds N rollout workers, rollout=-N drains N (each "
+                                    "finishes or hands over its trajectory), rollout=N sets the pool to N")
+    sc.add_argument("--allow-empty", action="store_true",
+                    help="TAG modes only: may drain the last rollout worker (trainers generate)")
+    sc.set_defaults(func=_scale)
 
     for name, _, _, text in DELEGATED:  # listed for --help; main() hands them their argv
         sub.add_parser(name, help=text)

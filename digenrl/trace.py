@@ -116,7 +116,8 @@ def step_breakdown(trace: Trace) -> dict[int, dict[str, float]]:
 
 
 def write_chrome_trace(trace: Trace, path: str) -> None:
-    """Chrome trace-event JSON: one process per pool, one thread per worker (seconds -> us)."""
+    """Chrome trace-event JSON: one process per pool, one thread per worker (seconds -> us);
+    instant events `join` / `leave` mark each worker's alive interval (join at 0 omitted)."""
     pid = {p: i + 1 for i, p in enumerate(POOLS)}
     tid = {wid: i + 1 for i, wid in enumerate(trace.workers)}
     events = []
@@ -126,6 +127,11 @@ def write_chrome_trace(trace: Trace, path: str) -> None:
     for wid, role in trace.workers.items():
         events.append({"ph": "M", "name": "thread_name", "pid": pid[role], "tid": tid[wid],
                        "args": {"name": wid}})
+    for wid, (join, leave) in trace.alive.items():  # elastic pools and replacements: when each was there
+        for name, t in (("join", join if join else None), ("leave", leave)):
+            if t is not None and wid in tid:
+                events.append({"ph": "i", "s": "t", "name": name, "cat": "pool", "pid": pid[trace.workers[wid]],
+                               "tid": tid[wid], "ts": t * 1e6})
     for s in trace.spans:
         args = {"step": s.step, "version": s.version}
         if s.unit is not None:

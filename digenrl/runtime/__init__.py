@@ -12,6 +12,8 @@
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     results.py      the typed record each unit returns to the driver (start, end, ...)
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
+    elastic.py      Elastic: the driver's side of `digenrl scale` (join / drain rollout workers mid-run)
+    scale.py        scale requests and the driver's pools.json in the run directory (no Ray: the CLI's side)
 
 `digenrl bench` (digenrl/bench.py) sits above this package and digenrl.sim: the runtime
 never imports the simulator's reports; both take their schedule from digenrl.contract.

@@ -185,6 +185,11 @@ class RealBackend:
         self.out.pop(worker.id, None)
         return self.rt.replace(worker)
 
+    def retire(self, worker: Worker, lost: bool = False) -> None:
+        """A drained worker left the pools (or died draining): stop its actors."""
+        self.out.pop(worker.id, None)
+        self.rt.retire(worker, lost=lost)
+
     def step_done(self, step: int, now: float) -> None:
         """Sched step `step` finished (all optimizer steps reported): one metrics record."""
         cfg, rt = self.cfg, self.rt

@@ -41,6 +41,7 @@ from digenrl.data import PromptSource, load_prompts
 from digenrl.recorder import RunRecorder
 from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
 from digenrl.runtime.backend import RealBackend
+from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.gang import Gang
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
@@ -80,6 +81,7 @@ class RayTrainer:
         self.here = None  # digenrl.sim.here.HerePlan when runtime.plan planned this run
         self.evaluator = None  # the EvalWorker actor, started at the first evaluation
         self._n_replaced = 0
+        self.elastic = None  # runtime/elastic.Elastic while the event loop runs (digenrl scale)
 
     # -- plan and scheduler config ---------------------------------------------------------
     def plan(self, step: int) -> StepPlan:
@@ -153,6 +155,37 @@ class RayTrainer:
             self.join_relay(new.id)  # its first WeightSync pulls from the relay
         log.warning("worker %s lost; replaced by %s", old.id, new.id)
         return new
+
+    # -- elastic rollout pool (runtime/elastic.py) -----------------------------------------------
+    def add_rollout(self) -> tuple[Worker, list]:
+        """Start one more rollout worker's actors (the options `replace` uses); returns it and
+        its ranks' ready refs. It joins the scheduler once they resolve (`admit`)."""
+        pool = self.cfg.runtime.rollout
+        n = sum(1 for w in self.workers if w.role == "rollout" and "#" not in w.id)
+        new = Worker(f"rollout-{n}", "rollout")
+        self._spawn(new, [actor_options(pool)] * pool.gang)
+        return new, self.handles[new.id].ready.all()
+
+    def admit(self, worker: Worker, pids: list[int]) -> None:
+        """`worker`'s actors are up (`pids`, one per rank): its sequence-parallel group and, with
+        weight_sync=nccl, its pair group with the relay; its first WeightSync loads the weights."""
+        self.rank_pids[worker.id], self.pids[worker.id] = pids, pids[0]
+        if self.cfg.runtime.rollout.gang > 1:
+            self._init_sp(worker.id)
+        if self.cfg.runtime.weight_sync == "nccl":
+            self.join_relay(worker.id)
+
+    def retire(self, worker: Worker, lost: bool = False) -> None:
+        """Stop a worker that left the pools (drained, or cancelled while starting)."""
+        h = self.handles.pop(worker.id, None)
+        if h is not None:
+            h.kill()
+        self.pids.pop(worker.id, None)
+        self.rank_pids.pop(worker.id, None)
+        if self.cfg.runtime.weight_sync == "nccl" and worker.role == "rollout":
+            self._relay().relay_close.options(concurrency_group="relay").remote(worker.id)
+        if self.elastic is not None:
+            self.elastic.left(worker, lost=lost)
 
     # -- the weight relay (runtime.weight_sync=nccl) -----------------------------------------------
     def _relay(self):
@@ -235,9 +268,15 @@ class RayTrainer:
                     if first is not None:
                         backend.records.append(({"step": self.base}, first))
                     sched = Scheduler(self.contract().sched, self.workers)
-                    loop = EventLoop(sched, backend, on_dispatch=self._hook)
+                    self.elastic = Elastic(self, self.run_dir)  # `digenrl scale` requests
+                    loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll)
                     backend.loop = loop
-                    self.trace = loop.run()
+                    self.elastic.start(loop)
+                    try:
+                        self.trace = loop.run()
+                    finally:
+                        self.elastic.close()
+                        self.elastic = None
                     backend.flush(block=True)
                     self.stats = dict(sched.stats)
                     self.wall_s = backend.wall_s

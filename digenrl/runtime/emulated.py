@@ -168,6 +168,13 @@ class EmulatedBackend:
         self._ref = None  # after a loss: time from the dispatch
         return new
 
+    def retire(self, worker: Worker, lost: bool = False) -> None:
+        """A drained worker left: its actor is not reused (it may still be finishing a call)."""
+        h = self.handles.get(worker.id)
+        self._drop(worker.id)
+        if h is not None:
+            ray.kill(h)
+
     def step_done(self, step: int, now: float) -> None:
         pass
 

@@ -8,6 +8,8 @@
        +-- worker_lost(w) + add_worker(replacement)          -- RayActorError (of any rank; a
                                                                  rank's failed collective when a
                                                                  peer rank died counts as it)
+       +-- poll(loop): join(w) / drain(w) (elastic pools, runtime/elastic.py); drained
+           workers that have left are retired (backend.retire stops their actors)
 
 Same shape as `digenrl.sim.engine.run_virtual`: the scheduler cannot tell the two apart.
 Real compute and emulated compute differ only in the backend (what a unit does).
@@ -37,18 +39,24 @@ class Backend(Protocol):
 
     def step_done(self, step: int, now: float) -> None: ...
 
+    def retire(self, worker: Worker, lost: bool = False) -> None: ...
+
 
 class EventLoop:
     """Runs `scheduler` to completion on Ray; spans go into `self.trace` (seconds from t0).
 
     Steps and versions in the trace are the scheduler's (a resumed run counts from the
     checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
+    `poll(loop)` runs after every batch of events and at least every `poll_s` seconds (it
+    may `join` and `drain` workers: elastic pools).
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, *,
-                 on_dispatch: Optional[Callable[[str, Unit], None]] = None):
+                 on_dispatch: Optional[Callable[[str, Unit], None]] = None,
+                 poll: Optional[Callable[["EventLoop"], None]] = None, poll_s: float = 0.5):
         self.sched, self.backend = scheduler, backend
         self.on_dispatch = on_dispatch
+        self.poll, self.poll_s = poll, poll_s
         self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
                            alive={w.id: [0.0, None] for w in scheduler.workers})
         # a unit runs on every rank of its worker's gang: one ref per rank, all in `pending`
@@ -70,10 +78,15 @@ class EventLoop:
         while not sched.done:
             if not self.pending:
                 raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
-            ready, _ = ray.wait(list(self.pending), num_returns=1)
+            ready, _ = ray.wait(list(self.pending), num_returns=1,
+                                timeout=None if self.poll is None else self.poll_s)
             rest = [r for r in self.pending if r not in ready]
-            more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
+            more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest and ready else []
             self._take(ready + more)
+            if self.poll is not None:
+                self.poll(self)
+                self._retire()
+                self._launch()
         self.trace.end = self.now()
         return self.trace
 
@@ -133,14 +146,33 @@ class EventLoop:
                                      extra={"lost": True}, unit=unit))
         self.trace.alive[wid][1] = now
         old = next(w for w in self.sched.workers if w.id == wid)
+        leaving = wid in self.sched.draining
         try:
             self.sched.worker_lost(wid)
         except SchedulerError as e:
             raise WorkerLostError(wid, old.role, err, rank) from e
-        new = self.backend.replace(old)
-        self.sched.add_worker(new)
-        self.trace.workers[new.id] = new.role
-        self.trace.alive[new.id] = [now, None]
+        if leaving:  # it was draining: no replacement
+            self.backend.retire(old, lost=True)
+            return
+        self.join(self.backend.replace(old))
+
+    # -- membership (elastic pools) ----------------------------------------------------------
+    def join(self, worker: Worker) -> None:
+        """`worker` (its actors ready) joins the scheduler's pools."""
+        self.sched.add_worker(worker)
+        self.trace.workers[worker.id] = worker.role
+        self.trace.alive[worker.id] = [self.now(), None]
+
+    def drain(self, wid: str) -> None:
+        """Worker `wid` takes no new unit and leaves when free (Scheduler.drain; may raise
+        SchedulerError). Nothing is sent to it from now on."""
+        self.sched.drain(wid)
+        self._retire()
+
+    def _retire(self) -> None:
+        for w in self.sched.pop_drained():
+            self.trace.alive[w.id][1] = self.now()
+            self.backend.retire(w)
 
 
 class WorkerLostError(RuntimeError):

@@ -193,6 +193,10 @@ class PolicyWorker:
     def relay_serve(self, peer: str, version: int) -> int:
         return self._relay().serve(peer, version)
 
+    def relay_close(self, peer: str) -> None:
+        """Forget a rollout worker that left the pool (elastic drain)."""
+        self._relay().close(peer)
+
     def relay_connect(self, address) -> None:
         """A rollout worker joins its pair group with the relay (relay_open's address)."""
         from digenrl.runtime.relay import RelayClient

@@ -84,6 +84,14 @@ micro-batch's version even from t=0 (its siblings have it); when no live worker 
 that version any more, the whole micro-batch (every shard) restarts from t=0. A lost trainer raises
 SchedulerError: the runtime resumes from a checkpoint.
 
+Elastic pools: `add_worker(w)` (a rollout worker syncs to the current weights first) and
+`drain(w)`: the worker gets no new unit; its unit in flight completes, then it leaves
+(`pop_drained()`). A Generate that ends at a segment boundary is handed over there (the
+continuation goes to another rollout worker holding its version, or the current one); when
+no other worker will hold its version the draining worker finishes the trajectory first,
+so a drain redoes no work. Trainers never drain; the last rollout worker drains only under
+TAG (trainers generate).
+
 Determinism: all containers are insertion-ordered; the same config and event sequence
 give the same assignments.
 """

@@ -2,7 +2,7 @@
 
 See `digenrl.sched` for the dataflow diagram and the rules of each mode. Reading order:
 `assign` (who gets what, in priority order), `complete` (what a finished unit makes
-ready), `worker_lost` / `add_worker` (membership), then the small helpers.
+ready), `worker_lost` / `add_worker` / `drain` (membership), then the small helpers.
 
 Cost: every event and every assignment is O(1) amortized (O(#trainers) once per RL step
 for the optimizer barrier). Idle workers are parked in ordered sets keyed by
@@ -62,14 +62,15 @@ class Scheduler:
     """Decides which unit runs on which worker next. Never reads a clock.
 
     Call `assign()` after every batch of events; it returns units for idle workers.
-    Events: `complete(worker_id, unit)`, `worker_lost(worker_id)`, `add_worker(worker)`.
+    Events: `complete(worker_id, unit)`, `worker_lost(worker_id)`, `add_worker(worker)`,
+    `drain(worker_id)`; `pop_drained()` then lists the workers that have left.
     """
 
     def __init__(self, cfg: SchedConfig, workers: Iterable[Worker]):
         self.cfg = cfg
         self.version = 0  # trainer policy version = optimizer steps done
         self.traj_version: dict[tuple[int, int], int] = {}  # (step, mb) -> behaviour version
-        self.stats = {"handovers": 0, "restarts": 0, "requeued": 0}
+        self.stats = {"handovers": 0, "restarts": 0, "requeued": 0, "drain_handovers": 0}
         self._w: dict[str, _W] = {}
         # role -> version key -> ordered set of parked worker ids (dict for determinism;
         # popitem() is O(1) LIFO, unlike popping the front of a dict).
@@ -95,6 +96,8 @@ class Scheduler:
         self._started = False
         self._n_reward = 0
         self._n_syncing = 0  # WeightSync units in flight
+        self._draining: dict[str, None] = {}  # get no new units; leave when free
+        self._drained: list[Worker] = []  # left since the last pop_drained()
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -229,6 +232,9 @@ class Scheduler:
                                  f"not {unit}")
         ws.unit = None
         self._on_complete[type(unit)](ws, unit)
+        if worker_id in self._draining:
+            self._release(ws)
+            return
         if worker_id in self._pinned:
             return
         if (self._opt_step is not None and ws.worker.role == self._train_role
@@ -320,6 +326,7 @@ class Scheduler:
                 "optimizer state; the scheduler cannot recover it. Resume the run from the "
                 "last checkpoint (runtime).")
         self._unpark(ws)
+        self._draining.pop(worker_id, None)
         del self._w[worker_id]
         if ws.worker.role == "rollout":
             self._n_at[ws.version] -= 1
@@ -346,7 +353,88 @@ class Scheduler:
                                  "step (optimizer state); restart from a checkpoint instead")
         self._add(worker, version=-1 if worker.role == "rollout" else 0)
 
+    def drain(self, worker_id: str) -> bool:
+        """Event: rollout or reward worker `worker_id` is to leave the pool without losing work.
+
+        It gets no new unit. Its unit in flight completes normally; then it leaves
+        (`pop_drained()` lists it, `workers` no longer does). A Generate that stops at a
+        segment boundary (rollout_segment) is handed over there, like a TAG trainer's: the
+        continuation (t_start = that boundary, same version, the latent it returned) goes to
+        another worker, provided some other rollout worker holds that version, or the
+        version is current (every rollout worker syncs to it). Otherwise the draining worker
+        finishes the trajectory itself first, so no work is redone. A Reward it would run next
+        (no reward pool) goes to the reward queue, as after a loss.
+
+        Refused (SchedulerError): trainer and colocated workers (optimizer state), and the
+        last rollout worker of a mode without TAG (nothing else generates). Under TAG the
+        last one may go: trainers generate. Draining the last reward worker moves Rewards to
+        the generating workers (as `_match_rewards` does without a reward pool).
+        Returns True when the worker left at once (it was idle).
+        """
+        ws = self._w.get(worker_id)
+        if ws is None:
+            raise SchedulerError(f"drain(): unknown or removed worker {worker_id!r}")
+        if ws.role in ("trainer", "colocated"):
+            raise SchedulerError(
+                f"drain({worker_id!r}): a {ws.role} worker holds gradient and optimizer state; "
+                "only rollout and reward workers can leave a running job")
+        if worker_id in self._draining:
+            return False
+        if ws.role == "rollout" and not self.cfg.tag and self._n_active("rollout") <= 1:
+            raise SchedulerError(
+                f"drain({worker_id!r}): it is the last rollout worker and mode={self.cfg.mode!r} "
+                "has no TAG (trainers do not generate): nothing would generate the rest of the run")
+        self._draining[worker_id] = None
+        if ws.unit is not None:
+            return False  # leaves when its unit completes (complete -> _release)
+        self._unpark(ws)
+        return self._release(ws)
+
+    def pop_drained(self) -> list[Worker]:
+        """Workers that finished draining since the last call; the caller stops their actors."""
+        out, self._drained = self._drained, []
+        return out
+
+    @property
+    def draining(self) -> list[str]:
+        """Ids of workers draining now (still in `workers` until they leave)."""
+        return list(self._draining)
+
     # ------------------------------------------------------------------ helpers
+    def _release(self, ws: _W) -> bool:
+        """A draining worker is free: hand over its pinned work (or keep a trajectory nobody
+        else can continue), else leave. True when it left."""
+        wid = ws.id
+        unit = self._pinned.get(wid)
+        if type(unit) is Generate and self._can_continue(unit.version, but=wid):
+            del self._pinned[wid]
+            self.stats["drain_handovers"] += 1
+            self._push_cont(unit.version, unit.step, unit.mb, unit.samples, unit.t_start)
+        elif type(unit) is Reward:
+            del self._pinned[wid]
+            self._reward_q.append(unit)
+        if wid in self._pinned:
+            return False  # finishes its trajectory here; released again on completion
+        del self._draining[wid]
+        del self._w[wid]
+        if ws.role == "rollout":
+            self._n_at[ws.version] -= 1
+        else:
+            self._n_reward -= 1
+        self._drained.append(ws.worker)
+        self._rescue(ws.version)  # continuations of an old version only it held restart
+        return True
+
+    def _can_continue(self, version: int, but: str) -> bool:
+        """Will a rollout worker other than `but` (and not draining) hold `version`? One holds
+        it now, or it is the current version (every rollout worker syncs to that)."""
+        others = [w for w in self._w.values()
+                  if w.role == "rollout" and w.id != but and w.id not in self._draining]
+        return any(w.version == version for w in others) or (version == self.version and bool(others))
+
+    def _n_active(self, role: str) -> int:
+        return sum(1 for w in self._w.values() if w.role == role and w.id not in self._draining)
+
     def _add(self, w: Worker, version: int) -> None:
         if w.id in self._w:
             raise SchedulerError(f"duplicate worker id {w.id!r}")
@@ -502,4 +590,5 @@ class Scheduler:
                 f"train_q={ {s: len(q) for s, q in self._train_q.items() if q} } "
                 f"reward_q={len(self._reward_q)} "
                 f"cont_q={ {v: len(q) for v, q in self._cont_q.items()} } "
-                f"pinned={len(self._pinned)} idle={idle} busy={len(self.in_flight)}")
+                f"pinned={len(self._pinned)} idle={idle} busy={len(self.in_flight)} "
+                f"draining={len(self._draining)}")

@@ -2,7 +2,7 @@
 
     assign() --> start units: push (now + duration_fn(worker, unit)) on a heap
        ^                                      |
-       +---- complete(w, unit) <-- pop the earliest completion (or a scheduled loss/join)
+       +---- complete(w, unit) <-- pop the earliest completion (or a scheduled loss/join/drain)
 
 The scheduler cannot tell this loop from the Ray runtime: same events, same order rules.
 Ties on the clock break by push order, so a run is deterministic.
@@ -17,18 +17,20 @@ from digenrl.sched import Scheduler, Unit, Worker, kind
 from digenrl.sched.units import Train
 from digenrl.trace import Span, Trace
 
-_DONE, _LOST, _JOIN = 0, 1, 2
+_DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
 
 
 def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], float], *,
                 failures: Iterable[tuple[float, str]] = (),
                 joins: Iterable[tuple[float, Worker]] = (),
+                drains: Iterable[tuple[float, str]] = (),
                 record: bool = True,
                 max_events: Optional[int] = None) -> Trace:
     """Run `scheduler` to completion on a virtual clock and return its Trace.
 
     duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
-    losses; `joins`: (time, Worker) arrivals. `record=False` keeps only counters (for
+    losses; `joins`: (time, Worker) arrivals; `drains`: (time, worker_id) requests to leave
+    (Scheduler.drain; the worker's alive interval ends when it has left). `record=False` keeps only counters (for
     very large runs). Raises RuntimeError on deadlock (nothing running, not done).
     """
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
@@ -41,6 +43,8 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
         heap.append((float(t), seq, _LOST, wid)); seq += 1
     for t, w in joins:
         heap.append((float(t), seq, _JOIN, w)); seq += 1
+    for t, wid in drains:
+        heap.append((float(t), seq, _DRAIN, wid)); seq += 1
     heapq.heapify(heap)
     now, n_events = 0.0, 0
     spans = trace.spans
@@ -83,11 +87,15 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
             if cur is not None and record:
                 spans.append(Span(payload, kind(cur[1]), cur[0], now, _version(cur[1], cur[2]),
                                   _step(cur[1]), extra={"lost": True}, unit=cur[1]))
-        else:
+        elif what == _JOIN:
             scheduler.add_worker(payload)
             workers[payload.id] = payload
             trace.workers[payload.id] = payload.role
             trace.alive[payload.id] = [now, None]
+        else:
+            scheduler.drain(payload)
+        for w in scheduler.pop_drained():  # drained workers leave once free
+            trace.alive[w.id][1] = now
         if max_events is not None and n_events > max_events:
             raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
         launch()
