@@ -127,17 +127,17 @@ def test_full_finetune_step(family, folders, tmp_path_factory, tmp_path):
     assert not torch.equal(w0, weight.detach())
 
 
-def _pipeline_latents(family: str, pipe, cond, x0: torch.Tensor):
-    """The diffusers pipeline itself, 2 deterministic steps from x0, CFG off (its own layout)."""
-    common = dict(height=16, width=16, num_inference_steps=2, output_type="latent", return_dict=False)
+def _pipeline_latents(family: str, pipe, x0: torch.Tensor):
+    """The diffusers pipeline itself, 2 deterministic steps from x0, its own text encoder, CFG
+    off, in its own layout."""
+    common = dict(prompt=list(PROMPTS),  # a copy: Z-Image's encode_prompt rewrites the list in place
+                  max_sequence_length=NEW_SETUPS[family][1]["max_sequence_length"], latents=x0,
+                  height=16, width=16, num_inference_steps=2, output_type="latent", return_dict=False)
     if family == "wan2.2":  # guidance_scale_2 defaults to guidance_scale: 1, no CFG in either expert
-        return pipe(prompt=PROMPTS, latents=x0, num_frames=5, max_sequence_length=8, guidance_scale=1.0, **common)[0]
+        return pipe(num_frames=5, guidance_scale=1.0, **common)[0]
     if family == "flux2-klein":  # CFG only when guidance_scale > 1
-        return pipe(prompt_embeds=cond["prompt_embeds"], latents=x0, guidance_scale=1.0, **common)[0]
-    # z-image: CFG whenever guidance_scale > 0; captions are lists of their own tokens
-    mask = cond["prompt_embeds_mask"].bool()
-    captions = [cond["prompt_embeds"][i][mask[i]] for i in range(len(PROMPTS))]
-    return pipe(prompt_embeds=captions, latents=x0, guidance_scale=0.0, **common)[0]
+        return pipe(guidance_scale=1.0, **common)[0]
+    return pipe(guidance_scale=0.0, **common)[0]  # z-image: CFG whenever guidance_scale > 0
 
 
 @pytest.mark.parametrize("family", NEW)
@@ -146,11 +146,10 @@ def test_ode_sampling_matches_diffusers_pipeline(family, folders, tmp_path_facto
 
     policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="frozen")
     cond = policy.encode_prompts(PROMPTS)
-    no_text = {n: None for n in policy.text_components} if NEW_SETUPS[family][2] is not None else {}
-    pipe = getattr(diffusers, policy.pipeline_class).from_pretrained(str(folders[family]), **no_text)
+    pipe = getattr(diffusers, policy.pipeline_class).from_pretrained(str(folders[family]))
     pipe.set_progress_bar_config(disable=True)
     x0 = torch.randn(len(PROMPTS), *policy.latent_shape, generator=torch.Generator().manual_seed(3))
-    theirs = _pipeline_latents(family, pipe, cond, x0)
+    theirs = _pipeline_latents(family, pipe, x0)
     sigmas = pipe.scheduler.sigmas  # what the pipeline used (its shift applied), ending in 0
     if family == "wan2.2":  # one step per expert: the routing is under test too
         assert sigmas[0] >= WAN22_BOUNDARY > sigmas[1] > 0

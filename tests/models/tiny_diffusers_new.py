@@ -1,13 +1,14 @@
 """Tiny random-weight pipelines of the newer families (Wan2.2 A14B, FLUX.2 Klein, Z-Image).
 
 As tiny_diffusers.py: each `build_<family>(root)` saves a whole pipeline with 1-layer,
-16-32-wide models and returns the folder. FLUX.2 Klein and Z-Image take a Qwen3 text
-encoder behind a chat-templated BPE tokenizer; like Qwen-Image their tests feed prompts
-through the prompt cache (NEW_SETUPS gives the Cond shapes a text encoder would make).
+16-32-wide models and returns the folder. FLUX.2 Klein and Z-Image get a tiny Qwen3
+text encoder (8 wide; 27 layers, since Klein reads hidden states 9, 18 and 27) behind a
+one-character-per-token tokenizer with a chat template, so their text paths run too.
 """
 
 from __future__ import annotations
 
+import string
 from pathlib import Path
 
 import torch
@@ -15,6 +16,35 @@ import torch
 from tests.models.tiny_diffusers import image_vae, t5_text, t5_tokenizer
 
 WAN22_BOUNDARY = 0.875  # sigma: Flow-GRPO's 3-step grid (1, 0.9, 0.75, 0 at shift 3) crosses it
+
+
+QWEN3_HIDDEN = 8
+
+
+def qwen3_tokenizer():
+    """Characters as tokens, pad 0; the chat template prefixes a role marker, as Qwen's does."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1}
+    for c in string.ascii_lowercase + " :":
+        vocab[c] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>",
+        chat_template="{% for m in messages %}u: {{ m['content'] }}{% endfor %}",
+    )
+
+
+def qwen3_text():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=32, hidden_size=QWEN3_HIDDEN, intermediate_size=16, num_hidden_layers=27,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=4, max_position_embeddings=64,
+                      pad_token_id=0)
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(cfg).eval()
 
 
 def _wan_transformer(seed: int):
@@ -46,14 +76,14 @@ def build_wan22(root: Path, expand_timesteps: bool = False, two: bool = True) ->
 
 
 def build_flux2_klein(root: Path) -> Path:
-    """Transformer + VAE (with non-trivial batch-norm statistics) only; prompts via the cache."""
+    """The VAE gets non-trivial batch-norm statistics; text: 3 Qwen3 layers x 8 wide = 24."""
     from diffusers import (AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline,
                            Flux2Transformer2DModel)
 
     torch.manual_seed(0)
     transformer = Flux2Transformer2DModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8,
-        num_attention_heads=2, joint_attention_dim=24, timestep_guidance_channels=16,
+        num_attention_heads=2, joint_attention_dim=3 * QWEN3_HIDDEN, timestep_guidance_channels=16,
         axes_dims_rope=(2, 2, 2, 2), guidance_embeds=False,
     )
     torch.manual_seed(0)
@@ -67,33 +97,32 @@ def build_flux2_klein(root: Path) -> Path:
         vae.bn.running_var.copy_(torch.linspace(0.25, 4.0, 16))
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
                                                 base_image_seq_len=256, max_image_seq_len=4096)
-    pipe = Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=None, tokenizer=None, transformer=transformer)
+    pipe = Flux2KleinPipeline(scheduler=scheduler, vae=vae, text_encoder=qwen3_text(), tokenizer=qwen3_tokenizer(),
+                              transformer=transformer)
     pipe.save_pretrained(root)
     return root
 
 
 def build_z_image(root: Path) -> Path:
-    """Transformer + VAE only; prompts via the cache."""
     from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
 
     torch.manual_seed(0)
     transformer = ZImageTransformer2DModel(
         all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=1, n_refiner_layers=1,
-        n_heads=2, n_kv_heads=2, cap_feat_dim=16, axes_dims=[4, 6, 6], axes_lens=[64, 32, 32],
+        n_heads=2, n_kv_heads=2, cap_feat_dim=QWEN3_HIDDEN, axes_dims=[4, 6, 6], axes_lens=[64, 32, 32],
     )
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)
-    pipe = ZImagePipeline(scheduler=scheduler, vae=image_vae(), text_encoder=None, tokenizer=None,
-                          transformer=transformer)
+    pipe = ZImagePipeline(scheduler=scheduler, vae=image_vae(), text_encoder=qwen3_text(),
+                          tokenizer=qwen3_tokenizer(), transformer=transformer)
     pipe.save_pretrained(root)
     return root
 
 
 # Per family, as tiny_diffusers.FAMILY_SETUPS: builder, options for a tiny run, and for
-# cache-fed families the Cond shapes (batch 1) a text encoder would produce.
+# cache-fed families the Cond shapes (batch 1) a text encoder would produce (none here).
 NEW_SETUPS = {
     "wan2.2": (build_wan22, dict(height=16, width=16, num_frames=5, max_sequence_length=8), None),
-    "flux2-klein": (build_flux2_klein, dict(height=16, width=16, max_sequence_length=8, text_encoders=False),
-                    {"prompt_embeds": (1, 8, 24)}),
-    "z-image": (build_z_image, dict(height=16, width=16, max_sequence_length=8, text_encoders=False),
-                {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8)}),
+    "flux2-klein": (build_flux2_klein, dict(height=16, width=16, max_sequence_length=8), None),
+    # 10 tokens: "u: a red cat" (12 characters) is cut to fill them, "u: a dog" leaves 2 masked
+    "z-image": (build_z_image, dict(height=16, width=16, max_sequence_length=10), None),
 }
