@@ -63,6 +63,14 @@ def test_every_family_has_a_tiny_pipeline():
     assert set(FAMILIES) == set(FAMILY_SETUPS) | set(NEW_SETUPS)
 
 
+def test_two_expert_families_match_the_adapter_classes():
+    """config reads TWO_EXPERTS (model.experts) without importing diffusers: it must name the
+    classes that have two experts."""
+    from digenrl.models.diffusers_adapters import TWO_EXPERTS, policy_class
+
+    assert {f for f in FAMILIES if policy_class(f).two_experts} == set(TWO_EXPERTS)
+
+
 def assert_lora_landed(module: torch.nn.Module, targets, prefixes=("",)) -> None:
     """peft skips target names a model lacks without a word: every default target must have
     been found (under each prefix, e.g. each trained expert)."""
