@@ -291,3 +291,14 @@ def test_diffusers_sigma_grid_is_refused_where_not_built(family, tmp_path):
 
     with pytest.raises(ConfigError, match=rf"sampling\.sigmas: the diffusers grid is not built for {family}"):
         load_config(None, [f"model.name={family}", f"model.path={tmp_path}", "sampling.sigmas=diffusers"])
+
+
+def test_profile_knows_every_family(folders, tmp_path_factory, tmp_path):
+    """`digenrl profile` reads per-family tables; FLUX.2's tokens are its latent positions."""
+    from digenrl.profile.targets import JOINT_TEXT, diffusers_target
+
+    assert set(JOINT_TEXT) == set(FAMILIES)
+    policy = load(folders, tmp_path_factory, "flux2-klein", tmp_path / "cache", train="frozen")
+    target = diffusers_target(policy, policy.encode_prompts(PROMPTS[:1]), "flux2-klein", None, tiny=True,
+                              log=lambda _: None)
+    assert policy.latent_shape == (16, 4, 4) and target.tokens == 4 * 4 + 8  # + 8 text tokens (joint)
