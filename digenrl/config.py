@@ -21,8 +21,8 @@ from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
-from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES
-from digenrl.models.diffusers_adapters.sigmas import SIGMA_GRIDS
+from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
+from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
@@ -74,6 +74,10 @@ class ModelConfig:
     # embedded guidance scale of guidance-distilled families (flux, hunyuan-video: a model
     # input, not a CFG batch); 0 = the adapter's default 3.5. Other families refuse it.
     guidance: float = 0.0
+    # two-expert families (wan2.2): which denoiser trains: both, high (the high-noise expert,
+    # sigma >= the pipeline's boundary_ratio) or low; the other is frozen (no LoRA, no grad).
+    # "" = both. Other families refuse it.
+    experts: str = ""
 
     def __post_init__(self) -> None:
         _one_of(self.name, "model.name", MODEL_NAMES)
@@ -90,6 +94,10 @@ class ModelConfig:
         _check(self.guidance == 0 or self.name in EMBEDDED_GUIDANCE, "model.guidance",
                f"{self.name} has no embedded guidance (only {', '.join(EMBEDDED_GUIDANCE)} do); "
                "use sampling.cfg_scale for classifier-free guidance, and leave model.guidance at 0")
+        _check(not self.experts or self.name in TWO_EXPERTS, "model.experts",
+               f"{self.name} has one transformer (only {', '.join(TWO_EXPERTS)} have two experts); leave it empty")
+        if self.experts:
+            _one_of(self.experts, "model.experts", EXPERT_CHOICES)
 
 
 @dataclass
@@ -465,6 +473,10 @@ class Config:
             _check(self.train.beta == 0 or self.model.lora_rank > 0, "train.beta",
                    "a KL reference for a sharded full fine-tune (a second sharded copy of the base model) is not "
                    "built; use LoRA (the reference is the adapters switched off) or beta 0")
+            # each rank routes its own rows to an expert by sigma, so ranks would all-gather different
+            # experts' shards and the collectives would not pair up
+            _check(self.model.name not in TWO_EXPERTS, "runtime.trainer.shard",
+                   f"fsdp is not built for two-expert families ({self.model.name}); use shard=none")
         if rt.rollout.gang > 1 or rt.trainer.sp > 1:
             key = "runtime.rollout.gang" if rt.rollout.gang > 1 else "runtime.trainer.sp"
             _check(self.model.name in SP_FAMILIES, key,
@@ -492,6 +504,9 @@ class Config:
                        f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
         _check(self.sampling.sigmas == "digenrl" or self.model.name != "tiny-dit", "sampling.sigmas",
                "diffusers builds a diffusers pipeline's grid; tiny-dit has no pipeline: use digenrl")
+        _check(self.sampling.sigmas == "digenrl" or self.model.name in ("tiny-dit", *PUBLISHED_SCHEDULERS),
+               "sampling.sigmas", f"the diffusers grid is not built for {self.model.name} (only for "
+               f"{', '.join(PUBLISHED_SCHEDULERS)}): use digenrl")
         # Wan2.1's UniPC flow sigmas start at 1 - 1e-6, where flow-sde's std sqrt(s / (1 - s))
         # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
         # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)

@@ -50,6 +50,7 @@ def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
             text_encoders=cfg.text_encoders,
             max_sequence_length=cfg.max_sequence_length or None,  # 0: the family's default
             **({"guidance_scale": cfg.guidance} if cfg.guidance else {}),  # 0: the adapter's default
+            **({"experts": cfg.experts} if cfg.experts else {}),  # wan2.2: "" = both
         )
         if cfg.guidance and not (policy.embedded_guidance and policy.module.config.get("guidance_embeds")):
             # ModelConfig refuses families without embedded guidance; this is a checkpoint of an
@@ -59,7 +60,9 @@ def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
         default_targets = default_lora_targets(cfg.name)
     if cfg.lora_rank > 0:
         policy.module.requires_grad_(False)
-        apply_lora(policy.module, LoraSpec(cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets or default_targets)))
+        # the adapters go where RL trains: the whole module, or one expert of wan2.2 (model.experts)
+        trained = policy.trained_module() if hasattr(policy, "trained_module") else policy.module
+        apply_lora(trained, LoraSpec(cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets or default_targets)))
     if cfg.grad_ckpt:  # the tiny DiT and every diffusers transformer implement it
         policy.module.enable_gradient_checkpointing()
     return policy

@@ -14,8 +14,12 @@ from digenrl.models.protocol import Cond
 from digenrl.sim.catalogue import FAMILY_PREFIX as COST_MODEL_PREFIX
 
 DIFFUSERS_FAMILIES = tuple(FAMILIES)
-# text tokens inside the joint attention sequence (wan: cross-attention, none)
-JOINT_TEXT = {"sd3": True, "flux": True, "wan": False, "qwen-image": True, "hunyuan-video": True}
+# text tokens inside the joint attention sequence (wan, wan2.2: cross-attention, none)
+JOINT_TEXT = {"sd3": True, "flux": True, "wan": False, "qwen-image": True, "hunyuan-video": True,
+              "wan2.2": False, "flux2-klein": True, "z-image": True}
+# latent positions per token side (2x2 patches), except FLUX.2 Klein's latents, patchified
+# into channels already: one token per position
+LATENT_PATCH = {"flux2-klein": 1}
 # VAE calibration entries the cost model reads, and the one shape each was measured at
 CALIB_VAES = {"flux": ("flux-vae", (1024, 1024, 1)), "wan": ("wan-vae", (480, 832, 33))}
 
@@ -49,11 +53,12 @@ def cost_model_name(family: str, params_B: float) -> Optional[str]:
     return None
 
 
-def _tokens(latent_shape: tuple[int, ...], text: int) -> int:
-    """Sequence length: 2x2 latent patches (x latent frames for video) + text tokens in the joint sequence."""
+def _tokens(latent_shape: tuple[int, ...], text: int, patch: int = 2) -> int:
+    """Sequence length: patch x patch latent patches (x latent frames for video) + text tokens in
+    the joint sequence."""
     *lead, h, w = latent_shape
     frames = lead[1] if len(lead) == 2 else 1
-    return frames * (h // 2) * (w // 2) + text
+    return frames * (h // patch) * (w // patch) + text
 
 
 def tiny_dit_target(policy, name: Optional[str] = None) -> Target:
@@ -105,7 +110,8 @@ def diffusers_target(policy, cond: Cond, family: str, name: Optional[str], tiny:
         log(f"note: {n}")
     shape_str = f"{shape.frames} frames {shape.height}x{shape.width}" if video else \
         f"{shape.height}x{shape.width}, {text} text tokens"
-    return Target(name, policy, cond, params_B, _tokens(policy.latent_shape, text), shape_str, family,
+    tokens = _tokens(policy.latent_shape, text, LATENT_PATCH.get(family, 2))
+    return Target(name, policy, cond, params_B, tokens, shape_str, family,
                   hasattr(policy.module, "enable_gradient_checkpointing"), vae_name, vae_what,
                   tuple(policy.default_lora_targets), notes)
 

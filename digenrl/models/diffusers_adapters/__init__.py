@@ -1,4 +1,5 @@
-"""Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo.
+"""Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo,
+Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
@@ -19,11 +20,17 @@ FAMILIES = {
     "wan": ("digenrl.models.diffusers_adapters.wan", "WanPolicy"),
     "qwen-image": ("digenrl.models.diffusers_adapters.qwen_image", "QwenImagePolicy"),
     "hunyuan-video": ("digenrl.models.diffusers_adapters.hunyuan_video", "HunyuanVideoPolicy"),
+    "wan2.2": ("digenrl.models.diffusers_adapters.wan22", "Wan22Policy"),
+    "flux2-klein": ("digenrl.models.diffusers_adapters.flux2_klein", "Flux2KleinPolicy"),
+    "z-image": ("digenrl.models.diffusers_adapters.z_image", "ZImagePolicy"),
 }
 # families whose transformer takes a guidance scale as an input (guidance-distilled:
 # FLUX.1-dev, HunyuanVideo): their classes set `embedded_guidance`; ModelConfig reads this
 # without importing diffusers
 EMBEDDED_GUIDANCE = ("flux", "hunyuan-video")
+# families with a high- and a low-noise transformer (model.experts picks which train)
+TWO_EXPERTS = ("wan2.2",)
+EXPERT_CHOICES = ("both", "high", "low")  # the trained expert(s): AdapterOptions.experts, model.experts
 _REQUIRED = ("diffusers", "transformers", "peft", "safetensors")
 
 
@@ -52,7 +59,7 @@ def load_policy(family: str, path_or_id: str, **opts: Any):
 
     opts: the fields of AdapterOptions (height, width, num_frames, device, dtype, train,
     lora_rank, lora_alpha, lora_targets, gradient_checkpointing, guidance_scale,
-    negative_prompt, max_sequence_length, prompt_cache_dir, model_id, cudnn_sdpa), plus
+    negative_prompt, max_sequence_length, prompt_cache_dir, model_id, cudnn_sdpa, experts), plus
     text_encoders (False: prompts come from the prompt cache only) and local_files_only.
     `frames` and `prompt_cache` are accepted for num_frames and prompt_cache_dir.
     """
@@ -82,7 +89,9 @@ def __getattr__(name: str) -> Any:  # lazy: importing the package does not impor
 
 
 __all__ = [
-    "EMBEDDED_GUIDANCE", "FAMILIES", "default_lora_targets", "load_policy", "policy_class",
+    "EMBEDDED_GUIDANCE", "EXPERT_CHOICES", "FAMILIES", "TWO_EXPERTS",
+    "default_lora_targets", "load_policy", "policy_class",
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
+    "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

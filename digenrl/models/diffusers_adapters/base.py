@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
+from digenrl.models.diffusers_adapters import EXPERT_CHOICES
 from digenrl.models.lora import LoraSpec, apply_lora
 from digenrl.models.protocol import Cond, cond_cat, cond_repeat
 from digenrl.models.diffusers_adapters.prompt_cache import PromptCache
@@ -65,10 +66,14 @@ class AdapterOptions:
     prompt_cache_dir: Optional[str] = None
     model_id: Optional[str] = None  # names the prompt-cache namespace; from_pretrained sets it
     cudnn_sdpa: bool = False  # see _guard_cudnn_sdpa
+    # two-expert families (wan2.2): which denoisers train; the other is frozen (no LoRA, no grad)
+    experts: str = "both"
 
     def __post_init__(self) -> None:
         if self.train not in TRAIN_MODES:
             raise ValueError(f"train={self.train!r} unknown; allowed: {', '.join(TRAIN_MODES)}")
+        if self.experts not in EXPERT_CHOICES:
+            raise ValueError(f"experts={self.experts!r} unknown; allowed: {', '.join(EXPERT_CHOICES)}")
         for name in ("dtype", "vae_dtype"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, torch.dtype) and value not in _DTYPES:
@@ -143,6 +148,7 @@ class DiffusersPolicy:
     pipeline_class: ClassVar[str]  # diffusers pipeline whose encode_prompt we reuse
     text_components: ClassVar[tuple[str, ...]]  # pipeline component names of the text side
     embedded_guidance: ClassVar[bool] = False  # the transformer takes the guidance scale as an input
+    two_experts: ClassVar[bool] = False  # a high- and a low-noise transformer (wan2.2); see `experts`
     output: ClassVar[str] = "image"
     default_size: ClassVar[tuple[int, int]] = (512, 512)  # (height, width) in pixels
     default_num_frames: ClassVar[int] = 1
@@ -238,7 +244,12 @@ class DiffusersPolicy:
             ) from error
         text = {name: getattr(pipe, name, None) for name in cls.text_components} if text_encoders else {}
         text = {name: m for name, m in text.items() if m is not None}  # a folder may ship without them
-        return cls(pipe.transformer, pipe.vae, text_modules=text or None, **options)
+        return cls._from_pipeline(pipe, text or None, options)
+
+    @classmethod
+    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]], options: dict[str, Any]):
+        """Build from a loaded diffusers pipeline; families with more denoisers (wan2.2) override it."""
+        return cls(pipe.transformer, pipe.vae, text_modules=text_modules, **options)
 
     def _build_text_pipeline(self, text_modules: dict[str, Any]) -> Any:
         """The family's diffusers pipeline holding only its text side: we call its encode_prompt."""
@@ -257,17 +268,27 @@ class DiffusersPolicy:
     # ---- training mode ---------------------------------------------------------------
 
     def _setup_training(self, opts: AdapterOptions) -> None:
+        if opts.experts != "both" and not self.two_experts:
+            raise ValueError(f"{self.family}: experts={opts.experts!r} applies to two-expert families only "
+                             f"(wan2.2); {self.family} has one transformer")
+        trained = self.trained_module()
+        self.module.requires_grad_(False)
         if opts.train == "lora":
             spec = LoraSpec(rank=opts.lora_rank, alpha=opts.lora_alpha,
                             target_modules=opts.lora_targets or self.default_lora_targets)
-            apply_lora(self.module, spec)
+            apply_lora(trained, spec)
             # peft creates adapter weights in float32; keep them in the model dtype so the
             # forward runs one dtype (the optimizer may keep float32 master copies itself)
             cast_module(self.module, self.device, self.dtype)
         else:
-            self.module.requires_grad_(opts.train == "full")
+            trained.requires_grad_(opts.train == "full")
         if opts.gradient_checkpointing:
             self.module.enable_gradient_checkpointing()
+
+    def trained_module(self) -> torch.nn.Module:
+        """The part of `self.module` RL trains: LoRA goes in here, the rest stays frozen.
+        The whole module, except for two-expert families with `experts` high or low."""
+        return self.module
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]

@@ -8,10 +8,13 @@ Conventions, from diffusers 0.42 `pipelines/wan/pipeline_wan.py`:
   (`_get_t5_prompt_embeds`); no mask goes to the transformer.
 - decode: latents * latents_std + latents_mean per channel (the pipeline writes it as
   `latents / (1 / std) + mean`, ~664-672); vae.decode gives (B, 3, F, H, W).
-- only the single-transformer Wan2.1 layout (no Wan2.2 transformer_2 / expand_timesteps).
+- only the single-transformer Wan2.1 layout: a Wan2.2 A14B folder (transformer_2) is
+  refused with a pointer to model.name=wan2.2 (wan22.py); TI2V-5B (expand_timesteps) too.
 """
 
 from __future__ import annotations
+
+from typing import Any, Optional
 
 import torch
 
@@ -31,6 +34,16 @@ class WanPolicy(DiffusersPolicy):
     # add_v_proj of the shared defaults exist only in the I2V model (added_kv_proj_dim), and
     # peft would skip those names silently
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
+
+    @classmethod
+    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]], options: dict[str, Any]):
+        if getattr(pipe, "transformer_2", None) is not None:
+            raise ValueError(f"{cls.family}: this Wan pipeline has two experts (transformer_2: Wan2.2 A14B); "
+                             f"load it as model.name=wan2.2")
+        if pipe.config.get("expand_timesteps", False):
+            raise ValueError(f"{cls.family}: this Wan pipeline has expand_timesteps (Wan2.2 TI2V-5B), "
+                             f"which is not supported")
+        return super()._from_pipeline(pipe, text_modules, options)
 
     def _latent_shape(self) -> tuple[int, ...]:
         if self.vae is not None:
