@@ -8,6 +8,8 @@
        +-- worker_lost(w) + add_worker(replacement)          -- RayActorError (of any rank; a
                                                                  rank's failed collective when a
                                                                  peer rank died counts as it)
+       +-- inputs_lost(w, unit): its micro-batch again       -- ObjectLostError: an input's only
+                                                                 copy was on a node that died
 
 Same shape as `digenrl.sim.engine.run_virtual`: the scheduler cannot tell the two apart.
 Real compute and emulated compute differ only in the backend (what a unit does).
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from digenrl.runtime.results import Done, merge
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
@@ -104,6 +106,11 @@ class EventLoop:
                 self.pending.pop(other, None)
             self._lost(wid, unit, t_disp, e, rank=call.refs.index(ref) if len(call.refs) > 1 else None)
             return
+        except ObjectLostError:  # (RayTaskError too) an input's only copy was on a node that died
+            for other in call.refs:
+                self.pending.pop(other, None)
+            self._inputs_lost(wid, unit, t_disp)
+            return
         except RayTaskError:
             # a surviving rank of a gang fails its collective when a peer dies (gloo: "connection
             # reset by peer") and can report first: a dead peer makes it a lost unit, not a bug
@@ -119,11 +126,13 @@ class EventLoop:
             return  # other ranks still running
         info = merge([call.done[r] for r in call.refs])
         version_before = self.sched.version
-        self.sched.complete(wid, unit)
+        taken = self.sched.complete(wid, unit)
         self.trace.n_events += 1
-        self.trace.spans.append(Span(wid, kind(unit), info.start - self.t0,
-                                     info.end - self.t0, _version(unit), _step(unit), unit=unit))
-        self.backend.completed(wid, unit, info)
+        self.trace.spans.append(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0,
+                                     _version(unit), _step(unit), unit=unit,
+                                     extra=None if taken else {"dropped": True}))
+        if taken:  # else its micro-batch was regenerated meanwhile (inputs_lost)
+            self.backend.completed(wid, unit, info)
         if self.sched.version != version_before:
             self.backend.step_done(version_before, self.now())
 
@@ -141,6 +150,17 @@ class EventLoop:
         self.sched.add_worker(new)
         self.trace.workers[new.id] = new.role
         self.trace.alive[new.id] = [now, None]
+
+
+    def _inputs_lost(self, wid: str, unit: Unit, t_disp: float) -> None:
+        """`unit` could not start: trajectories it reads were only on a node that died. Its
+        worker is fine; the scheduler generates the micro-batch again (Scheduler.inputs_lost)."""
+        self.trace.spans.append(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
+                                     extra={"lost": True, "inputs_lost": True}, unit=unit))
+        self.sched.inputs_lost(wid, unit)
+        forget = getattr(self.backend, "inputs_lost", None)
+        if forget is not None:
+            forget(wid, unit)
 
 
 class WorkerLostError(RuntimeError):
