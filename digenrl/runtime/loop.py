@@ -26,7 +26,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from digenrl.runtime.results import Done, merge
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
-from digenrl.sched.units import Train
+from digenrl.sched.units import Train, WeightSync
 from digenrl.trace import Span, Trace
 
 
@@ -45,12 +45,15 @@ class EventLoop:
 
     Steps and versions in the trace are the scheduler's (a resumed run counts from the
     checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
+    `stall_s`: a watchdog, raise (with the scheduler's state) when no unit has finished for
+    that long; None waits forever (a real unit may take minutes).
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, *,
-                 on_dispatch: Optional[Callable[[str, Unit], None]] = None):
+                 on_dispatch: Optional[Callable[[str, Unit], None]] = None, stall_s: Optional[float] = None):
         self.sched, self.backend = scheduler, backend
         self.on_dispatch = on_dispatch
+        self.stall_s = stall_s
         self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
                            alive={w.id: [0.0, None] for w in scheduler.workers})
         # a unit runs on every rank of its worker's gang: one ref per rank, all in `pending`
@@ -72,7 +75,10 @@ class EventLoop:
         while not sched.done:
             if not self.pending:
                 raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
-            ready, _ = ray.wait(list(self.pending), num_returns=1)
+            ready, _ = ray.wait(list(self.pending), num_returns=1, timeout=self.stall_s)
+            if not ready:
+                raise RuntimeError(f"runtime stalled: no unit finished for {self.stall_s:.0f}s; "
+                                   f"{sched.describe()}")
             rest = [r for r in self.pending if r not in ready]
             more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest else []
             self._take(ready + more)
@@ -106,10 +112,10 @@ class EventLoop:
                 self.pending.pop(other, None)
             self._lost(wid, unit, t_disp, e, rank=call.refs.index(ref) if len(call.refs) > 1 else None)
             return
-        except ObjectLostError:  # (RayTaskError too) an input's only copy was on a node that died
+        except ObjectLostError as e:  # (RayTaskError too) an input's only copy was on a node that died
             for other in call.refs:
                 self.pending.pop(other, None)
-            self._inputs_lost(wid, unit, t_disp)
+            self._inputs_lost(wid, unit, t_disp, e)
             return
         except RayTaskError:
             # a surviving rank of a gang fails its collective when a peer dies (gloo: "connection
@@ -152,9 +158,14 @@ class EventLoop:
         self.trace.alive[new.id] = [now, None]
 
 
-    def _inputs_lost(self, wid: str, unit: Unit, t_disp: float) -> None:
+    def _inputs_lost(self, wid: str, unit: Unit, t_disp: float, err: Exception) -> None:
         """`unit` could not start: trajectories it reads were only on a node that died. Its
-        worker is fine; the scheduler generates the micro-batch again (Scheduler.inputs_lost)."""
+        worker is fine; the scheduler generates the micro-batch again (Scheduler.inputs_lost).
+        A WeightSync's input is weights trainer 0 published: its node died, so the run stops
+        as for a lost trainer."""
+        if type(unit) is WeightSync:
+            t0 = next(w for w in self.sched.workers if w.role in ("trainer", "colocated"))
+            raise WorkerLostError(t0.id, t0.role, err) from err
         self.trace.spans.append(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
                                      extra={"lost": True, "inputs_lost": True}, unit=unit))
         self.sched.inputs_lost(wid, unit)
