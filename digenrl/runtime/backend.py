@@ -183,10 +183,10 @@ class RealBackend:
 
     def inputs_lost(self, wid: str, unit: Unit) -> None:
         """`unit`'s micro-batch is generated again (a node holding its trajectories died):
-        forget what was derived from the lost trajectories."""
+        its advantages are computed again from the new rewards (its old rewards stay until
+        then: whole-step advantages of the other micro-batches may still read them)."""
         self.out.pop(wid, None)
         self.adv.pop((unit.step, unit.mb), None)
-        self.rewards.pop((unit.step, unit.mb), None)
 
     def replace(self, worker: Worker) -> Worker:
         self.out.pop(worker.id, None)

@@ -157,7 +157,6 @@ class EventLoop:
         self.trace.workers[new.id] = new.role
         self.trace.alive[new.id] = [now, None]
 
-
     def _inputs_lost(self, wid: str, unit: Unit, t_disp: float, err: Exception) -> None:
         """`unit` could not start: trajectories it reads were only on a node that died. Its
         worker is fine; the scheduler generates the micro-batch again (Scheduler.inputs_lost).

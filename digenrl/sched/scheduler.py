@@ -296,7 +296,11 @@ class Scheduler:
         units = [Train(r.step, r.mb, r.groups, ts, version, rows)
                  for ts in chunks for rows in m.train_rows
                  if (ts, rows) not in (m.trained or ()) and (ts, rows) not in running]
-        q = self._train_q.setdefault(r.step, deque())
+        self._queue_trains(r.step, units)
+
+    def _queue_trains(self, step: int, units: list) -> None:
+        st = self._steps[step]
+        q = self._train_q.setdefault(step, deque())
         if self.cfg.gap:  # stream: train as soon as a micro-batch is rewarded
             q.extend(units)
         else:  # batch-level: nothing trains before the whole step is rewarded
@@ -370,8 +374,7 @@ class Scheduler:
     def inputs_lost(self, worker_id: str, unit: Unit) -> None:
         """Event: `unit` failed on `worker_id` without running: trajectories it reads are gone
         (the node that held them died). The worker is idle again, and its micro-batch is
-        generated again from t=0 at a fresh version slot (everything queued for it is
-        dropped; its Generate and Reward units still running are ignored when they end). Train
+        generated again from t=0 (everything queued for it is dropped; its Generate and Reward units still running are ignored when they end). Train
         units already done are not made again: generation is deterministic per sample
         (digenrl.math.rng), so the rest train on the same trajectories.
         """
@@ -386,7 +389,7 @@ class Scheduler:
         if not stale:
             self._regenerate(unit.step, unit.mb)
         elif type(unit) is Train and m.rewarded:  # new trajectories exist: train on them
-            self._train_q.setdefault(unit.step, deque()).append(unit)
+            self._queue_trains(unit.step, [unit])
         # (a stale Train of a micro-batch not rewarded again yet is made at its Reward)
         self._idle_again(ws)
 

@@ -67,7 +67,8 @@ def test_rollout_node_lost_mid_step(cluster, local_run, tmp_path):
     summary = rt.train()
     assert killed, "the fault was never injected"
     lost = [s for s in rt.trace.spans if s.extra and s.extra.get("lost")]
-    assert {s.worker for s in lost if not s.extra.get("inputs_lost")} <= {"rollout-0", "rollout-1"}
+    died = {s.worker for s in lost if not s.extra.get("inputs_lost")}
+    assert "rollout-0" in died and died <= {"rollout-0", "rollout-1"}  # (rollout-1: if it was busy)
     assert any(s.extra.get("inputs_lost") for s in lost), "no unit found its inputs gone"
     assert summary["scheduler"]["restarts"] >= 1
     assert sum(w.startswith("rollout-") and "#" in w for w in rt.trace.workers) >= 1  # replacements

@@ -53,9 +53,15 @@ def _drive_losing_inputs(s, rng, p_lost):
     """Run `s` completing a random in-flight unit at a time; a unit that reads trajectories
     (a continuation, Reward, Train) fails instead with probability p_lost (`inputs_lost`: its
     node died). Returns the Train units completed, and how many failed."""
-    busy, trained, failed = {}, [], 0
+    busy, trained, failed, rewarded = {}, [], 0, set()
+    n_mbs = len(partition(s.cfg.groups_per_step, s.cfg.micro_batch_groups))
     while not s.done:
-        busy.update(s.assign())
+        new = dict(s.assign())
+        # batch-level modes: a Train only once every micro-batch of its step has rewards (a
+        # regenerated one's earlier rewards are the same: generation is deterministic)
+        assert s.cfg.gap or all(sum(k == u.step for k, _ in rewarded) == n_mbs
+                                for u in new.values() if type(u) is Train)
+        busy.update(new)
         assert busy, s.describe()
         wid = rng.choice(sorted(busy))
         u = busy.pop(wid)
@@ -63,8 +69,11 @@ def _drive_losing_inputs(s, rng, p_lost):
         if reads and rng.random() < p_lost:
             s.inputs_lost(wid, u)
             failed += 1
-        elif s.complete(wid, u) and type(u) is Train:
-            trained.append(u)
+        elif s.complete(wid, u):
+            if type(u) is Train:
+                trained.append(u)
+            elif type(u) is Reward:
+                rewarded.add((u.step, u.mb))
     return trained, failed
 
 
