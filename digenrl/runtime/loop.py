@@ -145,7 +145,7 @@ class EventLoop:
     def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception, rank: Optional[int] = None) -> None:
         now = self.now()
         self.trace.spans.append(Span(wid, kind(unit), t_disp, now, _version(unit), _step(unit),
-                                     extra={"lost": True}, unit=unit))
+                                     extra={"lost": True, "error": type(err).__name__}, unit=unit))
         self.trace.alive[wid][1] = now
         old = next(w for w in self.sched.workers if w.id == wid)
         try:
@@ -166,7 +166,7 @@ class EventLoop:
             t0 = next(w for w in self.sched.workers if w.role in ("trainer", "colocated"))
             raise WorkerLostError(t0.id, t0.role, err) from err
         self.trace.spans.append(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
-                                     extra={"lost": True, "inputs_lost": True}, unit=unit))
+                                     extra={"lost": True, "inputs_lost": True, "error": type(err).__name__}, unit=unit))
         self.sched.inputs_lost(wid, unit)
         forget = getattr(self.backend, "inputs_lost", None)
         if forget is not None:
