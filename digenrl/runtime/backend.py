@@ -181,6 +181,13 @@ class RealBackend:
     def _synced(self, wid: str, unit: WeightSync, done: Synced) -> None:
         self.syncs.append(done)
 
+    def inputs_lost(self, wid: str, unit: Unit) -> None:
+        """`unit`'s micro-batch is generated again (a node holding its trajectories died):
+        its advantages are computed again from the new rewards (its old rewards stay until
+        then: whole-step advantages of the other micro-batches may still read them)."""
+        self.out.pop(wid, None)
+        self.adv.pop((unit.step, unit.mb), None)
+
     def replace(self, worker: Worker) -> Worker:
         self.out.pop(worker.id, None)
         return self.rt.replace(worker)

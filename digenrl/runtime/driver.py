@@ -39,7 +39,7 @@ from digenrl.config import Config
 from digenrl.contract import RunContract, contract
 from digenrl.data import PromptSource, load_prompts
 from digenrl.recorder import RunRecorder
-from digenrl.runtime.cluster import PoolPlacement, actor_options, connect
+from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options, connect
 from digenrl.runtime.backend import RealBackend
 from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.gang import Gang
@@ -148,7 +148,13 @@ class RayTrainer:
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
         self._spawn(new, [actor_options(pool)] * (pool.gang if old.role == "rollout" else 1))
-        ray.get(self.handles[new.id].ready.all())
+        try:  # a lost node may have been the only one with room for this pool: say so, not hang
+            ray.get(self.handles[new.id].ready.all(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"replacing lost worker {old.id}: no node can host a {old.role} worker "
+                f"(num_cpus={pool.num_cpus}, num_gpus={pool.num_gpus}, resources={pool.resources}) "
+                f"within {PLACEMENT_TIMEOUT_S:.0f}s; available: {ray.available_resources()}") from None
         if old.role == "rollout" and pool.gang > 1:
             self._init_sp(new.id)
         if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":

@@ -40,6 +40,7 @@ clock does). When `behind_ms` nears unit durations, raise time_scale.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Iterable, Optional
 
@@ -67,6 +68,10 @@ class EmulatedWorker:
 
     def ready(self) -> bool:
         return True
+
+    def pid(self) -> int:
+        """This actor's process (fault injection kills it)."""
+        return os.getpid()
 
     def run(self, unit: Unit, t_ref: Optional[float] = None, *inputs) -> Slept:
         """`inputs` are refs of the units this one consumes (resolved by Ray: real messages).

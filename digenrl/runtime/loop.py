@@ -10,6 +10,8 @@
                                                                  peer rank died counts as it)
        +-- poll(loop): join(w) / drain(w) (elastic pools, runtime/elastic.py); drained
            workers that have left are retired (backend.retire stops their actors)
+       +-- inputs_lost(w, unit): its micro-batch again       -- ObjectLostError: an input's only
+                                                                  copy was on a node that died
 
 Same shape as `digenrl.sim.engine.run_virtual`: the scheduler cannot tell the two apart.
 Real compute and emulated compute differ only in the backend (what a unit does).
@@ -22,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol
 
 import ray
-from ray.exceptions import RayActorError, RayTaskError
+from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from digenrl.runtime.results import Done, merge
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
-from digenrl.sched.units import Train
+from digenrl.sched.units import Train, WeightSync
 from digenrl.trace import Span, Trace
 
 
@@ -48,15 +50,19 @@ class EventLoop:
     Steps and versions in the trace are the scheduler's (a resumed run counts from the
     checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
     `poll(loop)` runs after every batch of events and at least every `poll_s` seconds (it
-    may `join` and `drain` workers: elastic pools).
+    may `join` and `drain` workers: elastic pools). `stall_s`: a watchdog, raise (with the
+    scheduler's state) when no unit has finished for that long; None waits forever (a real
+    unit may take minutes).
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, *,
                  on_dispatch: Optional[Callable[[str, Unit], None]] = None,
-                 poll: Optional[Callable[["EventLoop"], None]] = None, poll_s: float = 0.5):
+                 poll: Optional[Callable[["EventLoop"], None]] = None, poll_s: float = 0.5,
+                 stall_s: Optional[float] = None):
         self.sched, self.backend = scheduler, backend
         self.on_dispatch = on_dispatch
         self.poll, self.poll_s = poll, poll_s
+        self.stall_s = stall_s
         self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
                            alive={w.id: [0.0, None] for w in scheduler.workers})
         # a unit runs on every rank of its worker's gang: one ref per rank, all in `pending`
@@ -75,11 +81,17 @@ class EventLoop:
     def run(self) -> Trace:
         sched = self.sched
         self._launch()
+        last = time.time()  # the latest completion (stall_s)
         while not sched.done:
             if not self.pending:
                 raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
             ready, _ = ray.wait(list(self.pending), num_returns=1,
-                                timeout=None if self.poll is None else self.poll_s)
+                                timeout=self.poll_s if self.poll is not None else self.stall_s)
+            if ready:
+                last = time.time()
+            elif self.stall_s is not None and time.time() - last >= self.stall_s:
+                raise RuntimeError(f"runtime stalled: no unit finished for {self.stall_s:.0f}s; "
+                                   f"{sched.describe()}")
             rest = [r for r in self.pending if r not in ready]
             more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest and ready else []
             self._take(ready + more)
@@ -117,6 +129,11 @@ class EventLoop:
                 self.pending.pop(other, None)
             self._lost(wid, unit, t_disp, e, rank=call.refs.index(ref) if len(call.refs) > 1 else None)
             return
+        except ObjectLostError as e:  # (RayTaskError too) an input's only copy was on a node that died
+            for other in call.refs:
+                self.pending.pop(other, None)
+            self._inputs_lost(wid, unit, t_disp, e)
+            return
         except RayTaskError:
             # a surviving rank of a gang fails its collective when a peer dies (gloo: "connection
             # reset by peer") and can report first: a dead peer makes it a lost unit, not a bug
@@ -132,18 +149,20 @@ class EventLoop:
             return  # other ranks still running
         info = merge([call.done[r] for r in call.refs])
         version_before = self.sched.version
-        self.sched.complete(wid, unit)
+        taken = self.sched.complete(wid, unit)
         self.trace.n_events += 1
-        self.trace.spans.append(Span(wid, kind(unit), info.start - self.t0,
-                                     info.end - self.t0, _version(unit), _step(unit), unit=unit))
-        self.backend.completed(wid, unit, info)
+        self.trace.spans.append(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0,
+                                     _version(unit), _step(unit), unit=unit,
+                                     extra=None if taken else {"dropped": True}))
+        if taken:  # else its micro-batch was regenerated meanwhile (inputs_lost)
+            self.backend.completed(wid, unit, info)
         if self.sched.version != version_before:
             self.backend.step_done(version_before, self.now())
 
     def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception, rank: Optional[int] = None) -> None:
         now = self.now()
         self.trace.spans.append(Span(wid, kind(unit), t_disp, now, _version(unit), _step(unit),
-                                     extra={"lost": True}, unit=unit))
+                                     extra={"lost": True, "error": type(err).__name__}, unit=unit))
         self.trace.alive[wid][1] = now
         old = next(w for w in self.sched.workers if w.id == wid)
         leaving = wid in self.sched.draining
@@ -173,6 +192,21 @@ class EventLoop:
         for w in self.sched.pop_drained():
             self.trace.alive[w.id][1] = self.now()
             self.backend.retire(w)
+
+    def _inputs_lost(self, wid: str, unit: Unit, t_disp: float, err: Exception) -> None:
+        """`unit` could not start: trajectories it reads were only on a node that died. Its
+        worker is fine; the scheduler generates the micro-batch again (Scheduler.inputs_lost).
+        A WeightSync's input is weights trainer 0 published: its node died, so the run stops
+        as for a lost trainer."""
+        if type(unit) is WeightSync:
+            t0 = next(w for w in self.sched.workers if w.role in ("trainer", "colocated"))
+            raise WorkerLostError(t0.id, t0.role, err) from err
+        self.trace.spans.append(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
+                                     extra={"lost": True, "inputs_lost": True, "error": type(err).__name__}, unit=unit))
+        self.sched.inputs_lost(wid, unit)
+        forget = getattr(self.backend, "inputs_lost", None)
+        if forget is not None:
+            forget(wid, unit)
 
 
 class WorkerLostError(RuntimeError):

@@ -34,6 +34,8 @@ class _MB:
     train_rows: tuple[Rows, ...]  # Train sample shards; (None,) = unsharded
     version: Optional[int] = None  # set when its first Generate starts; None = not started
     left: int = 0  # Generate shards not fully generated yet (the Reward waits for 0)
+    rewarded: bool = False  # its trajectories and rewards exist (Train units were made)
+    trained: set = None  # (t_steps, samples) of its Train units done: never made again
 
 
 @dataclass(slots=True)
@@ -98,6 +100,9 @@ class Scheduler:
         self._n_syncing = 0  # WeightSync units in flight
         self._draining: dict[str, None] = {}  # get no new units; leave when free
         self._drained: list[Worker] = []  # left since the last pop_drained()
+        # workers running a unit of a micro-batch regenerated since it was sent (inputs_lost):
+        # a Generate or Reward result of theirs is dropped; a Train counts (it did train)
+        self._stale: set[str] = set()
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -222,8 +227,10 @@ class Scheduler:
                 self._open.remove(s)
 
     # ------------------------------------------------------------------ events
-    def complete(self, worker_id: str, unit: Unit) -> None:
-        """Event: `unit` finished on `worker_id` (its outputs are in the object store)."""
+    def complete(self, worker_id: str, unit: Unit) -> bool:
+        """Event: `unit` finished on `worker_id` (its outputs are in the object store).
+        False: its result is dropped (a Generate or Reward of a micro-batch regenerated
+        since it was sent, see `inputs_lost`), so nothing may read its outputs."""
         ws = self._w.get(worker_id)
         if ws is None:
             raise SchedulerError(f"complete(): unknown or removed worker {worker_id!r}")
@@ -231,7 +238,18 @@ class Scheduler:
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
-        self._on_complete[type(unit)](ws, unit)
+        stale = worker_id in self._stale
+        self._stale.discard(worker_id)
+        taken = not stale or type(unit) is Train
+        if taken:
+            self._on_complete[type(unit)](ws, unit)
+        self._idle_again(ws)
+        return taken
+
+    def _idle_again(self, ws: _W) -> None:
+        """A worker whose unit ended: it leaves (draining), or its pinned work, the
+        optimizer barrier, or parked."""
+        worker_id = ws.worker.id
         if worker_id in self._draining:
             self._release(ws)
             return
@@ -277,9 +295,19 @@ class Scheduler:
             chunks = [st.trained[i:i + c] for i in range(0, len(st.trained), c)]
         else:
             chunks = [st.trained]
+        m = st.mbs[r.mb]
+        m.rewarded = True
+        # after a regeneration (inputs_lost): not the units already trained or still running
+        running = {(u.t_steps, u.samples) for u in self.in_flight.values()
+                   if type(u) is Train and (u.step, u.mb) == (r.step, r.mb)}
         units = [Train(r.step, r.mb, r.groups, ts, version, rows)
-                 for ts in chunks for rows in st.mbs[r.mb].train_rows]
-        q = self._train_q.setdefault(r.step, deque())
+                 for ts in chunks for rows in m.train_rows
+                 if (ts, rows) not in (m.trained or ()) and (ts, rows) not in running]
+        self._queue_trains(r.step, units)
+
+    def _queue_trains(self, step: int, units: list) -> None:
+        st = self._steps[step]
+        q = self._train_q.setdefault(step, deque())
         if self.cfg.gap:  # stream: train as soon as a micro-batch is rewarded
             q.extend(units)
         else:  # batch-level: nothing trains before the whole step is rewarded
@@ -290,6 +318,8 @@ class Scheduler:
 
     def _on_trained(self, ws: _W, t: Train) -> None:
         st = self._steps[t.step]
+        m = st.mbs[t.mb]
+        m.trained = (m.trained or set()) | {(t.t_steps, t.samples)}
         st.trains_left -= 1
         if st.trains_left == 0:
             self._opt_step, self._opt_given, self._opt_reported = t.step, set(), 0
@@ -334,6 +364,9 @@ class Scheduler:
             self._n_reward -= 1
         if type(ws.unit) is WeightSync:
             self._n_syncing -= 1
+        if worker_id in self._stale:  # its unit's micro-batch was regenerated already
+            self._stale.discard(worker_id)
+            ws.unit = None
         lost = [u for u in (ws.unit, self._pinned.pop(worker_id, None)) if u is not None]
         for u in lost:
             self.stats["requeued"] += 1
@@ -345,6 +378,60 @@ class Scheduler:
             elif type(u) is Reward:
                 self._reward_q.appendleft(u)
         self._rescue(ws.version)
+
+    def inputs_lost(self, worker_id: str, unit: Unit) -> None:
+        """Event: `unit` failed on `worker_id` without running: trajectories it reads are gone
+        (the node that held them died). The worker is idle again, and its micro-batch is
+        generated again from t=0 (everything queued for it is dropped; its Generate and Reward units still running are ignored when they end). Train
+        units already done are not made again: generation is deterministic per sample
+        (digenrl.math.rng), so the rest train on the same trajectories.
+        """
+        ws = self._w.get(worker_id)
+        if ws is None or ws.unit != unit:
+            raise SchedulerError(f"inputs_lost(): worker {worker_id!r} is not running {unit}")
+        ws.unit = None
+        stale = worker_id in self._stale
+        self._stale.discard(worker_id)
+        self.stats["requeued"] += 1
+        m = self._steps[unit.step].mbs[unit.mb]
+        if not stale:
+            self._regenerate(unit.step, unit.mb)
+        elif type(unit) is Train and m.rewarded:  # new trajectories exist: train on them
+            self._queue_trains(unit.step, [unit])
+        # (a stale Train of a micro-batch not rewarded again yet is made at its Reward)
+        self._idle_again(ws)
+
+    def _regenerate(self, step: int, mb: int) -> None:
+        """Micro-batch (step, mb) starts over from t=0: drop its queued units, mark its
+        running Generate / Reward / Train units stale (see `inputs_lost`)."""
+        st = self._steps[step]
+        m = st.mbs[mb]
+        if m.rewarded:
+            st.n_rewarded -= 1
+        m.rewarded = False
+        of = lambda u: (u.step, getattr(u, "mb", None)) == (step, mb)  # noqa: E731 (not syncs, optimizer steps)
+        for v in list(self._cont_q):
+            q = deque(e for e in self._cont_q[v] if (e[0], e[1]) != (step, mb))
+            if q:
+                self._cont_q[v] = q
+            else:
+                del self._cont_q[v]
+        self._reward_q = deque(u for u in self._reward_q if not of(u))
+        if step in self._train_q:
+            self._train_q[step] = deque(u for u in self._train_q[step] if not of(u))
+        st.held = [u for u in st.held if not of(u)]
+        for wid, u in list(self._pinned.items()):
+            if of(u):
+                del self._pinned[wid]
+                if wid in self._draining:  # its pinned work is gone: it may leave now
+                    self._release(self._w[wid])
+                else:
+                    self._park(self._w[wid])
+        for wid, u in self.in_flight.items():
+            if type(u) is not WeightSync and of(u):
+                self._stale.add(wid)
+        if mb not in st.fresh:
+            self._restart(step, mb)
 
     def add_worker(self, worker: Worker) -> None:
         """Event: a (replacement) rollout or reward worker joined; it syncs weights first."""

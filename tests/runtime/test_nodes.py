@@ -1,0 +1,98 @@
+"""Two Ray nodes on one machine (`ray.cluster_utils.Cluster`): the pools on different nodes,
+one node removed mid-run. A lost rollout node takes its actors and every object only it
+held (ObjectReconstructionFailedError for the units that read them: the micro-batch is
+generated again); a lost trainer node ends the run with the --resume message.
+
+Tier `nodes` (deselected by default): `pytest -m nodes tests/runtime/test_nodes.py`.
+"""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from digenrl.config import load_config
+from digenrl.outputs import read_metrics
+from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.loop import WorkerLostError
+from digenrl.sched import Generate, Train
+
+from .conftest import tiny
+from .test_faults import _expected
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.nodes
+
+# the GCS declares a removed node dead after ~1.5 s of missed health checks (default ~30 s)
+FAST = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 3}
+ROLLOUT, TRAINER = {"node_rollout": 2}, {"node_trainer": 1}
+PLACED = ("runtime.rollout.resources={node_rollout: 1}", "runtime.trainer.resources={node_trainer: 1}")
+
+
+@pytest.fixture
+def cluster():
+    """A head node for the driver only (no CPU), a trainer node and a rollout node."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST})
+    nodes = {"trainer": c.add_node(num_cpus=1, resources=TRAINER),
+             "rollout": c.add_node(num_cpus=2, resources=ROLLOUT)}
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def _same_weights(run_a, run_b) -> bool:
+    a, b = load_file(str(run_a / "final" / "policy.safetensors")), load_file(str(run_b / "final" / "policy.safetensors"))
+    return all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+
+
+def test_rollout_node_lost_mid_step(cluster, local_run, tmp_path):
+    # Both rollout workers on one node; when rollout-0 is sent the second segment of a step-1
+    # trajectory, a spare rollout node joins and the first one is removed: both workers die,
+    # and the latent of that segment (only on the dead node) is gone, so the continuation
+    # fails on the replacement and the micro-batch is generated again from t=0.
+    c, nodes = cluster
+    cfg = load_config(None, tiny(tmp_path / "run", "gap", "runtime.rollout.workers=2",
+                                 "runtime.rollout_segment=2", *PLACED))
+    killed = []
+
+    def fault(rt, wid, unit):
+        if not killed and wid == "rollout-0" and type(unit) is Generate and unit.step == 1 and unit.t_start > 0:
+            killed.append(unit)
+            c.add_node(num_cpus=2, resources=ROLLOUT)  # where the replacements go
+            c.remove_node(nodes["rollout"], allow_graceful=False)
+
+    rt = RayTrainer(cfg, progress=False, evaluate=False, on_dispatch=fault)
+    summary = rt.train()
+    assert killed, "the fault was never injected"
+    lost = [s for s in rt.trace.spans if s.extra and s.extra.get("lost")]
+    died = {s.worker for s in lost if not s.extra.get("inputs_lost")}
+    assert "rollout-0" in died and died <= {"rollout-0", "rollout-1"}  # (rollout-1: if it was busy)
+    assert any(s.extra.get("inputs_lost") for s in lost), "no unit found its inputs gone"
+    # calls to the dead node's actors raise ActorDiedError; a unit on a live worker reading an
+    # object only that node held, RayTaskError(ObjectReconstructionFailedError) (no lineage)
+    assert "ActorDiedError" in {s.extra["error"] for s in lost if not s.extra.get("inputs_lost")}
+    assert all("Object" in s.extra["error"] for s in lost if s.extra.get("inputs_lost"))
+    assert summary["scheduler"]["restarts"] >= 1
+    assert sum(w.startswith("rollout-") and "#" in w for w in rt.trace.workers) >= 1  # replacements
+    # every (step, group, sample, trained t) trained exactly once, as the trainers report it
+    assert sorted(rt.trained) == _expected(cfg, 2)
+    assert _same_weights(tmp_path / "run", local_run)  # gap is on-policy: the single-device weights
+
+
+def test_trainer_node_lost_then_resume(cluster, local_run, tmp_path):
+    c, nodes = cluster
+    overrides = tiny(tmp_path / "run", "gap", "run.checkpoint_every=1", *PLACED)
+
+    def fault(rt, wid, unit):
+        if wid == "trainer-0" and type(unit) is Train and unit.step == 1 and nodes.get("trainer"):
+            c.remove_node(nodes.pop("trainer"), allow_graceful=False)
+
+    with pytest.raises(WorkerLostError, match="--resume"):
+        RayTrainer(load_config(None, overrides), progress=False, evaluate=False, on_dispatch=fault).train()
+    assert "trainer" not in nodes, "the fault was never injected"
+    c.add_node(num_cpus=1, resources=TRAINER)  # the trainer pool's new node
+    RayTrainer(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
+    assert _same_weights(tmp_path / "run", local_run)
