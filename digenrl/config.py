@@ -496,7 +496,8 @@ class Config:
         # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
         # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)
         s = self.sampling
-        _check(not (s.sigmas == "diffusers" and self.model.name == "wan" and s.sde == "flow-sde"), "sampling.sigmas",
+        _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v") and s.sde == "flow-sde"),
+               "sampling.sigmas",
                "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
                "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
         # an ODE rollout records no log-probs: only DiffusionNFT trains on it

@@ -24,13 +24,15 @@ pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
 from digenrl.math import grpo_loss, sde_step, sigma_schedule  # noqa: E402
-from digenrl.models.diffusers_adapters import FAMILIES, load_policy  # noqa: E402
+from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES, load_policy  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2, unpack_2x2  # noqa: E402
 from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict  # noqa: E402
 from digenrl.models.protocol import Policy, cond_repeat, guided_velocity  # noqa: E402
 from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
 
 PROMPTS = ["a red cat", "a dog"]
+# prompt-only families; the conditioned ones (an image per prompt) are in test_conditioned_families.py
+PROMPT_ONLY = [f for f in FAMILIES if f not in CONDITIONING]
 GROUP = 2
 NUM_STEPS = 3
 
@@ -98,7 +100,7 @@ def train_step(policy, cond, latents, logps, step: int, optimizer):
     return out.log_prob.detach(), logp_old, metrics
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", PROMPT_ONLY)
 def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, tmp_path):
     policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
     assert isinstance(policy, Policy)
@@ -170,7 +172,7 @@ def _pipeline_latents(family: str, pipe, cond, x0: torch.Tensor):
                 guidance_scale=3.5, **common)[0]
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", PROMPT_ONLY)
 def test_ode_sampling_matches_diffusers_pipeline(family, folders, tmp_path_factory, tmp_path):
     """Timestep conversion, velocity sign, packing and guidance agree with the pipeline's own loop."""
     import diffusers

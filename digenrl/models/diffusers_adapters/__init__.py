@@ -1,4 +1,5 @@
-"""Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo.
+"""Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo, and
+the conditioned FLUX.1 Kontext, Qwen-Image-Edit and Wan2.1 I2V.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
@@ -19,11 +20,18 @@ FAMILIES = {
     "wan": ("digenrl.models.diffusers_adapters.wan", "WanPolicy"),
     "qwen-image": ("digenrl.models.diffusers_adapters.qwen_image", "QwenImagePolicy"),
     "hunyuan-video": ("digenrl.models.diffusers_adapters.hunyuan_video", "HunyuanVideoPolicy"),
+    # conditioned: one image per prompt (protocol.encode_inputs)
+    "flux-kontext": ("digenrl.models.diffusers_adapters.flux_kontext", "FluxKontextPolicy"),
+    "qwen-image-edit": ("digenrl.models.diffusers_adapters.qwen_image_edit", "QwenImageEditPolicy"),
+    "wan-i2v": ("digenrl.models.diffusers_adapters.wan_i2v", "WanI2VPolicy"),
 }
+# what each conditioned family's image is (the classes' `conditioning`), readable without
+# importing diffusers: config checks that data rows carry images exactly for these
+CONDITIONING = {"flux-kontext": "reference-image", "qwen-image-edit": "reference-image", "wan-i2v": "first-frame"}
 # families whose transformer takes a guidance scale as an input (guidance-distilled:
 # FLUX.1-dev, HunyuanVideo): their classes set `embedded_guidance`; ModelConfig reads this
 # without importing diffusers
-EMBEDDED_GUIDANCE = ("flux", "hunyuan-video")
+EMBEDDED_GUIDANCE = ("flux", "hunyuan-video", "flux-kontext")
 _REQUIRED = ("diffusers", "transformers", "peft", "safetensors")
 
 
@@ -82,7 +90,8 @@ def __getattr__(name: str) -> Any:  # lazy: importing the package does not impor
 
 
 __all__ = [
-    "EMBEDDED_GUIDANCE", "FAMILIES", "default_lora_targets", "load_policy", "policy_class",
+    "CONDITIONING", "EMBEDDED_GUIDANCE", "FAMILIES", "default_lora_targets", "load_policy", "policy_class",
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
+    "FluxKontextPolicy", "QwenImageEditPolicy", "WanI2VPolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

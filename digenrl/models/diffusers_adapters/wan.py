@@ -37,7 +37,7 @@ class WanPolicy(DiffusersPolicy):
             cfg = self.vae.config
             channels, t, s = cfg.z_dim, cfg.scale_factor_temporal, cfg.scale_factor_spatial
         else:
-            channels, t, s = self.module.config.in_channels, 4, 8
+            channels, t, s = self.module.config.out_channels, 4, 8  # I2V: in_channels adds the condition
         _, ph, pw = self.module.config.patch_size
         if (self.num_frames - 1) % t:
             raise ValueError(f"wan: num_frames - 1 must be a multiple of {t}, got num_frames={self.num_frames}")
