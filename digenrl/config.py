@@ -21,7 +21,7 @@ from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
-from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES
+from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, FAMILIES
 from digenrl.models.diffusers_adapters.sigmas import SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.sched import BATCH_MODES, TAG_MODES
@@ -146,7 +146,8 @@ class SamplingConfig:
 @dataclass
 class DataConfig:
     # "toy", a named set ("pickscore" = its train split, "pickscore:test"; digenrl/prompt_sets:
-    # pickscore, ocr, geneval, drawbench) or a text file, one prompt per line
+    # pickscore, ocr, geneval, drawbench), a text file, one prompt per line, or a .jsonl file of
+    # {"prompt": ..., "image": path relative to the file} rows (conditioned families need images)
     prompts: str = "toy"
     # the held-out prompts, the same forms (a bare set name = its test split); "auto": toy ->
     # toy-held-out, a named set -> that set's test split, a file -> toy-held-out
@@ -514,6 +515,7 @@ class Config:
                "sampling.window_draw",
                f"sample draws each sample's trained steps among all SDE steps; sampling.window={s.window} "
                "samples only its window with the SDE: use window fraction or all-but-last, or window_draw=step")
+        self._check_conditioning()
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(
@@ -521,6 +523,31 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
+
+    def _check_conditioning(self) -> None:
+        """A conditioned family reads a conditioning image per prompt: both prompt lists are
+        .jsonl rows (whether their rows carry images, and whether an unconditioned family's
+        rows do not, is read from the files by digenrl/preflight.py and the trainer); a reward
+        that compares with the source needs one."""
+        from digenrl.data import ROWS_SUFFIX
+        from digenrl.rewards import SOURCE_REWARDS
+
+        kind = CONDITIONING.get(self.model.name)
+        if kind is not None:
+            rows = f'a {ROWS_SUFFIX} file of {{"prompt": ..., "image": ...}} rows'
+            _check(self.data.prompts.endswith(ROWS_SUFFIX), "data.prompts",
+                   f"{self.model.name} is conditioned on a {kind} per prompt: give {rows}")
+            _check(self.data.held_out_prompts().endswith(ROWS_SUFFIX), "data.eval_prompts",
+                   f"{self.model.name} is conditioned on a {kind} per prompt: give {rows} "
+                   f"(the held-out rows; 'auto' has no images)")
+            # the Ray runtime's workers do not load the rows' images yet (trainer.py does)
+            _check(self.run.mode == "local", "run.mode",
+                   f"{self.model.name} (conditioned) runs with run.mode=local for now; the Ray runtime's "
+                   f"rollout workers do not read conditioning images yet")
+        for name in self.reward.weights:
+            _check(name not in SOURCE_REWARDS or kind is not None, f"reward.weights.{name}",
+                   f"compares each sample with its source image; {self.model.name} has none "
+                   f"(conditioned families: {', '.join(CONDITIONING)})")
 
     def _check_weights(self) -> None:
         from digenrl.rewards import BUILTIN_REWARDS
