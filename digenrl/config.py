@@ -540,10 +540,6 @@ class Config:
             _check(self.data.held_out_prompts().endswith(ROWS_SUFFIX), "data.eval_prompts",
                    f"{self.model.name} is conditioned on a {kind} per prompt: give {rows} "
                    f"(the held-out rows; 'auto' has no images)")
-            # the Ray runtime's workers do not load the rows' images yet (trainer.py does)
-            _check(self.run.mode == "local", "run.mode",
-                   f"{self.model.name} (conditioned) runs with run.mode=local for now; the Ray runtime's "
-                   f"rollout workers do not read conditioning images yet")
         for name in self.reward.weights:
             _check(name not in SOURCE_REWARDS or kind is not None, f"reward.weights.{name}",
                    f"compares each sample with its source image; {self.model.name} has none "

@@ -88,8 +88,6 @@ def test_config_refuses_conditioned_runs_without_rows(tmp_path):
         load_config(None, base)  # data.prompts=toy
     with pytest.raises(ConfigError, match=r"data.eval_prompts: .*'auto' has no images"):
         load_config(None, base + ["data.prompts=rows.jsonl"])
-    with pytest.raises(ConfigError, match="run.mode: flux-kontext"):
-        load_config(None, [*base[:2], "data.prompts=r.jsonl", "data.eval_prompts=r.jsonl", "run.mode=colocated"])
     with pytest.raises(ConfigError, match=r"reward.weights.source-similarity: compares each sample"):
         load_config(None, ["reward.weights={source-similarity: 1.0}"])
 
