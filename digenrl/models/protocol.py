@@ -118,7 +118,20 @@ def encode_inputs(policy: Policy, prompts: Sequence[str], images: torch.Tensor |
     if images is None:
         raise ValueError(f"{name} is conditioned on a {kind}: give one image per prompt")
     check_condition_images(images, len(prompts))
-    return policy.encode_inputs(prompts, images)
+    # a prompt group repeats its (prompt, image) row: encode each distinct row once (the VAE,
+    # and Wan I2V's whole first-frame video, are the costly part) and repeat its entries
+    index: dict[tuple[str, bytes], int] = {}
+    rows, inverse = [], []  # the first row of each distinct input; each row's distinct input
+    for i, p in enumerate(prompts):
+        key = (p, images[i].detach().to("cpu", torch.float32).numpy().tobytes())
+        if key not in index:
+            index[key] = len(rows)
+            rows.append(i)
+        inverse.append(index[key])
+    if len(rows) == len(prompts):
+        return policy.encode_inputs(prompts, images)
+    cond = policy.encode_inputs([prompts[i] for i in rows], images[rows])
+    return cond_select(cond, inverse)
 
 
 def negative_with_conditions(cond: Cond, negative: Cond) -> Cond:

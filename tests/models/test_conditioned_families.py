@@ -278,6 +278,23 @@ def test_images_are_required_exactly_for_conditioned_policies(folders, tmp_path)
         load_policy("wan-i2v", str(folders["wan-i2v"]), height=16, width=16, num_frames=5, max_sequence_length=8)
 
 
+def test_a_groups_repeated_rows_are_encoded_once(folders, tmp_path, monkeypatch):
+    """encode_inputs encodes each distinct (prompt, image) once and repeats its entries; an
+    instruction repeated with another image is another row."""
+    images = tiny_images(2, seed=8)
+    policy = load(folders, "flux-kontext", tmp_path / "c", train="frozen")
+    encoded = []
+    inner = policy.encode_inputs
+    monkeypatch.setattr(policy, "encode_inputs", lambda p, im: encoded.append(list(p)) or inner(p, im))
+    prompts = ["make it red", "make it red", "make it red", "add a dog"]
+    rows = images[[0, 0, 1, 1]]  # rows 0-1: one input twice; row 2: the same prompt, another image
+    cond = encode_inputs(policy, prompts, rows)
+    assert encoded == [["make it red", "make it red", "add a dog"]]
+    alone = inner(["make it red", "make it red", "add a dog"], images[[0, 1, 1]])
+    for k in cond:
+        assert torch.equal(cond[k], alone[k][[0, 0, 1, 2]]), k
+
+
 def test_references_of_another_size_are_resized_to_the_output(folders, tmp_path):
     kontext = load(folders, "flux-kontext", tmp_path / "c", train="frozen")
     big = torch.nn.functional.interpolate(tiny_images(2, seed=7), size=(32, 24), mode="nearest")
