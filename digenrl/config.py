@@ -69,7 +69,8 @@ class ModelConfig:
     prompt_cache: Optional[str] = None  # folder of cached prompt embeddings (diffusers models)
     text_encoders: bool = True  # false: load no text encoders, every prompt must be in prompt_cache
     # text tokens per prompt (T5 / UMT5 / Llama sequence); 0 = the family's default (sd3 256,
-    # flux 512, wan 512, qwen-image 256, hunyuan-video 256). Part of the prompt cache's key.
+    # flux 512, wan 512, qwen-image 256, hunyuan-video 256, flux-kontext 512, wan-i2v 512 (the
+    # only length it takes), qwen-image-edit 1024). Part of the prompt cache's key.
     max_sequence_length: int = 0
     # embedded guidance scale of guidance-distilled families (flux, hunyuan-video: a model
     # input, not a CFG batch); 0 = the adapter's default 3.5. Other families refuse it.
