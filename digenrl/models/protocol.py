@@ -138,8 +138,8 @@ def negative_with_conditions(cond: Cond, negative: Cond) -> Cond:
     """The negative branch of classifier-free guidance with the rows' conditioning entries.
 
     The edit and image-to-video pipelines run their unconditional branch on the same
-    reference / first frame as the conditional one (pipeline_flux_kontext.py ~1052,
-    pipeline_wan_i2v.py ~790): every entry of `cond` that the (prompt-only) `negative`
+    reference / first frame as the conditional one (pipeline_flux_kontext.py ~1057-1068,
+    pipeline_wan_i2v.py ~786-792): every entry of `cond` that the (prompt-only) `negative`
     lacks is taken from `cond`, and an entry NEGATIVE_PREFIX + key of `cond` replaces
     `key` (a negative prompt encoded with the row's image). Unconditioned families have
     the same keys on both sides and pass through unchanged.
