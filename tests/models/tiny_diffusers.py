@@ -220,9 +220,11 @@ def build_flux_kontext(root: Path) -> Path:
 
 
 def build_qwen_image_edit(root: Path) -> Path:
-    """Transformer + VAE only: the Qwen2.5-VL text encoder needs its processor (BPE tokenizer +
-    image processor), not buildable tiny offline, so (prompt, image) embeddings come through
-    the prompt cache (QwenImageEditPolicy.text_key)."""
+    """Transformer + VAE only: the Qwen2.5-VL text encoder needs a Qwen2VLProcessor, and under
+    transformers 5.24 its constructor checks a video processor whose class lookup needs
+    torchvision (not installed here; a handmade byte-level Qwen2Tokenizer and a
+    Qwen2VLImageProcessor build fine). So (prompt, image) embeddings come through the prompt
+    cache (QwenImageEditPolicy.text_key)."""
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
                            QwenImageTransformer2DModel)
 
