@@ -185,10 +185,10 @@ def test_diffusers_grid_is_the_pipelines_own(family, folders, tmp_path, monkeypa
 def test_rollout_and_train_step_ratio_one(family, folders, tmp_path):
     """The conditioning entries ride in Trajectories.cond from rollout to the learner; with
     guidance on, the learner's negative branch sees them too, and logp == logp_old exactly."""
-    images = cond_images = tiny_images(len(PROMPTS), seed=2)
+    images = tiny_images(len(PROMPTS), seed=2)
     policy = load(folders, family, tmp_path / "cache", images, train="lora", lora_rank=4)
     prompts = [p for p in PROMPTS for _ in range(GROUP)]
-    rows = cond_images.repeat_interleave(GROUP, dim=0)  # (B = 4, 3, H, W): each prompt's image
+    rows = images.repeat_interleave(GROUP, dim=0)  # (B = 4, 3, H, W): each prompt's image
     coords = [(0, g, s) for g in range(len(PROMPTS)) for s in range(GROUP)]
     spec = SampleSpec(sigmas=sigma_schedule(3, shift=3.0), sde_steps=(0, 1), noise_level=0.7, cfg_scale=2.0, seed=5)
     traj = generate(policy, prompts, coords, spec, step=0, version=0, images=rows)
