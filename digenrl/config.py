@@ -21,7 +21,7 @@ from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
-from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
+from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
 from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.sched import BATCH_MODES, TAG_MODES
@@ -69,7 +69,8 @@ class ModelConfig:
     prompt_cache: Optional[str] = None  # folder of cached prompt embeddings (diffusers models)
     text_encoders: bool = True  # false: load no text encoders, every prompt must be in prompt_cache
     # text tokens per prompt (T5 / UMT5 / Llama sequence); 0 = the family's default (sd3 256,
-    # flux 512, wan 512, qwen-image 256, hunyuan-video 256). Part of the prompt cache's key.
+    # flux 512, wan 512, qwen-image 256, hunyuan-video 256, flux-kontext 512, wan-i2v 512 (the
+    # only length it takes), qwen-image-edit 1024). Part of the prompt cache's key.
     max_sequence_length: int = 0
     # embedded guidance scale of guidance-distilled families (flux, hunyuan-video: a model
     # input, not a CFG batch); 0 = the adapter's default 3.5. Other families refuse it.
@@ -154,7 +155,8 @@ class SamplingConfig:
 @dataclass
 class DataConfig:
     # "toy", a named set ("pickscore" = its train split, "pickscore:test"; digenrl/prompt_sets:
-    # pickscore, ocr, geneval, drawbench) or a text file, one prompt per line
+    # pickscore, ocr, geneval, drawbench), a text file, one prompt per line, or a .jsonl file of
+    # {"prompt": ..., "image": path relative to the file} rows (conditioned families need images)
     prompts: str = "toy"
     # the held-out prompts, the same forms (a bare set name = its test split); "auto": toy ->
     # toy-held-out, a named set -> that set's test split, a file -> toy-held-out
@@ -511,7 +513,8 @@ class Config:
         # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
         # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)
         s = self.sampling
-        _check(not (s.sigmas == "diffusers" and self.model.name == "wan" and s.sde == "flow-sde"), "sampling.sigmas",
+        _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v") and s.sde == "flow-sde"),
+               "sampling.sigmas",
                "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
                "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
         # an ODE rollout records no log-probs: only DiffusionNFT trains on it
@@ -528,6 +531,7 @@ class Config:
                "sampling.window_draw",
                f"sample draws each sample's trained steps among all SDE steps; sampling.window={s.window} "
                "samples only its window with the SDE: use window fraction or all-but-last, or window_draw=step")
+        self._check_conditioning()
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(
@@ -535,6 +539,27 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
+
+    def _check_conditioning(self) -> None:
+        """A conditioned family reads a conditioning image per prompt: both prompt lists are
+        .jsonl rows (whether their rows carry images, and whether an unconditioned family's
+        rows do not, is read from the files by digenrl/preflight.py and the trainer); a reward
+        that compares with the source needs one."""
+        from digenrl.data import ROWS_SUFFIX
+        from digenrl.rewards import SOURCE_REWARDS
+
+        kind = CONDITIONING.get(self.model.name)
+        if kind is not None:
+            rows = f'a {ROWS_SUFFIX} file of {{"prompt": ..., "image": ...}} rows'
+            _check(self.data.prompts.endswith(ROWS_SUFFIX), "data.prompts",
+                   f"{self.model.name} is conditioned on a {kind} per prompt: give {rows}")
+            _check(self.data.held_out_prompts().endswith(ROWS_SUFFIX), "data.eval_prompts",
+                   f"{self.model.name} is conditioned on a {kind} per prompt: give {rows} "
+                   f"(the held-out rows; 'auto' has no images)")
+        for name in self.reward.weights:
+            _check(name not in SOURCE_REWARDS or kind is not None, f"reward.weights.{name}",
+                   f"compares each sample with its source image; {self.model.name} has none "
+                   f"(conditioned families: {', '.join(CONDITIONING)})")
 
     def _check_weights(self) -> None:
         from digenrl.rewards import BUILTIN_REWARDS

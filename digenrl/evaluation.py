@@ -20,7 +20,7 @@ from typing import Any, Optional
 import torch
 
 from digenrl.config import Config
-from digenrl.data import load_prompts
+from digenrl.data import check_conditioning, load_images, load_rows
 from digenrl.models import sampling_sigmas
 from digenrl.outputs import save_grid
 from digenrl.rollout import SampleSpec, generate
@@ -32,11 +32,17 @@ class Evaluator:
     """`rewarder` None: sample only (digenrl sample). `prompts`: these instead of
     data.eval_prompts cut to data.eval_max_prompts (digenrl sample / eval)."""
 
-    def __init__(self, cfg: Config, policy, rewarder, prompts: Optional[list[str]] = None):
+    def __init__(self, cfg: Config, policy, rewarder, prompts: Optional[list[str]] = None,
+                 images: Optional[list[str]] = None):
+        """images: the conditioning image file of each of `prompts` (conditioned models)."""
         self.cfg, self.policy, self.rewarder = cfg, policy, rewarder
         if prompts is None:
-            prompts = load_prompts(cfg.data.held_out_prompts(), held_out=True)[: cfg.data.eval_max_prompts]
+            rows = load_rows(cfg.data.held_out_prompts(), held_out=True)
+            check_conditioning(rows, cfg.model.name, "data.eval_prompts")
+            prompts = rows.prompts[: cfg.data.eval_max_prompts]
+            images = None if rows.images is None else rows.images[: cfg.data.eval_max_prompts]
         self.prompts = prompts
+        self.images = images
         self.run_dir = Path(cfg.run.run_dir)
         self.last_rewards: Optional[torch.Tensor] = None  # per sample, prompt order: paired comparisons
         self.last_parts: dict[str, torch.Tensor] = {}  # per reward (and sub-score), per sample
@@ -56,20 +62,23 @@ class Evaluator:
                           cfg_scale=s.cfg_scale, seed=self.cfg.run.seed)
         n = d.eval_samples
         prompts = [p for p in self.prompts for _ in range(n)]
+        paths = None if self.images is None else [im for im in self.images for _ in range(n)]
         coords = [(EVAL_STEP, i, j) for i in range(len(self.prompts)) for j in range(n)]
         self.policy.module.eval()
         images, rewards, parts = [], [], {}
         bs = d.micro_batch_samples or d.micro_batch_groups * d.group_size  # the rollout batch
         with ema.applied() if ema is not None else contextlib.nullcontext():
             for i in range(0, len(prompts), bs):
+                sources = None if paths is None else load_images(paths[i : i + bs], self.policy.height,
+                                                                  self.policy.width)
                 traj = generate(self.policy, prompts[i : i + bs], coords[i : i + bs], spec, step=EVAL_STEP,
-                                version=step)
+                                version=step, images=sources)
                 images.append(traj.images)
                 if bar is not None:
                     bar.update(len(traj))
                 if self.rewarder is None:
                     continue
-                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids)
+                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids, sources)
                 rewards.append(total)
                 for k, v in p.items():
                     parts.setdefault(k, []).append(v)

@@ -31,7 +31,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", required=True, help="a digenrl train run directory (has config.json)")
     p.add_argument("--step", default="final", help="final (default), a checkpoint's RL step, or 0 = the base model")
     p.add_argument("--prompts", required=True, help="toy, toy-held-out, a named set (a bare name: its test split; NAME:SPLIT) "
-                                                      "or a prompt file (digenrl.data.load_prompts)")
+                                                      "or a prompt file (digenrl.data.load_rows; .jsonl rows carry images)")
     p.add_argument("--samples", type=int, default=4, help="samples per prompt (default 4)")
     p.add_argument("--steps", type=int, default=None, help="ODE denoising steps (default: the run's "
                                                             "sampling.eval_num_steps)")
@@ -47,22 +47,27 @@ class Inputs:
     """Everything a command needs, checked before any model loads."""
 
     def __init__(self, args: argparse.Namespace, step: str):
-        from digenrl.data import load_prompts
+        from digenrl.data import check_conditioning, load_rows
 
         run_dir = Path(args.run_dir)
         self.snap: Snapshot = resolve_snapshot(run_dir, step)
         if args.samples < 1:
             raise RunError(f"--samples: must be >= 1, got {args.samples}")
         try:
-            self.prompts = load_prompts(args.prompts, held_out=True)
+            rows = load_rows(args.prompts, held_out=True)
         except (ValueError, OSError) as e:
             raise RunError(f"--prompts: {e}") from None
+        self.prompts, self.images = rows.prompts, rows.images  # images: conditioned families
         overrides = list(args.set) + [f"data.eval_samples={args.samples}"]
         if args.steps is not None:
             overrides.append(f"sampling.eval_num_steps={args.steps}")
         if args.seed is not None:
             overrides.append(f"run.seed={args.seed}")
         self.cfg: Config = run_config(run_dir, overrides)  # ConfigError names the key
+        try:
+            check_conditioning(rows, self.cfg.model.name, "--prompts")
+        except ValueError as e:
+            raise RunError(str(e)) from None
         if args.ema:
             _check_ema(self.snap)
         self.ema = args.ema
@@ -83,7 +88,7 @@ def sample_images(inputs: Inputs, policy, snap: Snapshot, rewarder=None, bar=Non
     """Run the Evaluator on `inputs.prompts` with `policy`: (its Evaluator, after evaluate)."""
     from digenrl.evaluation import Evaluator
 
-    ev = Evaluator(inputs.cfg, policy, rewarder, prompts=inputs.prompts)
+    ev = Evaluator(inputs.cfg, policy, rewarder, prompts=inputs.prompts, images=inputs.images)
     ev.evaluate(snap.step, save_images=False, keep_images=rewarder is None, bar=bar)
     return ev
 

@@ -88,16 +88,22 @@ def _check_tiny_dit(path: str | None) -> None:
 
 def _check_prompts(cfg: Config) -> None:
     """Both prompt lists load: files exist and have prompts; a named set is fetched (or found in
-    the cache) and has the recorded digests."""
-    from digenrl.data import load_prompts
+    the cache) and has the recorded digests; rows carry images exactly when model.name is a
+    conditioned family, and those image files exist."""
+    from digenrl.data import check_conditioning, load_rows
 
     problems = []
     for key, spec, held_out in (("prompts", cfg.data.prompts, False),
                                 ("eval_prompts", cfg.data.held_out_prompts(), True)):
         try:
-            load_prompts(spec, held_out=held_out, progress=True)
+            rows = load_rows(spec, held_out=held_out, progress=True)
         except (ValueError, OSError) as e:
             problems.append(f"data.{key}: {e}")
+            continue
+        try:
+            check_conditioning(rows, cfg.model.name, f"data.{key}")
+        except ValueError as e:
+            problems.append(str(e))
     if problems:
         raise ConfigError("\n  ".join(problems))
 

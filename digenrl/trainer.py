@@ -16,14 +16,14 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
 from digenrl import checkpoint as ckpt
 from digenrl.config import Config
 from digenrl.contract import step_shape, tsp_chunk
-from digenrl.data import PromptSource, load_prompts
+from digenrl.data import PromptSource, check_conditioning, load_images, load_rows
 from digenrl.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages
@@ -40,6 +40,7 @@ class MicroBatch:
     groups: tuple[int, ...]  # scheduler groups (digenrl.contract.StepShape)
     prompts: list[str]  # one per sample
     coords: list[tuple[int, int, int]]  # (step, prompt group, sample)
+    images: Optional[list[str]] = None  # conditioned models: each sample's image file (its row's)
 
 
 @dataclass(frozen=True)
@@ -82,13 +83,26 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     )
     chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
-    prompts = source.step_prompts(step)
+    prompts, images = source.step_prompts(step), source.step_images(step)
     shape = step_shape(cfg)
     mbs = []
     for i, groups in enumerate(shape.micro_batches()):
         rows = shape.samples(groups)  # (prompt group, sample) per row
-        mbs.append(MicroBatch(i, groups, [prompts[g] for g, _ in rows], [(step, g, s) for g, s in rows]))
+        mbs.append(MicroBatch(i, groups, [prompts[g] for g, _ in rows], [(step, g, s) for g, s in rows],
+                              None if images is None else [images[g] for g, _ in rows]))
     return StepPlan(step, spec, trained, chunks, mbs)
+
+
+def prompt_source(cfg: Config) -> PromptSource:
+    """data.prompts as a PromptSource; images exactly when model.name is conditioned."""
+    rows = load_rows(cfg.data.prompts)
+    check_conditioning(rows, cfg.model.name, "data.prompts")
+    return PromptSource(rows.prompts, cfg.run.seed, cfg.data.groups_per_step, images=rows.images)
+
+
+def condition_images(policy, paths: Optional[list[str]]) -> Optional[torch.Tensor]:
+    """Each sample's conditioning image (B, 3, H, W) in [0, 1] at the policy's output size, or None."""
+    return None if paths is None else load_images(paths, policy.height, policy.width)
 
 
 def learner_config(cfg: Config) -> LearnerConfig:
@@ -138,7 +152,7 @@ class Trainer:
         self.run_dir = Path(cfg.run.run_dir)
         self.policy = build_policy(cfg.model, progress=progress)
         self.learner = Learner(self.policy, learner_config(cfg))
-        self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
+        self.source = prompt_source(cfg)
         self.rewarder = build_rewarder(cfg)
         self.evaluator = Evaluator(cfg, self.policy, self.rewarder)
         self.recorder = RunRecorder(cfg, progress=progress)
@@ -152,9 +166,10 @@ class Trainer:
         trajs, futures = [], []
         t0 = time.perf_counter()
         for mb in plan.micro_batches:
-            traj = generate(self.policy, mb.prompts, mb.coords, plan.spec, step=step, version=step)
+            sources = condition_images(self.policy, mb.images)  # (B, 3, H, W) or None
+            traj = generate(self.policy, mb.prompts, mb.coords, plan.spec, step=step, version=step, images=sources)
             trajs.append(traj)
-            futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids))
+            futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids, sources))
         gen_s = time.perf_counter() - t0
         for traj, fut in zip(trajs, futures):
             traj.rewards, traj.reward_parts = fut.result()

@@ -4,6 +4,17 @@ A policy is a velocity field v(x, sigma | prompt) plus what the RL loop needs ar
 turning prompts into condition tensors, the latent shape to sample, and decoding final
 latents into images or videos for the rewards. The tiny DiT and every diffusers adapter
 implement it; rollout, learner and runtime see nothing else.
+
+Conditioned policies (edit models, image-to-video) also take one image per row: their
+`conditioning` names what it is ("reference-image": the source of an edit; "first-frame":
+the start of a video), and `encode_inputs(policy, prompts, images)` turns prompts and
+images into one Cond. The image's entries (VAE latents, image-encoder states) are plain
+Cond entries, so they ride through rollout, trajectories (Ray ObjectRefs) and training
+with no transport of their own:
+
+    prompts --encode_prompts------\
+                                   +--> Cond (B, ...) --> velocity(x, sigma, cond)
+    images (B, 3, H, W) [0, 1] ---/     encode_conditions (e.g. reference latents)
 """
 
 from __future__ import annotations
@@ -15,6 +26,13 @@ import torch
 # Condition tensors, all batch-first (B, ...): they slice, concatenate and serialize
 # (safetensors) without knowing the model. A prompt-embedding cache stores exactly this.
 Cond = dict[str, torch.Tensor]
+
+# What a policy's `conditioning` may be; None (or no attribute): prompts only.
+CONDITIONINGS = ("reference-image", "first-frame")
+# A Cond entry named NEGATIVE_PREFIX + key is the negative branch's own value of `key` for
+# that row, when it depends on the row's image (Qwen-Image-Edit: the negative prompt is
+# encoded together with the source image). See `negative_with_conditions`.
+NEGATIVE_PREFIX = "negative_"
 
 
 @runtime_checkable
@@ -42,6 +60,95 @@ class Policy(Protocol):
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Final latents -> float32 pixels in [0, 1]: (B, 3, H, W) or (B, F, 3, H, W)."""
         ...
+
+
+@runtime_checkable
+class ConditionedPolicy(Policy, Protocol):
+    """A Policy that also takes one conditioning image per row (edit, image-to-video)."""
+
+    conditioning: str  # one of CONDITIONINGS
+
+    def encode_conditions(self, images: torch.Tensor) -> Cond:
+        """Images (B, 3, H, W) float in [0, 1] -> the Cond entries they contribute, batch-first
+        (e.g. "image_latents"); merged with the prompt entries by `encode_inputs`."""
+        ...
+
+    def encode_inputs(self, prompts: Sequence[str], images: torch.Tensor) -> Cond:
+        """Prompts and their images -> one Cond: `encode_prompts` merged with `encode_conditions`,
+        unless the family's text encoder sees the image too (then it encodes both together)."""
+        ...
+
+
+def conditioning_of(policy: object) -> str | None:
+    """What a policy is conditioned on besides its prompt: None, or one of CONDITIONINGS."""
+    return getattr(policy, "conditioning", None)
+
+
+def check_condition_images(images: torch.Tensor, batch: int) -> None:
+    """Raise a ValueError that says what was expected when conditioning images are malformed."""
+    if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] != 3:
+        shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"conditioning images must be a (B, 3, H, W) tensor in [0, 1], got {shape}")
+    if not images.is_floating_point():
+        raise ValueError(f"conditioning images must be floating point in [0, 1], got dtype {images.dtype}")
+    if images.shape[0] != batch:
+        raise ValueError(f"got {batch} prompts but {images.shape[0]} conditioning images (one per prompt)")
+
+
+def merge_conds(text: Cond, conditions: Cond) -> Cond:
+    """The prompt entries plus the image entries; a name in both is a bug of the adapter."""
+    clash = sorted(set(text) & set(conditions))
+    if clash:
+        raise ValueError(f"conditioning entries {clash} collide with prompt entries of the same name")
+    return {**text, **conditions}
+
+
+def encode_inputs(policy: Policy, prompts: Sequence[str], images: torch.Tensor | None = None) -> Cond:
+    """Prompts (and, for a conditioned policy, one image per prompt) -> the Cond of each row.
+
+    An unconditioned policy refuses images, a conditioned one requires them: a silent
+    fallback would train an edit model on edits of nothing.
+    """
+    kind = conditioning_of(policy)
+    name = getattr(policy, "family", type(policy).__name__)
+    if kind is None:
+        if images is not None:
+            raise ValueError(f"{name} takes prompts only (no conditioning), but images were given")
+        return policy.encode_prompts(prompts)
+    if images is None:
+        raise ValueError(f"{name} is conditioned on a {kind}: give one image per prompt")
+    check_condition_images(images, len(prompts))
+    # a prompt group repeats its (prompt, image) row: encode each distinct row once (the VAE,
+    # and Wan I2V's whole first-frame video, are the costly part) and repeat its entries
+    index: dict[tuple[str, bytes], int] = {}
+    rows, inverse = [], []  # the first row of each distinct input; each row's distinct input
+    for i, p in enumerate(prompts):
+        key = (p, images[i].detach().to("cpu", torch.float32).numpy().tobytes())
+        if key not in index:
+            index[key] = len(rows)
+            rows.append(i)
+        inverse.append(index[key])
+    if len(rows) == len(prompts):
+        return policy.encode_inputs(prompts, images)
+    cond = policy.encode_inputs([prompts[i] for i in rows], images[rows])
+    return cond_select(cond, inverse)
+
+
+def negative_with_conditions(cond: Cond, negative: Cond) -> Cond:
+    """The negative branch of classifier-free guidance with the rows' conditioning entries.
+
+    The edit and image-to-video pipelines run their unconditional branch on the same
+    reference / first frame as the conditional one (pipeline_flux_kontext.py ~1057-1068,
+    pipeline_wan_i2v.py ~786-792): every entry of `cond` that the (prompt-only) `negative`
+    lacks is taken from `cond`, and an entry NEGATIVE_PREFIX + key of `cond` replaces
+    `key` (a negative prompt encoded with the row's image). Unconditioned families have
+    the same keys on both sides and pass through unchanged.
+    """
+    out = {**cond, **negative}
+    for k, v in cond.items():
+        if k.startswith(NEGATIVE_PREFIX):
+            out[k[len(NEGATIVE_PREFIX):]] = v
+    return out
 
 
 def cond_select(cond: Cond, index: torch.Tensor | Sequence[int] | slice) -> Cond:
@@ -76,10 +183,12 @@ def guided_velocity(
     """Classifier-free guidance: v_neg + scale (v_cond - v_neg), both in one batched call.
 
     scale == 1 (or no negative) is the plain conditional velocity; models with embedded
-    guidance (FLUX.1-dev) carry it inside `cond` and use scale 1 here.
+    guidance (FLUX.1-dev) carry it inside `cond` and use scale 1 here. The negative branch
+    sees the rows' conditioning entries (`negative_with_conditions`).
     """
     if scale == 1.0 or negative is None:
         return policy.velocity(x, sigma, cond)
+    negative = negative_with_conditions(cond, negative)
     v = policy.velocity(torch.cat([x, x]), torch.cat([sigma, sigma]), cond_cat([cond, negative]))
     v_cond, v_neg = v.chunk(2)
     return v_neg + scale * (v_cond - v_neg)

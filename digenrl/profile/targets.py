@@ -9,11 +9,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from digenrl.models.diffusers_adapters import FAMILIES
+from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES
 from digenrl.models.protocol import Cond
 from digenrl.sim.catalogue import FAMILY_PREFIX as COST_MODEL_PREFIX
 
-DIFFUSERS_FAMILIES = tuple(FAMILIES)
+# profiling a conditioned family (one image per prompt: edit, image-to-video) is not built
+DIFFUSERS_FAMILIES = tuple(f for f in FAMILIES if f not in CONDITIONING)
 # text tokens inside the joint attention sequence (wan, wan2.2: cross-attention, none)
 JOINT_TEXT = {"sd3": True, "flux": True, "wan": False, "qwen-image": True, "hunyuan-video": True,
               "wan2.2": False, "flux2-klein": True, "z-image": True}

@@ -1,4 +1,4 @@
-"""Rewards: (images, prompts) -> Tensor[B].
+"""Rewards: (images, prompts) -> Tensor[B]; edit rewards also see the source (SOURCE_REWARDS).
 
 Builders are looked up by name; model-based rewards load lazily from `reward.paths`
 (local folders; nothing is downloaded). `AsyncRewarder` scores micro-batches in a thread
@@ -28,10 +28,14 @@ REWARD_NAMES = (
     "geneval-detector",
     "remote",
     "vlm-judge",
+    "source-similarity",
 )
 
 # computed by program, on CPU: no reward.paths entry, no model to load
-BUILTIN_REWARDS = ("toy-geneval", "jpeg-compressibility", "jpeg-incompressibility")
+BUILTIN_REWARDS = ("toy-geneval", "jpeg-compressibility", "jpeg-incompressibility", "source-similarity")
+# rewards that also compare each sample with its source image (edit / image-to-video runs):
+# their classes set `wants_sources = True` and are called with sources=(B, 3, H, W)
+SOURCE_REWARDS = ("source-similarity",)
 
 RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
 
@@ -48,6 +52,10 @@ def build_reward(name: str, paths: Mapping[str, str], device: str = "cpu") -> Re
         return toy.JpegCompressibility()
     if name == "jpeg-incompressibility":
         return toy.JpegIncompressibility()
+    if name == "source-similarity":
+        from digenrl.rewards.source import SourceSimilarity
+
+        return SourceSimilarity()
     if name not in paths:
         raise ValueError(f"reward {name!r} needs reward.paths.{name}=<local model folder or URL>")
     from digenrl.rewards import registry_models  # model rewards: transformers, optional extras
@@ -71,12 +79,22 @@ class AsyncRewarder:
         self.combine = combine
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reward")
 
-    def score(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None):
-        """(combined (B,), {name: (B,)} incl. sub-scores a reward reports) — synchronous."""
+    def score(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None,
+              sources: Optional[torch.Tensor] = None):
+        """(combined (B,), {name: (B,)} incl. sub-scores a reward reports) — synchronous.
+
+        sources: the conditioning images (B, 3, H, W) of an edit / image-to-video run; only
+        rewards that declare `wants_sources` receive them.
+        """
         parts: dict[str, torch.Tensor] = {}
         details: dict[str, torch.Tensor] = {}
         for name, fn in self.rewards.items():
-            if hasattr(fn, "score"):  # rewards that report sub-criteria (toy-geneval)
+            if getattr(fn, "wants_sources", False):
+                if sources is None:
+                    raise ValueError(f"reward {name!r} compares each sample with its source image, "
+                                     f"but this run has none (a conditioned model family has)")
+                parts[name] = fn(images, prompts, sources=sources).float().cpu()
+            elif hasattr(fn, "score"):  # rewards that report sub-criteria (toy-geneval)
                 out = fn.score(images, prompts)
                 parts[name] = out["reward"].float().cpu()
                 details.update({f"{name}/{k}": v for k, v in out.items() if k != "reward"})
@@ -85,8 +103,9 @@ class AsyncRewarder:
         total = combine_rewards(parts, self.weights, mode=self.combine, group_ids=group_ids)
         return total, {**parts, **details}
 
-    def submit(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None) -> Future:
-        return self.pool.submit(self.score, images, prompts, group_ids)
+    def submit(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None,
+               sources: Optional[torch.Tensor] = None) -> Future:
+        return self.pool.submit(self.score, images, prompts, group_ids, sources)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

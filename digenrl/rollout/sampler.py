@@ -16,7 +16,7 @@ import torch
 
 from digenrl.math import rng
 from digenrl.math import sde_step
-from digenrl.models.protocol import Cond, Policy, guided_velocity
+from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity
 
 
 @dataclass(frozen=True)
@@ -81,8 +81,13 @@ def start(
     step: int,
     version: int,
     cond: Optional[Cond] = None,
+    images: Optional[torch.Tensor] = None,
 ) -> Trajectories:
-    """A fresh micro-batch at sigma = 1 (no denoising done yet)."""
+    """A fresh micro-batch at sigma = 1 (no denoising done yet).
+
+    images: (B, 3, H, W) in [0, 1], one per prompt, for a conditioned policy (the edit's
+    source, the video's first frame); its entries join the prompt's in `cond`.
+    """
     if len(prompts) != len(coords):
         raise ValueError(f"{len(prompts)} prompts but {len(coords)} sample coordinates")
     b, t = len(coords), spec.num_steps
@@ -93,7 +98,7 @@ def start(
         version=version,
         prompts=list(prompts),
         coords=list(coords),
-        cond=cond if cond is not None else policy.encode_prompts(prompts),
+        cond=cond if cond is not None else encode_inputs(policy, prompts, images),
         latents=latents,
         log_probs=torch.full((b, t), float("nan")),
     )
@@ -204,7 +209,8 @@ def generate(
     *,
     step: int,
     version: int,
+    images: Optional[torch.Tensor] = None,
 ) -> Trajectories:
-    """start + advance to the end + decode: one whole micro-batch."""
-    traj = start(policy, prompts, coords, spec, step=step, version=version)
+    """start + advance to the end + decode: one whole micro-batch (images: see `start`)."""
+    traj = start(policy, prompts, coords, spec, step=step, version=version, images=images)
     return finish(policy, advance(policy, traj, spec))

@@ -37,7 +37,6 @@ import ray
 
 from digenrl.config import Config
 from digenrl.contract import RunContract, contract
-from digenrl.data import PromptSource, load_prompts
 from digenrl.recorder import RunRecorder
 from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options, connect
 from digenrl.runtime.backend import RealBackend
@@ -47,7 +46,7 @@ from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
 from digenrl.sched import Scheduler, Unit, Worker
 from digenrl.trace import Trace, plot_gantt, write_chrome_trace
-from digenrl.trainer import StepPlan, plan_step
+from digenrl.trainer import StepPlan, plan_step, prompt_source
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ class RayTrainer:
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
         self.on_dispatch = on_dispatch
         self.run_dir = Path(cfg.run.run_dir)
-        self.source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
+        self.source = prompt_source(cfg)  # conditioned families: rows with images, looked up by workers
         self.colocated = cfg.run.mode == "colocated"
         self._plans: dict[int, StepPlan] = {}
         self.handles: dict[str, Any] = {}  # worker id -> actor handle

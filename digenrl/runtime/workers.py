@@ -14,6 +14,11 @@ the big results (Trajectories, weights) between actors as ObjectRefs.
 
 Composition, not inheritance: the trainer actor holds a `digenrl.trainer.Trainer`, so the
 distributed run uses the very code the single-device reference runs (HOUSE_STYLE 2).
+
+Conditioned families (edit, image-to-video): no image travels with a unit. A worker that
+generates or rewards looks each sample's image up by its coordinates in its own
+PromptSource (a pure function of (seed, step, group)) and reads the file: the rows'
+image files must be readable on every worker's node (a shared disk).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class PolicyWorker:
         self.relay = None  # weight_sync=nccl: the publisher's relay (created at its first publish)
         self.relay_client = None  # weight_sync=nccl: a rollout worker's end of its pair group
         self.sp_group = None  # a sequence-parallel rollout gang's process group (init_sp)
+        self.source = _row_source(cfg)
         if role == "rollout":
             from digenrl.models import build_policy
             from digenrl.trainer import build_rewarder
@@ -92,7 +98,9 @@ class PolicyWorker:
         self.policy.module.eval()
         with self.counter.phase("generate"):
             if not prev:
-                traj = start(self.policy, prompts, coords, spec, step=step, version=version)
+                images = None if self.source is None else _row_images(self.source, coords, self.policy.height,
+                                                                      self.policy.width)
+                traj = start(self.policy, prompts, coords, spec, step=step, version=version, images=images)
             else:  # objects from the store may be read-only views: own the buffers we write
                 traj = select_rows(concat_trajectories(prev), *rows)
                 traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
@@ -106,7 +114,7 @@ class PolicyWorker:
 
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
         """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
-        return _score(self.rewarder, shards)
+        return _score(self.rewarder, shards, self.source)
 
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
               total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> Trained:
@@ -334,12 +342,13 @@ class RewardWorker:
         torch.set_num_threads(cfg.runtime.worker_threads)
         self.id = worker_id
         self.rewarder = build_rewarder(cfg)
+        self.source = _row_source(cfg)
 
     def ready(self) -> int:
         return os.getpid()
 
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
-        return _score(self.rewarder, shards)
+        return _score(self.rewarder, shards, self.source)
 
     def shutdown(self) -> None:
         self.rewarder.close()
@@ -374,11 +383,31 @@ class EvalWorker:
         self.rewarder.close()
 
 
-def _score(rewarder, shards: tuple[Trajectories, ...]) -> Rewarded:
-    """Reward a micro-batch from its Generate shards (one when unsharded), in row order."""
+def _row_source(cfg: Config):
+    """The data rows of a conditioned family (None otherwise): each sample's image by coordinates."""
+    from digenrl.models.diffusers_adapters import CONDITIONING
+
+    if cfg.model.name not in CONDITIONING:
+        return None
+    from digenrl.trainer import prompt_source
+
+    return prompt_source(cfg)
+
+
+def _row_images(source, coords, height: int, width: int) -> torch.Tensor:
+    """(B, 3, height, width) in [0, 1]: the image of each sample's row, (step, group) -> row."""
+    from digenrl.data import load_images
+
+    return load_images([source.image(step, group) for step, group, _ in coords], height, width)
+
+
+def _score(rewarder, shards: tuple[Trajectories, ...], source=None) -> Rewarded:
+    """Reward a micro-batch from its Generate shards (one when unsharded), in row order;
+    with `source` (conditioned families), rewards that want them see the rows' images."""
     t0 = time.time()
     traj = concat_trajectories(shards)
-    rewards, parts = rewarder.score(traj.images, traj.prompts, traj.group_ids)
+    sources = None if source is None else _row_images(source, traj.coords, *traj.images.shape[-2:])
+    rewards, parts = rewarder.score(traj.images, traj.prompts, traj.group_ids, sources)
     return Rewarded(**_times(t0), rewards=rewards, parts=parts, group_ids=traj.group_ids)
 
 

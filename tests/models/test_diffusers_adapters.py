@@ -24,16 +24,17 @@ pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
 from digenrl.math import grpo_loss, sde_step, sigma_schedule  # noqa: E402
-from digenrl.models.diffusers_adapters import FAMILIES, load_policy  # noqa: E402
+from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES, load_policy  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2, unpack_2x2  # noqa: E402
 from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict  # noqa: E402
 from digenrl.models.protocol import Policy, cond_repeat, guided_velocity  # noqa: E402
 from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
 
 PROMPTS = ["a red cat", "a dog"]
-# the families with a tiny build here; the newer ones (tiny_diffusers_new.py) are tested in
-# test_new_families.py, which also checks that every family has one or the other
-TINY_FAMILIES = [f for f in FAMILIES if f in FAMILY_SETUPS]
+# the prompt-only families with a tiny build here; the newer ones (tiny_diffusers_new.py) are
+# tested in test_new_families.py, which also checks that every family has one or the other;
+# the conditioned ones (an image per prompt) are in test_conditioned_families.py
+TINY_FAMILIES = [f for f in FAMILIES if f in FAMILY_SETUPS and f not in CONDITIONING]
 GROUP = 2
 NUM_STEPS = 3
 

@@ -59,8 +59,11 @@ def load(folders, tmp_path_factory, family: str, cache_dir: Path, **extra):
 
 
 def test_every_family_has_a_tiny_pipeline():
-    """A family added to FAMILIES without a tiny build would go untested."""
-    assert set(FAMILIES) == set(FAMILY_SETUPS) | set(NEW_SETUPS)
+    """A family added to FAMILIES without a tiny build would go untested (prompt-only builds in
+    tiny_diffusers.py and tiny_diffusers_new.py, conditioned ones in tiny_diffusers.py)."""
+    from tests.models.tiny_diffusers import CONDITIONED_SETUPS
+
+    assert set(FAMILIES) == set(FAMILY_SETUPS) | set(NEW_SETUPS) | set(CONDITIONED_SETUPS)
 
 
 def test_two_expert_families_match_the_adapter_classes():
@@ -295,9 +298,9 @@ def test_diffusers_sigma_grid_is_refused_where_not_built(family, tmp_path):
 
 def test_profile_knows_every_family(folders, tmp_path_factory, tmp_path):
     """`digenrl profile` reads per-family tables; FLUX.2's tokens are its latent positions."""
-    from digenrl.profile.targets import JOINT_TEXT, diffusers_target
+    from digenrl.profile.targets import DIFFUSERS_FAMILIES, JOINT_TEXT, diffusers_target
 
-    assert set(JOINT_TEXT) == set(FAMILIES)
+    assert set(JOINT_TEXT) == set(DIFFUSERS_FAMILIES)  # every profiled (prompt-only) family
     policy = load(folders, tmp_path_factory, "flux2-klein", tmp_path / "cache", train="frozen")
     target = diffusers_target(policy, policy.encode_prompts(PROMPTS[:1]), "flux2-klein", None, tiny=True,
                               log=lambda _: None)

@@ -16,6 +16,7 @@ pytest.importorskip("diffusers")
 from digenrl.config import ModelConfig, SamplingConfig  # noqa: E402
 from digenrl.math import sigma_schedule  # noqa: E402
 from digenrl.models import sampling_sigmas  # noqa: E402
+from digenrl.models.diffusers_adapters import CONDITIONING  # noqa: E402
 from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS  # noqa: E402
 from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
 
@@ -94,9 +95,10 @@ def _run_pipeline(family: str, root, steps: int):
     return pipe.scheduler.sigmas
 
 
-# the families with a built grid; config refuses sampling.sigmas=diffusers for the others
-# (tests/models/test_new_families.py::test_diffusers_sigma_grid_is_refused_where_not_built)
-@pytest.mark.parametrize("family", list(PUBLISHED_SCHEDULERS))
+# the prompt-only families with a built grid; config refuses sampling.sigmas=diffusers for the
+# others (tests/models/test_new_families.py::test_diffusers_sigma_grid_is_refused_where_not_built);
+# conditioned families: tests/models/test_conditioned_families.py::test_diffusers_grid_is_the_pipelines_own
+@pytest.mark.parametrize("family", [f for f in PUBLISHED_SCHEDULERS if f not in CONDITIONING])
 def test_diffusers_grid_is_the_pipelines_own(family, tmp_path):
     """The tiny pipeline, with its family's published scheduler config written into its folder
     (FLUX and Qwen-Image: dynamic shift from the resolution; Wan: UniPC flow sigmas), sets

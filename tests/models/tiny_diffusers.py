@@ -196,3 +196,105 @@ def fake_text_cond(shapes: dict, prompt: str) -> dict:
         else:
             cond[name] = torch.randn(shape, generator=g)
     return cond
+
+
+# ---- conditioned families (edit, image-to-video): tests/models/test_conditioned_families.py ----
+
+
+def build_flux_kontext(root: Path) -> Path:
+    """FLUX.1 Kontext: the tiny FLUX.1 modules in a FluxKontextPipeline."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+        guidance_embeds=True, axes_dims_rope=(2, 2, 4),
+    )
+    pipe = FluxKontextPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(), vae=image_vae(), transformer=transformer,
+        text_encoder=clip_text(), tokenizer=clip_tokenizer(), text_encoder_2=t5_text(), tokenizer_2=t5_tokenizer(),
+    )
+    pipe.save_pretrained(root)
+    return root
+
+
+def build_qwen_image_edit(root: Path) -> Path:
+    """Transformer + VAE only: the Qwen2.5-VL text encoder needs a Qwen2VLProcessor, and under
+    transformers 5.24 its constructor checks a video processor whose class lookup needs
+    torchvision (not installed here; a handmade byte-level Qwen2Tokenizer and a
+    Qwen2VLImageProcessor build fine). So (prompt, image) embeddings come through the prompt
+    cache (QwenImageEditPolicy.text_key)."""
+    from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
+                           QwenImageTransformer2DModel)
+
+    torch.manual_seed(0)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=1, attention_head_dim=16,
+        num_attention_heads=2, joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4),
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1,
+                                 temperal_downsample=[False, True],
+                                 latents_mean=[0.1, 0.0, -0.1, 0.2], latents_std=[1.5, 1.0, 2.0, 0.5])
+    pipe = QwenImageEditPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=None,
+                                 tokenizer=None, processor=None, transformer=transformer)
+    pipe.save_pretrained(root)
+    return root
+
+
+def clip_vision(hidden: int = 32, image_size: int = 16):
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    cfg = CLIPVisionConfig(hidden_size=hidden, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                           image_size=image_size, patch_size=4, projection_dim=hidden)
+    torch.manual_seed(0)
+    processor = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                   crop_size={"height": image_size, "width": image_size})
+    return CLIPVisionModel(cfg).eval(), processor
+
+
+def build_wan_i2v(root: Path) -> Path:
+    """Wan2.1 I2V layout: in_channels = latents + mask (temporal factor 4) + first-frame latents,
+    CLIP image states through the image cross-attention (image_dim, added_kv_proj_dim)."""
+    from diffusers import (AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline,
+                           WanTransformer3DModel)
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True],
+                           latents_mean=[0.1, -0.1, 0.0, 0.2], latents_std=[1.5, 2.0, 1.0, 0.5])
+    torch.manual_seed(0)
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4 + 4 + 4, out_channels=4,
+        text_dim=32, freq_dim=32, ffn_dim=32, num_layers=1, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32, image_dim=32, added_kv_proj_dim=16,
+    )
+    image_encoder, image_processor = clip_vision()
+    pipe = WanImageToVideoPipeline(tokenizer=t5_tokenizer(), text_encoder=t5_text(umt5=True), vae=vae,
+                                   scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), transformer=transformer,
+                                   image_encoder=image_encoder, image_processor=image_processor)
+    pipe.save_pretrained(root)
+    return root
+
+
+# Per conditioned family: builder, options for a tiny run, and for cache-fed families the text
+# Cond shapes (batch 1). Wan I2V's transformer assumes 512 text tokens (see wan_i2v.py).
+CONDITIONED_SETUPS = {
+    "flux-kontext": (build_flux_kontext, dict(height=16, width=16, max_sequence_length=8), None),
+    "qwen-image-edit": (build_qwen_image_edit,
+                        dict(height=16, width=16, max_sequence_length=8, text_encoders=False),
+                        {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8)}),
+    "wan-i2v": (build_wan_i2v, dict(height=16, width=16, num_frames=5, max_sequence_length=512), None),
+}
+
+
+def tiny_images(n: int, seed: int, size: int = 16) -> torch.Tensor:
+    """n RGB images (n, 3, size, size) in [0, 1] on the 8-bit grid (as if read from files): smooth
+    color ramps plus noise, so a VAE sees structure and two seeds differ."""
+    g = torch.Generator().manual_seed(seed)
+    ramp = torch.linspace(0, 1, size)
+    base = torch.stack([ramp[None, :].expand(size, size), ramp[:, None].expand(size, size),
+                        (ramp[None, :] * ramp[:, None])])  # (3, size, size)
+    x = base[None] * torch.rand(n, 3, 1, 1, generator=g) + 0.3 * torch.rand(n, 3, size, size, generator=g)
+    return (x.clamp(0, 1) * 255).round() / 255

@@ -23,7 +23,7 @@ import torch
 
 from digenrl.models.diffusers_adapters import EXPERT_CHOICES
 from digenrl.models.lora import LoraSpec, apply_lora
-from digenrl.models.protocol import Cond, cond_cat, cond_repeat
+from digenrl.models.protocol import Cond, cond_cat, cond_repeat, merge_conds
 from digenrl.models.diffusers_adapters.prompt_cache import PromptCache
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,12 @@ class DiffusersPolicy:
 
     family: ClassVar[str]
     pipeline_class: ClassVar[str]  # diffusers pipeline whose encode_prompt we reuse
+    text_pipeline_class: ClassVar[Optional[str]] = None  # another pipeline for encode_prompt; None: pipeline_class
     text_components: ClassVar[tuple[str, ...]]  # pipeline component names of the text side
+    # pipeline components that encode the conditioning image besides the VAE (Wan I2V: the
+    # CLIP image encoder and its processor); loaded with the pipeline, text_encoders or not
+    condition_components: ClassVar[tuple[str, ...]] = ()
+    conditioning: ClassVar[Optional[str]] = None  # None or one of protocol.CONDITIONINGS
     embedded_guidance: ClassVar[bool] = False  # the transformer takes the guidance scale as an input
     two_experts: ClassVar[bool] = False  # a high- and a low-noise transformer (wan2.2); see `experts`
     output: ClassVar[str] = "image"
@@ -160,12 +165,14 @@ class DiffusersPolicy:
         transformer: torch.nn.Module,
         vae: Optional[torch.nn.Module] = None,
         text_modules: Optional[dict[str, Any]] = None,
+        condition_modules: Optional[dict[str, Any]] = None,
         **options: Any,
     ):
         """Build from modules already in memory (tests, the GPU check, a caller's own loading).
 
         text_modules: the pipeline's text components by name (e.g. text_encoder, tokenizer,
         text_encoder_2, tokenizer_2 for FLUX); None when prompts come from the cache only.
+        condition_modules: the family's `condition_components` by name (conditioned families).
         """
         self.options = opts = AdapterOptions.from_kwargs(options)
         self.device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -182,6 +189,14 @@ class DiffusersPolicy:
         if vae is not None:
             self.vae = cast_module(vae, self.device, self.vae_dtype).eval().requires_grad_(False)
         self.text_pipeline = self._build_text_pipeline(text_modules) if text_modules else None
+        self.condition_modules = dict(condition_modules or {})
+        unknown = sorted(set(self.condition_modules) - set(self.condition_components))
+        if unknown:
+            raise ValueError(f"{self.family}: unknown condition module(s) {unknown}; "
+                             f"allowed: {', '.join(self.condition_components) or 'none'}")
+        for m in self.condition_modules.values():
+            if isinstance(m, torch.nn.Module):
+                cast_module(m, self.device, self.dtype).eval().requires_grad_(False)
 
         self.height = opts.height or self.default_size[0]
         self.width = opts.width or self.default_size[1]
@@ -244,12 +259,16 @@ class DiffusersPolicy:
             ) from error
         text = {name: getattr(pipe, name, None) for name in cls.text_components} if text_encoders else {}
         text = {name: m for name, m in text.items() if m is not None}  # a folder may ship without them
-        return cls._from_pipeline(pipe, text or None, options)
+        conditions = {name: getattr(pipe, name, None) for name in cls.condition_components}
+        conditions = {name: m for name, m in conditions.items() if m is not None}
+        return cls._from_pipeline(pipe, text or None, conditions or None, options)
 
     @classmethod
-    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]], options: dict[str, Any]):
+    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]],
+                       condition_modules: Optional[dict[str, Any]], options: dict[str, Any]):
         """Build from a loaded diffusers pipeline; families with more denoisers (wan2.2) override it."""
-        return cls(pipe.transformer, pipe.vae, text_modules=text_modules, **options)
+        return cls(pipe.transformer, pipe.vae, text_modules=text_modules, condition_modules=condition_modules,
+                   **options)
 
     def _build_text_pipeline(self, text_modules: dict[str, Any]) -> Any:
         """The family's diffusers pipeline holding only its text side: we call its encode_prompt."""
@@ -262,7 +281,7 @@ class DiffusersPolicy:
         for name, m in text_modules.items():
             if isinstance(m, torch.nn.Module):
                 m.to(self.device).eval().requires_grad_(False)
-        pipeline_cls = getattr(diffusers, self.pipeline_class)
+        pipeline_cls = getattr(diffusers, self.text_pipeline_class or self.pipeline_class)
         return pipeline_cls(transformer=None, vae=None, scheduler=None, **text_modules)
 
     # ---- training mode ---------------------------------------------------------------
@@ -328,6 +347,32 @@ class DiffusersPolicy:
         for i in range(0, len(todo), batch_size):
             self.encode_prompts(todo[i : i + batch_size])
         return len(todo)
+
+    # ---- conditioning images (edit, image-to-video) --------------------------------
+
+    def encode_inputs(self, prompts: Sequence[str], images: torch.Tensor) -> Cond:
+        """Prompts + one image each -> one Cond (protocol.encode_inputs checks the inputs)."""
+        return merge_conds(self.encode_prompts(prompts), self.encode_conditions(images))
+
+    def encode_conditions(self, images: torch.Tensor) -> Cond:
+        """Images (B, 3, H, W) in [0, 1] -> the family's conditioning entries (B, ...)."""
+        raise TypeError(f"{self.family} takes prompts only; it has no conditioning image")
+
+    def _condition_pixels(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) in [0, 1] -> (B, 3, height, width) in [-1, 1], VAE dtype, on device.
+
+        Resized (bicubic, antialiased) to the output size when it differs: every row's
+        conditioning entries then have one shape and concatenate. The diffusers pipelines
+        resize a reference to their own preferred size instead (Kontext, Qwen-Image-Edit:
+        ~1 MP at its aspect ratio); data loading (digenrl.data) resizes to the output size.
+        """
+        if self.vae is None:
+            raise RuntimeError(f"{self.family}: no VAE loaded; encoding a conditioning image needs one")
+        x = images.to(self.device, torch.float32)
+        if tuple(x.shape[-2:]) != (self.height, self.width):
+            x = torch.nn.functional.interpolate(x, size=(self.height, self.width), mode="bicubic",
+                                                antialias=True, align_corners=False).clamp(0.0, 1.0)
+        return (x * 2.0 - 1.0).to(self.vae_dtype)  # VaeImageProcessor.normalize: 2x - 1
 
     def negative_cond(self, batch: int) -> Cond:
         if self._negative is None:

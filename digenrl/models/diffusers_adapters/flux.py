@@ -49,19 +49,22 @@ class FluxPolicy(DiffusersPolicy):
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
         _, _, h, w = x.shape
+        out = self._transformer(pack_2x2(x), flux_image_ids(h, w, self.device, self.dtype), sigma, cond)
+        return unpack_2x2(out, h, w)
+
+    def _transformer(self, tokens: torch.Tensor, img_ids: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
+        """Image tokens (B, N, 4C) with their RoPE ids (N, 3) + text -> velocity tokens (B, N, 4C)."""
         text = cond["prompt_embeds"]
-        guidance = cond.get("guidance")
-        out = self.module(
-            hidden_states=pack_2x2(x),  # (B, H/2 * W/2, 4C)
+        return self.module(
+            hidden_states=tokens,
             timestep=sigma,  # FLUX's input is sigma (see module docstring)
-            guidance=guidance,
+            guidance=cond.get("guidance"),
             pooled_projections=cond["pooled_prompt_embeds"].to(self.dtype),
             encoder_hidden_states=text.to(self.dtype),
             txt_ids=torch.zeros(text.shape[1], 3, device=self.device, dtype=self.dtype),
-            img_ids=flux_image_ids(h, w, self.device, self.dtype),
+            img_ids=img_ids,
             return_dict=False,
         )[0]
-        return unpack_2x2(out, h, w)
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         cfg = self.vae.config

@@ -26,6 +26,10 @@ the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
   hunyuan-video  sigmas = linspace(1, 0, N+1)[:-1], static shift from the config (7.0 for
                  hunyuanvideo-community/HunyuanVideo); pipeline_hunyuan_video.py:635-642.
 
+  flux-kontext, qwen-image-edit, wan-i2v: their base family's code exactly (pipeline_flux_kontext.py
+                 ~965-980 and pipeline_qwenimage_edit.py ~720-735 compute mu from the sample's own
+                 tokens, not the reference's; pipeline_wan_i2v.py ~708 calls set_timesteps(N)).
+
 Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
 published scheduler config below is used, with a warning.
 """
@@ -62,6 +66,10 @@ PUBLISHED_SCHEDULERS: dict[str, dict[str, Any]] = {
                    "shift_terminal": 0.02},
     "hunyuan-video": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 7.0},
 }
+# Conditioned families sample on their base family's grid. Their published fallback is the base
+# family's too: we could not read the Kontext / Edit / I2V checkpoints' scheduler configs offline,
+# so a pipeline folder's own config (always preferred, see load_scheduler) is the one to trust.
+BASE_FAMILY = {"flux-kontext": "flux", "qwen-image-edit": "qwen-image", "wan-i2v": "wan"}
 # The defaults each pipeline's `scheduler.config.get(key, default)` falls back on when computing
 # mu (pipeline_stable_diffusion_3.py:1021-1027 has max_shift 1.16; the others 1.15).
 _MU_DEFAULTS = {
@@ -78,6 +86,7 @@ def load_scheduler(family: str, path: Optional[str]):
     None or has no scheduler."""
     import diffusers
 
+    family = BASE_FAMILY.get(family, family)
     if family not in PUBLISHED_SCHEDULERS:
         raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(PUBLISHED_SCHEDULERS)}")
     found = _read_scheduler_config(path) if path else None
@@ -141,6 +150,7 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     h, w = latent_hw
+    family = BASE_FAMILY.get(family, family)
     cfg = scheduler.config
     if family in ("sd3", "wan"):
         kwargs = {}

@@ -36,21 +36,22 @@ class WanPolicy(DiffusersPolicy):
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
 
     @classmethod
-    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]], options: dict[str, Any]):
+    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]],
+                       condition_modules: Optional[dict[str, Any]], options: dict[str, Any]):
         if getattr(pipe, "transformer_2", None) is not None:
             raise ValueError(f"{cls.family}: this Wan pipeline has two experts (transformer_2: Wan2.2 A14B); "
                              f"load it as model.name=wan2.2")
         if pipe.config.get("expand_timesteps", False):
             raise ValueError(f"{cls.family}: this Wan pipeline has expand_timesteps (Wan2.2 TI2V-5B), "
                              f"which is not supported")
-        return super()._from_pipeline(pipe, text_modules, options)
+        return super()._from_pipeline(pipe, text_modules, condition_modules, options)
 
     def _latent_shape(self) -> tuple[int, ...]:
         if self.vae is not None:
             cfg = self.vae.config
             channels, t, s = cfg.z_dim, cfg.scale_factor_temporal, cfg.scale_factor_spatial
         else:
-            channels, t, s = self.module.config.in_channels, 4, 8
+            channels, t, s = self.module.config.out_channels, 4, 8  # I2V: in_channels adds the condition
         _, ph, pw = self.module.config.patch_size
         if (self.num_frames - 1) % t:
             raise ValueError(f"wan: num_frames - 1 must be a multiple of {t}, got num_frames={self.num_frames}")

@@ -111,8 +111,9 @@ class Wan22Policy(WanPolicy):
         super().__init__(transformer, vae, text_modules, **options)
 
     @classmethod
-    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]], options: dict[str, Any]):
-        cfg = pipe.config
+    def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]],
+                       condition_modules: Optional[dict[str, Any]], options: dict[str, Any]):
+        cfg = pipe.config  # (no conditioning components: the T2V layout)
         if cfg.get("expand_timesteps", False):
             raise ValueError("wan2.2: this pipeline has expand_timesteps (the TI2V-5B layout: one transformer, "
                              "per-token timesteps), which is not supported; wan2.2 is the A14B two-expert layout")
