@@ -110,8 +110,11 @@ def _pretrain_toy(args: argparse.Namespace) -> int:
 def _reward_server(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from digenrl.serving.reward_server import serve_forever
-
+    try:
+        from digenrl.serving.reward_server import serve_forever
+    except ImportError as e:  # ray without its serve extra
+        print(f"digenrl reward-server needs Ray Serve ({e}); pip install 'digenrl[serve]'", file=sys.stderr)
+        return 2
     try:
         serve_forever(args.reward, args.address, **asdict(serve_options(args)))
     except ValueError as e:  # a bad option, replicas the cluster cannot hold, Serve listening elsewhere
