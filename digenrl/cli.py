@@ -117,7 +117,8 @@ def _reward_server(args: argparse.Namespace) -> int:
         return 2
     try:
         serve_forever(args.reward, args.address, **asdict(serve_options(args)))
-    except ValueError as e:  # a bad option, replicas the cluster cannot hold, Serve listening elsewhere
+    except (ValueError, RuntimeError) as e:  # a bad option, replicas the cluster cannot hold, Serve
+        # listening elsewhere, a reward whose replicas could not build it (with their traceback)
         print(f"digenrl reward-server: {e}", file=sys.stderr)
         return 2
     return 0

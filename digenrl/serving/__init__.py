@@ -6,5 +6,6 @@ It sits on top of `digenrl.rewards`, which stays Ray-free: the wire format
 work without it.
 
     reward_app.py     the deployment: HTTP in (safetensors), JSON out, @serve.batch scoring
-    reward_server.py  ServeOptions, RewardServer (start/stop on a Ray cluster), serve() for the CLI
+    options.py        ServeOptions: every knob, checked at construction
+    reward_server.py  RewardServer (start/stop on a Ray cluster), serve_forever() for the CLI
 """

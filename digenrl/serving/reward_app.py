@@ -10,7 +10,8 @@ The wire format is `digenrl.rewards.wire` (safetensors in, never pickle). Errors
 {"error": kind, "message": text} with 400 (malformed, or the wrong reward), 404, 408 (body not
 received within read_timeout_s), 411 (no Content-Length), 413 (body over max_request_mb),
 500 (the reward raised), 504 (not scored within timeout_s). 503 is Serve's own answer when
-max_queued_requests are already waiting for a replica (a text body; the client retries 5xx).
+max_queued_requests are already waiting for a full replica: a text body, not JSON (Ray 2.60
+removed HTTPOptions.middlewares, the place to rewrite it); the client retries 5xx either way.
 GET /health -> {"status": "ok", "reward", "queued", "busy", "served", "max_request_bytes",
 "max_batch", "timeout_s", "replica"}: the numbers of the replica that answered.
 

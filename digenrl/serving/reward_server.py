@@ -73,9 +73,15 @@ class RewardServer:
                 max_constructor_retry_count=2,  # a reward that cannot load fails start(), not 20 tries later
                 logging_config={"enable_access_log": False},  # a log line per request costs throughput
             ).bind(self.reward_spec, o)
+            self._deployed = True  # from here stop() deletes the app, even one whose replicas failed
             serve.run(app, name=self.app_name, route_prefix="/")
-            self._deployed = True
-        except BaseException:
+        except Exception as e:
+            why = _deployment_message(self.app_name) if self._deployed else ""
+            self.stop()
+            if why:  # Serve's own error names no cause; its status holds the replica's traceback
+                raise RuntimeError(f"the reward server did not start: {why}") from e
+            raise
+        except BaseException:  # Ctrl-C while starting
             self.stop()
             raise
         return self
@@ -148,6 +154,15 @@ def _check_resources(o: ServeOptions) -> None:
                 f"{o.replicas} replicas x {per:g} {key} ({flag}) need {need:g} {key}s; "
                 f"the Ray cluster has {have:g}. Lower --replicas or {flag}, or use a bigger cluster (--address)"
             )
+
+
+def _deployment_message(app_name: str) -> str:
+    """What Serve's status says about the app's deployment (a failed replica's traceback), or ''."""
+    try:
+        app = serve.status().applications.get(app_name)
+        return "\n".join(d.message for d in app.deployments.values() if d.message) if app else ""
+    except Exception:  # noqa: BLE001 - only for the error message; Serve may be half down
+        return ""
 
 
 def _running_http_options() -> Optional[tuple[str, int]]:

@@ -370,6 +370,14 @@ def test_unplaceable_replicas_and_a_second_port_are_refused(serve_cluster):
     assert serve.status().applications == {}  # nothing was deployed
 
 
+def test_a_reward_that_cannot_load_fails_start(serve_cluster):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)the reward server did not start: .*did not give a Reward"):
+        RewardServer("builtins:dict?a=1", port=0).start()
+    assert time.monotonic() - start < 60  # a few constructor retries, not Serve's default 20
+    assert serve.status().applications == {}  # start() deleted the failed app
+
+
 def test_batch_wait_gathers_requests_sent_apart(serve_cluster, tmp_path):
     reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
     with RewardServer(reward, port=0, batch_wait_s=1.0, timeout_s=10) as s:
