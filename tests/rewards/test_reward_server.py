@@ -133,7 +133,7 @@ def test_codec_roundtrip():
     assert torch.equal(images, x)
 
 
-def test_good_request_matches_local(server, client):
+def test_good_request_matches_local(server, client, reward):
     x = torch.rand(4, 3, 16, 16)
     torch.testing.assert_close(client(x, PROMPTS), Brightness()(quantized(x), PROMPTS))
     video = torch.rand(2, 3, 3, 8, 8)
@@ -142,6 +142,7 @@ def test_good_request_matches_local(server, client):
     # larger than max_batch (8): scored in chunks, same numbers
     big = torch.rand(12, 3, 4, 4)
     torch.testing.assert_close(client(big, ["p"] * 12), Brightness()(quantized(big), ["p"] * 12))
+    assert max(reward.batch_sizes) == 8  # max_batch: no reward call held more
 
 
 def test_tiny_clip_over_the_wire(serve_cluster, tiny_clip_dir):

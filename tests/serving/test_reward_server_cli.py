@@ -7,7 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import urllib.error
 import urllib.request
 from dataclasses import fields
 from pathlib import Path
