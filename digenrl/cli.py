@@ -3,7 +3,7 @@
     digenrl train [--config FILE] [--steps N] [--seed S] [--run-dir DIR] [--resume] [key=value ...]
                   (key=value overrides may go anywhere among the options)
     digenrl pretrain-toy [--steps N] [--out FILE]
-    digenrl reward-server SPEC [--host H] [--port P]
+    digenrl reward-server SPEC [--replicas N] [--host H] [--port P] [--address A] ...  (Ray Serve)
     digenrl prompts list | fetch NAME [--split train|test]   (named prompt sets: data.prompts=NAME)
     digenrl simulate --testbed FILE|PRESET      (each takes --help)
     digenrl plan --testbed FILE|PRESET --gpus N
@@ -109,10 +109,29 @@ def _pretrain_toy(args: argparse.Namespace) -> int:
 
 
 def _reward_server(args: argparse.Namespace) -> int:
-    from digenrl.rewards.server import serve
+    from dataclasses import asdict
 
-    serve(args.reward, args.host, args.port, args.max_batch, args.max_request_mb, args.timeout_s)
+    try:
+        from digenrl.serving.reward_server import serve_forever
+    except ImportError as e:  # ray without its serve extra
+        print(f"digenrl reward-server needs Ray Serve ({e}); pip install 'digenrl[serve]'", file=sys.stderr)
+        return 2
+    try:
+        serve_forever(args.reward, args.address, **asdict(serve_options(args)))
+    except (ValueError, RuntimeError) as e:  # a bad option, replicas the cluster cannot hold, Serve
+        # listening elsewhere, a reward whose replicas could not build it (with their traceback)
+        print(f"digenrl reward-server: {e}", file=sys.stderr)
+        return 2
     return 0
+
+
+def serve_options(args: argparse.Namespace):
+    """The `ServeOptions` that `digenrl reward-server`'s flags name (one flag per field)."""
+    from dataclasses import fields
+
+    from digenrl.serving.options import ServeOptions
+
+    return ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)})
 
 
 def _prompts_list(args: argparse.Namespace) -> int:
@@ -201,13 +220,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output .safetensors (default: the shipped asset)")
     p.set_defaults(func=_pretrain_toy)
 
-    r = sub.add_parser("reward-server", help="serve a reward model over HTTP (safetensors in, JSON out)")
+    r = sub.add_parser("reward-server", help="serve a reward model over HTTP on Ray Serve (safetensors in, JSON out)")
     r.add_argument("reward", help="e.g. 'pickscore?path=/models/PickScore_v1&device=cuda' or module.path:Factory")
     r.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
-    r.add_argument("--port", type=int, default=8000)
-    r.add_argument("--max-batch", type=int, default=64)
-    r.add_argument("--max-request-mb", type=float, default=256.0)
-    r.add_argument("--timeout-s", type=float, default=120.0)
+    r.add_argument("--port", type=int, default=8000, help="0: a free port (or that of the Serve already running)")
+    r.add_argument("--address", help="an existing Ray cluster ('auto', host:port; default $RAY_ADDRESS or a new local one)")
+    r.add_argument("--replicas", type=int, default=1, help="deployment replicas, each with its own copy of the reward")
+    r.add_argument("--max-batch", type=int, default=64, help="samples per reward call (and per batch)")
+    r.add_argument("--batch-wait-s", type=float, default=0.01, help="how long a batch waits for more requests")
+    r.add_argument("--max-request-mb", type=float, default=256.0, help="bodies over this get a 413")
+    r.add_argument("--timeout-s", type=float, default=120.0, help="requests not scored within this get a 504")
+    r.add_argument("--read-timeout-s", type=float, default=60.0, help="bodies not received within this get a 408")
+    r.add_argument("--max-ongoing", type=int, default=128, help="requests one replica holds at once")
+    r.add_argument("--max-queued", type=int, default=256,
+                   help="requests waiting for a full replica before Serve answers 503 (-1: no limit)")
+    r.add_argument("--cpus-per-replica", type=float, default=1.0)
+    r.add_argument("--gpus-per-replica", type=float, default=0.0, help="e.g. 1 for a reward on device=cuda")
     r.set_defaults(func=_reward_server)
 
     ps = sub.add_parser("prompts", help="named prompt sets (pickscore, ocr, geneval, drawbench): list, fetch")

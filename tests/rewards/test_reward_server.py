@@ -1,12 +1,16 @@
-"""The reward service over loopback: a server in a thread on an ephemeral port.
+"""The reward service over loopback: Ray Serve on one small local Ray cluster per module,
+its HTTP proxy on an ephemeral port; each server deploys the app there and deletes it after.
 
-Every test ends by checking the server still answers /health and a good request.
+Every test ends by checking the server still answers /health and a good request. Rewards run
+in replica processes: `Brightness` records its batch sizes in a file both sides read.
 """
 
 import http.client
 import json
+import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,21 +20,39 @@ from digenrl.rewards import build_reward
 from digenrl.rewards.base import score_media
 from digenrl.rewards.client import RemoteReward, RemoteRewardError
 from digenrl.rewards.clip_models import ClipScore
-from digenrl.rewards.server import RewardServer
 from digenrl.rewards.wire import decode_request, encode_request
 
-pytestmark = pytest.mark.timeout(60)
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+from digenrl.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
+
+pytestmark = pytest.mark.timeout(120)
 
 PROMPTS = ["a red cat", "a dog on grass", "a red cat", "text saying 42"]
 
 
 class Brightness:
-    """Mean pixel + 0.01 per prompt character; records batch sizes; sleeps on the prompt 'slow'."""
+    """Mean pixel + 0.01 per prompt character; sleeps on the prompt 'slow', raises on 'boom'.
+
+    With `log` (a file path) it appends each call's batch size there, so the test process
+    reads the batch sizes of the copy that runs in a replica.
+    """
 
     name = "brightness"
 
-    def __init__(self, slow_s: float = 0.0):
-        self.slow_s, self.batch_sizes = slow_s, []
+    def __init__(self, slow_s: float = 0.0, log: str | None = None):
+        self.slow_s, self.log = slow_s, log
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        if self.log is None or not Path(self.log).exists():
+            return []
+        return [int(line) for line in Path(self.log).read_text().split()]
+
+    def _record(self, n: int) -> None:
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(f"{n}\n")
 
     def _score(self, images, prompts):
         if "slow" in prompts:
@@ -40,7 +62,7 @@ class Brightness:
         return images.mean(dim=(1, 2, 3)) + torch.tensor([0.01 * len(p) for p in prompts])
 
     def __call__(self, images, prompts):
-        self.batch_sizes.append(images.shape[0])
+        self._record(images.shape[0])
         return score_media(self._score, images, prompts)
 
 
@@ -53,7 +75,11 @@ def post(server, body: bytes, path="/score", headers=None):
     try:
         conn.request("POST", path, body=body, headers=headers or {})
         resp = conn.getresponse()
-        return resp.status, json.loads(resp.read())
+        raw = resp.read()
+        try:
+            return resp.status, json.loads(raw)
+        except json.JSONDecodeError:  # Serve's own 503 is text
+            return resp.status, {"text": raw.decode()}
     finally:
         conn.close()
 
@@ -65,12 +91,31 @@ def assert_still_serving(server, client):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     x = torch.rand(2, 3, 8, 8)
-    torch.testing.assert_close(client(x, ["ok", "fine"]), server.reward(quantized(x), ["ok", "fine"]))
+    torch.testing.assert_close(client(x, ["ok", "fine"]), Brightness()(quantized(x), ["ok", "fine"]))
+
+
+@pytest.fixture(scope="module")
+def serve_cluster():
+    """A 2-CPU local Ray cluster with Serve's HTTP proxy on a free port, shared by the module."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+    ray.shutdown()
 
 
 @pytest.fixture
-def server():
-    with RewardServer(Brightness(), max_batch=8, max_request_mb=0.05, timeout_s=10) as s:
+def reward(tmp_path):
+    return Brightness(slow_s=1.0, log=str(tmp_path / "batch_sizes.txt"))
+
+
+@pytest.fixture
+def server(serve_cluster, reward):
+    # batch_wait_s=0.2: requests sent together reach the same batch on a loaded machine
+    with RewardServer(reward, port=0, max_batch=8, batch_wait_s=0.2, max_request_mb=0.05, timeout_s=10) as s:
         yield s
 
 
@@ -88,21 +133,22 @@ def test_codec_roundtrip():
     assert torch.equal(images, x)
 
 
-def test_good_request_matches_local(server, client):
+def test_good_request_matches_local(server, client, reward):
     x = torch.rand(4, 3, 16, 16)
-    torch.testing.assert_close(client(x, PROMPTS), server.reward(quantized(x), PROMPTS))
+    torch.testing.assert_close(client(x, PROMPTS), Brightness()(quantized(x), PROMPTS))
     video = torch.rand(2, 3, 3, 8, 8)
-    torch.testing.assert_close(client(video, PROMPTS[:2]), server.reward(quantized(video), PROMPTS[:2]))
+    torch.testing.assert_close(client(video, PROMPTS[:2]), Brightness()(quantized(video), PROMPTS[:2]))
     assert client.health()["reward"] == "brightness"
     # larger than max_batch (8): scored in chunks, same numbers
     big = torch.rand(12, 3, 4, 4)
-    torch.testing.assert_close(client(big, ["p"] * 12), server.reward(quantized(big), ["p"] * 12))
+    torch.testing.assert_close(client(big, ["p"] * 12), Brightness()(quantized(big), ["p"] * 12))
+    assert max(reward.batch_sizes) == 8  # max_batch: no reward call held more
 
 
-def test_tiny_clip_over_the_wire(tiny_clip_dir):
+def test_tiny_clip_over_the_wire(serve_cluster, tiny_clip_dir):
     reward = ClipScore(tiny_clip_dir)
     x = torch.rand(3, 3, 32, 32)
-    with RewardServer(reward, timeout_s=30) as s:
+    with RewardServer(reward, port=0, timeout_s=30) as s:
         remote = RemoteReward(s.url, "clip-score", retries=0)
         torch.testing.assert_close(remote(x, PROMPTS[:3]), reward(quantized(x), PROMPTS[:3]), atol=1e-6, rtol=1e-6)
 
@@ -119,7 +165,7 @@ def _while_busy(server, requests):
 
     slow = threading.Thread(target=send, args=(0, torch.rand(1, 3, 8, 8), ["slow"]))
     slow.start()
-    time.sleep(0.1)
+    time.sleep(0.5)  # the slow call's batch (batch_wait_s 0.2) has closed; it runs 1 s
     threads = [threading.Thread(target=send, args=(i + 1, *r)) for i, r in enumerate(requests)]
     for t in threads:
         t.start()
@@ -128,25 +174,24 @@ def _while_busy(server, requests):
     return results[1:]
 
 
-def test_concurrent_requests_are_batched():
-    reward = Brightness(slow_s=0.5)
-    with RewardServer(reward, max_batch=64, timeout_s=10) as s:
+def test_concurrent_requests_are_batched(serve_cluster, tmp_path):
+    reward = Brightness(slow_s=1.0, log=str(tmp_path / "batch_sizes.txt"))
+    with RewardServer(reward, port=0, max_batch=64, batch_wait_s=0.2, timeout_s=10) as s:
         xs = [torch.rand(2, 3, 8, 8) for _ in range(4)]
         results = _while_busy(s, [(x, ["a", "bb"]) for x in xs])
         for x, (status, payload) in zip(xs, results):
             assert status == 200
-            torch.testing.assert_close(torch.tensor(payload["scores"]), reward(quantized(x), ["a", "bb"]))
+            torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "bb"]))
         assert reward.batch_sizes[0] == 1 and max(reward.batch_sizes[1:]) >= 4  # >= two requests in one call
 
 
-def test_reward_exception_gets_500_and_spares_batchmates(server, client):
-    server.reward.slow_s = 0.5
+def test_reward_exception_gets_500_and_spares_batchmates(server, client, reward):
     x = torch.rand(2, 3, 8, 8)
     (bad_status, bad), (good_status, good) = _while_busy(server, [(torch.rand(1, 3, 8, 8), ["boom"]), (x, ["a", "b"])])
     assert bad_status == 500 and bad["error"] == "reward_failed" and "RuntimeError: kaboom" in bad["message"]
     assert good_status == 200
-    assert 3 in server.reward.batch_sizes  # they were batched; the failure was then isolated
-    torch.testing.assert_close(torch.tensor(good["scores"]), server.reward(quantized(x), ["a", "b"]))
+    assert 3 in reward.batch_sizes  # they were batched; the failure was then isolated
+    torch.testing.assert_close(torch.tensor(good["scores"]), Brightness()(quantized(x), ["a", "b"]))
     assert_still_serving(server, client)
 
 
@@ -193,9 +238,9 @@ def test_oversized_request_gets_413(server, client):
     assert_still_serving(server, client)
 
 
-def test_slow_reward_gets_504_and_client_gives_up_clearly():
+def test_slow_reward_gets_504_and_client_gives_up_clearly(serve_cluster):
     reward = Brightness(slow_s=1.5)
-    with RewardServer(reward, timeout_s=0.4) as s:
+    with RewardServer(reward, port=0, timeout_s=0.4) as s:
         status, err = post(s, encode_request(torch.rand(1, 3, 4, 4), ["slow"]))
         assert status == 504 and err["error"] == "timeout" and "0.4 s" in err["message"]
         client = RemoteReward(s.url, "brightness", timeout_s=10, retries=1, backoff=0.05)
@@ -207,8 +252,9 @@ def test_slow_reward_gets_504_and_client_gives_up_clearly():
 
 
 def test_unreachable_server_raises_after_retries():
-    with RewardServer(Brightness()) as s:
-        url = s.url
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
     client = RemoteReward(url, "brightness", timeout_s=2, retries=2, backoff=0.01)
     with pytest.raises(RemoteRewardError, match="failed after 3 attempts; last error: ConnectionRefusedError"):
         client(torch.rand(1, 3, 4, 4), ["a"])
@@ -219,16 +265,16 @@ class CrashesOnce(Brightness):
 
     def __call__(self, images, prompts):
         if not self.batch_sizes:
-            self.batch_sizes.append(0)
+            self._record(0)
             raise RuntimeError("crashed")
         return super().__call__(images, prompts)
 
 
-def test_remote_reward_from_config_recovers_from_a_crash():
+def test_remote_reward_from_config_recovers_from_a_crash(serve_cluster, tmp_path):
     # The runtime's path to a served reward: reward.paths.remote=URL#name -> build_reward ->
     # RemoteReward. Its first request gets a 500 and is retried; every batch is still scored.
-    reward = CrashesOnce()
-    with RewardServer(reward, timeout_s=10) as s:
+    reward = CrashesOnce(log=str(tmp_path / "batch_sizes.txt"))
+    with RewardServer(reward, port=0, timeout_s=10) as s:
         remote = build_reward("remote", {"remote": f"{s.url}#brightness"})
         assert isinstance(remote, RemoteReward) and remote.name == "brightness"
         for x, p in [(torch.rand(3, 3, 8, 8), ["a", "bb", "ccc"]), (torch.rand(2, 4, 3, 8, 8), ["video", "v"])]:
@@ -246,3 +292,104 @@ def test_reward_spec_errors_are_clear():
     assert resolve_reward(reward) is reward
     with pytest.raises(TypeError, match="did not give a Reward"):
         resolve_reward("builtins:dict?a=1")
+
+
+def _send_slowly(server, body: bytes, stall_s: float):
+    """POST /score sending half the body, stalling stall_s, then the rest; (status, json) or None if cut off."""
+    sock = socket.create_connection((server.host, server.port), timeout=30)
+    try:
+        head = f"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        sock.sendall(head.encode() + body[: len(body) // 2])
+        time.sleep(stall_s)
+        try:
+            sock.sendall(body[len(body) // 2 :])
+        except OSError:
+            pass  # the server answered and closed already
+        resp = http.client.HTTPResponse(sock)
+        resp.begin()
+        return resp.status, json.loads(resp.read())
+    finally:
+        sock.close()
+
+
+def test_stalled_upload_gets_408_and_slow_one_is_scored(serve_cluster):
+    with RewardServer(Brightness(), port=0, read_timeout_s=1.0, timeout_s=10) as s:
+        x = torch.rand(2, 3, 8, 8)
+        body = encode_request(x, ["a", "b"])
+        status, payload = _send_slowly(s, body, stall_s=0.3)  # slow but within read_timeout_s
+        assert status == 200
+        torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "b"]))
+        status, err = _send_slowly(s, body, stall_s=2.0)
+        assert status == 408 and err["error"] == "request_timeout" and "read_timeout_s (1.0 s)" in err["message"]
+        assert_still_serving(s, RemoteReward(s.url, "brightness", retries=0))
+
+
+def test_back_pressure_gets_503_and_the_client_retries(serve_cluster):
+    # one request held by the replica, one queued at the proxy: a third is refused with 503
+    with RewardServer(Brightness(slow_s=1.0), port=0, max_ongoing=1, max_queued=1, timeout_s=10) as s:
+        results = _while_busy(s, [(torch.rand(1, 3, 8, 8), ["a"]) for _ in range(4)])
+        statuses = sorted(status for status, _ in results)
+        assert 503 in statuses and 200 in statuses, statuses
+        assert "backpressure" in next(p["text"] for st, p in results if st == 503)  # Serve's text body
+        client = RemoteReward(s.url, "brightness", retries=6, backoff=0.2)
+        x = torch.rand(1, 3, 8, 8)
+        threads = [threading.Thread(target=_while_busy, args=(s, [(x, ["b"])]))]
+        threads[0].start()
+        time.sleep(0.2)
+        # the slow call holds the replica for ~1 s: this request may meet a 503 and retry, then succeed
+        torch.testing.assert_close(client(x, ["c"]), Brightness()(quantized(x), ["c"]))
+        threads[0].join()
+        assert_still_serving(s, client)
+
+
+def test_replicas_each_score_and_answer(serve_cluster):
+    with RewardServer(Brightness(), port=0, replicas=2, cpus_per_replica=1) as s:
+        seen = {s.health()["replica"] for _ in range(60)}
+        assert len(seen) == 2  # Serve spreads requests over both (all on one: p = 2**-59)
+        client = RemoteReward(s.url, "brightness", retries=0)
+        xs = [torch.rand(3, 3, 8, 8) for _ in range(8)]
+        outs = [None] * len(xs)
+        threads = [threading.Thread(target=lambda i=i: outs.__setitem__(i, client(xs[i], ["a", "b", "c"])))
+                   for i in range(len(xs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, Brightness()(quantized(x), ["a", "b", "c"]))
+
+
+def test_unplaceable_replicas_and_a_second_port_are_refused(serve_cluster):
+    with pytest.raises(ValueError, match=r"1 replicas x 1 GPU \(--gpus-per-replica\) need 1 GPUs; the Ray cluster has 0"):
+        RewardServer(Brightness(), port=0, gpus_per_replica=1).start()
+    with pytest.raises(ValueError, match=r"3 replicas x 1 CPU \(--cpus-per-replica\) need 3 CPUs; the Ray cluster has 2"):
+        RewardServer(Brightness(), port=0, replicas=3).start()
+    with pytest.raises(ValueError, match=f"already runs on this cluster with its HTTP proxy at 127.0.0.1:{serve_cluster}"):
+        RewardServer(Brightness(), port=serve_cluster + 1 if serve_cluster < 65535 else 1).start()
+    with pytest.raises(ValueError, match="unknown reward 'nope'"):
+        RewardServer("nope", port=0).start()
+    assert serve.status().applications == {}  # nothing was deployed
+
+
+def test_a_reward_that_cannot_load_fails_start(serve_cluster):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?s)the reward server did not start: .*did not give a Reward"):
+        RewardServer("builtins:dict?a=1", port=0).start()
+    assert time.monotonic() - start < 60  # a few constructor retries, not Serve's default 20
+    assert serve.status().applications == {}  # start() deleted the failed app
+
+
+def test_batch_wait_gathers_requests_sent_apart(serve_cluster, tmp_path):
+    reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
+    with RewardServer(reward, port=0, batch_wait_s=1.0, timeout_s=10) as s:
+        results = [None, None]
+        def send(i):
+            results[i] = post(s, encode_request(torch.rand(i + 1, 3, 8, 8), ["p"] * (i + 1)))
+        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+        threads[0].start()
+        time.sleep(0.3)  # within the first request's 1 s window
+        threads[1].start()
+        for t in threads:
+            t.join()
+        assert [r[0] for r in results] == [200, 200]
+        assert reward.batch_sizes == [3]  # one reward call for both

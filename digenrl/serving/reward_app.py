@@ -1,0 +1,179 @@
+"""The reward deployment on Ray Serve: one reward behind POST /score and GET /health.
+
+    client --POST /score (safetensors)--> Serve proxy (uvicorn) --> a replica's RewardDeployment
+        read the body (<= max_request_mb, within read_timeout_s) -> decode_request
+        -> chunks of <= max_batch samples -> score_chunk (@serve.batch: concurrent requests
+           join one batch) -> one thread runs the reward (rewards.batching.score_requests)
+    client <-- JSON {"reward", "scores": [B floats], "elapsed_s"} -- within timeout_s
+
+The wire format is `digenrl.rewards.wire` (safetensors in, never pickle). Errors are JSON
+{"error": kind, "message": text} with 400 (malformed, or the wrong reward), 404, 408 (body not
+received within read_timeout_s), 411 (no Content-Length), 413 (body over max_request_mb),
+500 (the reward raised), 504 (not scored within timeout_s). 503 is Serve's own answer when
+max_queued_requests are already waiting for a full replica: a text body, not JSON (Ray 2.60
+removed HTTPOptions.middlewares, the place to rewrite it); the client retries 5xx either way.
+GET /health -> {"status": "ok", "reward", "queued", "busy", "served", "max_request_bytes",
+"max_batch", "timeout_s", "replica"}: the numbers of the replica that answered.
+
+Batching caveat: `@serve.batch` forms a batch from what arrives within batch_wait_s of its
+first request, even while the previous batch is still being scored, so under steady load
+batches hold about (arrival rate x batch_wait_s) requests, not everything that queued
+during the last reward call. Raise batch_wait_s for rewards whose cost is per call, not per sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+from ray import serve
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+
+from digenrl.rewards.base import Reward
+from digenrl.rewards.batching import Scored, score_requests
+from digenrl.rewards.specs import resolve_reward
+from digenrl.rewards.wire import RequestError, decode_request
+from digenrl.serving.options import ServeOptions
+
+log = logging.getLogger(__name__)
+
+DRAIN_FACTOR = 8  # read and discard oversized bodies up to 8x the limit, so the client sees the 413
+
+Chunk = tuple[torch.Tensor, list[str]]  # (n, ...) float32 images in [0, 1], n prompts; n <= max_batch
+
+
+def _samples(chunks: list[Chunk]) -> int:
+    """A batch's size for `@serve.batch`: samples, not requests."""
+    return sum(images.shape[0] for images, _ in chunks)
+
+
+@serve.deployment(name="reward")
+class RewardDeployment:
+    """One replica: builds the reward from its spec (on the replica, so it loads on the
+    replica's device) and answers /score and /health. Options come from `ServeOptions`."""
+
+    def __init__(self, reward: str | Reward, options: ServeOptions):
+        self.reward = resolve_reward(reward)
+        self.options = options
+        # One thread calls the reward, so rewards need not be thread-safe; the event loop
+        # stays free to read other requests' bodies meanwhile.
+        self._scorer = ThreadPoolExecutor(1, thread_name_prefix="reward")
+        self.score_chunk.set_max_batch_size(options.max_batch)
+        self.score_chunk.set_batch_wait_timeout_s(options.batch_wait_s)
+        self._waiting = 0  # chunks handed to score_chunk and not yet answered
+        self._running = 0  # chunks in the reward call now running
+        self.served = 0  # requests answered with scores
+
+    async def __call__(self, request: Request) -> Response:
+        route = (request.method, request.url.path.rstrip("/"))
+        try:
+            if route == ("GET", "/health"):
+                return JSONResponse(self.health())
+            if route == ("POST", "/score"):
+                return JSONResponse(await self._score(request))
+            message = f"no route {request.method} {request.url.path}; use GET /health or POST /score"
+            raise RequestError(404, "not_found", message)
+        except RequestError as err:
+            return JSONResponse({"error": err.kind, "message": err.message}, status_code=err.status)
+        except ClientDisconnect:
+            return Response(status_code=400)  # the client went away mid-body: nobody reads this
+        except Exception as e:  # noqa: BLE001 - a handler bug must not take the replica down
+            log.exception("unexpected error in %s %s", request.method, request.url.path)
+            return JSONResponse({"error": "internal_error", "message": f"{type(e).__name__}: {e}"}, status_code=500)
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "reward": self.reward.name,
+            "queued": max(self._waiting - self._running, 0),
+            "busy": self._running > 0,
+            "served": self.served,
+            "max_request_bytes": self.options.max_request_bytes,
+            "max_batch": self.options.max_batch,
+            "timeout_s": self.options.timeout_s,
+            "replica": serve.get_replica_context().replica_id.unique_id,
+        }
+
+    async def _score(self, request: Request) -> dict[str, Any]:
+        body = await read_body(request, self.options.max_request_bytes, self.options.read_timeout_s)
+        images, prompts, requested = await asyncio.to_thread(decode_request, body)  # CPU work, off the loop
+        name = self.reward.name
+        if requested is not None and requested != name:
+            raise RequestError(400, "wrong_reward", f"this server serves reward {name!r}, the request asked for {requested!r}")
+        start, n = time.perf_counter(), self.options.max_batch
+        chunks = [(images[i : i + n], prompts[i : i + n]) for i in range(0, len(prompts), n)]
+        self._waiting += len(chunks)
+        try:
+            # on timeout the chunks are cancelled: those not yet in a batch are never scored
+            results: list[Scored] = await asyncio.wait_for(
+                asyncio.gather(*(self.score_chunk(c) for c in chunks)), self.options.timeout_s
+            )
+        except TimeoutError:
+            message = f"reward {name!r} did not score the request within {self.options.timeout_s} s"
+            raise RequestError(504, "timeout", message) from None
+        finally:
+            self._waiting -= len(chunks)
+        failed = next((r.error for r in results if r.error is not None), None)
+        if failed is not None:
+            raise RequestError(500, "reward_failed", failed)
+        self.served += 1
+        scores = torch.cat([r.scores for r in results])  # (B,)
+        return {"reward": name, "scores": scores.tolist(), "elapsed_s": time.perf_counter() - start}
+
+    @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01, batch_size_fn=_samples)  # sizes reset in __init__
+    async def score_chunk(self, chunks: list[Chunk]) -> list[Scored]:
+        """Score a batch of chunks (<= max_batch samples in all) in the reward thread."""
+        self._running = len(chunks)
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._scorer, score_requests, self.reward, chunks, self.options.max_batch)
+        finally:
+            self._running = 0
+
+
+async def read_body(request: Request, limit: int, read_timeout_s: float) -> bytes:
+    """The request body, checked against its Content-Length and `limit` bytes.
+
+    RequestError: 411 (chunked, or no Content-Length), 400 (bad length, short body),
+    413 (over limit; drained up to DRAIN_FACTOR x limit first), 408 (not all there within read_timeout_s).
+    """
+    if "chunked" in request.headers.get("transfer-encoding", "").lower():
+        raise RequestError(411, "length_required", "chunked bodies are not supported; send Content-Length")
+    raw = request.headers.get("content-length")
+    if raw is None:
+        raise RequestError(411, "length_required", "POST /score needs a Content-Length header")
+    try:
+        length = int(raw)
+        if length < 0:
+            raise ValueError
+    except ValueError:
+        raise RequestError(400, "malformed_request", f"bad Content-Length {raw!r}") from None
+    try:
+        if length > limit:
+            if length <= DRAIN_FACTOR * limit:
+                await asyncio.wait_for(_receive(request, keep=False), read_timeout_s)
+            raise RequestError(
+                413, "request_too_large",
+                f"body is {length / 2**20:.2f} MiB, over this server's max_request_mb "
+                f"({limit / 2**20:.2f} MiB); send fewer samples per request",
+            )  # fmt: skip
+        body = await asyncio.wait_for(_receive(request, keep=True), read_timeout_s)
+    except TimeoutError:
+        message = f"the body did not arrive within the server's read_timeout_s ({read_timeout_s} s)"
+        raise RequestError(408, "request_timeout", message) from None
+    if len(body) != length:
+        raise RequestError(400, "malformed_request", f"body ended after {len(body)} of {length} bytes")
+    return body
+
+
+async def _receive(request: Request, keep: bool) -> bytes:
+    parts = []
+    async for part in request.stream():
+        if keep:
+            parts.append(part)
+    return b"".join(parts)

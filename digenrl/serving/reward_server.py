@@ -1,0 +1,195 @@
+"""Start and stop the reward deployment (`reward_app.RewardDeployment`) on a Ray cluster.
+
+    RewardServer(reward, address=None, **ServeOptions fields)
+      start(): Ray (the cluster at `address` or $RAY_ADDRESS, else a new local one)
+               -> resource check (replicas x cpus/gpus per replica fit the cluster, or ValueError)
+               -> Serve's HTTP proxy on host:port (or the one already running on the cluster)
+               -> the app at route "/"; returns once every replica is up
+      stop():  deletes the app; shuts Serve and Ray down if start() started them
+    serve(spec, address, **options): `digenrl reward-server`, until Ctrl-C
+
+A new local cluster is started with address="local", never by joining whatever cluster
+another process left running on this machine; pass address="auto" to join that one.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import math
+import os
+import socket
+import time
+from typing import Any, Optional
+
+import ray
+from ray import serve
+
+from digenrl.rewards.base import Reward
+from digenrl.rewards.specs import resolve_factory
+from digenrl.serving.options import ServeOptions
+from digenrl.serving.reward_app import RewardDeployment
+
+log = logging.getLogger(__name__)
+
+APP_NAME = "digenrl-reward"
+
+
+class RewardServer:
+    """Serve one reward over HTTP on Ray Serve; `start()`/`stop()` or use it as a context manager.
+
+    `reward` is a spec (`digenrl.rewards.specs.resolve_reward`), built on each replica, or a
+    Reward object, pickled to each replica (each replica scores with its own copy).
+    Keyword options are `ServeOptions` fields. Read `.url` after `start()`.
+    """
+
+    def __init__(self, reward: str | Reward, address: Optional[str] = None, app_name: str = APP_NAME, **options: Any):
+        self.reward_spec, self.address, self.app_name = reward, address, app_name
+        self.options = ServeOptions(**options)
+        self.host, self.port = self.options.host, self.options.port
+        self._started_ray = self._started_serve = self._deployed = False
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "RewardServer":
+        o = self.options
+        if isinstance(self.reward_spec, str):  # an unknown name fails here, not in every replica
+            resolve_factory(self.reward_spec.partition("?")[0])
+        try:
+            self._started_ray = _connect(self.address, o)
+            _check_resources(o)
+            self.port = self._start_proxy()
+            app = RewardDeployment.options(
+                num_replicas=o.replicas,
+                max_ongoing_requests=o.max_ongoing,
+                max_queued_requests=o.max_queued,
+                ray_actor_options={"num_cpus": o.cpus_per_replica, "num_gpus": o.gpus_per_replica},
+                # stop() lets in-flight requests finish, polling every 0.2 s rather than Serve's 2 s
+                graceful_shutdown_wait_loop_s=0.2,
+                graceful_shutdown_timeout_s=o.read_timeout_s + o.timeout_s,
+                max_constructor_retry_count=2,  # a reward that cannot load fails start(), not 20 tries later
+                logging_config={"enable_access_log": False},  # a log line per request costs throughput
+            ).bind(self.reward_spec, o)
+            self._deployed = True  # from here stop() deletes the app, even one whose replicas failed
+            serve.run(app, name=self.app_name, route_prefix="/")
+        except Exception as e:
+            why = _deployment_message(self.app_name) if self._deployed else ""
+            self.stop()
+            if why:  # Serve's own error names no cause; its status holds the replica's traceback
+                raise RuntimeError(f"the reward server did not start: {why}") from e
+            raise
+        except BaseException:  # Ctrl-C while starting
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Delete the app (in-flight requests finish first); stop Serve and Ray if start() started them."""
+        if self._deployed:
+            serve.delete(self.app_name)
+            self._deployed = False
+        if self._started_serve:
+            serve.shutdown()
+            self._started_serve = False
+        if self._started_ray:
+            ray.shutdown()
+            self._started_ray = False
+
+    def __enter__(self) -> "RewardServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def health(self) -> dict[str, Any]:
+        """GET /health, answered by one replica (its counters, not the sum over replicas)."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        try:
+            conn.request("GET", "/health")
+            return json.loads(conn.getresponse().read())
+        finally:
+            conn.close()
+
+    def _start_proxy(self) -> int:
+        """Start Serve's HTTP proxy at host:port, or use the running one. Returns its port."""
+        running = _running_http_options()
+        if running is not None:
+            host, port = running
+            if (self.options.port not in (0, port)) or self.options.host != host:
+                raise ValueError(
+                    f"Ray Serve already runs on this cluster with its HTTP proxy at {host}:{port}; "
+                    f"it cannot also listen at {self.options.host}:{self.options.port}. "
+                    f"Pass --host {host} --port {port} (or --port 0), or stop that Serve instance"
+                )
+            return port
+        port = self.options.port or _free_port(self.options.host)
+        serve.start(http_options={"host": self.options.host, "port": port})
+        self._started_serve = True
+        return port
+
+
+def _connect(address: Optional[str], o: ServeOptions) -> bool:
+    """Make sure Ray is up; True when this call started a local cluster (sized for the replicas)."""
+    if ray.is_initialized():
+        return False
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, include_dashboard=False)
+        return False
+    cpus = max(os.cpu_count() or 1, math.ceil(o.replicas * o.cpus_per_replica))
+    ray.init(address="local", num_cpus=cpus, include_dashboard=False)
+    return True
+
+
+def _check_resources(o: ServeOptions) -> None:
+    """Refuse replicas the cluster can never place (Serve would wait for them forever)."""
+    total = ray.cluster_resources()
+    for key, per, flag in (("CPU", o.cpus_per_replica, "--cpus-per-replica"), ("GPU", o.gpus_per_replica, "--gpus-per-replica")):
+        need, have = o.replicas * per, total.get(key, 0.0)
+        if need > have:
+            raise ValueError(
+                f"{o.replicas} replicas x {per:g} {key} ({flag}) need {need:g} {key}s; "
+                f"the Ray cluster has {have:g}. Lower --replicas or {flag}, or use a bigger cluster (--address)"
+            )
+
+
+def _deployment_message(app_name: str) -> str:
+    """What Serve's status says about the app's deployment (a failed replica's traceback), or ''."""
+    try:
+        app = serve.status().applications.get(app_name)
+        return "\n".join(d.message for d in app.deployments.values() if d.message) if app else ""
+    except Exception:  # noqa: BLE001 - only for the error message; Serve may be half down
+        return ""
+
+
+def _running_http_options() -> Optional[tuple[str, int]]:
+    """(host, port) of the Serve HTTP proxy already running on this cluster, or None."""
+    # Serve has no public getter for its running HTTP options; its client object holds them.
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    return client.http_config.host, client.http_config.port
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def serve_forever(reward: str | Reward, address: Optional[str] = None, **options: Any) -> None:
+    """Start a RewardServer and keep it up until Ctrl-C (`digenrl reward-server`)."""
+    with RewardServer(reward, address, **options) as server:
+        h = server.health()
+        print(f"serving reward {h['reward']!r} at {server.url} with {server.options.replicas} replica(s) "
+              "(POST /score, GET /health); Ctrl-C stops it", flush=True)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            pass
