@@ -102,19 +102,10 @@ def train_step(policy, cond, latents, logps, step: int, optimizer):
     return out.log_prob.detach(), logp_old, metrics
 
 
-@pytest.mark.parametrize("family", TINY_FAMILIES)
-def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, tmp_path):
-    policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
-    assert isinstance(policy, Policy)
-    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)  # (B = 4, ...)
-    latents, logps = rollout(policy, cond)
-    assert all(torch.isfinite(lp).all() for lp in logps[:-1]) and logps[-1] is None
-
-    pixels = policy.decode(latents[:, -1])
-    expected = (4, 3, 16, 16) if policy.output == "image" else (4, 5, 3, 16, 16)
-    assert pixels.shape == expected and pixels.dtype == torch.float32
-    assert 0.0 <= pixels.min() and pixels.max() <= 1.0
-
+def check_lora_step_and_sync(policy, cond, latents, logps, reload) -> None:
+    """One LoRA train step on a rollout (ratio == 1, only adapters get gradients and move),
+    then weight sync: `reload()` builds a second copy, which samples what the trained one
+    does once it loads the adapters."""
     before = {k: v.clone() for k, v in trainable_state_dict(policy.module).items()}
     params = policy.trainable_parameters()
     assert params and all("lora_" in n for n, p in policy.module.named_parameters() if p.requires_grad)
@@ -133,13 +124,30 @@ def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, t
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
     # weight sync: a second copy loads the adapters and now samples what the trained one does
-    copy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
+    copy = reload()
     stale, _ = rollout(copy, cond, seed=1)
     load_trainable_state_dict(copy.module, trainable_state_dict(policy.module))
     synced, _ = rollout(copy, cond, seed=1)
     trained, _ = rollout(policy, cond, seed=1)
     assert not torch.equal(stale[:, -1], synced[:, -1])
     assert torch.equal(synced, trained)
+
+
+@pytest.mark.parametrize("family", TINY_FAMILIES)
+def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, tmp_path):
+    policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
+    assert isinstance(policy, Policy)
+    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)  # (B = 4, ...)
+    latents, logps = rollout(policy, cond)
+    assert all(torch.isfinite(lp).all() for lp in logps[:-1]) and logps[-1] is None
+
+    pixels = policy.decode(latents[:, -1])
+    expected = (4, 3, 16, 16) if policy.output == "image" else (4, 5, 3, 16, 16)
+    assert pixels.shape == expected and pixels.dtype == torch.float32
+    assert 0.0 <= pixels.min() and pixels.max() <= 1.0
+
+    check_lora_step_and_sync(policy, cond, latents, logps,
+                             lambda: load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4))
 
 
 @pytest.mark.parametrize("family", ["sd3", "wan"])

@@ -21,9 +21,8 @@ pytest.importorskip("peft")
 
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import FAMILIES, load_policy  # noqa: E402
-from digenrl.models.lora import load_trainable_state_dict, trainable_state_dict  # noqa: E402
 from digenrl.models.protocol import Policy, cond_repeat  # noqa: E402
-from tests.models.test_diffusers_adapters import GROUP, PROMPTS, rollout, train_step  # noqa: E402
+from tests.models.test_diffusers_adapters import GROUP, PROMPTS, check_lora_step_and_sync, rollout, train_step  # noqa: E402
 from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
 from tests.models.tiny_diffusers_new import NEW_SETUPS, WAN22_BOUNDARY, build_wan22  # noqa: E402
 
@@ -99,28 +98,8 @@ def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, t
     assert pixels.shape == expected and pixels.dtype == torch.float32
     assert 0.0 <= pixels.min() and pixels.max() <= 1.0
 
-    before = {k: v.clone() for k, v in trainable_state_dict(policy.module).items()}
-    params = policy.trainable_parameters()
-    assert params and all("lora_" in n for n, p in policy.module.named_parameters() if p.requires_grad)
-    optimizer = torch.optim.Adam(params, lr=1e-2)
-    logp, logp_old, metrics = train_step(policy, cond, latents, logps, step=1, optimizer=optimizer)
-
-    assert torch.equal(logp, logp_old)  # on-policy, before any update: bit-identical
-    assert float(metrics["loss/ratio_mean"]) == 1.0
-    for name, p in policy.module.named_parameters():
-        if "lora_" not in name:
-            assert p.grad is None, name
-    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
-    after = trainable_state_dict(policy.module)
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-
-    copy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4)
-    stale, _ = rollout(copy, cond, seed=1)
-    load_trainable_state_dict(copy.module, trainable_state_dict(policy.module))
-    synced, _ = rollout(copy, cond, seed=1)
-    trained, _ = rollout(policy, cond, seed=1)
-    assert not torch.equal(stale[:, -1], synced[:, -1])
-    assert torch.equal(synced, trained)
+    check_lora_step_and_sync(policy, cond, latents, logps,
+                             lambda: load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4))
 
 
 @pytest.mark.parametrize("family", NEW)
