@@ -16,7 +16,8 @@ from .conftest import tiny
 pytest.importorskip("diffusers")
 
 
-@pytest.mark.parametrize("mode", ["disagg-sync", "colocated"])
+# colocated in the slow tier: one Ray mode in the default tier keeps it under 15 minutes
+@pytest.mark.parametrize("mode", ["disagg-sync", pytest.param("colocated", marks=pytest.mark.slow)])
 def test_edit_model_matches_single_device(ray_cluster, tmp_path, mode):
     from tests.models.tiny_diffusers import build_flux_kontext, tiny_images
     from tests.test_conditioned_data import write_rows

@@ -22,6 +22,7 @@ class SlowEval(EvalWorker):
         return super().evaluate(step, weights)
 
 
+@pytest.mark.slow  # ~50 s: evaluation sleeps on purpose while steps run (keeps the default tier under 15 min)
 def test_training_steps_do_not_wait_for_evaluation(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.setattr(driver, "EvalWorker", SlowEval)
     cfg = load_config(None, tiny(tmp_path, "gap", "run.eval_every=1", steps=3))

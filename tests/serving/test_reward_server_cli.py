@@ -91,6 +91,9 @@ def _get(url: str):
         return json.loads(r.read())
 
 
+# slow tier: it starts its own Ray cluster and Serve (14 s alone); in one full default-tier run on
+# 2 cores it did not exit within 120 s of Ctrl-C (not reproduced alone; open, see docs/runtime.md)
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_command_serves_then_stops_on_ctrl_c(tmp_path):
     port = _free_port()
