@@ -3,7 +3,7 @@
     python benchmarks/reward_server_load.py [--clients 64] [--duration-s 60] [--bad-fraction 0.05]
                                             [--replicas 1] [--url http://host:port]
 
-Starts `digenrl.serving.RewardServer` with the JPEG-compressibility reward on a new local Ray
+Starts `digenrl.runtime.serving.RewardServer` with the JPEG-compressibility reward on a new local Ray
 cluster (or loads a server already at --url that serves it) and runs `clients` threads for
 `duration_s`, each sending one request at a time on a new connection, like `RemoteReward`
 (no retries here: a refused or failed good request counts as lost). Of the requests,
@@ -217,7 +217,7 @@ def main() -> int:
         result = run_load(args.url, args.clients, args.duration_s, args.bad_fraction, limits, args.samples,
                           args.size, args.seed)
     else:
-        from digenrl.serving.reward_server import RewardServer
+        from digenrl.runtime.serving.reward_server import RewardServer
 
         with RewardServer(REWARD_SPEC, port=0, replicas=args.replicas, max_batch=args.max_batch,
                           max_request_mb=args.max_request_mb, read_timeout_s=args.read_timeout_s) as server:

@@ -112,7 +112,7 @@ def _reward_server(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     try:
-        from digenrl.serving.reward_server import serve_forever
+        from digenrl.runtime.serving.reward_server import serve_forever
     except ImportError as e:  # ray without its serve extra
         print(f"digenrl reward-server needs Ray Serve ({e}); pip install 'digenrl[serve]'", file=sys.stderr)
         return 2
@@ -129,7 +129,7 @@ def serve_options(args: argparse.Namespace):
     """The `ServeOptions` that `digenrl reward-server`'s flags name (one flag per field)."""
     from dataclasses import fields
 
-    from digenrl.serving.options import ServeOptions
+    from digenrl.runtime.serving.options import ServeOptions
 
     return ServeOptions(**{f.name: getattr(args, f.name) for f in fields(ServeOptions)})
 

@@ -4,8 +4,7 @@ Every module under digenrl/ is parsed with `ast`; every import counts, wherever 
 (module top, inside a function, under `if TYPE_CHECKING:`), and so does
 `importlib.import_module("...")` / `__import__("...")` with a literal name. Rules:
 
-    ray                only under digenrl/runtime/ and digenrl/serving/ (the reward server on
-                       Ray Serve); rewards/ itself (wire, client, batch scoring) stays Ray-free
+    ray                only under digenrl/runtime/
     sched              no torch, ray, time, datetime: decisions come from events, not clocks
     sim/engine, trace  the same (the simulator's virtual clock and the trace it records)
     emulated runtime   no torch in runtime/emulated.py, nor in any module that defines an
@@ -102,9 +101,8 @@ def _defines_emulated_worker(module: str, source: str) -> bool:
 
 
 RULES = [
-    Rule("ray-only-in-runtime", "ray is imported only under digenrl/runtime/ and digenrl/serving/",
-         lambda module, source: not (_within(module, "digenrl.runtime") or _within(module, "digenrl.serving")),
-         banned("ray")),
+    Rule("ray-only-in-runtime", "ray is imported only under digenrl/runtime/",
+         lambda module, source: not _within(module, "digenrl.runtime"), banned("ray")),
     Rule("sched-pure", "digenrl/sched/ imports no torch, ray, time or datetime",
          _in("digenrl.sched"), banned("torch", "ray", "time", "datetime")),
     Rule("engine-and-trace-pure", "the simulator's engine and the trace import no torch, ray, time or datetime",
@@ -182,7 +180,7 @@ def test_rules_catch_what_they_forbid():
 
     assert hits(0, "def f():\n    import ray", "digenrl.trainer") == ["ray"]
     assert hits(0, "from ray import serve", "digenrl.rewards.client") == ["ray"]
-    assert RULES[0].applies("digenrl.rewards.batching", "") and not RULES[0].applies("digenrl.serving.reward_app", "")
+    assert RULES[0].applies("digenrl.rewards.batching", "") and not RULES[0].applies("digenrl.runtime.serving.reward_app", "")
     assert hits(1, "from time import monotonic", "digenrl.sched.scheduler") == ["time"]
     assert hits(4, "import numpy", "digenrl.math.sde") == ["numpy"]
     assert hits(4, "import math, typing\nfrom digenrl.math import sde\nimport torch.nn", "digenrl.math.loss") == []

@@ -1,5 +1,5 @@
 """Scoring many requests with one reward: what the reward server does with each batch that
-Ray Serve's `@serve.batch` hands it (`digenrl.serving.reward_app`). No Ray here: plain
+Ray Serve's `@serve.batch` hands it (`digenrl.runtime.serving.reward_app`). No Ray here: plain
 functions of a reward and tensors, tested on their own.
 
     requests [(images (B_i, ...), prompts_i)]

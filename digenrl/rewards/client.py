@@ -1,5 +1,5 @@
 """`RemoteReward`: the reward protocol over HTTP, talking to `digenrl reward-server`
-(`digenrl.serving`, on Ray Serve; request bodies in the `digenrl.rewards.wire` format).
+(`digenrl.runtime.serving`, on Ray Serve; request bodies in the `digenrl.rewards.wire` format).
 
 Retries connection failures and 5xx answers (server overloaded, reward crashed, 504
 timeout) with exponential backoff; 4xx answers (our request is wrong) fail at once. Either

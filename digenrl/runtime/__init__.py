@@ -14,6 +14,7 @@
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
     elastic.py      Elastic: the driver's side of `digenrl scale` (join / drain rollout workers mid-run)
     scale.py        scale requests and the driver's pools.json in the run directory (no Ray: the CLI's side)
+    serving/        the reward server on Ray Serve (`digenrl reward-server`): deployment, options, start/stop
 
 `digenrl bench` (digenrl/bench.py) sits above this package and digenrl.sim: the runtime
 never imports the simulator's reports; both take their schedule from digenrl.contract.

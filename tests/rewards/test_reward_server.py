@@ -24,7 +24,7 @@ from digenrl.rewards.wire import decode_request, encode_request
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
-from digenrl.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
+from digenrl.runtime.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,8 +21,8 @@ from digenrl.rewards.toy import JpegCompressibility
 from digenrl.rewards.wire import encode_request
 
 pytest.importorskip("ray.serve")
-from digenrl.serving import reward_server  # noqa: E402 - needs ray[serve]
-from digenrl.serving.options import ServeOptions  # noqa: E402
+from digenrl.runtime.serving import reward_server  # noqa: E402 - needs ray[serve]
+from digenrl.runtime.serving.options import ServeOptions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "digenrl.rewards.toy:JpegCompressibility"

@@ -15,7 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
-from digenrl.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
+from digenrl.runtime.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "reward_server_load.py"
 spec = importlib.util.spec_from_file_location("reward_server_load", SCRIPT)

@@ -28,8 +28,8 @@ from ray import serve
 
 from digenrl.rewards.base import Reward
 from digenrl.rewards.specs import resolve_factory
-from digenrl.serving.options import ServeOptions
-from digenrl.serving.reward_app import RewardDeployment
+from digenrl.runtime.serving.options import ServeOptions
+from digenrl.runtime.serving.reward_app import RewardDeployment
 
 log = logging.getLogger(__name__)
 

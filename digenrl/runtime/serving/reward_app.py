@@ -38,7 +38,7 @@ from digenrl.rewards.base import Reward
 from digenrl.rewards.batching import Scored, score_requests
 from digenrl.rewards.specs import resolve_reward
 from digenrl.rewards.wire import RequestError, decode_request
-from digenrl.serving.options import ServeOptions
+from digenrl.runtime.serving.options import ServeOptions
 
 log = logging.getLogger(__name__)
 
