@@ -113,6 +113,10 @@ class SamplingConfig:
     sde: str = "flow-sde"
     noise_level: float = 0.7
     cfg_scale: float = 1.0
+    # two-expert families (wan2.2): the low-noise expert's CFG scale (diffusers' guidance_scale_2;
+    # cfg_scale is then the high-noise expert's, guidance_scale). 0 = cfg_scale for both.
+    # Other families refuse it.
+    cfg_scale_low: float = 0.0
     window: str = "all-but-last"  # which steps are SDE / trained: see math.schedule.SdeWindow
     window_size: int = 2
     window_stride: int = 1
@@ -137,11 +141,19 @@ class SamplingConfig:
                "sampling.sde=ode draws no noise: leave sampling.noise_level at its default 0.7")
         _one_of(self.window_draw, "sampling.window_draw", WINDOW_DRAWS)
         _check(self.cfg_scale >= 1.0, "sampling.cfg_scale", "must be >= 1 (1 = no guidance)")
+        _check(self.cfg_scale_low == 0 or self.cfg_scale_low >= 1.0, "sampling.cfg_scale_low",
+               f"must be >= 1 (1 = no guidance in the low-noise expert), or 0 (= sampling.cfg_scale), "
+               f"got {self.cfg_scale_low}")
         _one_of(self.window, "sampling.window", WINDOW_KINDS)
         try:
             self.sde_window().validate(self.num_steps)
         except ValueError as e:
             raise ConfigError(f"sampling.window_size: {e}") from None
+
+    @property
+    def guided(self) -> bool:
+        """Whether any step runs classifier-free guidance (a doubled batch)."""
+        return self.cfg_scale != 1.0 or self.cfg_scale_low not in (0.0, 1.0)
 
     def sde_window(self) -> SdeWindow:
         try:
@@ -513,6 +525,9 @@ class Config:
         # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
         # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)
         s = self.sampling
+        _check(s.cfg_scale_low == 0 or self.model.name in TWO_EXPERTS, "sampling.cfg_scale_low",
+               f"{self.model.name} has one transformer (only {', '.join(TWO_EXPERTS)} have a low-noise expert): "
+               "leave it at 0 (sampling.cfg_scale guides every step)")
         _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v") and s.sde == "flow-sde"),
                "sampling.sigmas",
                "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "

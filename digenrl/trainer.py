@@ -78,6 +78,7 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         kind=s.sde,
         noise_level=s.noise_level,
         cfg_scale=s.cfg_scale,
+        cfg_scale_low=s.cfg_scale_low,
         seed=cfg.run.seed,
         draw_levels=draw_levels,
     )

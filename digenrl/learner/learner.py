@@ -111,9 +111,9 @@ class Learner:
 
     def _velocity(self, traj: Trajectories, x: torch.Tensor, sigma: torch.Tensor, spec: SampleSpec, rows: slice):
         """The policy's (guided) velocity at (x, sigma) under the conditions of `rows`."""
-        negative = self.policy.negative_cond(x.shape[0]) if spec.cfg_scale != 1.0 else None
+        negative = self.policy.negative_cond(x.shape[0]) if spec.guided else None
         cond = {k: v[rows] for k, v in traj.cond.items()}
-        return guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale)
+        return guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale, spec.cfg_scale_low)
 
     @torch.no_grad()
     def _with_reference(self, fn):

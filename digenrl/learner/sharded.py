@@ -72,14 +72,27 @@ def shard_policy(
 
 
 BLOCK_LISTS = ("blocks", "transformer_blocks", "single_transformer_blocks")  # tiny DiT; diffusers DiTs
+# Transformers that keep their blocks under other names, by class name (no diffusers import
+# here). Their names stay out of BLOCK_LISTS: a generic `layers` there would also split any
+# other family's unrelated ModuleList of that name. Z-Image (diffusers transformer_z_image.py):
+# the latent and caption refiners, the Omni variant's SigLIP refiner (None otherwise), then
+# the main layers, in forward order.
+CLASS_BLOCK_LISTS = {
+    "ZImageTransformer2DModel": ("noise_refiner", "context_refiner", "siglip_refiner", "layers"),
+}
+
+
+def block_lists(module: torch.nn.Module) -> tuple[str, ...]:
+    """The attribute names of `module`'s block lists: its class's own, else `BLOCK_LISTS`."""
+    return CLASS_BLOCK_LISTS.get(type(module).__name__, BLOCK_LISTS)
 
 
 def transformer_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The FSDP units below the root: every block of the module's block lists (`BLOCK_LISTS`,
+    """The FSDP units below the root: every block of the module's block lists (`block_lists`,
     an `nn.ModuleList` attribute each: the tiny DiT's `blocks`; SD3.5's `transformer_blocks`;
-    FLUX.1's double- and single-stream lists), in that order."""
+    FLUX.1's double- and single-stream lists; Z-Image's refiners and `layers`), in that order."""
     found = []
-    for name in BLOCK_LISTS:
+    for name in block_lists(module):
         blocks = getattr(module, name, None)
         if isinstance(blocks, torch.nn.ModuleList):
             found.extend(blocks)

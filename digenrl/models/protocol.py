@@ -179,13 +179,54 @@ def guided_velocity(
     cond: Cond,
     negative: Cond | None = None,
     scale: float = 1.0,
+    scale_low: float = 0.0,
 ) -> torch.Tensor:
     """Classifier-free guidance: v_neg + scale (v_cond - v_neg), both in one batched call.
 
     scale == 1 (or no negative) is the plain conditional velocity; models with embedded
     guidance (FLUX.1-dev) carry it inside `cond` and use scale 1 here. The negative branch
     sees the rows' conditioning entries (`negative_with_conditions`).
+
+    scale_low: the scale of the rows a two-expert policy's low-noise expert serves (Wan2.2's
+    `guidance_scale_2`; `scale` is then the high-noise expert's); 0 = `scale` for every row.
+    Which rows those are is the policy's own routing rule (`policy.low_noise_rows(sigma)`),
+    so a batch straddling the boundary is split per row, each part guided with its expert's
+    scale, and put back in order: every row gets the velocity a batch of its expert alone
+    would give it (rollout batches share one sigma; a learner batch may mix steps).
     """
+    if scale_low and scale_low != scale:
+        low = low_noise_rows(policy, sigma).cpu()  # (B,) bool
+        if bool(low.all()):
+            scale = scale_low
+        elif bool(low.any()):
+            rows_high, rows_low = (~low).nonzero().squeeze(1), low.nonzero().squeeze(1)
+
+            def part(rows: torch.Tensor, s: float) -> torch.Tensor:
+                neg = None if negative is None else cond_select(negative, rows)
+                return _cfg(policy, x[rows], sigma[rows], cond_select(cond, rows), neg, s)
+
+            v = torch.cat([part(rows_high, scale), part(rows_low, scale_low)])  # rows in (high, low) order
+            return v[torch.argsort(torch.cat([rows_high, rows_low])).to(v.device)]  # back to the batch's order
+    return _cfg(policy, x, sigma, cond, negative, scale)
+
+
+def low_noise_rows(policy: Policy, sigma: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: the rows at sigma (B,) that a two-expert policy's low-noise expert serves.
+
+    Only two-expert policies (Wan2.2 A14B) have a low-noise expert; any other refuses a
+    separate low-noise guidance scale rather than ignore it.
+    """
+    rows = getattr(policy, "low_noise_rows", None)
+    if rows is None:
+        name = getattr(policy, "family", type(policy).__name__)
+        raise ValueError(f"{name} has one transformer: a low-noise expert's guidance scale "
+                         "(sampling.cfg_scale_low) applies to two-expert families (wan2.2) only")
+    return rows(sigma)
+
+
+def _cfg(policy: Policy, x: torch.Tensor, sigma: torch.Tensor, cond: Cond, negative: Cond | None,
+         scale: float) -> torch.Tensor:
+    """One scale for every row: v_neg + scale (v_cond - v_neg) from one doubled batch."""
     if scale == 1.0 or negative is None:
         return policy.velocity(x, sigma, cond)
     negative = negative_with_conditions(cond, negative)

@@ -76,7 +76,7 @@ class Profiler:
         for b in batches:
             traj = work.step_batch(t.policy, t.cond, b)
             # advance builds the guidance condition once per segment, not per step
-            negative = t.policy.negative_cond(b) if work.spec.cfg_scale != 1.0 else None
+            negative = t.policy.negative_cond(b) if work.spec.guided else None
             got = self._measure(lambda: sampler.denoise_step(t.policy, traj, work.spec, work.t, negative=negative),
                                 f"forward batch {b}")
             if got is None:

@@ -28,6 +28,9 @@ class SampleSpec:
     kind: str = "flow-sde"
     noise_level: float = 0.7
     cfg_scale: float = 1.0
+    # two-expert policies (wan2.2): the low-noise expert's scale, cfg_scale then the high one's;
+    # 0 = cfg_scale for every step (see protocol.guided_velocity)
+    cfg_scale_low: float = 0.0
     seed: int = 0
     # 0: a trained "slot" t is denoising step t for every sample (one draw per RL step).
     # n > 0: each sample draws its own trained steps, slot t of sample c being entry t of a
@@ -38,6 +41,11 @@ class SampleSpec:
     @property
     def num_steps(self) -> int:
         return self.sigmas.numel() - 1
+
+    @property
+    def guided(self) -> bool:
+        """Whether any step runs classifier-free guidance (then the negative branch is needed)."""
+        return self.cfg_scale != 1.0 or self.cfg_scale_low not in (0.0, 1.0)
 
     def step_kind(self, t: int) -> str:
         return self.kind if t in self.sde_steps else "ode"
@@ -154,7 +162,7 @@ def advance(policy: Policy, traj: Trajectories, spec: SampleSpec, t_end: Optiona
     t_end = spec.num_steps if t_end is None else t_end
     if not traj.t_done <= t_end <= spec.num_steps:
         raise ValueError(f"cannot advance from step {traj.t_done} to {t_end} of {spec.num_steps}")
-    negative = policy.negative_cond(len(traj)) if spec.cfg_scale != 1.0 else None
+    negative = policy.negative_cond(len(traj)) if spec.guided else None
     for t in range(traj.t_done, t_end):
         denoise_step(policy, traj, spec, t, negative=negative)
     traj.t_done = t_end
@@ -170,17 +178,17 @@ def denoise_step(
     It leaves `t_done` alone (advance moves it), and its noise is a pure function of
     (seed, coordinates, t), so running step t again rewrites the same values: this is the
     unit `digenrl.profile` times as "one sampler step". `negative` is the unconditional
-    condition for guidance (cfg_scale != 1); None builds it from the policy.
+    condition for guidance (`spec.guided`); None builds it from the policy.
     """
     if not 0 <= t < spec.num_steps:
         raise ValueError(f"denoising step {t} out of range: the schedule has {spec.num_steps} steps")
     b = len(traj)
-    if negative is None and spec.cfg_scale != 1.0:
+    if negative is None and spec.guided:
         negative = policy.negative_cond(b)
     device = next(policy.module.parameters()).device
     x = traj.latents[:, t].to(device)  # (B, *latent)
     sigma = spec.sigmas[t].expand(b).to(device)
-    v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale)
+    v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale, spec.cfg_scale_low)
     kind = spec.step_kind(t)
     noise = sde_noise(policy.latent_shape, spec, traj.coords, t) if kind != "ode" else None
     out = sde_step(

@@ -378,7 +378,7 @@ class _SpComm:
     dims: object  # sp.SpDims (None: no sequence parallelism anywhere)
     tokens: int
     elem_bytes: int
-    cfg: bool  # CFG as one doubled batch (sampling.cfg_scale != 1), in sampling and training alike
+    cfg: bool  # CFG as one doubled batch (sampling.guided), in sampling and training alike
     trainer_gang: int
     trainer_sp: int
     rollout_gang: int
@@ -401,7 +401,7 @@ class _SpComm:
             m = cfg.model
             shape = Shape(m.height, m.width, m.frames or 1)
             dims, tokens = sp.SpDims.from_catalogue(model, shape), sp.image_tokens_for(model, shape)
-        return cls(dims, tokens or 0, DTYPE_BYTES[cfg.model.dtype], cfg.sampling.cfg_scale != 1.0,
+        return cls(dims, tokens or 0, DTYPE_BYTES[cfg.model.dtype], cfg.sampling.guided,
                    rt.trainer.gang, rt.trainer.sp, rgang, cfg.train.backward_batch, cfg.model.grad_ckpt,
                    cfg.train.beta > 0)
 

@@ -162,3 +162,68 @@ def test_mixed_precision_keeps_fp32_masters(tmp_path):
     assert cosine > 0.99
     change = max((w - want["before"][k]).abs().max().item() for k, w in got["after"].items())
     assert change > 0.5 * CONFIG.lr
+
+
+# ---- which modules become FSDP units ---------------------------------------------------------
+
+def _z_image_inputs():
+    """Two samples in Z-Image's list layout: latents (C, 1, H, W), times, captions of unequal length."""
+    g = torch.Generator().manual_seed(1)
+    latents = [torch.randn(4, 1, 4, 4, generator=g) for _ in range(2)]
+    captions = [torch.randn(5, 8, generator=g), torch.randn(3, 8, generator=g)]  # (L_i, cap_feat_dim)
+    return latents, torch.tensor([0.3, 0.8]), captions
+
+
+def _z_image_worker(rank: int, tmp: str) -> None:
+    from types import SimpleNamespace
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from digenrl.learner.sharded import shard_policy
+    from tests.models.tiny_diffusers_new import z_image_transformer
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
+    try:
+        module = z_image_transformer(n_layers=2)
+        shard_policy(SimpleNamespace(module=module), init_device_mesh("cpu", (WORLD,)))
+        units = sorted(name for name, m in module.named_modules() if isinstance(m, FSDPModule))
+        with torch.no_grad():
+            out = torch.stack(module(*_z_image_inputs(), return_dict=False)[0])
+        if rank == 0:
+            torch.save({"units": units, "out": out}, f"{tmp}/rank0.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_z_image_blocks_are_fsdp_units(tmp_path):
+    """Z-Image keeps its blocks under `noise_refiner`, `context_refiner` and `layers`, none of
+    BLOCK_LISTS' names: each block must still be its own FSDP unit (else the whole model is
+    one root unit, gathered whole for every forward), and the sharded forward is the model's."""
+    pytest.importorskip("diffusers")
+    from digenrl.learner.sharded import transformer_blocks
+    from tests.models.tiny_diffusers_new import z_image_transformer
+
+    module = z_image_transformer(n_layers=2)
+    blocks = transformer_blocks(module)
+    expected = [*module.noise_refiner, *module.context_refiner, *module.layers]  # forward order
+    assert len(blocks) == len(expected) == 4 and all(a is b for a, b in zip(blocks, expected))
+
+    class Other(torch.nn.Module):  # another family's `layers` list is not taken for blocks
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+
+    assert transformer_blocks(Other()) == []
+    assert len(transformer_blocks(_policy(0).module)) == 2  # the tiny DiT's `blocks`, as before
+
+    with torch.no_grad():
+        want = torch.stack(module(*_z_image_inputs(), return_dict=False)[0])
+    mp.spawn(_z_image_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    # one unit per block plus the root (""); nothing else
+    assert got["units"] == ["", "context_refiner.0", "layers.0", "layers.1", "noise_refiner.0"]
+    torch.testing.assert_close(got["out"], want, rtol=1e-5, atol=1e-6)

@@ -103,14 +103,21 @@ def build_flux2_klein(root: Path) -> Path:
     return root
 
 
-def build_z_image(root: Path) -> Path:
-    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+def z_image_transformer(n_layers: int = 1) -> torch.nn.Module:
+    """A tiny ZImageTransformer2DModel: one noise and one context refiner block, n_layers main ones."""
+    from diffusers import ZImageTransformer2DModel
 
     torch.manual_seed(0)
-    transformer = ZImageTransformer2DModel(
-        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=1, n_refiner_layers=1,
+    return ZImageTransformer2DModel(
+        all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=n_layers, n_refiner_layers=1,
         n_heads=2, n_kv_heads=2, cap_feat_dim=QWEN3_HIDDEN, axes_dims=[4, 6, 6], axes_lens=[64, 32, 32],
     )
+
+
+def build_z_image(root: Path) -> Path:
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline
+
+    transformer = z_image_transformer()
     scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)
     pipe = ZImagePipeline(scheduler=scheduler, vae=image_vae(), text_encoder=qwen3_text(),
                           tokenizer=qwen3_tokenizer(), transformer=transformer)

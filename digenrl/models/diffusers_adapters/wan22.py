@@ -8,9 +8,9 @@ is Wan2.1's (wan.py: timestep sigma * 1000, output eps - x0, UMT5 text, decode):
   pipeline switches per step; our batches may mix steps (a learner micro-batch drawing
   each row's own step), so `TwoExperts` routes per row and puts rows back in order.
 - guidance: the pipeline takes `guidance_scale` for the high expert and `guidance_scale_2`
-  for the low one (517-521, 600/604; default: the same). Our CFG (`guided_velocity`,
-  `sampling.cfg_scale`) is one scale for both experts: runs match the pipeline with
-  guidance_scale_2 == guidance_scale only.
+  for the low one (517-521, 600/604; default: the same), CFG on when guidance_scale > 1
+  (364). Ours: `sampling.cfg_scale` and `sampling.cfg_scale_low` (0 = the same), which
+  `guided_velocity` applies per row by `low_noise_rows`, the routing rule below.
 - `boundary_ratio` lives in the pipeline's model_index.json (152); the TI2V-5B layout
   (`expand_timesteps`, one transformer, per-token timesteps: 607-611) is refused.
 
@@ -122,6 +122,13 @@ class Wan22Policy(WanPolicy):
                              "Wan); load it as model.name=wan")
         return cls(pipe.transformer, pipe.vae, text_modules=text_modules, transformer_2=pipe.transformer_2,
                    boundary_ratio=cfg["boundary_ratio"], **options)
+
+    def low_noise_rows(self, sigma: torch.Tensor) -> torch.Tensor:
+        """(B,) bool: the rows the low-noise expert serves at sigma (B,), by `TwoExperts`'
+        own rule on the timestep `_forward` gives it (sigma * 1000), so guidance
+        (`protocol.guided_velocity`, sampling.cfg_scale_low) and routing always agree."""
+        sigma = torch.as_tensor(sigma, dtype=torch.float32, device=self.device)
+        return ~self.module.is_high(sigma * 1000.0)
 
     def trained_module(self) -> torch.nn.Module:
         return {"both": self.module, "high": self.module.high, "low": self.module.low}[self.options.experts]
