@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -136,12 +137,33 @@ def draw_with_boxes(prompt: ToyPrompt, size: int, gen: np.random.Generator) -> t
     return img, boxes.clip(0.0, 1.0)
 
 
+def mislabel(prompt: ToyPrompt, noise: Mapping[str, float], gen: np.random.Generator) -> ToyPrompt:
+    """`prompt` with each attribute in `noise` (color, count, position) replaced, with that
+    probability, by another value drawn uniformly: a caption that is wrong about the image."""
+    values = {"color": tuple(COLORS), "count": tuple(COUNTS), "position": POSITIONS}
+    fields = {"color": prompt.color, "shape": prompt.shape, "count": prompt.count, "position": prompt.position}
+    for name, p in noise.items():
+        if gen.random() < p:
+            fields[name] = gen.choice([v for v in values[name] if v != fields[name]]).item()
+    return ToyPrompt(**fields)
+
+
 def sample_batch(
-    batch: int, size: int, seed: int, index: int, prompts: tuple[ToyPrompt, ...] | None = None
+    batch: int, size: int, seed: int, index: int, prompts: tuple[ToyPrompt, ...] | None = None,
+    caption_noise: Mapping[str, float] | None = None,
 ) -> tuple[torch.Tensor, list[str]]:
-    """A deterministic batch of (images (B,3,size,size) in [0,1], prompt texts)."""
+    """A deterministic batch of (images (B,3,size,size) in [0,1], prompt texts).
+
+    caption_noise: {attribute: probability} of captions that name another colour, count or
+    position than the image shows (`mislabel`), drawn after the images; None = exact captions.
+    """
     pool = prompts if prompts is not None else all_prompts()
     gen = np.random.default_rng(rng.key(seed, rng.TRAIN_DATA, index))
     chosen = [pool[i] for i in gen.integers(0, len(pool), size=batch)]
     images = np.stack([draw(p, size, gen) for p in chosen])
+    if caption_noise:
+        bad = set(caption_noise) - {"color", "count", "position"}
+        if bad:
+            raise ValueError(f"caption noise applies to color, count and position, not {sorted(bad)}")
+        chosen = [mislabel(p, caption_noise, gen) for p in chosen]
     return torch.from_numpy(images), [p.text for p in chosen]

@@ -4,7 +4,9 @@ import pytest
 import torch
 
 from digenrl.rewards.toy import JpegCompressibility, JpegIncompressibility, ToyGenEval
-from digenrl.toy.world import SHAPES, ToyPrompt, all_prompts, sample_batch, shape_mask, split_prompts
+import numpy as np
+
+from digenrl.toy.world import SHAPES, ToyPrompt, all_prompts, mislabel, sample_batch, shape_mask, split_prompts
 
 
 def test_prompt_grammar_round_trips_and_split_is_disjoint():
@@ -20,6 +22,33 @@ def test_drawn_images_satisfy_their_prompts():
     s = ToyGenEval().score(imgs, texts)
     assert s["reward"].mean() > 0.9 and s["strict"].mean() > 0.85
     assert torch.equal(s["color"], torch.ones(64))
+
+
+def test_caption_noise_mislabels_each_attribute_at_its_rate_and_leaves_images_alone():
+    noise = {"color": 0.2, "count": 0.4, "position": 0.4}
+    exact_imgs, exact = sample_batch(2000, 32, seed=0, index=6)
+    imgs, noisy = sample_batch(2000, 32, seed=0, index=6, caption_noise=noise)
+    assert torch.equal(imgs, exact_imgs)  # captions are drawn after the images
+    pairs = [(ToyPrompt.parse(a), ToyPrompt.parse(b)) for a, b in zip(exact, noisy)]
+    for name, rate in noise.items():
+        wrong = np.mean([getattr(a, name) != getattr(b, name) for a, b in pairs])
+        assert abs(wrong - rate) < 0.04, (name, wrong)  # 2000 draws: 3 standard errors is ~0.033
+    assert all(a.shape == b.shape for a, b in pairs)
+    # exact captions, and a noisy caption scores far below the image's own
+    assert sample_batch(8, 32, seed=0, index=6, caption_noise={})[1] == exact[:8]
+    r = ToyGenEval()
+    assert r(imgs, noisy).mean() < r(imgs, exact).mean() - 0.15
+
+
+def test_mislabel_always_changes_a_noised_attribute_and_refuses_others():
+    gen = np.random.default_rng(0)
+    p = ToyPrompt("red", "circle", 2, "left")
+    for _ in range(50):
+        q = mislabel(p, {"color": 1.0, "position": 1.0}, gen)
+        assert q.color != "red" and q.position != "left" and (q.shape, q.count) == ("circle", 2)
+    assert mislabel(p, {"count": 1.0}, gen).count == 1
+    with pytest.raises(ValueError, match="shape"):
+        sample_batch(4, 32, seed=0, index=0, caption_noise={"shape": 0.5})
 
 
 def test_wrong_prompts_and_empty_images_score_low():
