@@ -8,7 +8,7 @@ import torch
 
 from digenrl.math import rng
 
-WINDOW_KINDS = ("all-but-last", "contiguous", "sliding", "fraction")
+WINDOW_KINDS = ("all-but-last", "first", "contiguous", "sliding", "fraction")
 WINDOW_DRAWS = ("step", "sample")  # trained steps drawn once per RL step, or per sample
 
 
@@ -33,6 +33,9 @@ class SdeWindow:
 
     kind:
       all-but-last  Flow-GRPO: SDE on every step but the last; all of those trained.
+      first         SDE on the first `size` steps, all of them trained, ODE after: the
+                    high-noise steps where layout, colour and count are decided, so the
+                    reward's spread within a group comes from the trained steps' noise.
       contiguous    Flow-GRPO-Fast: a random window of `size` steps per RL step; ODE elsewhere.
       sliding       MixGRPO: a window of `size` steps that moves `stride` steps later every
                     `every` RL steps (wrapping), ODE elsewhere.
@@ -58,7 +61,7 @@ class SdeWindow:
         usable = num_steps - 1  # the last step goes to sigma=0 and stays ODE
         if usable < 1:
             raise ValueError(f"need at least 2 denoising steps for any SDE window, got {num_steps}")
-        if self.kind in ("contiguous", "sliding") and self.size > usable:
+        if self.kind in ("first", "contiguous", "sliding") and self.size > usable:
             raise ValueError(
                 f"sde window size={self.size} is longer than the {usable} usable steps of a "
                 f"{num_steps}-step schedule (the last step is always ODE)"
@@ -73,6 +76,9 @@ class SdeWindow:
         usable = num_steps - 1
         if self.kind == "all-but-last":
             steps = list(range(usable))
+            return steps, steps
+        if self.kind == "first":
+            steps = list(range(self.size))
             return steps, steps
         if self.kind == "contiguous":
             start = rng.randint(usable - self.size + 1, seed, rng.WINDOW, step)

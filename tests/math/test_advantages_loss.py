@@ -84,6 +84,10 @@ def test_kl_has_gradient_and_closed_form():
 
 def test_sde_windows():
     assert SdeWindow("all-but-last").select(5, 0, 0) == ([0, 1, 2, 3], [0, 1, 2, 3])
+    # first: the same high-noise steps at every RL step
+    assert [SdeWindow("first", size=3).select(10, 0, k) for k in (0, 7)] == [([0, 1, 2], [0, 1, 2])] * 2
+    with pytest.raises(ValueError, match="longer"):
+        SdeWindow("first", size=5).validate(5)
     sde, trained = SdeWindow("contiguous", size=2).select(10, 0, 3)
     assert sde == trained and len(sde) == 2 and sde[1] == sde[0] + 1 and sde[1] <= 8
     assert SdeWindow("contiguous", size=2).select(10, 0, 3) == (sde, trained)  # pure function
