@@ -201,9 +201,10 @@ def run_eval(inputs: Inputs, names: list[str]) -> dict[str, Any]:
     finally:
         rewarder.close()
     rewards = {}
-    for n in names:
-        b, t = base[n].tolist(), trained[n].tolist()
-        rewards[n] = {**paired_stats(b, t), "base": b, "trained": t}
+    for n in names:  # each reward, then the sub-scores it reports (toy-geneval/strict, ...)
+        for key in [n, *(k for k in base if k.startswith(n + "/"))]:
+            b, t = base[key].tolist(), trained[key].tolist()
+            rewards[key] = {**paired_stats(b, t), "base": b, "trained": t}
     report = {**_meta(inputs), "weights": snap.name, "prompts": len(inputs.prompts),
               "samples": [{"prompt": p, "prompt_index": i, "sample": j}
                           for i, p in enumerate(inputs.prompts) for j in range(k)],
@@ -215,7 +216,7 @@ def run_eval(inputs: Inputs, names: list[str]) -> dict[str, Any]:
 
 
 def markdown_table(report: dict[str, Any]) -> str:
-    """One row per reward: n, base mean, trained mean, paired mean diff, its se, paired t."""
+    """One row per reward and sub-score: n, base mean, trained mean, paired mean diff, its se, paired t."""
     def num(v: Optional[float], fmt: str = ".4f") -> str:
         return "n/a" if v is None else format(v, fmt)
 

@@ -130,6 +130,12 @@ def test_eval_reports_paired_statistics(run, tmp_path, capsys):
         assert r["t"] == pytest.approx(statistics.fmean(d) / (statistics.stdev(d) / math.sqrt(6)))
         assert f"| {name} | 6 | {r['base_mean']:.4f} | {r['trained_mean']:.4f} | {r['mean_diff']:+.4f} |" in table
     assert report["rewards"]["jpeg-compressibility"]["base"] != report["rewards"]["jpeg-compressibility"]["trained"]
+    # toy-geneval's criteria and its all-correct rate, each paired the same way
+    parts = [k for k in report["rewards"] if k.startswith("toy-geneval/")]
+    assert parts == [f"toy-geneval/{c}" for c in ("color", "count", "shape", "position", "strict")]
+    strict = report["rewards"]["toy-geneval/strict"]
+    assert set(strict["base"]) | set(strict["trained"]) <= {0.0, 1.0} and strict["n"] == 6
+    assert f"| toy-geneval/strict | 6 | {strict['base_mean']:.4f} |" in table
 
 
 def test_eval_of_the_base_against_itself_is_zero(run, tmp_path, capsys):
