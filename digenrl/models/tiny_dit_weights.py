@@ -69,7 +69,7 @@ def find_base() -> Optional[Path]:
 
 def missing_base_message() -> str:
     return (f"the toy base generator is missing (looked for {ASSET} and {cache_path()}); rebuild it with "
-            f"`digenrl pretrain-toy` (~17 min on one core), or `digenrl pretrain-toy --out {cache_path()}` "
+            f"`digenrl pretrain-toy` (~40 min on one core), or `digenrl pretrain-toy --out {cache_path()}` "
             f"when the package folder is read-only")
 
 
