@@ -1,15 +1,16 @@
 """The default run learns: held-out reward rises clearly above the base model's.
 
-Marked slow (a full default run: ~4 minutes on one core). Measured here with
-`DIGENRL_TEST_THREADS=1 pytest -m slow tests/test_learning.py -s`: held-out toy-geneval
-0.745 -> 0.786 after the default 60 steps (+0.041, paired t = 3.55 over 120 samples).
+Marked slow (a full default run in one process: ~3 minutes on one core). Measured with
+`python benchmarks/held_out_gain.py run.threads=1` (the same run as this test, one thread)
+on 2026-12-01: held-out toy-geneval 0.597 -> 0.815 after the default 160 steps, strict
+rate 4.2% -> 9.2%, over 120 samples.
 
 "Clearly" is a paired test: evaluation uses the same prompts and the same initial noise
-before and after training, so per-sample differences are compared with their own spread
-(t > 3), on top of a minimum absolute gain. The run is seeded and deterministic on one
-machine, but float rounding on another CPU or thread count changes the RL trajectory:
-60-step gains across the configurations and thread counts tried were +0.040 to +0.059,
-hence a floor of 0.03 rather than the value measured here.
+before and after training, so per-sample differences are compared with their own spread.
+The floors are issue 14's target for the default run (+0.10, paired t > 5), not the value
+measured here: the run is seeded and deterministic on one machine, but float rounding on
+another CPU or thread count changes the RL trajectory (the Ray run of the same config
+reached +0.153, t = 5.2, README).
 """
 
 import json
@@ -20,8 +21,9 @@ import pytest
 from digenrl.config import load_config
 from digenrl.trainer import Trainer
 
-MIN_GAIN = 0.03  # absolute, on a reward in [0, 1]
-MIN_T = 3.0
+MIN_GAIN = 0.10  # absolute, on a reward in [0, 1]
+MIN_T = 5.0
+NFT_MIN_GAIN, NFT_MIN_T = 0.03, 3.0  # the DiffusionNFT recipe keeps the earlier floors
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
 
@@ -57,5 +59,5 @@ def test_diffusionnft_run_beats_the_base_model_on_held_out_prompts(tmp_path):
     0.745 -> 0.811 (+0.067, paired t = 3.67 over 120 samples)."""
     before, after, t = _held_out_gain(tmp_path, RECIPES / "toy_nft.yaml")
     diff = after - before
-    assert diff.mean() > MIN_GAIN, f"held-out reward {before.mean():.4f} -> {after.mean():.4f}"
-    assert t > MIN_T, f"gain {diff.mean():.4f} is not clear of noise (paired t = {t:.2f})"
+    assert diff.mean() > NFT_MIN_GAIN, f"held-out reward {before.mean():.4f} -> {after.mean():.4f}"
+    assert t > NFT_MIN_T, f"gain {diff.mean():.4f} is not clear of noise (paired t = {t:.2f})"

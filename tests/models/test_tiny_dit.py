@@ -61,6 +61,12 @@ def test_pretraining_is_deterministic_and_restores_threads():
     assert not torch.equal(a.patch_out.weight, torch.zeros_like(a.patch_out.weight))  # it did train
 
 
+def test_pretraining_captions_are_noisy_unless_told_otherwise():
+    noisy = pretrain(steps=3, batch=8, config=SMALL, progress=False)  # CAPTION_NOISE
+    exact = pretrain(steps=3, batch=8, config=SMALL, progress=False, caption_noise={})
+    assert not all(torch.equal(a, b) for a, b in zip(noisy.state_dict().values(), exact.state_dict().values()))
+
+
 def test_shipped_base_matches_the_current_architecture():
     model = load_tiny_dit(ASSET)
     assert model.config == TinyDiTConfig()  # pretrain()'s default config is what ships
