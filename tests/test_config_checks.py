@@ -146,7 +146,7 @@ def test_window_draw_reaches_the_plan_or_is_refused():
     assert len(step.trained_steps) == len(sample.trained_steps) == 4  # round(0.5 * 9)
     assert (step.spec.draw_levels, sample.spec.draw_levels) == (0, 9)  # the 9 SDE steps of 10
     assert sample.trained_steps == [0, 1, 2, 3] and step.trained_steps != [0, 1, 2, 3]
-    nft = plan("train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample")
+    nft = plan("train.loss=nft", "sampling.sde=ode", "sampling.window=all-but-last", "sampling.window_draw=sample")
     assert nft.spec.draw_levels == 10 and nft.spec.sde_steps == () and len(nft.trained_steps) == 9
     _refused(["sampling.window_draw=each"], "sampling.window_draw", "step, sample")
     _refused(["sampling.window=contiguous", "sampling.window_draw=sample"], "sampling.window_draw", "contiguous")

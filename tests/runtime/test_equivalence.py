@@ -165,8 +165,11 @@ def test_generate_shards_concatenate_to_the_micro_batch(tmp_path):
               for a, b in ((0, 1), (1, 3), (3, 4))]
     cat = concat_trajectories(shards)
     assert cat.coords == whole.coords and cat.prompts == whole.prompts
-    for name in ("latents", "images"):  # batch-size dependent kernels: float rounding only
-        assert torch.allclose(getattr(cat, name), getattr(whole, name), atol=1e-5)
+    # batch-size dependent kernels: float rounding only, which the ODE steps carry forward:
+    # up to 3.8e-5 on latents of magnitude up to 4.4 with the 2026-12-01 base (6.7e-5 with
+    # the all-but-last window); the earlier base stayed under 1e-5
+    for name in ("latents", "images"):
+        assert torch.allclose(getattr(cat, name), getattr(whole, name), atol=1e-4)
     assert torch.equal(cat.log_probs.isnan(), whole.log_probs.isnan())
     assert torch.allclose(cat.log_probs.nan_to_num(), whole.log_probs.nan_to_num(), atol=1e-5)
     part = select_rows(cat, 1, 3)
