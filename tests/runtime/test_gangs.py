@@ -97,6 +97,7 @@ def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path, case):
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
 
 
+@pytest.mark.slow  # ~25 s: a killed rank, then a resumed run (default run under 15 min)
 def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
     """Kill rank 1 of gang trainer-1 in step 3: the run stops with WorkerLostError (the CLI's
     exit code 3) naming the worker and --resume. Resuming from the step-2 checkpoint with gangs

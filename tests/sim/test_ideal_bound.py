@@ -207,6 +207,7 @@ def _assert_enough_ran(c: dict) -> None:
             f"first refusals: {c['why'][:5]}")
 
 
+@pytest.mark.slow  # ~23 s of random testbeds (default run under 15 min)
 def test_no_row_exceeds_the_ideal_bound_on_random_testbeds():
     t = time.perf_counter()
     c = check_bound(SEED, N_TESTBEDS)

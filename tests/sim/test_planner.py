@@ -22,6 +22,7 @@ def test_analytic_split_balances_rates():
     assert 1 <= analytic_split(tb) <= 15
 
 
+@pytest.mark.slow  # ~27 s: an exhaustive search beside the planner (default run under 15 min)
 @pytest.mark.parametrize("mode", ["digenrl"])
 def test_planner_within_5_percent_of_exhaustive(mode):
     tb = load_testbed(SMALL)
