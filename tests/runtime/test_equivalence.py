@@ -28,14 +28,14 @@ def _weights(run):
     return load_file(str(run / "final" / "policy.safetensors"))
 
 
-def _assert_same_weights(run, ref):
+def _assert_same_weights(run, ref, atol=1e-5):
     a, b = _weights(run), _weights(ref)
     assert a.keys() == b.keys()
     lora_b = [k for k in b if "lora_B" in k]  # start at zero: how far training moved them
     if lora_b:
         assert max(float(b[k].abs().max()) for k in lora_b) > 1e-4, "the reference run did not train"
     for k in a:  # summation order differs by layout; at the default lr (1e-3) that rounding reaches ~1e-6
-        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-5), (k, float((a[k] - b[k]).abs().max()))
+        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=atol), (k, float((a[k] - b[k]).abs().max()))
 
 
 ON_POLICY = {
@@ -198,7 +198,7 @@ def test_grpo_guard_gap_tsp_matches_single_device(ray_cluster, local_run, tmp_pa
 
 @pytest.mark.parametrize("mode,extra", [
     # DiffusionNFT on ODE rollouts, every sample its own noise levels; trainers generate too (TAG)
-    ("gap+tsp+tag", ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]),
+    ("gap+tsp+tag", ["train.loss=nft", "sampling.sde=ode", "sampling.window=all-but-last", "sampling.window_draw=sample"]),
     # DanceGRPO's per-sample fraction window
     ("gap+tsp", ["sampling.sde=dance-sde", "sampling.window=fraction", "sampling.window_draw=sample"]),
 ])
@@ -209,7 +209,10 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
     Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
     run = tmp_path / "ray"
     RayTrainer(load_config(None, tiny(run, mode, *ON_POLICY[mode], *extra)), progress=False).train()
-    _assert_same_weights(run, ref)
+    # NFT under TAG: which worker sums which rows depends on timing, and on the 2026-12-01 base
+    # that rounding reached 1.2e-5 to 1.8e-5 in LoRA A weights (3 of 5 runs over 1e-5; ~1e-6 on
+    # the earlier base); each Adam step moves a weight by up to about lr = 1e-3
+    _assert_same_weights(run, ref, atol=5e-5 if "train.loss=nft" in extra else 1e-5)
     ours = [r for r in read_metrics(run) if r["step"] > 0]
     theirs = [r for r in read_metrics(ref) if r["step"] > 0]
     for a, b in zip(ours, theirs):
