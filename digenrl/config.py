@@ -18,6 +18,7 @@ from typing import Any, Optional
 import yaml
 
 from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
+from digenrl.math.grad_sum import GRAD_SUMS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
@@ -268,10 +269,16 @@ class TrainConfig:
     # grpo: Flow-GRPO's clipped ratio; grpo-guard: GRPO-Guard's RatioNorm + 1/dt reweighting
     # (arXiv 2510.22319, digenrl.math.loss.grpo_guard_loss)
     loss: str = "grpo"
+    # The dtype an RL step's gradient is summed in over its training units and across trainers:
+    # float64 makes the sum independent of which trainer ran which unit and in what order
+    # (digenrl.math.grad_sum); float32 costs half the memory and all-reduce bytes; auto =
+    # float64 up to 2^28 trainable parameters (LoRA, small models), else float32.
+    grad_sum: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.loss, "train.loss", LOSS_KINDS)
+        _one_of(self.grad_sum, "train.grad_sum", GRAD_SUMS)
         _check(self.loss != "nft" or self.clip_range == 1e-4, "train.clip_range",
                "DiffusionNFT has no ratio to clip: leave train.clip_range at its default 1e-4 with train.loss=nft")
         _check(self.lr > 0, "train.lr", "must be > 0")

@@ -111,7 +111,7 @@ def learner_config(cfg: Config) -> LearnerConfig:
     t = cfg.train
     return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
                          max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
-                         loss=t.loss, adv_clip=cfg.reward.adv_clip)
+                         loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum)
 
 
 def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:

@@ -20,6 +20,7 @@ from typing import Optional
 import torch
 
 from digenrl.learner.ema import EMA
+from digenrl.math.grad_sum import GradSum, resolve_grad_sum
 from digenrl.math import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, sde_step
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
@@ -46,6 +47,9 @@ class LearnerConfig:
     loss: str = "grpo"
     # nft: the advantage clip c of DiffusionNFT's optimality probability r = 1/2 + clip(A, -c, c) / (2c)
     adv_clip: float = 5.0
+    # the dtype the step's gradient is summed in over its units: auto | float64 | float32
+    # (digenrl.math.grad_sum: float64 makes the sum independent of the order units finish in)
+    grad_sum: str = "auto"
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -61,6 +65,7 @@ class Learner:
         self.params = [p for p in policy.module.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters")
+        self.grads = GradSum(self.params, resolve_grad_sum(config.grad_sum, sum(p.numel() for p in self.params)))
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
@@ -195,9 +200,13 @@ class Learner:
                 log.warning("non-finite loss at step %d, denoising step %d: skipped", traj.step, t)
                 self._sums["train/skipped_units"] += 1
             if self.sharded:  # every rank of a gang runs the same backwards (FSDP collectives)
+                self.grads.before_backward()
                 (loss.nan_to_num(0.0, 0.0, 0.0) * 0.0).backward()
+                self.grads.fold()
             return {}
+        self.grads.before_backward()
         (loss * weight).backward()
+        self.grads.fold()
         for k, v in m.items():
             self._sums[k] += float(v) * weight
         self._weight += weight
@@ -257,6 +266,7 @@ class Learner:
         first unit of a step.
         """
         self.optimizer.zero_grad(set_to_none=True)
+        self.grads.clear()
         self._sums.clear()
         self._weight = 0.0
 
@@ -272,6 +282,7 @@ class Learner:
             if self.ema is not None:
                 self.ema.update()
         self.optimizer.zero_grad(set_to_none=True)
+        self.grads.clear()
         w = self._weight or 1.0
         metrics = {k: v / w for k, v in self._sums.items() if k.startswith("loss/")}
         metrics["train/grad_norm"] = float(grad_norm)

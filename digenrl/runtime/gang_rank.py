@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor
 from digenrl.config import Config, with_overrides
 from digenrl.learner import Learner
 from digenrl.learner.comm import CommCounter, count_fsdp, fsdp_units
+from digenrl.math.grad_sum import GradSum, local
 from digenrl.learner.sharded import shard_policy
 from digenrl.runtime.gang import row_share
 from digenrl.runtime.weight_sync import payload_state
@@ -119,24 +120,21 @@ class GangRank:
                 if value.is_floating_point():
                     value = value.to(cast)
                 if isinstance(value, DTensor):
-                    local = value.to_local()
+                    shard = value.to_local()
                     rows = -(-value.shape[0] // self.size) if value.dim() else 1
                     per_row = math.prod(value.shape[1:]) if value.dim() > 1 else 1
                     if self.size > 1:
-                        self.counter.add_bytes("all_gather", self.size * rows * per_row * local.element_size())
+                        self.counter.add_bytes("all_gather", self.size * rows * per_row * shard.element_size())
                     value = value.full_tensor()
                 out[name] = value.to("cpu", copy=True).contiguous()
         return out
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if isinstance(t, DTensor) else t
-
-
-def all_reduce_grads(params: list[torch.nn.Parameter], group: Optional[dist.ProcessGroup],
-                     counter: CommCounter) -> None:
+def all_reduce_grads(grads: GradSum, group: Optional[dist.ProcessGroup], counter: CommCounter) -> None:
     """Sum the trainers' accumulated gradients over `group` (None: every trainer; a gang's
-    rank: its column of the mesh, the same shard on every gang), once per RL step, in fp32.
+    rank: its column of the mesh, the same shard on every gang), once per RL step, in the
+    dtype the learner sums them in (`train.grad_sum`: float64 keeps the sum independent of
+    which trainer ran which unit, see digenrl.math.grad_sum).
 
     A float32 mask says who touched each parameter: one all-reduced in which nobody did
     keeps grad None everywhere, as on a single device; a rank that did not gets the sum.
@@ -144,23 +142,19 @@ def all_reduce_grads(params: list[torch.nn.Parameter], group: Optional[dist.Proc
     """
     if dist.get_world_size(group) <= 1:
         return
-    device = _local(params[0]).device
-    has = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=device)
+    params = grads.params
+    device = local(params[0]).device
+    has = torch.tensor(grads.touched(), dtype=torch.float32, device=device)
     counter.add("all_reduce", has)
     dist.all_reduce(has, group=group)
-    locals_ = [_local(p) for p in params]
-    flat = torch.cat([(_local(p.grad) if p.grad is not None else torch.zeros_like(lp)).reshape(-1).float()
-                      for p, lp in zip(params, locals_)])
+    locals_ = [local(p) for p in params]
+    flat = torch.cat([(s if s is not None else torch.zeros_like(lp, dtype=grads.dtype)).reshape(-1).to(grads.dtype)
+                      for s, lp in zip(grads.local_sums(), locals_)])
     counter.add("all_reduce", flat)
     dist.all_reduce(flat, group=group)
     offset = 0
-    for p, lp, h in zip(params, locals_, has.tolist()):
+    for i, (lp, h) in enumerate(zip(locals_, has.tolist())):
         n = lp.numel()
         if h > 0:
-            g = flat[offset:offset + n].view_as(lp).to(lp.dtype)
-            if p.grad is None:
-                p.grad = DTensor.from_local(g.clone(), p.device_mesh, p.placements, shape=p.shape,
-                                            stride=p.stride()) if isinstance(p, DTensor) else g.clone()
-            else:
-                _local(p.grad).copy_(g)
+            grads.set_local_sum(i, flat[offset:offset + n].view_as(lp))
         offset += n

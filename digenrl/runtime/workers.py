@@ -150,9 +150,9 @@ class PolicyWorker:
         # across trainers, once per RL step: every trainer, or a gang rank's column of the mesh
         if self.gang is not None:
             if self.gang.replicas is not None:  # one gang: FSDP's reduce-scatters summed it all
-                all_reduce_grads(self.learner.params, self.gang.replicas, self.counter)
+                all_reduce_grads(self.learner.grads, self.gang.replicas, self.counter)
         elif self.dist:
-            all_reduce_grads(self.learner.params, None, self.counter)
+            all_reduce_grads(self.learner.grads, None, self.counter)
         t_reduce = time.time() - t0
         metrics = self.learner.optimizer_step()
         if self.gang is not None:

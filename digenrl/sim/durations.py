@@ -569,8 +569,8 @@ class DurationFn:
     def _grad_reduce_s(self) -> float:
         """The once-per-step gradient reduction.
 
-        Gangs (ours): every rank all-reduces its fp32 local gradient shard (+ a mask) with
-          its peers in the other gangs (gangs.md); nothing with one gang.
+        Gangs (ours): every rank all-reduces its local gradient sums (float64 or float32 by
+          train.grad_sum, + an fp32 mask) with its peers in the other gangs; nothing with one gang.
         Colocated baselines: replicated (DDP) all-reduce the bf16 gradients over every GPU;
           FSDP over every GPU reduced in the per-backward reduce-scatters already; FSDP per
           node (HSDP) all-reduce the fp32 shards across the nodes.
@@ -579,8 +579,8 @@ class DurationFn:
         if self.mode != "colocated":
             if n <= 1:
                 return 0.0
-            link = tb.link(self.trainer_pool, n * self.gang)
-            return float(allreduce_s(self.fsdp.cross_gang_bytes(self.gang), n, link))
+            link = tb.link(self.trainer_pool, n * self.gang)  # our trainers: train.grad_sum's default, auto
+            return float(allreduce_s(self.fsdp.cross_gang_bytes(self.gang, self.fsdp.grad_sum_bytes()), n, link))
         s = self.col_shards
         if s == 1:
             return float(allreduce_s(BYTES_GRAD * self.trainable_B * 1e9, n, tb.link(self.trainer_pool, n)))

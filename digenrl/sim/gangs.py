@@ -8,8 +8,9 @@ sums on the runtime side):
           --per rank, gang of N, param dtype p bytes---------------------------------
           all-gather      N * sum_unit_params ceil(dim0/N) * rest * p          every param
           reduce-scatter  N * sum_trainable   ceil(dim0/N) * rest * 4          fp32 reduce
-          cross-gang      4 * (trainable tensors + sum_trainable ceil(dim0/N) * rest)
-                          (one fp32 mask element per trainable tensor + the local shards)
+          cross-gang      4 * trainable tensors + g * sum_trainable ceil(dim0/N) * rest
+                          (one fp32 mask element per trainable tensor + the local sums, g bytes
+                          each: 8 or 4 by train.grad_sum, digenrl.math.grad_sum)
           publish gather  N * sum_payload ceil(dim0/N) * rest * p   payload_state's tensors: every
                           param (object-store), trainable only (lora-only, nccl under LoRA)
           relay send      trainable tensors (LoRA) or the full state dict, model dtype
@@ -35,6 +36,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
+from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.sim.catalogue import get_model, lora_params_B
 
 if TYPE_CHECKING:
@@ -122,17 +124,23 @@ class ModelLayout:
         return self._cached("rs", n, lambda: sum(n * u.shard_numel(n, trainable_only=True) * REDUCE_BYTES
                                                  for u in self.units if u.trainable))
 
-    def cross_gang_bytes(self, n: int) -> float:
+    def cross_gang_bytes(self, n: int, grad_bytes: int = REDUCE_BYTES) -> float:
         """One rank's cross-gang all-reduce per RL step, on average over its gang of n (what
-        the time model charges): `gang_cross_gang_bytes(n) / n`."""
-        return self.gang_cross_gang_bytes(n) / n
+        the time model charges): `gang_cross_gang_bytes(n, grad_bytes) / n`."""
+        return self.gang_cross_gang_bytes(n, grad_bytes) / n
 
-    def gang_cross_gang_bytes(self, n: int) -> int:
+    def gang_cross_gang_bytes(self, n: int, grad_bytes: int = REDUCE_BYTES) -> int:
         """A gang's cross-gang all-reduce per RL step, summed over its n ranks: each rank an
-        fp32 mask (one element per trainable tensor) and the flat fp32 buffer of its local
-        gradient shards. FSDP2 chunks dim 0 (the last ranks hold less, unpadded), so the
-        local shards of a gang add up to the whole trainable numel."""
-        return self._cached("ar", n, lambda: REDUCE_BYTES * (n * self.trainable_tensors + self.trainable_numel))
+        fp32 mask (one element per trainable tensor) and the flat buffer of its local
+        gradient sums, `grad_bytes` per element (our trainers: `grad_sum_bytes`, float64 or
+        float32, digenrl.math.grad_sum). FSDP2 chunks dim 0 (the last ranks hold less,
+        unpadded), so the local shards of a gang add up to the whole trainable numel."""
+        return self._cached(("ar", grad_bytes), n, lambda: 4 * n * self.trainable_tensors
+                            + grad_bytes * self.trainable_numel)
+
+    def grad_sum_bytes(self, choice: str = "auto") -> int:
+        """Bytes per element of our trainers' gradient sums under `train.grad_sum=choice`."""
+        return grad_sum_bytes(choice, self.trainable_numel)
 
     def payload_gather_bytes(self, n: int, trainable_only: bool) -> int:
         """The publish gather of the payload, bytes per rank: each payload tensor's gathered
@@ -237,6 +245,7 @@ class GangComm:
     ref_forward: bool  # a no-grad reference forward per chunk (KL under LoRA)
     sp: int = 1  # sequence-parallel degree inside the gang: gang / sp data groups share the rows
     adapters_only: bool = False  # the published payload is the trainable tensors (lora-only; nccl under LoRA)
+    grad_bytes: int = REDUCE_BYTES  # per element of the cross-gang all-reduce (train.grad_sum)
 
     @classmethod
     def from_config(cls, cfg: "Config", layout: ModelLayout) -> "GangComm":
@@ -245,7 +254,7 @@ class GangComm:
         engine, lora = cfg.runtime.weight_sync, cfg.model.lora_rank > 0
         return cls(layout, n, t.workers, t.reshard == "after-step", cfg.train.backward_batch,
                    cfg.train.beta > 0 and lora, t.sp if n > 1 else 1,
-                   engine == "lora-only" or (engine == "nccl" and lora))
+                   engine == "lora-only" or (engine == "nccl" and lora), layout.grad_sum_bytes(cfg.train.grad_sum))
 
     @property
     def gather(self) -> int:
@@ -288,7 +297,7 @@ class GangComm:
     @property
     def all_reduce(self) -> int:
         """One gang's share of the cross-gang reduction (every rank, once per RL step)."""
-        return self.layout.gang_cross_gang_bytes(self.gang) if self.gangs > 1 else 0
+        return self.layout.gang_cross_gang_bytes(self.gang, self.grad_bytes) if self.gangs > 1 else 0
 
 
 # ----------------------------------------------------------------------------- prediction

@@ -56,9 +56,10 @@ def test_object_store_sender_leg_is_charged_once(cm):
     assert fn(rollout, WeightSync(1)) == pytest.approx(nbytes / 20e9 + 20e-6 + nbytes / 55e9, rel=1e-6)
     # Trainer side: gradient all-reduce + AdamW (LoRA state fits: unsharded) + the sender's leg,
     # device->host at 55 GB/s and the store copy at 10 GB/s. The all-reduce is the runtime's
-    # (gangs.md): fp32 gradients + one fp32 mask element per trainable tensor (24 blocks: one
-    # flat adapter tensor each in the catalogue layout).
+    # (digenrl.sim.gangs): one fp32 mask element per trainable tensor (24 blocks: one flat adapter
+    # tensor each in the catalogue layout) + the gradient sums, float64 under train.grad_sum=auto
+    # for LoRA's 28M parameters (digenrl.math.grad_sum).
     p_B = lora_params_B(tb.model, 32)
-    grad_bytes = 4 * (24 + round(p_B * 1e9 / 24) * 24)
+    grad_bytes = 4 * 24 + 8 * round(p_B * 1e9 / 24) * 24
     others = float(allreduce_s(grad_bytes, 8, "nvlink")) + float(cm.optimizer_step_s(p_B, "H200"))
     assert fn(trainer, OptimizerStep(0, 1)) - others == pytest.approx(nbytes / 55e9 + nbytes / 10e9, rel=1e-6)

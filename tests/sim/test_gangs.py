@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from digenrl.config import dump_config, load_config
 from digenrl.contract import contract
+from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.models.lora import LoraSpec, apply_lora, trainable_state_dict
 from digenrl.models.tiny_dit import LORA_TARGETS, TinyDiT, TinyDiTConfig, TinyDiTPolicy
 from digenrl.sched import Scheduler
@@ -231,7 +232,8 @@ def test_predict_comm_over_a_schedule():
         # 1 row per rank (bb 1) -> 1 pass: forward + backward gathers, one backward reduce-scatter
         assert s[key("train", "all_gather")] == 8 * 2 * 2 * g1
         assert s[key("train", "reduce_scatter")] == 8 * 2 * lay.reduce_scatter_bytes(2)
-        assert s[key("train", "all_reduce")] == 2 * lay.gang_cross_gang_bytes(2)  # 2 gangs (of 2 ranks)
+        # 2 gangs (of 2 ranks); the tiny DiT's gradients are summed in float64 (train.grad_sum=auto)
+        assert s[key("train", "all_reduce")] == 2 * lay.gang_cross_gang_bytes(2, 8)
         assert s[key("publish", "all_gather")] == 2 * g1  # trainer-0's two ranks
         assert s[key("generate", "all_gather")] == 0  # no TAG in gap+tsp
     # one rollout worker pulls every new version but the last: 2 sends of the full model (fp32)
@@ -256,7 +258,19 @@ def test_gang_of_one_counts_only_the_cross_gang_reduction():
     lay = layout_for(cfg)
     for s in predict_comm(cfg, _trace(cfg)):
         assert s[key("train", "all_gather")] == s[key("train", "reduce_scatter")] == s[key("publish", "all_gather")] == 0
-        assert s[key("train", "all_reduce")] == 2 * 4 * (lay.trainable_tensors + lay.numel)
+        assert s[key("train", "all_reduce")] == 2 * (4 * lay.trainable_tensors + 8 * lay.numel)  # float64 sums
+
+
+def test_grad_sum_sets_the_all_reduce_element():
+    """train.grad_sum: float64 sums (auto, up to 2^28 trainable parameters) double the gradient
+    part of the all-reduce; float32 keeps it at 4 bytes; the fp32 mask is 4 bytes either way."""
+    for choice, nbytes in (("auto", 8), ("float64", 8), ("float32", 4)):
+        cfg = _cfg("runtime.trainer.gang=1", "runtime.trainer.shard=none", f"train.grad_sum={choice}")
+        lay = layout_for(cfg)
+        for s in predict_comm(cfg, _trace(cfg)):
+            assert s[key("train", "all_reduce")] == 2 * (4 * lay.trainable_tensors + nbytes * lay.numel)
+    # auto: float64 up to 2^28 trainable parameters (LoRA adapters), float32 beyond (a 12B full FT)
+    assert grad_sum_bytes("auto", 2**28) == 8 and grad_sum_bytes("auto", 12 * 10**9) == 4
 
 
 # ----------------------------------------------------------------------------- presets and plans
