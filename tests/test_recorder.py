@@ -88,14 +88,6 @@ TINY = ["train.steps=2", "data.groups_per_step=2", "data.micro_batch_groups=1", 
 LINE = re.compile(r"^step +(\d+)  reward \d\.\d{4} \+- \d\.\d{4}  loss [+-]\d\.\d\de[+-]\d\d  [\d.]+ samples/s")
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def test_local_and_ray_runs_write_the_same_summary(ray_cluster, tmp_path, capsys):
     from digenrl.runtime.driver import RayTrainer
 

@@ -26,7 +26,10 @@ clock for the first launch and after a loss), L = actual start - t_ref, and the 
                       own overhead, so a fine-grained testbed on a loaded machine shows it
     latency="hidden"  at t_ref + time_scale * d: the round trip is not charged; what is
                       measured is the schedule the runtime makes from real Ray completions
-                      (what the simulator, which has no latency, predicts)
+                      (what the simulator, which has no latency, predicts). Here the driver
+                      knows every unit's modelled end when it dispatches it, so EmulatedLoop
+                      delivers completions in exactly that order and the schedule is the
+                      virtual clock's whatever the machine's load (spans: modelled times)
     latency="scaled"  time_scale * d after its actual start: everything counts
                       1 / time_scale-fold (the naive emulation, for comparison)
 
@@ -40,6 +43,7 @@ clock does). When `behind_ms` nears unit durations, raise time_scale.
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 from typing import Callable, Iterable, Optional
@@ -139,11 +143,23 @@ class EmulatedBackend:
         self.handles = dict(zip((w.id for w in workers), self.pool.get(len(workers))))
         ray.get([self.handles[w.id].configure.remote(w, self._fn_ref, time_scale, latency) for w in workers])
         self.info: dict[int, Slept] = {}  # id(unit) -> what its worker reported
+        # latency="hidden": the modelled timeline is kept here, in modelled seconds from the
+        # first dispatch (the virtual clock's arithmetic: a unit starts at the modelled end of
+        # the completion that enabled it and lasts d). `expected`: each call's (modelled end,
+        # dispatch order), by which EmulatedLoop delivers completions; `modelled`: each unit's
+        # (start, end). The durations come from a copy of duration_fn: its overhead accounting
+        # belongs to the actors' copies.
+        self.workers = {w.id: w for w in workers}
+        self.expected: dict[ray.ObjectRef, tuple[float, int]] = {}
+        self.modelled: dict[int, tuple[float, float]] = {}
+        self._shadow_fn = copy.deepcopy(duration_fn) if latency == "hidden" else None
+        self._seq, self._origin, self._now = 0, None, 0.0
         self.overhead_ws: dict[str, float] = {}
         self._ref: Optional[float] = None  # end of the latest batch of completions
         self._new_batch = True
 
     def _spawn(self, w: Worker) -> None:
+        self.workers[w.id] = w
         h = ray.remote(EmulatedWorker).options(num_cpus=self.num_cpus, max_restarts=0).remote(
             w, self._fn_ref, self.scale, self.latency)
         self.pool.handles.append(h)
@@ -156,11 +172,23 @@ class EmulatedBackend:
 
     def dispatch(self, wid: str, unit: Unit) -> list[ray.ObjectRef]:
         self._new_batch = True
-        return [self.handles[wid].run.remote(unit, self._ref if self._ref is not None else time.time())]
+        if self._shadow_fn is None:
+            return [self.handles[wid].run.remote(unit, self._ref if self._ref is not None else time.time())]
+        # hidden: the actor sleeps until origin + time_scale * (its modelled end)
+        if self._origin is None:
+            self._origin = time.time()
+        d = max(0.0, float(self._shadow_fn(self.workers[wid], unit)))
+        ref = self.handles[wid].run.remote(unit, self._origin + self.scale * self._now)
+        self.expected[ref] = (self._now + d, self._seq)
+        self.modelled[id(unit)] = (self._now, self._now + d)
+        self._seq += 1
+        return [ref]
 
     def completed(self, wid: str, unit: Unit, info: Slept) -> None:
         # EventLoop: completions of one batch, then the dispatches they enabled.
         self._ref = info.end if self._new_batch or self._ref is None else max(self._ref, info.end)
+        if id(unit) in self.modelled:  # hidden: delivered in modelled order, one at a time
+            self._now = self.modelled[id(unit)][1]
         self._new_batch = False
         self.info[id(unit)] = info
         for k, v in info.overhead.items():
@@ -193,11 +221,38 @@ class EmulatedLoop(EventLoop):
     launching after each (as `digenrl.sim.engine.run_virtual` does). The plain loop completes
     a whole batch, then launches: when time is compressed, completions modelled tens of ms
     apart arrive together, and everything they enable would start at the batch's latest end.
+
+    With latency="hidden" every call's modelled end is known when it is dispatched
+    (`EmulatedBackend.expected`), so the order is exact: a finished call is held back until
+    no call still running ends earlier in modelled time (ties: dispatch order, as the virtual
+    clock breaks them). The schedule then depends on the modelled durations only, not on how
+    late a loaded machine delivers a completion: the emulated run makes the simulator's
+    decisions in the simulator's order.
     """
 
+    def __init__(self, scheduler: Scheduler, backend: "EmulatedBackend", **kwargs):
+        super().__init__(scheduler, backend, **kwargs)
+        self.held: set = set()  # finished refs waiting for an earlier one (latency="hidden")
+
+    def _waiting(self) -> list:
+        return [r for r in self.pending if r not in self.held]
+
     def _take(self, refs: list) -> None:
-        for ref in sorted(refs, key=_modelled_end):
-            self._event(ref)
+        expected = self.backend.expected
+        if not expected:
+            for ref in sorted(refs, key=_modelled_end):
+                self._event(ref)
+                self._launch()
+            return
+        self.held.update(refs)
+        while self.held:
+            first = min(self.held, key=lambda r: expected.get(r, (float("-inf"), -1)))
+            running = [expected[r] for r in self.pending if r not in self.held and r in expected]
+            if running and min(running) < expected.get(first, (float("-inf"), -1)):
+                return  # a call still running ends earlier: wait for it
+            self.held.discard(first)
+            expected.pop(first, None)
+            self._event(first)
             self._launch()
 
 
@@ -225,7 +280,8 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
         for k, v in backend.overhead_ws.items():
             over[k] = over.get(k, 0.0) + v
     for s in trace.spans:
-        s.start, s.end = s.start / time_scale, s.end / time_scale
+        modelled = backend.modelled.get(id(s.unit)) if s.unit is not None and not (s.extra or {}).get("lost") else None
+        s.start, s.end = modelled or (s.start / time_scale, s.end / time_scale)
         info = backend.info.get(id(s.unit)) if s.unit is not None else None
         if info is not None:
             s.extra = {**(s.extra or {}), "latency_ms": 1e3 * info.latency, "behind_ms": 1e3 * info.behind}

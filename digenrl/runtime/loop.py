@@ -85,14 +85,15 @@ class EventLoop:
         while not sched.done:
             if not self.pending:
                 raise RuntimeError(f"runtime deadlock: nothing running, not done; {sched.describe()}")
-            ready, _ = ray.wait(list(self.pending), num_returns=1,
+            waiting = self._waiting()
+            ready, _ = ray.wait(waiting, num_returns=1,
                                 timeout=self.poll_s if self.poll is not None else self.stall_s)
             if ready:
                 last = time.time()
             elif self.stall_s is not None and time.time() - last >= self.stall_s:
                 raise RuntimeError(f"runtime stalled: no unit finished for {self.stall_s:.0f}s; "
                                    f"{sched.describe()}")
-            rest = [r for r in self.pending if r not in ready]
+            rest = [r for r in waiting if r not in ready]
             more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest and ready else []
             self._take(ready + more)
             if self.poll is not None:
@@ -101,6 +102,10 @@ class EventLoop:
                 self._launch()
         self.trace.end = self.now()
         return self.trace
+
+    def _waiting(self) -> list:
+        """The refs still to wait for: every pending one (a subclass may hold some back)."""
+        return list(self.pending)
 
     def _take(self, refs: list) -> None:
         """Feed a batch of finished units to the scheduler, then launch what it assigns."""

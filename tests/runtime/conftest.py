@@ -1,4 +1,5 @@
-"""Ray runtime tests: one small local Ray cluster per module, tiny runs (4 groups x 2 samples)."""
+"""Ray runtime tests: tiny runs (4 groups x 2 samples) on the test run's shared Ray cluster
+(`ray_cluster`, tests/conftest.py)."""
 
 import pytest
 
@@ -6,13 +7,6 @@ from digenrl.config import load_config
 from digenrl.trainer import Trainer
 
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
-    ray.shutdown()
 
 
 def tiny(run_dir, mode="gap", *extra, steps=2):

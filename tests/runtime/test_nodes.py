@@ -7,8 +7,6 @@ Tier `nodes` (deselected by default): `pytest -m nodes tests/runtime/test_nodes.
 """
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
@@ -16,8 +14,11 @@ from digenrl.runtime.driver import RayTrainer
 from digenrl.runtime.loop import WorkerLostError
 from digenrl.sched import Generate, Train
 
+from tests.helpers.equivalence import assert_matches_single_device
+from tests.helpers.exactly_once import assert_trained_exactly_once
+from tests.helpers.ray_cluster import leave_shared_ray_cluster, own_ray_cluster
+
 from .conftest import tiny
-from .test_faults import _expected
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -33,18 +34,14 @@ PLACED = ("runtime.rollout.resources={node_rollout: 1}", "runtime.trainer.resour
 @pytest.fixture
 def cluster():
     """A head node for the driver only (no CPU), a trainer node and a rollout node."""
+    leave_shared_ray_cluster()
     c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST})
     nodes = {"trainer": c.add_node(num_cpus=1, resources=TRAINER),
              "rollout": c.add_node(num_cpus=2, resources=ROLLOUT)}
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    own_ray_cluster(address=c.address)
     yield c, nodes
     ray.shutdown()
     c.shutdown()
-
-
-def _same_weights(run_a, run_b) -> bool:
-    a, b = load_file(str(run_a / "final" / "policy.safetensors")), load_file(str(run_b / "final" / "policy.safetensors"))
-    return all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
 
 
 def test_rollout_node_lost_mid_step(cluster, local_run, tmp_path):
@@ -76,9 +73,8 @@ def test_rollout_node_lost_mid_step(cluster, local_run, tmp_path):
     assert all("Object" in s.extra["error"] for s in lost if s.extra.get("inputs_lost"))
     assert summary["scheduler"]["restarts"] >= 1
     assert sum(w.startswith("rollout-") and "#" in w for w in rt.trace.workers) >= 1  # replacements
-    # every (step, group, sample, trained t) trained exactly once, as the trainers report it
-    assert sorted(rt.trained) == _expected(cfg, 2)
-    assert _same_weights(tmp_path / "run", local_run)  # gap is on-policy: the single-device weights
+    assert_trained_exactly_once(rt.trained, cfg, 2)
+    assert_matches_single_device(tmp_path / "run", local_run)  # gap is on-policy
 
 
 def test_trainer_node_lost_then_resume(cluster, local_run, tmp_path):
@@ -95,4 +91,4 @@ def test_trainer_node_lost_then_resume(cluster, local_run, tmp_path):
     c.add_node(num_cpus=1, resources=TRAINER)  # the trainer pool's new node
     RayTrainer(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
-    assert _same_weights(tmp_path / "run", local_run)
+    assert_matches_single_device(tmp_path / "run", local_run)
