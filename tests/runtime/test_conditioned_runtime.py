@@ -3,13 +3,13 @@ look each sample's image up by its coordinates, and an on-policy mode ends with 
 the single-device trainer."""
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.trainer import Trainer
+
+from tests.helpers.equivalence import assert_matches_single_device
 
 from .conftest import tiny
 
@@ -20,7 +20,7 @@ pytest.importorskip("diffusers")
 @pytest.mark.parametrize("mode", ["disagg-sync", pytest.param("colocated", marks=pytest.mark.slow)])
 def test_edit_model_matches_single_device(ray_cluster, tmp_path, mode):
     from tests.models.tiny_diffusers import build_flux_kontext, tiny_images
-    from tests.test_conditioned_data import write_rows
+    from tests.helpers.prompt_rows import write_rows
 
     folder = build_flux_kontext(tmp_path / "kontext")
     train = write_rows(tmp_path / "data", ["make it red", "add a dog", "make it red", "blur it", "add a hat"],
@@ -37,8 +37,4 @@ def test_edit_model_matches_single_device(ray_cluster, tmp_path, mode):
     assert [r["step"] for r in steps] == [1, 2] and steps[0]["ratio_mean"] == 1.0
     for a, b in zip(steps, [r for r in ref if r["step"] > 0]):  # the same images -> the same rewards
         assert a["rollout/source-similarity"] == pytest.approx(b["rollout/source-similarity"], abs=1e-6)
-    a = load_file(str(tmp_path / "ray" / "final" / "policy.safetensors"))
-    b = load_file(str(tmp_path / "local" / "final" / "policy.safetensors"))
-    assert a.keys() == b.keys() and max(float(b[k].abs().max()) for k in b if "lora_B" in k) > 1e-4
-    for k in a:
-        assert torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-5), (k, float((a[k] - b[k]).abs().max()))
+    assert_matches_single_device(tmp_path / "ray", tmp_path / "local")

@@ -9,8 +9,6 @@ from collections import Counter
 
 import pytest
 import ray
-import torch
-from safetensors.torch import load_file
 
 from digenrl.cli import main as cli
 from digenrl.config import load_config
@@ -19,11 +17,12 @@ from digenrl.runtime import scale
 from digenrl.runtime.emulated import EmulatedBackend
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.scale import LOG, STATE
-from digenrl.sched import Generate, SchedConfig, Scheduler, Worker, kind
+from digenrl.sched import Generate, SchedConfig, Scheduler, Worker
 
 from ..sched.sched_helpers import COST, const_cost
 from .conftest import tiny
-from .test_faults import _expected
+from tests.helpers.equivalence import assert_matches_single_device
+from tests.helpers.exactly_once import assert_trained_exactly_once
 
 
 def _state(run, **kw):
@@ -160,8 +159,7 @@ def test_scale_up_and_drain_mid_run(ray_cluster, local_run, tmp_path, capsys):
     (wid, first), = busy
     assert [r["left"] for r in log if "left" in r] == [idle, wid]
 
-    # every (step, group, sample, trained t) trained exactly once
-    assert sorted(rt.trained) == _expected(cfg, 2)
+    assert_trained_exactly_once(rt.trained, cfg, 2)
     # the busy worker handed its trajectory over at t=2 (the latent it left), no restart
     assert summary["scheduler"]["drain_handovers"] == 1 and summary["scheduler"]["restarts"] == 0
     tr = rt.trace
@@ -182,6 +180,4 @@ def test_scale_up_and_drain_mid_run(ray_cluster, local_run, tmp_path, capsys):
         {("leave", tr.alive[wid][1] * 1e6), ("join", tr.alive[stays][0] * 1e6)}
     # gap is on-policy: the new workers generated with synced weights, the run ends at the
     # single-device weights
-    a, b = load_file(str(run / "final" / "policy.safetensors")), \
-        load_file(str(local_run / "final" / "policy.safetensors"))
-    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+    assert_matches_single_device(run, local_run)

@@ -1,36 +1,41 @@
 """Held-out evaluation runs beside training, not in its way (the EvalWorker actor)."""
 
-import time
-
 import pytest
 
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
 from digenrl.runtime import driver
 from digenrl.runtime.workers import EvalWorker
+from digenrl.sched import OptimizerStep
+from tests.helpers.gates import FileGate
 
 from .conftest import tiny
 
-SLEEP_S = 10.0
+STEPS = 3
 
 
-class SlowEval(EvalWorker):
-    """An evaluation that takes SLEEP_S longer: training must not wait for it."""
-
-    def evaluate(self, step, weights):
-        time.sleep(SLEEP_S)
-        return super().evaluate(step, weights)
-
-
-@pytest.mark.slow  # ~50 s: evaluation sleeps on purpose while steps run (keeps the default tier under 15 min)
+@pytest.mark.slow  # ~20 s: three evaluations and a gated run (the slow tier, which CI runs)
 def test_training_steps_do_not_wait_for_evaluation(ray_cluster, tmp_path, monkeypatch):
-    monkeypatch.setattr(driver, "EvalWorker", SlowEval)
-    cfg = load_config(None, tiny(tmp_path, "gap", "run.eval_every=1", steps=3))
-    summary = driver.RayTrainer(cfg, progress=False).train()
-    records = read_metrics(tmp_path)
+    """Every evaluation is held back until the driver has dispatched the run's last optimizer
+    step: had training waited for an evaluation, that step would never be dispatched and the
+    held evaluation would fail at its deadline, naming why."""
+    gate = FileGate(tmp_path / "last_optimizer_step_dispatched")
+
+    class HeldEval(EvalWorker):  # defined here: Ray ships it by value, gate path included
+        def evaluate(self, step, weights):
+            gate.wait(60.0, "training waited for an evaluation: the last optimizer step was never dispatched")
+            return super().evaluate(step, weights)
+
+    def last_step(rt, wid, unit):
+        if type(unit) is OptimizerStep and unit.version == STEPS:
+            gate.open()
+
+    monkeypatch.setattr(driver, "EvalWorker", HeldEval)
+    cfg = load_config(None, tiny(tmp_path / "run", "gap", "run.eval_every=1", steps=STEPS))
+    summary = driver.RayTrainer(cfg, progress=False, on_dispatch=last_step).train()
+    assert gate.is_open()
+    records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [0, 1, 2, 3]  # written in order, once each
     assert all("eval/reward_mean" in r for r in records)  # every step evaluated (eval_every=1)
-    assert all((tmp_path / "samples" / f"step_{s:06d}.png").exists() for s in range(4))
-    # Blocking evaluation would put >= SLEEP_S into every step; the run's steps stay short.
-    assert max(r["step_s"] for r in records[1:]) < SLEEP_S / 2, [r["step_s"] for r in records[1:]]
+    assert all((tmp_path / "run" / "samples" / f"step_{s:06d}.png").exists() for s in range(4))
     assert summary["eval_reward_after"] == pytest.approx(records[-1]["eval/reward_mean"])

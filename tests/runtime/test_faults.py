@@ -1,36 +1,22 @@
 """Faults: a rollout worker killed mid-step is replaced and nothing is lost or trained twice;
 a dead trainer stops the run with a pointer to --resume, and --resume finishes it."""
 
-import os
-import signal
-import time
-
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.runtime.loop import WorkerLostError
 from digenrl.sched import Generate, Train
-from digenrl.trainer import plan_step
+from tests.helpers.equivalence import assert_matches_single_device
+from tests.helpers.exactly_once import assert_trained_exactly_once
+from tests.helpers.processes import kill_and_wait
 
 from .conftest import tiny
 
 
 def _kill(rt, wid):
-    os.kill(rt.pids[wid], signal.SIGKILL)
-    time.sleep(0.2)  # let the process die before the call is sent: the unit is lost for sure
-
-
-def _expected(cfg, steps):
-    rt = RayTrainer(cfg, progress=False)
-    out = []
-    for s in range(steps):
-        plan = plan_step(cfg, rt.source, s)
-        out += [(*c, t) for mb in plan.micro_batches for c in mb.coords for t in plan.trained_steps]
-    return sorted(out)
+    kill_and_wait(rt.pids[wid])  # dead before the call is sent: the unit is lost for sure
 
 
 def test_rollout_worker_killed_mid_step(ray_cluster, local_run, tmp_path):
@@ -50,15 +36,11 @@ def test_rollout_worker_killed_mid_step(ray_cluster, local_run, tmp_path):
     summary = rt.train()
     assert killed, "the fault was never injected"
     assert summary["scheduler"]["requeued"] >= 1
-    # every (step, group, sample, trained t) trained exactly once, as the trainers report it
-    assert sorted(rt.trained) == _expected(cfg, 2)
+    assert_trained_exactly_once(rt.trained, cfg, 2)
     lost = [s for s in rt.trace.spans if s.extra and s.extra.get("lost")]
     assert [s.worker for s in lost] == ["rollout-0"]
     assert any(w.startswith("rollout-0#") for w in rt.trace.workers)  # the replacement joined
-    # gap is on-policy: the run still ends with the single-device weights
-    a, b = load_file(str(tmp_path / "run" / "final" / "policy.safetensors")), \
-        load_file(str(local_run / "final" / "policy.safetensors"))
-    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+    assert_matches_single_device(tmp_path / "run", local_run)  # gap is on-policy
 
 
 def test_trainer_death_points_to_resume(ray_cluster, local_run, tmp_path):
@@ -72,6 +54,4 @@ def test_trainer_death_points_to_resume(ray_cluster, local_run, tmp_path):
         RayTrainer(load_config(None, overrides), progress=False, evaluate=False, on_dispatch=fault).train()
     RayTrainer(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
-    a, b = load_file(str(tmp_path / "run" / "final" / "policy.safetensors")), \
-        load_file(str(local_run / "final" / "policy.safetensors"))
-    assert all(torch.allclose(a[k], b[k], rtol=1e-5, atol=1e-6) for k in a)
+    assert_matches_single_device(tmp_path / "run", local_run)

@@ -2,7 +2,7 @@
 across gangs once per step (HSDP), plus 1 rollout worker, on CPU (gloo).
 
 gap+tsp is on-policy: it must end at the single-device Trainer's weights, up to float
-round-off (at most 1% of the largest weight change of the run), and the bytes each kind of
+round-off (tests/helpers/equivalence.py), and the bytes each kind of
 collective moved per step must be the simulator's prediction (digenrl.sim.gangs). digenrl (off-policy, TAG on
 the gangs) must keep every trajectory's lag <= 1. Full fine-tune, LoRA, and reshard=after-step.
 """
@@ -11,36 +11,22 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from digenrl.config import load_config
-from digenrl.models import build_policy
-from digenrl.models.lora import trainable_state_dict
 from digenrl.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.sim.gangs import predict_comm
 from digenrl.trainer import Trainer
+
+from tests.helpers.equivalence import assert_matches_single_device, final_weights
+from tests.helpers.exactly_once import assert_trained_exactly_once
+from tests.helpers.processes import kill_and_wait
 
 from .conftest import tiny
 
 GANGS = ["runtime.trainer.workers=2", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
          "runtime.trainer.num_cpus=0.5", "run.checkpoint_every=0"]
 FULL = ["model.lora_rank=0", "train.lr=1e-4"]
-
-
-def _final(run) -> dict[str, torch.Tensor]:
-    return load_file(str(run / "final" / "policy.safetensors"))
-
-
-def _assert_round_off(run, ref, overrides):
-    """`run` ends where `ref` does: differences at most 1% of the largest weight change of `ref`."""
-    start = trainable_state_dict(build_policy(load_config(None, overrides).model, progress=False).module)
-    a, b = _final(run), _final(ref)
-    assert a.keys() == b.keys()
-    change = max(float((b[k] - start[k]).abs().max()) for k in b)
-    diff = max(float((a[k] - b[k]).abs().max()) for k in b)
-    assert change > 1e-4, "the reference run did not train"
-    assert diff <= 0.01 * change, f"gang run differs by {diff:.3g}, 1% of the run's change is {0.01 * change:.3g}"
 
 
 CASES = {
@@ -61,7 +47,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     overrides = tiny(run, MODE[case], "train.tsp_chunk=1", *GANGS, *extra)
     rt = RayTrainer(load_config(None, overrides), progress=False, evaluate=False)
     rt.train()
-    _assert_round_off(run, local, tiny(local, "local", *extra))
+    assert_matches_single_device(run, local)
     records = [r for r in read_metrics(run) if r["step"] > 0]
     ref = [r for r in read_metrics(local) if r["step"] > 0]
     for a, b in zip(records, ref):  # the same trajectories, rewards and advantages
@@ -79,7 +65,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
         for k, v in pred.items():
             assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
     # every rank trained its share: each (step, group, sample, t) exactly once over the gangs
-    assert len(rt.trained) == len(set(rt.trained)) == sum(8 * len(rt.plan(k).trained_steps) for k in (0, 1))
+    assert_trained_exactly_once(rt.trained, rt.cfg, 2)
     assert {len(p) for p in rt.rank_pids.values() if p} >= {2}
     if MODE[case] == "gap+tsp+tag":  # the gangs did generate (and FSDP-gathered for it)
         assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
@@ -102,9 +88,6 @@ def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
     """Kill rank 1 of gang trainer-1 in step 3: the run stops with WorkerLostError (the CLI's
     exit code 3) naming the worker and --resume. Resuming from the step-2 checkpoint with gangs
     of 1 (DCP reshards on load) ends where an uninterrupted single-device run does."""
-    import os
-    import signal
-
     from digenrl.runtime.loop import WorkerLostError
     from digenrl.sched import Train
 
@@ -117,7 +100,7 @@ def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
     def fault(rt, wid, unit):
         if not killed and wid == "trainer-1" and type(unit) is Train and unit.step == 2:
             killed.append(unit)
-            os.kill(rt.rank_pids[wid][1], signal.SIGKILL)
+            kill_and_wait(rt.rank_pids[wid][1])
 
     rt = RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *gangs, *FULL, steps=3)),
                     progress=False, evaluate=False, on_dispatch=fault)
@@ -129,7 +112,7 @@ def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
     RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *one, *FULL, steps=3)),
                progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
-    _assert_round_off(run, local, tiny(local, "local", *FULL))
+    assert_matches_single_device(run, local)
 
 
 @pytest.mark.slow
@@ -146,5 +129,5 @@ def test_bf16_gangs_with_offload_train_and_count_as_predicted(ray_cluster, tmp_p
     for rec, pred in zip(records, predict_comm(load_config(None, overrides), rt.trace)):
         for k, v in pred.items():
             assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
-    adapters = _final(run)
+    adapters = final_weights(run)
     assert all(v.dtype == torch.float32 for v in adapters.values())  # fp32 masters saved

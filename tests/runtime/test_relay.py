@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from contextlib import contextmanager
 
 import pytest

@@ -10,8 +10,6 @@ counted (all-to-alls for generation and training, FSDP) must be the simulator's 
 from __future__ import annotations
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from digenrl.config import load_config
 from digenrl.models import build_policy
@@ -21,6 +19,9 @@ from digenrl.runtime.driver import RayTrainer
 from digenrl.sim.gangs import module_layout, predict_comm
 from digenrl.sim.sp import SpDims
 from digenrl.trainer import Trainer
+
+from tests.helpers.equivalence import assert_matches_single_device
+from tests.helpers.exactly_once import assert_trained_exactly_once
 
 from .conftest import tiny
 
@@ -61,14 +62,7 @@ def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan,
                     progress=False, evaluate=False)
     rt.train()
 
-    start = trainable_state_dict(build_policy(load_config(None, _overrides(local, "local", wan)).model,
-                                              progress=False).module)
-    a, b = load_file(str(run / "final" / "policy.safetensors")), load_file(str(local / "final" / "policy.safetensors"))
-    assert a.keys() == b.keys()
-    change = max(float((b[k] - start[k]).abs().max()) for k in b)
-    diff = max(float((a[k] - b[k]).abs().max()) for k in b)
-    assert change > 1e-4, "the reference run did not train"
-    assert diff <= 0.01 * change, f"sp run differs by {diff:.3g}, 1% of the run's change is {0.01 * change:.3g}"
+    assert_matches_single_device(run, local)
 
     records = [r for r in read_metrics(run) if r["step"] > 0]
     ref = [r for r in read_metrics(local) if r["step"] > 0]
@@ -95,7 +89,7 @@ def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan,
                 assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
     assert sum(r.get(sync, 0) for r in records) == sum(p[sync] for p in predicted)
     # every (step, group, sample, t) trained exactly once: the sp ranks report their rows once
-    assert len(rt.trained) == len(set(rt.trained)) == sum(4 * len(rt.plan(k).trained_steps) for k in (0, 1))
+    assert_trained_exactly_once(rt.trained, rt.cfg, 2)
     assert {len(p) for p in rt.rank_pids.values()} == {2}
     if mode == "gap+tsp+tag":
         assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
