@@ -27,8 +27,8 @@ from digenrl import checkpoint as ckpt
 from digenrl.learner import Learner
 from digenrl.learner.sharded import full_tensors
 from digenrl.models.lora import trainable_state_dict
-from tests.learner.test_sharded import CONFIG as _BASE
-from tests.learner.test_sharded import SPEC, T_STEPS, WORLD, _batch, _policy, _rows
+from tests.learner.tiny_setup import CONFIG as _BASE
+from tests.learner.tiny_setup import SPEC, T_STEPS, WORLD, four_sample_batch, rows_of, tiny_policy
 
 CONFIG = dataclasses.replace(_BASE, ema_decay=0.5)  # EMA on: its shadows are checkpointed too
 
@@ -55,11 +55,11 @@ def _gang(rank: int, tmp: str, lora_rank: int) -> None:
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
     try:
         mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("shard",))
-        policy = shard_policy(_policy(lora_rank), mesh)
+        policy = shard_policy(tiny_policy(2, lora_rank), mesh)
         learner = Learner(policy, CONFIG)
         traj = torch.load(f"{tmp}/batch.pt", weights_only=False)
         half = len(traj) // WORLD
-        mine = _rows(traj, slice(rank * half, (rank + 1) * half))
+        mine = rows_of(traj, slice(rank * half, (rank + 1) * half))
 
         def step() -> None:
             learner.accumulate(mine, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
@@ -86,9 +86,9 @@ def _gang(rank: int, tmp: str, lora_rank: int) -> None:
 
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
 def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
-    traj = _batch(_policy(lora_rank))
+    traj = four_sample_batch(tiny_policy(2, lora_rank))
     torch.save(traj, tmp_path / "batch.pt")
-    single = Learner(_policy(lora_rank), CONFIG)  # one process, no group: a step, then dcp/ of one "rank"
+    single = Learner(tiny_policy(2, lora_rank), CONFIG)  # one process, no group: a step, then dcp/ of one "rank"
     single.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
     single.optimizer_step()
     ckpt.save_sharded(tmp_path / "single", single.policy.module, single.optimizer, single.ema)
@@ -102,7 +102,7 @@ def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     assert not (step_dir / "policy.safetensors").exists()
 
     # (a) one process, no process group: the gathered state, bit for bit
-    policy = _policy(lora_rank)
+    policy = tiny_policy(2, lora_rank)
     learner = Learner(policy, CONFIG)
     untrained = full_tensors(trainable_state_dict(policy.module))
     state = ckpt.load_checkpoint(step_dir, policy.module, learner.optimizer, learner.ema)
@@ -141,7 +141,7 @@ def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
 def test_optimizer_groups_are_json(tmp_path):
     # the only non-tensor state, AdamW's hyperparameters, round-trips through JSON; one
     # process with no process group saves the sharded layout too
-    policy = _policy(0)
+    policy = tiny_policy(2, 0)
     learner = Learner(policy, dataclasses.replace(CONFIG, lr=3e-4))
     with pytest.raises(ValueError, match="before the first optimizer step"):
         ckpt.save_sharded(tmp_path, policy.module, learner.optimizer, learner.ema)
@@ -151,7 +151,7 @@ def test_optimizer_groups_are_json(tmp_path):
     ckpt.save_sharded(tmp_path, policy.module, learner.optimizer, learner.ema)
     groups = json.loads((tmp_path / "dcp" / "optimizer.json").read_text())
     assert groups[0]["lr"] == 3e-4 and "blocks.0.qkv.weight" in groups[0]["params"]
-    other = Learner(_policy(0), CONFIG)
+    other = Learner(tiny_policy(2, 0), CONFIG)
     ckpt.load_sharded(tmp_path, other.policy.module, other.optimizer, other.ema)
     assert other.optimizer.param_groups[0]["lr"] == 3e-4
     assert other.optimizer.param_groups[0]["betas"] == CONFIG.betas

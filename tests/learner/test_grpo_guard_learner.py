@@ -11,7 +11,7 @@ from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import sde_step, sigma_schedule
 from digenrl.rollout import SampleSpec
 
-from .test_learner import _batch, _policy
+from .tiny_setup import tiny_policy, two_sample_batch
 
 
 @pytest.mark.parametrize("kind", ["flow-sde", "dance-sde"])
@@ -19,8 +19,8 @@ def test_behaviour_mean_is_the_rollouts_mean(kind):
     # latents[:, t+1] - std * noise(seed, coords, t) is the mean the sampler drew around;
     # with the rollout's own weights the learner's recomputed mean is that mean
     spec = SampleSpec(sigmas=sigma_schedule(4, 1.0), sde_steps=(0, 1, 2), kind=kind, seed=3)
-    policy = _policy()
-    traj = _batch(policy, spec, [1.0, -1.0])
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, spec, [1.0, -1.0])
     learner = Learner(policy, LearnerConfig(loss="grpo-guard"))
     for t in spec.sde_steps:
         out = learner.score(traj, t, spec, slice(0, 2))
@@ -37,8 +37,8 @@ def test_on_policy_gradient_is_grpos_times_std_over_dt():
     t = 1
     grads = {}
     for loss in ("grpo", "grpo-guard"):
-        policy = _policy()
-        traj = _batch(policy, spec, [1.0, -0.5])
+        policy = tiny_policy()
+        traj = two_sample_batch(policy, spec, [1.0, -0.5])
         learner = Learner(policy, LearnerConfig(loss=loss))
         learner.accumulate(traj, [t], spec, total_samples=2, total_steps=1)
         grads[loss] = torch.cat([p.grad.flatten() for p in learner.params])
@@ -52,8 +52,8 @@ def test_on_policy_gradient_is_grpos_times_std_over_dt():
 
 def test_refuses_cps_and_unknown_losses():
     spec = SampleSpec(sigmas=sigma_schedule(3, 1.0), sde_steps=(0, 1), kind="cps")
-    policy = _policy()
-    traj = _batch(policy, spec, [1.0, -1.0])
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, spec, [1.0, -1.0])
     with pytest.raises(ValueError, match="Gaussian"):
         Learner(policy, LearnerConfig(loss="grpo-guard")).accumulate(traj, [0], spec, total_samples=2, total_steps=1)
     with pytest.raises(ValueError, match="grpo-guard"):

@@ -6,31 +6,17 @@ import torch
 
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import sigma_schedule
-from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig, TinyDiTPolicy
-from digenrl.rollout import SampleSpec, advance, start
+from digenrl.rollout import SampleSpec
 
-
-def _policy() -> TinyDiTPolicy:
-    torch.manual_seed(0)
-    module = TinyDiT(TinyDiTConfig(image_size=8, dim=32, depth=1, heads=2))
-    for p in module.parameters():  # off adaLN-zero's identity start, so every weight gets a gradient
-        p.data.add_(0.02 * torch.randn_like(p))
-    return TinyDiTPolicy(module)
-
-
-def _batch(policy, spec, advantages):
-    prompts = ["a red circle", "a blue square"]
-    traj = advance(policy, start(policy, prompts, [(0, 0, 0), (0, 0, 1)], spec, step=0, version=0), spec)
-    traj.advantages = torch.tensor(advantages)
-    return traj
+from .tiny_setup import tiny_policy, two_sample_batch
 
 
 def test_zero_grad_discards_an_accumulation():
     spec = SampleSpec(sigmas=sigma_schedule(3, 1.0), sde_steps=(0, 1))
-    policy = _policy()
-    kept, dropped = _batch(policy, spec, [1.0, -1.0]), _batch(policy, spec, [-3.0, 2.0])
+    policy = tiny_policy()
+    kept, dropped = two_sample_batch(policy, spec, [1.0, -1.0]), two_sample_batch(policy, spec, [-3.0, 2.0])
 
-    fresh = Learner(_policy(), LearnerConfig())
+    fresh = Learner(tiny_policy(), LearnerConfig())
     fresh.accumulate(kept, [0, 1], spec, total_samples=2, total_steps=2)
     want = fresh.optimizer_step()
 

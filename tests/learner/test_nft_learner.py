@@ -12,7 +12,7 @@ from digenrl.math import nft_loss, sigma_schedule
 from digenrl.rollout import SampleSpec
 from digenrl.rollout.sampler import forward_targets, trained_steps
 
-from .test_learner import _batch, _policy
+from .tiny_setup import tiny_policy, two_sample_batch
 
 ODE = SampleSpec(sigmas=sigma_schedule(4, 1.0), sde_steps=(), kind="ode", seed=5, draw_levels=4)
 
@@ -46,8 +46,8 @@ def test_forward_targets_noise_the_clean_sample_at_its_level():
 
 
 def test_nft_trains_an_ode_rollout_and_grpo_refuses_it():
-    policy = _policy()
-    traj = _batch(policy, ODE, [1.0, -1.0])
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, ODE, [1.0, -1.0])
     assert torch.isnan(traj.log_probs).all()
     with pytest.raises(ValueError, match="sampled with the ODE"):
         Learner(policy, LearnerConfig()).accumulate(traj, [0], ODE, total_samples=2, total_steps=1)
@@ -61,8 +61,8 @@ def test_nft_trains_an_ode_rollout_and_grpo_refuses_it():
 def test_nft_unit_is_the_formula_on_the_clean_sample():
     # the learner's gradient for slot 2 is nft_loss on x0 = latents[:, T] noised by forward_targets,
     # with v_old = the same weights' velocity (the policy at the start of the step)
-    policy = _policy()
-    traj = _batch(policy, ODE, [2.0, -0.5])
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, ODE, [2.0, -0.5])
     learner = Learner(policy, LearnerConfig(loss="nft", adv_clip=4.0))
     learner.accumulate(traj, [2], ODE, total_samples=2, total_steps=1)
     got = _grads(learner)
@@ -81,8 +81,8 @@ def test_nft_unit_is_the_formula_on_the_clean_sample():
 ])
 def test_unit_layout_does_not_change_the_step_gradient(loss, spec):
     slots = list(range(spec.draw_levels))
-    policy = _policy()
-    traj = _batch(policy, spec, [1.5, -1.0])
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, spec, [1.5, -1.0])
     whole = Learner(policy, LearnerConfig(loss=loss))
     whole.accumulate(traj, slots, spec, total_samples=2, total_steps=len(slots))
     want = _grads(whole)
@@ -100,8 +100,8 @@ def test_per_sample_draw_trains_each_rows_own_step(kind):
     # the sum of the per-row gradients that a per-step spec gives at those steps
     per_sample = SampleSpec(sigmas=sigma_schedule(5, 1.0), sde_steps=(0, 1, 2, 3), kind=kind, seed=7, draw_levels=4)
     per_step = dataclasses.replace(per_sample, draw_levels=0)
-    policy = _policy()
-    traj = _batch(policy, per_sample, [1.0, -2.0])
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, per_sample, [1.0, -2.0])
     for loss in ("grpo", "grpo-guard"):
         for slot in range(4):
             steps = trained_steps(per_sample, traj.coords, slot)

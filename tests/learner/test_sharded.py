@@ -10,7 +10,6 @@ the same weights.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
@@ -19,53 +18,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from digenrl.learner import Learner, LearnerConfig
-from digenrl.math import sigma_schedule
-from digenrl.models.lora import LoraSpec, apply_lora, trainable_state_dict
-from digenrl.models.tiny_dit import LORA_TARGETS, TinyDiT, TinyDiTConfig, TinyDiTPolicy
-from digenrl.rollout import SampleSpec, advance, start
-
-WORLD = 2
-SPEC = SampleSpec(sigmas=sigma_schedule(3, 1.0), sde_steps=(0, 1))
-T_STEPS = [0, 1]
-ADVANTAGES = [1.0, -1.0, 0.5, -2.0]  # (B,) two groups of two
-CONFIG = LearnerConfig(lr=1e-3, max_grad_norm=1e-4)  # below both runs' norms: clipping acts
-
-
-def _policy(lora_rank: int) -> TinyDiTPolicy:
-    torch.manual_seed(0)
-    module = TinyDiT(TinyDiTConfig(image_size=8, dim=32, depth=2, heads=2))
-    for p in module.parameters():  # off adaLN-zero's identity start, so every weight gets a gradient
-        p.data.add_(0.02 * torch.randn_like(p))
-    if lora_rank:
-        module.requires_grad_(False)
-        apply_lora(module, LoraSpec(lora_rank, 2.0 * lora_rank, LORA_TARGETS))
-        for name, p in sorted(module.named_parameters()):  # B != 0, so lora_A gets a gradient too
-            if "lora_B" in name:
-                p.data.add_(0.02 * torch.randn_like(p))
-    return TinyDiTPolicy(module)
-
-
-def _batch(policy: TinyDiTPolicy):
-    prompts = ["a red circle", "a red circle", "a blue square", "a blue square"]
-    coords = [(0, 0, 0), (0, 0, 1), (0, 1, 0), (0, 1, 1)]
-    with torch.no_grad():
-        traj = advance(policy, start(policy, prompts, coords, SPEC, step=0, version=0), SPEC)
-    traj.advantages = torch.tensor(ADVANTAGES)
-    return traj
-
-
-def _rows(traj, rows: slice):
-    """Rows `rows` of a micro-batch as their own micro-batch (what one rank trains)."""
-    return dataclasses.replace(
-        traj, prompts=traj.prompts[rows], coords=traj.coords[rows], cond={k: v[rows] for k, v in traj.cond.items()},
-        latents=traj.latents[rows], log_probs=traj.log_probs[rows], advantages=traj.advantages[rows],
-    )
-
+from digenrl.learner import Learner
+from digenrl.models.lora import trainable_state_dict
+from tests.learner.tiny_setup import CONFIG, SPEC, T_STEPS, WORLD, four_sample_batch, rows_of, tiny_policy
 
 def _single_device(lora_rank: int) -> dict:
-    policy = _policy(lora_rank)
-    traj = _batch(policy)
+    policy = tiny_policy(2, lora_rank)
+    traj = four_sample_batch(policy)
     learner = Learner(policy, CONFIG)
     before = {k: v.clone() for k, v in trainable_state_dict(policy.module).items()}
     learner.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
@@ -84,12 +43,12 @@ def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], re
     try:
         names = ("replicate", "shard")[-len(mesh_shape):]
         mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
-        policy = _policy(lora_rank)
+        policy = tiny_policy(2, lora_rank)
         traj = torch.load(f"{tmp}/batch.pt", weights_only=False)  # the single-device run's batch
         shard_policy(policy, mesh, reshard_after_forward=reshard, mixed_precision=bf16)
         learner = Learner(policy, CONFIG)
         half = len(traj) // WORLD
-        mine = _rows(traj, slice(rank * half, (rank + 1) * half))
+        mine = rows_of(traj, slice(rank * half, (rank + 1) * half))
         learner.accumulate(mine, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
         # clone: on a 1-wide shard dim full_tensor() may alias the grad that clipping scales in place
         grads = {n: p.grad.full_tensor().clone() for n, p in policy.module.named_parameters() if p.requires_grad}
@@ -109,7 +68,7 @@ def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], re
 
 
 def _sharded(tmp_path: Path, lora_rank: int, mesh_shape=(WORLD,), reshard=True, bf16=False) -> dict:
-    torch.save(_batch(_policy(lora_rank)), tmp_path / "batch.pt")
+    torch.save(four_sample_batch(tiny_policy(2, lora_rank)), tmp_path / "batch.pt")
     mp.spawn(_worker, args=(str(tmp_path), lora_rank, mesh_shape, reshard, bf16), nprocs=WORLD, join=True)
     return torch.load(tmp_path / "rank0.pt", weights_only=False)
 
@@ -218,7 +177,7 @@ def test_z_image_blocks_are_fsdp_units(tmp_path):
             self.layers = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
 
     assert transformer_blocks(Other()) == []
-    assert len(transformer_blocks(_policy(0).module)) == 2  # the tiny DiT's `blocks`, as before
+    assert len(transformer_blocks(tiny_policy(2, 0).module)) == 2  # the tiny DiT's `blocks`, as before
 
     with torch.no_grad():
         want = torch.stack(module(*_z_image_inputs(), return_dict=False)[0])

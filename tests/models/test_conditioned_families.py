@@ -35,7 +35,7 @@ from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES, load_polic
 from digenrl.models.diffusers_adapters.packing import pack_2x2  # noqa: E402
 from digenrl.models.lora import trainable_state_dict  # noqa: E402
 from digenrl.models.protocol import (  # noqa: E402
-    ConditionedPolicy, cond_repeat, conditioning_of, encode_inputs, guided_velocity,
+    ConditionedPolicy, conditioning_of, encode_inputs, guided_velocity,
 )
 from digenrl.rollout import SampleSpec, generate  # noqa: E402
 from tests.models.tiny_diffusers import CONDITIONED_SETUPS, fake_text_cond, tiny_images  # noqa: E402

@@ -22,8 +22,9 @@ pytest.importorskip("peft")
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import FAMILIES, load_policy  # noqa: E402
 from digenrl.models.protocol import Policy, cond_repeat  # noqa: E402
-from tests.models.test_diffusers_adapters import GROUP, PROMPTS, check_rollout_decode_step_and_sync, rollout, train_step  # noqa: E402
-from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
+from tests.models.adapter_checks import (GROUP, PROMPTS, check_rollout_decode_step_and_sync, load_tiny,  # noqa: E402
+                                         rollout, tiny_folder, train_step)
+from tests.models.tiny_diffusers import FAMILY_SETUPS  # noqa: E402
 from tests.models.tiny_diffusers_new import NEW_SETUPS, WAN22_BOUNDARY, build_wan22  # noqa: E402
 
 for name in ("diffusers", "transformers"):
@@ -35,26 +36,12 @@ diffusers.utils.logging.disable_progress_bar()
 NEW = list(NEW_SETUPS)
 
 
-@pytest.fixture(scope="module")
-def folders() -> dict[str, Path]:
-    return {}
-
-
 def folder(folders: dict, tmp_path_factory, family: str) -> Path:
-    if family not in folders:
-        folders[family] = NEW_SETUPS[family][0](tmp_path_factory.mktemp(family.replace("-", "_").replace(".", "")))
-    return folders[family]
+    return tiny_folder(NEW_SETUPS, folders, tmp_path_factory, family)
 
 
 def load(folders, tmp_path_factory, family: str, cache_dir: Path, **extra):
-    """load_policy on the family's tiny folder; cache-fed families get their fake embeddings."""
-    _, opts, shapes = NEW_SETUPS[family]
-    policy = load_policy(family, str(folder(folders, tmp_path_factory, family)), prompt_cache_dir=str(cache_dir),
-                         **{**opts, **extra})
-    if shapes is not None:
-        for prompt in [*PROMPTS, ""]:
-            policy.cache.put(prompt, fake_text_cond(shapes, prompt))
-    return policy
+    return load_tiny(NEW_SETUPS, folders, tmp_path_factory, family, cache_dir, **extra)
 
 
 def test_every_family_has_a_tiny_pipeline():

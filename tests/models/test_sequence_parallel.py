@@ -12,7 +12,6 @@ over 2 and 4 CPU processes (gloo), against the same model on one process.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 

@@ -23,12 +23,19 @@ from digenrl.math import sde_step, sigma_schedule  # noqa: E402
 from digenrl.models.lora import trainable_state_dict  # noqa: E402
 from digenrl.models.protocol import cond_repeat, guided_velocity  # noqa: E402
 from digenrl.rollout import SampleSpec, generate  # noqa: E402
-from tests.models.test_diffusers_adapters import PROMPTS  # noqa: E402
-from tests.models.test_new_families import folder, folders, load  # noqa: E402, F401 (folders: a fixture)
+from tests.models.adapter_checks import PROMPTS, load_tiny, tiny_folder  # noqa: E402
 from tests.models.tiny_diffusers_new import NEW_SETUPS, WAN22_BOUNDARY  # noqa: E402
 
 HIGH, LOW = 4.0, 3.0  # the Wan team's T2V-A14B scales (wan/configs/wan_t2v_A14B.py): 4 high, 3 low
 NEGATIVE = "blurry"
+
+
+def folder(folders, tmp_path_factory, family):
+    return tiny_folder(NEW_SETUPS, folders, tmp_path_factory, family)
+
+
+def load(folders, tmp_path_factory, family, cache_dir, **extra):
+    return load_tiny(NEW_SETUPS, folders, tmp_path_factory, family, cache_dir, **extra)
 
 
 def _ode(policy, x0, sigmas, scale, scale_low):
