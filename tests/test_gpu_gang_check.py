@@ -63,6 +63,7 @@ def _check_row(row: dict, lora: bool) -> None:
         assert relay[key] > 0, key
 
 
+@pytest.mark.slow  # the default tier keeps the LoRA case
 def test_tiny_full_finetune_after_forward():
     out = _report("--tiny", "--models", "tiny-dit,flux", "--no-sp")
     assert out["backend"] == "gloo" and out["world_size"] == 1 and out["device"] == "cpu"
@@ -89,6 +90,7 @@ def test_tiny_lora_after_step_small_buckets():
     assert relay["buckets"] >= relay["payload_GB"] * 1e9 / 65536 > 1
 
 
+@pytest.mark.slow
 def test_tiny_sequence_parallel_case():
     """The sequence-parallel case on a tiny Wan: the degree-1 processors change nothing, 2 gloo
     ranks give the one-process output, and they count the bytes the simulator predicts."""

@@ -62,6 +62,7 @@ def test_profile_tiny_dit(tmp_path):
     assert len(again) == len(lines) and sum(r["what"].startswith("adamw") for r in again) == 1
 
 
+@pytest.mark.slow  # a diffusers family end to end; the default tier profiles the tiny DiT
 def test_profile_tiny_sd3_loads_into_cost_model(tmp_path):
     pytest.importorskip("diffusers")
     out = tmp_path / "sd3.jsonl"

@@ -84,7 +84,7 @@ def _gang(rank: int, tmp: str, lora_rank: int) -> None:
     os._exit(0)
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+@pytest.mark.parametrize("lora_rank", [pytest.param(0, marks=pytest.mark.slow), 4], ids=["full", "lora"])
 def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     traj = four_sample_batch(tiny_policy(2, lora_rank))
     torch.save(traj, tmp_path / "batch.pt")
@@ -208,7 +208,8 @@ def _gang_trainer(rank: int, tmp: str, overrides: list[str]) -> None:
 
 
 # ~50 s each on 2 cores; LoRA's loads are covered in the default tier by the tests above
-@pytest.mark.parametrize("lora_rank", [0, pytest.param(4, marks=pytest.mark.slow)], ids=["full", "lora"])
+@pytest.mark.parametrize("lora_rank", [pytest.param(0, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow)],
+                         ids=["full", "lora"])
 def test_local_trainer_resumes_from_gang_checkpoint(tiny_overrides, tmp_path, lora_rank):
     # Must-show "a lost trainer rank": --resume on another gang size (2 -> 1 here)
     # reaches the weights of an uninterrupted run

@@ -99,15 +99,18 @@ def test_lora_matches_single_device(tmp_path):
     _run(tmp_path, lora_rank=4)
 
 
+@pytest.mark.slow  # the default tier keeps the full and LoRA cases
 def test_no_reshard_after_forward_matches_single_device(tmp_path):
     _run(tmp_path, lora_rank=0, reshard=False)
 
 
+@pytest.mark.slow
 def test_hsdp_mesh_matches_single_device(tmp_path):
     # 2-D mesh (replicate=2, shard=1): the replicas all-reduce instead of reduce-scatter
     _run(tmp_path, lora_rank=4, mesh_shape=(WORLD, 1))
 
 
+@pytest.mark.slow
 def test_mixed_precision_keeps_fp32_masters(tmp_path):
     # bf16 compute is not the fp32 rollout's policy (ratio != 1, some samples clip), so
     # only smoke-level agreement: fp32 sharded masters and gradients, the same direction
@@ -158,6 +161,7 @@ def _z_image_worker(rank: int, tmp: str) -> None:
     os._exit(0)
 
 
+@pytest.mark.slow
 def test_z_image_blocks_are_fsdp_units(tmp_path):
     """Z-Image keeps its blocks under `noise_refiner`, `context_refiner` and `layers`, none of
     BLOCK_LISTS' names: each block must still be its own FSDP unit (else the whole model is

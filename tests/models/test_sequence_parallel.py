@@ -109,7 +109,7 @@ def _transformer_rank(rank, world, family, ckpt):
 @pytest.mark.parametrize("world,ckpt", [(2, False), pytest.param(2, True, marks=pytest.mark.slow),
                                         pytest.param(4, False, marks=pytest.mark.slow)],
                          ids=["2", "2-checkpointing", "4"])
-@pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
+@pytest.mark.parametrize("family", [pytest.param("wan", marks=pytest.mark.slow), "hunyuan-video"])  # hunyuan: + text gathers
 def test_transformer_output_and_gradients(family, world, ckpt, tmp_path):
     """Output and summed gradients equal one process's, and the bytes one rank counted for the
     forward and backward (gradient checkpointing: the blocks' forwards again) are the ones
@@ -182,7 +182,8 @@ def _rollout_rank(rank, world, family, path, cache):
     return {"latents": traj.latents, "log_probs": traj.log_probs, "comm": counter.take()}
 
 
-@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+@pytest.mark.slow  # the default tier runs a rollout gang end to end (tests/runtime/test_sequence_parallel_gangs.py)
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
 def test_rollout_gang_matches_one_rank(family, world, pipelines, tmp_path):
     want = _rollout(_policy(family, pipelines[family], tmp_path / "cache"))
@@ -200,7 +201,7 @@ def _segment_rank(rank, world, family, path, cache, t_end):
         return advance(policy, start(policy, PROMPTS, COORDS, SPEC, step=0, version=0), SPEC, t_end)
 
 
-@pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
+@pytest.mark.parametrize("family", ["wan", pytest.param("hunyuan-video", marks=pytest.mark.slow)])
 def test_hand_over_from_a_gang_to_one_rank(family, pipelines, tmp_path):
     """TAG: a gang of 2 runs the first denoising step, one process (no sequence parallelism)
     finishes the trajectory; it ends where a trajectory that never moved does."""
@@ -254,8 +255,11 @@ def _perturb(policy):
         p.data.add_(0.02 * torch.randn(p.shape, generator=g))
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
-@pytest.mark.parametrize("family", ["wan", "hunyuan-video"])
+# the default tier: Wan under LoRA; the rest in the slow tier
+@pytest.mark.parametrize("family,lora_rank", [
+    pytest.param("wan", 0, marks=pytest.mark.slow, id="wan-full"), pytest.param("wan", 4, id="wan-lora"),
+    pytest.param("hunyuan-video", 0, marks=pytest.mark.slow, id="hunyuan-video-full"),
+    pytest.param("hunyuan-video", 4, marks=pytest.mark.slow, id="hunyuan-video-lora")])
 def test_training_gang_gradients_match_one_device(family, lora_rank, pipelines, tmp_path):
     from digenrl.learner import Learner, LearnerConfig
 

@@ -42,7 +42,13 @@ ON_POLICY = {
 }
 
 
-@pytest.mark.parametrize("mode", list(ON_POLICY))
+# The default tier runs gap+tsp+tag (TSP and TAG over two trainers, the all-reduce); the other
+# modes run in the slow tier, which CI runs too.
+DEFAULT_TIER = {"gap+tsp+tag"}
+
+
+@pytest.mark.parametrize("mode", [m if m in DEFAULT_TIER else pytest.param(m, marks=pytest.mark.slow)
+                                  for m in ON_POLICY])
 def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, mode):
     run = tmp_path / mode.replace(" ", "_")
     cfg = load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode]))
@@ -71,6 +77,7 @@ def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, m
         assert (ours[0].get("comm/train/all_reduce_bytes", 0) > 0) == (cfg.runtime.trainer.workers > 1)
 
 
+@pytest.mark.slow  # the default tier resumes in tests/test_trainer.py (local) and test_faults (Ray)
 def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
     """2 Ray steps (checkpoint) + --resume to 3 == 3 single-device steps."""
     ref = tmp_path / "local3"
@@ -83,7 +90,7 @@ def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
 
 
-@pytest.mark.parametrize("mode", ["one-step-off", "digenrl"])
+@pytest.mark.parametrize("mode", [pytest.param("one-step-off", marks=pytest.mark.slow), "digenrl"])
 def test_off_policy_lag_at_most_one(ray_cluster, tmp_path, mode):
     run = tmp_path / mode
     cfg = load_config(None, tiny(run, mode, "model.lora_rank=4", "runtime.weight_sync=lora-only", steps=4))
@@ -113,6 +120,7 @@ def test_off_policy_lag_at_most_one(ray_cluster, tmp_path, mode):
                                                                           "optimizer", "sync"}
 
 
+@pytest.mark.slow
 def test_sample_shards_match_single_device(ray_cluster, local_run, tmp_path):
     """gap+tsp with Generate and Train units cut along the sample axis: micro-batches of 2
     groups (4 samples) in 3 Generate shards (rows 0-1, 2, 3) and 2 Train shards (0-1, 2-3,
@@ -167,6 +175,7 @@ def test_generate_shards_concatenate_to_the_micro_batch(tmp_path):
     assert all(torch.equal(part.cond[k], cat.cond[k][1:3]) for k in cat.cond)
 
 
+@pytest.mark.slow
 def test_grpo_guard_gap_tsp_matches_single_device(ray_cluster, local_run, tmp_path):
     """train.loss=grpo-guard: gap+tsp (one trained step per Train unit, 2 trainers) ends with
     the weights of the single-device run with the same loss, and not with grpo's."""
@@ -192,6 +201,7 @@ def test_grpo_guard_gap_tsp_matches_single_device(ray_cluster, local_run, tmp_pa
     # DanceGRPO's per-sample fraction window
     ("gap+tsp", ["sampling.sde=dance-sde", "sampling.window=fraction", "sampling.window_draw=sample"]),
 ])
+@pytest.mark.slow
 def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mode, extra):
     """Train units name slots; each row maps them to its own steps (or NFT noise levels).
     Spread over 2 trainers one slot per unit, the run ends at the single-device weights."""

@@ -43,6 +43,7 @@ def test_rollout_worker_killed_mid_step(ray_cluster, local_run, tmp_path):
     assert_matches_single_device(tmp_path / "run", local_run)  # gap is on-policy
 
 
+@pytest.mark.slow  # the nodes tier loses a trainer node too; the default tier keeps the rollout kill
 def test_trainer_death_points_to_resume(ray_cluster, local_run, tmp_path):
     overrides = tiny(tmp_path / "run", "gap", "run.checkpoint_every=1")
 

@@ -38,7 +38,7 @@ CASES = {
 MODE = {"full": "gap+tsp", "lora": "gap+tsp+tag", "full after-step": "gap+tsp"}
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c == "lora" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     extra = CASES[case]
     local = tmp_path / "local"
@@ -72,6 +72,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
         assert sum(r.get("comm/generate/all_gather_bytes", 0) for r in records) > 0
 
 
+@pytest.mark.slow  # the default tier runs TAG on gangs in test_gangs_match_single_device[lora]
 @pytest.mark.parametrize("case", ["lora", "full after-step"])
 def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path, case):
     run = tmp_path / "digenrl"

@@ -49,7 +49,7 @@ def _overrides(run, mode, wan, *extra):
 # +tag: the trainer gang generates too; nccl: rank 0 of the rollout gang receives each version
 # from the relay and broadcasts it to rank 1 (a stale rank 1 would change step 2's samples)
 CASES = {"gap+tsp": [], "gap+tsp+tag": [], "gap+tsp nccl": ["runtime.weight_sync=nccl"]}
-SLOW = {"gap+tsp nccl"}  # the slow tier (CI time): -m slow
+SLOW = {"gap+tsp", "gap+tsp nccl"}  # the slow tier (-m slow, which CI runs); the default keeps +tag
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
