@@ -173,7 +173,7 @@ class Command:
                                  f"{last}\nfull output:\n{self.output}") from None
         took = time.monotonic() - sent
         self._reader.join(timeout=10)
-        assert self.proc.returncode == 0, self.output
+        assert self.proc.returncode == 0, f"digenrl reward-server exited {self.proc.returncode} after Ctrl-C:\n{self.output}"
         assert "stopped in" in self.output, self.output
         with pytest.raises(OSError):  # Serve and its local cluster are gone
             socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
