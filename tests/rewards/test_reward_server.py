@@ -11,6 +11,7 @@ max_batch under a long batch_wait_s (a full batch closes at once).
 
 import http.client
 import json
+import os
 import socket
 import threading
 from pathlib import Path
@@ -30,10 +31,13 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 from digenrl.runtime.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a hang's net: starting Ray and Serve took 140 s on 2 cores at load 15
 
 PROMPTS = ["a red cat", "a dog on grass", "a red cat", "text saying 42"]
 LONG_WAIT_S = 30.0  # a batch_wait_s no test waits out: its batches close by filling up
+# Serve restarts a proxy not ready within 5 s, and serve.start() then fails (ActorDiedError):
+# on 2 cores at load 15 the proxy took longer. The cluster's processes inherit the driver's env.
+SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
 class Brightness:
@@ -132,14 +136,23 @@ def serve_cluster():
     """A 2-CPU local Ray cluster with Serve's HTTP proxy on a free port, shared by the module."""
     if ray.is_initialized():  # another module's cluster: this one needs its own, sized and empty
         ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield port
-    serve.shutdown()
-    ray.shutdown()
+    saved = {key: os.environ.get(key) for key in SERVE_ENV}
+    os.environ.update(SERVE_ENV)
+    try:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield port
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture
