@@ -133,7 +133,8 @@ class Command:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         argv = [sys.executable, "-m", "digenrl.cli", "reward-server", spec, "--port", str(self.port), *args]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # Serve restarts a proxy not ready within 5 s, failing the start on a loaded machine
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
         env.pop("RAY_ADDRESS", None)
         self.proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, start_new_session=True)
