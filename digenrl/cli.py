@@ -236,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests waiting for a full replica before Serve answers 503 (-1: no limit)")
     r.add_argument("--cpus-per-replica", type=float, default=1.0)
     r.add_argument("--gpus-per-replica", type=float, default=0.0, help="e.g. 1 for a reward on device=cuda")
+    r.add_argument("--shutdown-grace-s", type=float, default=3.0,
+                   help="after Ctrl-C, how long requests in flight may still run")
     r.set_defaults(func=_reward_server)
 
     ps = sub.add_parser("prompts", help="named prompt sets (pickscore, ocr, geneval, drawbench): list, fetch")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 import torch
@@ -36,6 +36,7 @@ class RemoteReward:
     of further attempts after the first; attempt k waits backoff * 2**k seconds before it.
     `timeout_s` is the client's socket timeout per attempt: keep it above the server's.
     Images travel as uint8 by default (4x smaller than float32; the reward sees round(255 x) / 255).
+    Backoff waits go through `sleep` (tests pass one that records them).
     """
 
     def __init__(
@@ -46,6 +47,7 @@ class RemoteReward:
         retries: int = 3,
         backoff: float = 0.5,
         wire_dtype: str = "uint8",
+        sleep: Callable[[float], None] = time.sleep,
     ):
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -53,6 +55,7 @@ class RemoteReward:
         self.url, self.name = f"{parts.scheme}://{parts.netloc}", name
         self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
         self.timeout_s, self.retries, self.backoff, self.wire_dtype = timeout_s, retries, backoff, wire_dtype
+        self._sleep = sleep
 
     def _request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict[str, Any]]:
         cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
@@ -83,7 +86,7 @@ class RemoteReward:
         last, status = "", None
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+                self._sleep(self.backoff * 2 ** (attempt - 1))
             try:
                 status, payload = self._request("POST", "/score", body)
             except (OSError, http.client.HTTPException) as e:  # refused, reset, timed out

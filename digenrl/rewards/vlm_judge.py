@@ -43,7 +43,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 from urllib.parse import urlsplit
 
 import torch
@@ -254,13 +254,14 @@ class VLMJudge:
 
     Keyword arguments are `JudgeConfig`'s fields. Construction checks the server
     (GET /v1/models, retried like a request) and raises VLMJudgeError if it is unreachable or
-    does not serve `model`.
+    does not serve `model`. Backoff waits go through `sleep` (tests pass one that records them).
     """
 
     name = "vlm-judge"
 
-    def __init__(self, url: str, model: str, **options: Any):
+    def __init__(self, url: str, model: str, *, sleep: Callable[[float], None] = time.sleep, **options: Any):
         self.cfg = JudgeConfig.from_kwargs(url=url, model=model, **options)
+        self._sleep = sleep
         parts = urlsplit(self.cfg.url)
         self.url = f"{parts.scheme}://{parts.netloc}"
         self._scheme, self._host, self._port = parts.scheme, parts.hostname, parts.port
@@ -289,7 +290,7 @@ class VLMJudge:
         last, status, unreachable = "", None, False
         for attempt in range(self.cfg.retries + 1):
             if attempt:
-                time.sleep(self.cfg.backoff * 2 ** (attempt - 1))
+                self._sleep(self.cfg.backoff * 2 ** (attempt - 1))
             try:
                 status, raw = self._request(method, path, body)
             except TimeoutError:  # socket.timeout: connected, but no answer within timeout_s

@@ -2,14 +2,18 @@
 its HTTP proxy on an ephemeral port; each server deploys the app there and deletes it after.
 
 Every test ends by checking the server still answers /health and a good request. Rewards run
-in replica processes: `Brightness` records its batch sizes in a file both sides read.
+in replica processes: `Brightness` records its batch sizes in a file both sides read, and
+holds a call on the prompt 'slow' at a `FileGate` until the test opens it. Tests order
+themselves on what they can see (a gate's "inside" marker, the replica's /health counts, the
+answers that came back), never on sleeps; batches are made deterministic by filling them to
+max_batch under a long batch_wait_s (a full batch closes at once).
 """
 
 import http.client
 import json
+import os
 import socket
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -21,18 +25,24 @@ from digenrl.rewards.base import score_media
 from digenrl.rewards.client import RemoteReward, RemoteRewardError
 from digenrl.rewards.clip_models import ClipScore
 from digenrl.rewards.wire import decode_request, encode_request
+from tests.serving.helpers import FileGate, wait_until
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 from digenrl.runtime.serving.reward_server import RewardServer  # noqa: E402 - needs ray[serve]
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)  # a hang's net: starting Ray and Serve took 140 s on 2 cores at load 15
 
 PROMPTS = ["a red cat", "a dog on grass", "a red cat", "text saying 42"]
+LONG_WAIT_S = 30.0  # a batch_wait_s no test waits out: its batches close by filling up
+# Serve restarts a proxy not ready within 5 s, and serve.start() then fails (ActorDiedError):
+# on 2 cores at load 15 the proxy took longer. The cluster's processes inherit the driver's env.
+SERVE_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
 
 
 class Brightness:
-    """Mean pixel + 0.01 per prompt character; sleeps on the prompt 'slow', raises on 'boom'.
+    """Mean pixel + 0.01 per prompt character; holds a call with the prompt 'slow' at `gate`
+    until the test opens it; raises on 'boom'.
 
     With `log` (a file path) it appends each call's batch size there, so the test process
     reads the batch sizes of the copy that runs in a replica.
@@ -40,8 +50,8 @@ class Brightness:
 
     name = "brightness"
 
-    def __init__(self, slow_s: float = 0.0, log: str | None = None):
-        self.slow_s, self.log = slow_s, log
+    def __init__(self, gate: FileGate | None = None, log: str | None = None):
+        self.gate, self.log = gate, log
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -56,7 +66,8 @@ class Brightness:
 
     def _score(self, images, prompts):
         if "slow" in prompts:
-            time.sleep(self.slow_s)
+            assert self.gate is not None, "the prompt 'slow' needs a Brightness with a gate"
+            self.gate.pass_through()
         if "boom" in prompts:
             raise RuntimeError("kaboom")
         return images.mean(dim=(1, 2, 3)) + torch.tensor([0.01 * len(p) for p in prompts])
@@ -71,7 +82,7 @@ def quantized(images):  # what the reward sees through the uint8 wire
 
 
 def post(server, body: bytes, path="/score", headers=None):
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=60)
     try:
         conn.request("POST", path, body=body, headers=headers or {})
         resp = conn.getresponse()
@@ -84,38 +95,74 @@ def post(server, body: bytes, path="/score", headers=None):
         conn.close()
 
 
-def assert_still_serving(server, client):
+def send_all(server, requests) -> tuple[list, list[threading.Thread]]:
+    """POST each (images, prompts) from its own thread; returns (results, started threads).
+
+    results[i] is (status, json) once request i is answered, None before."""
+    results = [None] * len(requests)
+
+    def send(i, images, prompts):
+        results[i] = post(server, encode_request(images, prompts))
+
+    threads = [threading.Thread(target=send, args=(i, *r)) for i, r in enumerate(requests)]
+    for t in threads:
+        t.start()
+    return results, threads
+
+
+def join(threads) -> None:
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive(), "a request got no answer within 60 s"
+
+
+def health_shows(client, **want) -> bool:
+    h = client.health()
+    return all(h[k] == v for k, v in want.items())
+
+
+def assert_still_serving(server, client, n: int = 2):
+    """/health answers, the replica goes idle, and n samples are scored right (n = max_batch
+    for a server whose batches wait LONG_WAIT_S: a full batch does not wait)."""
     assert client.health()["status"] == "ok"
-    deadline = time.monotonic() + 10
-    while client.health()["busy"] or client.health()["queued"]:  # a slow call may still be running
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    x = torch.rand(2, 3, 8, 8)
-    torch.testing.assert_close(client(x, ["ok", "fine"]), Brightness()(quantized(x), ["ok", "fine"]))
+    # a call held at a gate opened last may still be running
+    wait_until(lambda: health_shows(client, busy=False, queued=0), "the replica to be idle (busy False, queued 0)")
+    x, prompts = torch.rand(n, 3, 8, 8), ["ok", "fine", "good"] * n
+    torch.testing.assert_close(client(x, prompts[:n]), Brightness()(quantized(x), prompts[:n]))
 
 
 @pytest.fixture(scope="module")
 def serve_cluster():
     """A 2-CPU local Ray cluster with Serve's HTTP proxy on a free port, shared by the module."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield port
-    serve.shutdown()
-    ray.shutdown()
+    if ray.is_initialized():  # another module's cluster: this one needs its own, sized and empty
+        ray.shutdown()
+    saved = {key: os.environ.get(key) for key in SERVE_ENV}
+    os.environ.update(SERVE_ENV)
+    try:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield port
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture
 def reward(tmp_path):
-    return Brightness(slow_s=1.0, log=str(tmp_path / "batch_sizes.txt"))
+    return Brightness(log=str(tmp_path / "batch_sizes.txt"))
 
 
 @pytest.fixture
 def server(serve_cluster, reward):
-    # batch_wait_s=0.2: requests sent together reach the same batch on a loaded machine
-    with RewardServer(reward, port=0, max_batch=8, batch_wait_s=0.2, max_request_mb=0.05, timeout_s=10) as s:
+    with RewardServer(reward, port=0, max_batch=8, max_request_mb=0.05, timeout_s=10) as s:
         yield s
 
 
@@ -153,46 +200,43 @@ def test_tiny_clip_over_the_wire(serve_cluster, tiny_clip_dir):
         torch.testing.assert_close(remote(x, PROMPTS[:3]), reward(quantized(x), PROMPTS[:3]), atol=1e-6, rtol=1e-6)
 
 
-def _while_busy(server, requests):
-    """Occupy the scorer with a slow call, then send `requests` [(images, prompts)] concurrently.
-
-    They queue behind the slow call and reach the scorer together. Returns [(status, json)].
-    """
-    results = [None] * (len(requests) + 1)
-
-    def send(i, images, prompts):
-        results[i] = post(server, encode_request(images, prompts))
-
-    slow = threading.Thread(target=send, args=(0, torch.rand(1, 3, 8, 8), ["slow"]))
-    slow.start()
-    time.sleep(0.5)  # the slow call's batch (batch_wait_s 0.2) has closed; it runs 1 s
-    threads = [threading.Thread(target=send, args=(i + 1, *r)) for i, r in enumerate(requests)]
-    for t in threads:
-        t.start()
-    for t in threads + [slow]:
-        t.join()
-    return results[1:]
-
-
 def test_concurrent_requests_are_batched(serve_cluster, tmp_path):
-    reward = Brightness(slow_s=1.0, log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, max_batch=64, batch_wait_s=0.2, timeout_s=10) as s:
+    # Requests that arrive while the reward is busy queue, then share one call: 4 x 2 samples
+    # fill max_batch (8), so that call holds all four whatever order they arrive in.
+    gate = FileGate(tmp_path / "gate")
+    reward = Brightness(gate, log=str(tmp_path / "batch_sizes.txt"))
+    with RewardServer(reward, port=0, max_batch=8, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+        client = RemoteReward(s.url, "brightness", retries=0)
+        held, held_threads = send_all(s, [(torch.rand(8, 3, 8, 8), ["slow"] + ["s"] * 7)])  # full: runs at once
+        gate.wait_inside(1)
         xs = [torch.rand(2, 3, 8, 8) for _ in range(4)]
-        results = _while_busy(s, [(x, ["a", "bb"]) for x in xs])
+        results, threads = send_all(s, [(x, ["a", "bb"]) for x in xs])
+        wait_until(lambda: health_shows(client, busy=True, queued=4), "4 requests queued behind the held call")
+        gate.open()
+        join(held_threads + threads)
+        assert held[0][0] == 200
         for x, (status, payload) in zip(xs, results):
             assert status == 200
             torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "bb"]))
-        assert reward.batch_sizes[0] == 1 and max(reward.batch_sizes[1:]) >= 4  # >= two requests in one call
+        assert reward.batch_sizes == [8, 8]  # the held call, then the four queued requests in one call
+        assert_still_serving(s, client, n=8)
 
 
-def test_reward_exception_gets_500_and_spares_batchmates(server, client, reward):
-    x = torch.rand(2, 3, 8, 8)
-    (bad_status, bad), (good_status, good) = _while_busy(server, [(torch.rand(1, 3, 8, 8), ["boom"]), (x, ["a", "b"])])
-    assert bad_status == 500 and bad["error"] == "reward_failed" and "RuntimeError: kaboom" in bad["message"]
-    assert good_status == 200
-    assert 3 in reward.batch_sizes  # they were batched; the failure was then isolated
-    torch.testing.assert_close(torch.tensor(good["scores"]), Brightness()(quantized(x), ["a", "b"]))
-    assert_still_serving(server, client)
+def test_reward_exception_gets_500_and_spares_batchmates(serve_cluster, tmp_path):
+    # max_batch 3 = the two requests' samples: they share a call whatever order they arrive in
+    reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
+    with RewardServer(reward, port=0, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+        client = RemoteReward(s.url, "brightness", retries=2, backoff=0.05)
+        x = torch.rand(2, 3, 8, 8)
+        results, threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["boom"]), (x, ["a", "b"])])
+        join(threads)
+        (bad_status, bad), (good_status, good) = results
+        assert bad_status == 500 and bad["error"] == "reward_failed" and "RuntimeError: kaboom" in bad["message"]
+        assert good_status == 200
+        # they were batched (3); the failed call was then re-run request by request (1 and 2)
+        assert reward.batch_sizes[0] == 3 and sorted(reward.batch_sizes[1:]) == [1, 2], reward.batch_sizes
+        torch.testing.assert_close(torch.tensor(good["scores"]), Brightness()(quantized(x), ["a", "b"]))
+        assert_still_serving(s, client, n=3)
 
 
 def test_malformed_requests_get_400(server, client):
@@ -238,16 +282,21 @@ def test_oversized_request_gets_413(server, client):
     assert_still_serving(server, client)
 
 
-def test_slow_reward_gets_504_and_client_gives_up_clearly(serve_cluster):
-    reward = Brightness(slow_s=1.5)
-    with RewardServer(reward, port=0, timeout_s=0.4) as s:
+def test_slow_reward_gets_504_and_client_gives_up_clearly(serve_cluster, tmp_path):
+    # The gate stays closed until every 504 is in: the reward is slow for certain. timeout_s 1
+    # leaves the good request at the end room to be scored on a loaded machine.
+    gate = FileGate(tmp_path / "gate")
+    with RewardServer(Brightness(gate), port=0, timeout_s=1.0) as s:
         status, err = post(s, encode_request(torch.rand(1, 3, 4, 4), ["slow"]))
-        assert status == 504 and err["error"] == "timeout" and "0.4 s" in err["message"]
-        client = RemoteReward(s.url, "brightness", timeout_s=10, retries=1, backoff=0.05)
-        start = time.monotonic()
+        assert status == 504 and err["error"] == "timeout" and "within 1.0 s" in err["message"]
+        waits = []
+        client = RemoteReward(s.url, "brightness", timeout_s=10, retries=1, backoff=0.05, sleep=waits.append)
         with pytest.raises(RemoteRewardError, match=r"failed after 2 attempts; last error: HTTP 504") as info:
             client(torch.rand(1, 3, 4, 4), ["slow"])
-        assert info.value.status == 504 and time.monotonic() - start < 5
+        # the server's 504 ended both attempts (not the client's 10 s socket timeout), one backoff apart
+        assert info.value.status == 504 and waits == [0.05]
+        assert not gate.is_open()
+        gate.open()
         assert_still_serving(s, client)
 
 
@@ -294,51 +343,75 @@ def test_reward_spec_errors_are_clear():
         resolve_reward("builtins:dict?a=1")
 
 
-def _send_slowly(server, body: bytes, stall_s: float):
-    """POST /score sending half the body, stalling stall_s, then the rest; (status, json) or None if cut off."""
-    sock = socket.create_connection((server.host, server.port), timeout=30)
+def _send_half(server, body: bytes) -> socket.socket:
+    """Open POST /score with the whole body's Content-Length and send only its first half."""
+    sock = socket.create_connection((server.host, server.port), timeout=60)
+    head = f"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    sock.sendall(head.encode() + body[: len(body) // 2])
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, dict]:
+    resp = http.client.HTTPResponse(sock)
+    resp.begin()
+    return resp.status, json.loads(resp.read())
+
+
+def test_upload_that_pauses_mid_body_is_scored(server, client):
+    x = torch.rand(2, 3, 8, 8)
+    body = encode_request(x, ["a", "b"])
+    sock = _send_half(server, body)
     try:
-        head = f"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-        sock.sendall(head.encode() + body[: len(body) // 2])
-        time.sleep(stall_s)
-        try:
-            sock.sendall(body[len(body) // 2 :])
-        except OSError:
-            pass  # the server answered and closed already
-        resp = http.client.HTTPResponse(sock)
-        resp.begin()
-        return resp.status, json.loads(resp.read())
+        # the replica holds half a body and waits for the rest (read_timeout_s 60: far off)
+        wait_until(lambda: health_shows(client, uploading=1), "the replica to be receiving the body")
+        sock.sendall(body[len(body) // 2 :])
+        status, payload = _answer(sock)
     finally:
         sock.close()
+    assert status == 200
+    torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "b"]))
+    assert_still_serving(server, client)
 
 
-def test_stalled_upload_gets_408_and_slow_one_is_scored(serve_cluster):
-    with RewardServer(Brightness(), port=0, read_timeout_s=1.0, timeout_s=10) as s:
-        x = torch.rand(2, 3, 8, 8)
-        body = encode_request(x, ["a", "b"])
-        status, payload = _send_slowly(s, body, stall_s=0.3)  # slow but within read_timeout_s
-        assert status == 200
-        torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "b"]))
-        status, err = _send_slowly(s, body, stall_s=2.0)
-        assert status == 408 and err["error"] == "request_timeout" and "read_timeout_s (1.0 s)" in err["message"]
-        assert_still_serving(s, RemoteReward(s.url, "brightness", retries=0))
+def test_stalled_upload_gets_408(serve_cluster):
+    with RewardServer(Brightness(), port=0, read_timeout_s=2.0, timeout_s=10) as s:
+        client = RemoteReward(s.url, "brightness", retries=0)
+        sock = _send_half(s, encode_request(torch.rand(2, 3, 8, 8), ["a", "b"]))
+        try:
+            status, err = _answer(sock)  # the rest never comes: the stall is certain, not a sleep's length
+        finally:
+            sock.close()
+        assert status == 408 and err["error"] == "request_timeout" and "read_timeout_s (2.0 s)" in err["message"]
+        assert health_shows(client, uploading=0)  # the stalled upload no longer holds the replica
+        assert_still_serving(s, client)
 
 
-def test_back_pressure_gets_503_and_the_client_retries(serve_cluster):
-    # one request held by the replica, one queued at the proxy: a third is refused with 503
-    with RewardServer(Brightness(slow_s=1.0), port=0, max_ongoing=1, max_queued=1, timeout_s=10) as s:
-        results = _while_busy(s, [(torch.rand(1, 3, 8, 8), ["a"]) for _ in range(4)])
-        statuses = sorted(status for status, _ in results)
-        assert 503 in statuses and 200 in statuses, statuses
-        assert "backpressure" in next(p["text"] for st, p in results if st == 503)  # Serve's text body
-        client = RemoteReward(s.url, "brightness", retries=6, backoff=0.2)
+def test_back_pressure_gets_503_and_the_client_retries(serve_cluster, tmp_path):
+    # One request held by the replica (max_ongoing 1) and one queued at the proxy (max_queued 1):
+    # while the gate is closed, every other request is refused with 503.
+    gate = FileGate(tmp_path / "gate")
+    with RewardServer(Brightness(gate), port=0, max_ongoing=1, max_queued=1, timeout_s=60) as s:
+        held, held_threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["slow"])])
+        gate.wait_inside(1)  # the replica's one slot is taken until the gate opens
+        results, threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["a"]) for _ in range(4)])
+        wait_until(lambda: sum(r is not None for r in results) >= 3, "3 of 4 requests answered while the replica is held")
+        refused = [r for r in results if r is not None]
+        assert [status for status, _ in refused] == [503, 503, 503], refused
+        assert all("backpressure" in p["text"] for _, p in refused)  # Serve's text body
+        # The client meets the same full queue (503), backs off, and its retry is scored: its
+        # backoff opens the gate and returns once the held and the queued request are answered.
+        waits = []
+
+        def backoff(seconds: float) -> None:
+            waits.append(seconds)
+            gate.open()
+            join(held_threads + threads)
+
+        client = RemoteReward(s.url, "brightness", retries=6, backoff=0.2, sleep=backoff)
         x = torch.rand(1, 3, 8, 8)
-        threads = [threading.Thread(target=_while_busy, args=(s, [(x, ["b"])]))]
-        threads[0].start()
-        time.sleep(0.2)
-        # the slow call holds the replica for ~1 s: this request may meet a 503 and retry, then succeed
         torch.testing.assert_close(client(x, ["c"]), Brightness()(quantized(x), ["c"]))
-        threads[0].join()
+        assert waits == [0.2]  # one 503, then scored
+        assert held[0][0] == 200 and [r[0] for r in results].count(200) == 1  # the queued request was scored
         assert_still_serving(s, client)
 
 
@@ -371,25 +444,26 @@ def test_unplaceable_replicas_and_a_second_port_are_refused(serve_cluster):
     assert serve.status().applications == {}  # nothing was deployed
 
 
-def test_a_reward_that_cannot_load_fails_start(serve_cluster):
-    start = time.monotonic()
+def test_a_reward_that_cannot_load_fails_start(serve_cluster, tmp_path):
+    calls = tmp_path / "constructor_calls.txt"
     with pytest.raises(RuntimeError, match="(?s)the reward server did not start: .*did not give a Reward"):
-        RewardServer("builtins:dict?a=1", port=0).start()
-    assert time.monotonic() - start < 60  # a few constructor retries, not Serve's default 20
+        RewardServer(f"tests.serving.helpers:counted_non_reward?log={calls}", port=0).start()
+    tries = len(calls.read_text().split())
+    assert 1 <= tries <= 3, f"{tries} constructor tries: a few (max_constructor_retry_count), not Serve's default 20"
     assert serve.status().applications == {}  # start() deleted the failed app
 
 
 def test_batch_wait_gathers_requests_sent_apart(serve_cluster, tmp_path):
+    # max_batch 3 = both requests' samples: the batch closes when the second one joins it
     reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, batch_wait_s=1.0, timeout_s=10) as s:
-        results = [None, None]
-        def send(i):
-            results[i] = post(s, encode_request(torch.rand(i + 1, 3, 8, 8), ["p"] * (i + 1)))
-        threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
-        threads[0].start()
-        time.sleep(0.3)  # within the first request's 1 s window
-        threads[1].start()
-        for t in threads:
-            t.join()
-        assert [r[0] for r in results] == [200, 200]
+    with RewardServer(reward, port=0, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+        client = RemoteReward(s.url, "brightness", retries=0)
+        xs = [torch.rand(1, 3, 8, 8), torch.rand(2, 3, 8, 8)]
+        first, threads = send_all(s, [(xs[0], ["p"])])
+        wait_until(lambda: health_shows(client, queued=1), "the first request to wait in its batch")
+        second, more = send_all(s, [(xs[1], ["p", "p"])])  # sent after the first is already waiting
+        join(threads + more)
+        for x, (status, payload) in zip(xs, first + second):
+            assert status == 200
+            torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["p"] * len(x)))
         assert reward.batch_sizes == [3]  # one reward call for both

@@ -9,6 +9,11 @@ m = mean pixel brightness in [0, 1] (flipped to 1 - m when the question says "da
 
 A score equal to m for every sample shows the client sent each sample's own image with its
 own prompt. Images are constant, so m = round(255 v) / 255 exactly after the uint8 PNG.
+
+Tests order the fake server's threads with a barrier (requests in flight at once) and a gate
+(an answer held until the test has seen the client give up on it), not with sleeps. The one
+delay left (`FakeVLM.delay`) only widens the window in which a judge that ignored
+max_concurrency=1 would overlap its requests; it cannot make a correct judge fail.
 """
 
 from __future__ import annotations
@@ -40,8 +45,10 @@ class FakeVLM(ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.mode = "ok"  # how POSTs are answered: see _Handler._answer
-        self.delay = 0.0  # seconds every POST takes
-        self.slow_first = 0.0  # extra seconds for the first POST only
+        self.barrier: threading.Barrier | None = None  # when set, every POST waits there before its answer
+        self.hold = "none"  # "first" or "all": those POSTs wait for `gate` (opened at teardown)
+        self.gate = threading.Event()
+        self.delay = 0.0  # seconds every POST takes (only to give overlapping requests a chance to show)
         self.api_key = None  # when set, requests need "Authorization: Bearer <api_key>"
         self.lock = threading.Lock()
         self.posts, self.in_flight, self.max_in_flight = 0, 0, 0
@@ -67,6 +74,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status: int, payload, raw: bytes | None = None) -> None:
+        self._leave()  # out of flight before the answer goes out: the client's next request cannot overlap it
         data = raw if raw is not None else json.dumps(payload).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
@@ -99,12 +107,26 @@ class _Handler(BaseHTTPRequestHandler):
             srv.in_flight += 1
             srv.max_in_flight = max(srv.max_in_flight, srv.in_flight)
             srv.bodies.append(body)
+        self._in_flight = True
         try:
-            time.sleep(srv.delay + (srv.slow_first if n == 1 else 0.0))
+            if srv.hold == "all" or (srv.hold == "first" and n == 1):
+                srv.gate.wait(timeout=120)
+            if srv.barrier is not None:
+                try:
+                    srv.barrier.wait()
+                except threading.BrokenBarrierError:
+                    return self._send(500, {"object": "error", "message": f"fewer than {srv.barrier.parties} "
+                                            "requests were in flight at once"})
+            time.sleep(srv.delay)
             self._answer(n, body)
         finally:
-            with srv.lock:
-                srv.in_flight -= 1
+            self._leave()
+
+    def _leave(self) -> None:
+        if getattr(self, "_in_flight", False):
+            with self.server.lock:
+                self.server.in_flight -= 1
+            self._in_flight = False
 
     def _answer(self, n: int, body: dict) -> None:
         mode = self.server.mode
@@ -143,6 +165,7 @@ def server():
     thread = threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     yield srv
+    srv.gate.set()  # held answers go out (to clients that gave up) and their threads end
     srv.shutdown()
     srv.server_close()
 
@@ -224,15 +247,15 @@ def test_text_score_parsing():
 
 
 def test_requests_run_concurrently_up_to_max_concurrency_and_keep_input_order(server):
-    server.delay = 0.2
+    # Every POST waits at a 4-party barrier: the 8 requests are answered only if the judge has
+    # 4 in flight at once (one after another, the first would break the barrier: HTTP 500).
+    server.barrier = threading.Barrier(4, timeout=30)
     values = [0.1 * (i + 1) for i in range(8)]
     prompts = [f"sample {i}" for i in range(8)]
-    start = time.monotonic()
-    scores = judge(server, max_concurrency=4)(constant_images(values), prompts)
-    assert server.max_in_flight == 4
-    assert time.monotonic() - start < 8 * 0.2  # not one after another
+    scores = judge(server, max_concurrency=4, retries=0, timeout_s=60)(constant_images(values), prompts)
+    assert server.max_in_flight == 4  # and never more
     assert torch.allclose(scores, quantised(values).float(), atol=1e-6)
-    server.max_in_flight, server.delay = 0, 0.05
+    server.barrier, server.max_in_flight, server.delay = None, 0, 0.05
     judge(server, max_concurrency=1)(constant_images(values[:3]), prompts[:3])
     assert server.max_in_flight == 1
 
@@ -261,11 +284,13 @@ def _closed_port() -> int:
 
 def test_server_down_is_named_after_retries_quickly(server):
     url = f"http://127.0.0.1:{_closed_port()}"
-    start = time.monotonic()
+    waits = []
     with pytest.raises(VLMJudgeError, match="not reachable") as e:
-        VLMJudge(url, MODEL, retries=2, backoff=0.01)
+        VLMJudge(url, MODEL, retries=2, backoff=0.01, sleep=waits.append)
     assert url in str(e.value) and "3 attempt(s)" in str(e.value)
-    assert time.monotonic() - start < 2.0
+    # quickly: two short backoffs, and each attempt refused at once ("not reachable" names a
+    # refused connection; an attempt that waited out timeout_s would say "no answer within")
+    assert waits == [0.01, 0.02]
     # a server that goes away after the health check
     j = judge(server)
     server.shutdown()
@@ -276,13 +301,15 @@ def test_server_down_is_named_after_retries_quickly(server):
 
 
 def test_slow_first_answer_is_retried_and_a_slow_server_times_out(server):
-    server.slow_first = 1.0
-    scores = judge(server, timeout_s=0.3)(constant_images([0.4]), ["a cat"])
+    # Held answers wait for the gate, which opens only at teardown: "slow" is certain. An
+    # answered attempt has all of timeout_s (1 s) for a few milliseconds of work.
+    server.hold = "first"
+    scores = judge(server, timeout_s=1.0)(constant_images([0.4]), ["a cat"])
     assert torch.allclose(scores, quantised([0.4]).float(), atol=1e-6)
     assert server.posts == 2  # the first attempt timed out, the retry answered
-    server.delay, server.posts = 0.6, 0
-    with pytest.raises(VLMJudgeError, match=r"no answer within timeout_s=0.3") as e:
-        judge(server, timeout_s=0.3, retries=1)(constant_images([0.4]), ["a cat"])
+    server.hold, server.posts = "all", 0
+    with pytest.raises(VLMJudgeError, match=r"no answer within timeout_s=1$") as e:
+        judge(server, timeout_s=1.0, retries=1)(constant_images([0.4]), ["a cat"])
     assert "2 attempt(s)" in str(e.value) and server.posts == 2
 
 

@@ -27,6 +27,8 @@ LIMITS = {"max_request_bytes": 2**20, "read_timeout_s": 2.0, "client_timeout_s":
 
 @pytest.fixture(scope="module")
 def server():
+    if ray.is_initialized():  # another module's cluster: this one needs its own, sized and empty
+        ray.shutdown()
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     with RewardServer(load.REWARD_SPEC, port=0, max_request_mb=1.0, read_timeout_s=LIMITS["read_timeout_s"]) as s:
         yield s

@@ -25,6 +25,8 @@ class ServeOptions:
     max_queued          requests the proxy holds when every replica is full; past it a 503
                         (-1: no limit)
     cpus_per_replica, gpus_per_replica   Ray resources each replica reserves
+    shutdown_grace_s    on stop (Ctrl-C), how long requests in flight may still run; then their
+                        replicas are killed and their clients see an error (RemoteReward retries it)
     """
 
     host: str = "127.0.0.1"
@@ -39,6 +41,7 @@ class ServeOptions:
     max_queued: int = 256
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
+    shutdown_grace_s: float = 3.0  # with ~4 s of teardown, `digenrl reward-server` exits within 10 s of Ctrl-C
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, allowed: str) -> None:
@@ -52,7 +55,7 @@ class ServeOptions:
              "max_queued", "an integer >= 1, or -1 for no limit")
         for key in ("max_request_mb", "timeout_s", "read_timeout_s"):
             need(getattr(self, key) > 0, key, "> 0")
-        for key in ("batch_wait_s", "cpus_per_replica", "gpus_per_replica"):
+        for key in ("batch_wait_s", "cpus_per_replica", "gpus_per_replica", "shutdown_grace_s"):
             need(getattr(self, key) >= 0, key, ">= 0")
 
     @property

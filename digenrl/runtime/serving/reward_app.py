@@ -12,8 +12,10 @@ received within read_timeout_s), 411 (no Content-Length), 413 (body over max_req
 500 (the reward raised), 504 (not scored within timeout_s). 503 is Serve's own answer when
 max_queued_requests are already waiting for a full replica: a text body, not JSON (Ray 2.60
 removed HTTPOptions.middlewares, the place to rewrite it); the client retries 5xx either way.
-GET /health -> {"status": "ok", "reward", "queued", "busy", "served", "max_request_bytes",
-"max_batch", "timeout_s", "replica"}: the numbers of the replica that answered.
+GET /health -> {"status": "ok", "reward", "uploading", "queued", "busy", "served",
+"max_request_bytes", "max_batch", "timeout_s", "replica"}: the numbers of the replica that
+answered (uploading: request bodies being received; queued: chunks waiting for a reward call;
+busy: a reward call is running).
 
 Batching caveat: `@serve.batch` forms a batch from what arrives within batch_wait_s of its
 first request, even while the previous batch is still being scored, so under steady load
@@ -65,6 +67,7 @@ class RewardDeployment:
         self._scorer = ThreadPoolExecutor(1, thread_name_prefix="reward")
         self.score_chunk.set_max_batch_size(options.max_batch)
         self.score_chunk.set_batch_wait_timeout_s(options.batch_wait_s)
+        self._uploading = 0  # requests whose body is being received
         self._waiting = 0  # chunks handed to score_chunk and not yet answered
         self._running = 0  # chunks in the reward call now running
         self.served = 0  # requests answered with scores
@@ -90,6 +93,7 @@ class RewardDeployment:
         return {
             "status": "ok",
             "reward": self.reward.name,
+            "uploading": self._uploading,
             "queued": max(self._waiting - self._running, 0),
             "busy": self._running > 0,
             "served": self.served,
@@ -100,7 +104,11 @@ class RewardDeployment:
         }
 
     async def _score(self, request: Request) -> dict[str, Any]:
-        body = await read_body(request, self.options.max_request_bytes, self.options.read_timeout_s)
+        self._uploading += 1
+        try:
+            body = await read_body(request, self.options.max_request_bytes, self.options.read_timeout_s)
+        finally:
+            self._uploading -= 1
         images, prompts, requested = await asyncio.to_thread(decode_request, body)  # CPU work, off the loop
         name = self.reward.name
         if requested is not None and requested != name:
