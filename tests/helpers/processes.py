@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import psutil
+
+from tests.helpers.gates import wait_until
 
 
 def kill_and_wait(pid: int, deadline_s: float = 30.0) -> None:
@@ -15,12 +15,11 @@ def kill_and_wait(pid: int, deadline_s: float = 30.0) -> None:
     `deadline_s`."""
     proc = psutil.Process(pid)
     proc.kill()
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
+
+    def exited() -> bool:
         try:
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return
+            return proc.status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"process {pid} still running {deadline_s:.0f} s after SIGKILL")
+            return True
+
+    wait_until(exited, f"process {pid} to exit after SIGKILL", deadline_s)

@@ -25,7 +25,7 @@ from digenrl.rewards.base import score_media
 from digenrl.rewards.client import RemoteReward, RemoteRewardError
 from digenrl.rewards.clip_models import ClipScore
 from digenrl.rewards.wire import decode_request, encode_request
-from tests.serving.helpers import FileGate, wait_until
+from tests.helpers.gates import FileGate, wait_until
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")

@@ -27,7 +27,7 @@ from digenrl.rewards.wire import encode_request
 pytest.importorskip("ray.serve")
 from digenrl.runtime.serving import reward_server  # noqa: E402 - needs ray[serve]
 from digenrl.runtime.serving.options import ServeOptions  # noqa: E402
-from tests.serving.helpers import FileGate, wait_until  # noqa: E402
+from tests.helpers.gates import FileGate, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = "digenrl.rewards.toy:JpegCompressibility"

@@ -47,6 +47,7 @@ def check(result: dict, clients: int) -> None:
     assert requests["stalled"]["statuses"].keys() <= {"408", "cut"}
 
 
+@pytest.mark.load  # with the 60 s run below (CI runs the load tier)
 @pytest.mark.timeout(120)
 def test_short_load_loses_no_good_request(server):
     result = load.run_load(server.url, clients=8, duration_s=4.0, bad_fraction=0.2, limits=LIMITS)
