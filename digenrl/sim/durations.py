@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 
 from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
-from digenrl.sim.baselines import IDEAL, style_plan
+from digenrl.sim.baselines import IDEAL, layouts, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
 from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
@@ -165,6 +165,9 @@ class DurationFn:
     offload: bool = False  # runtime.trainer.offload: AdamW state on the host
     rollout_gang: int = 1  # runtime.rollout.gang: a rollout worker's sequence-parallel degree (sim.sp)
     trainer_sp: int = 1  # runtime.trainer.sp: sequence-parallel degree inside a trainer gang
+    memory: str | None = None  # colocated-ideal: the memory plan (baselines.layouts; None: the cheapest that fits)
+    check_memory: bool = True  # False: simulate a shipped peer's published recipe even where memory.py says it
+    #                            does not fit (the recipe ran; the model's activations are an extrapolation)
     overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
     _per_fwd: float = 0.0
     _per_step: dict = field(default_factory=dict)
@@ -195,7 +198,6 @@ class DurationFn:
             if self.system is not None:  # a peer as it ships: its own sharding and mechanisms
                 self._shipped_costs()
             else:  # the baseline's own memory plan (baselines.style_plan) says how it shards
-                self.opt_shards = 1 if fit.fits else self.n_trainers
                 self._colocated_costs()
             self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora)
             self.gang_link = tb.link(self.trainer_pool, self.col_shards)
@@ -214,20 +216,30 @@ class DurationFn:
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
         tb, p = self.tb, self.trainer_pool
-        style = IDEAL if self.style in SYSTEMS else self.style  # a shipped system zeroed: the ideal's plan
-        plan = style_plan(self.cm, style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
-                          intra=p.intra_link or tb.links.intra_node,
+        memory = self.memory
+        if self.style in SYSTEMS and memory is None:  # a shipped system zeroed: its own layout, no costs of its own
+            from digenrl.sim.shipped import layout_of
+
+            memory = layout_of(SYSTEMS[self.style]).name
+            if memory not in {x.name for x in layouts(self.n_trainers, p.gpus_per_node)}:
+                memory = None  # a layout no ideal system would pick (a resident copy beside replicas)
+        plan = style_plan(self.cm, IDEAL, tb.model, p.device, self.n_trainers, memory=memory,
+                          gpus_per_node=p.gpus_per_node, intra=p.intra_link or tb.links.intra_node,
                           inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
-                          train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
-                          cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
+                          train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank, grad_ckpt=tb.grad_ckpt,
+                          cfg=tb.cfg, train_cfg=tb.train_cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
                           denoise_steps=tb.denoise_steps)
         if not plan["fits"]:
-            raise ValueError(f"{tb.name}: no colocated configuration fits on {p.device}")
+            rep = plan["report"]
+            raise ValueError(f"{tb.name}: no colocated memory plan fits on {self.n_trainers} {p.device}"
+                             + (f" ({memory})" if memory else "")
+                             + f": the nearest, {plan['layout'].name}, holds {rep.peak_gib:.0f} GiB per GPU of "
+                             f"{rep.usable_gib:.0f} usable")
         self.colocated_config = plan["config"]
-        # FSDP shard group of the baseline's trainer: none (replicated), a node, or every GPU
-        cfg = self.colocated_config
-        self.col_shards = (1 if cfg.startswith("replicated") else p.gpus_per_node if "/node" in cfg
-                           else self.n_trainers)
+        lay = plan["layout"]
+        # FSDP shard group of the baseline's trainer: none (replicated, zero2), a node, or every GPU
+        self.col_shards = lay.shards(self.n_trainers, p.gpus_per_node) if lay.shard == "fsdp" else 1
+        self.opt_shards = lay.shards(self.n_trainers, p.gpus_per_node)
         self._recompute = plan["recompute_logp"]
         if self.zero_baseline:
             self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
@@ -236,16 +248,20 @@ class DurationFn:
             self._per_step = {k: float(v) for k, v in plan["per_step_s"].items() if float(v) > 0}
 
     def _shipped_costs(self) -> None:
-        """A shipped system's shard group and once-per-step costs (shipped.step_costs)."""
+        """A shipped system's shard group and once-per-step costs (shipped.step_costs), on the one
+        memory rule (shipped.fit): a layout that does not fit is refused with the figure."""
         tb, p, sy = self.tb, self.trainer_pool, self.system
         self.col_shards = shard_group(sy, self.n_trainers)
         self.opt_shards = self.col_shards
         self.colocated_config = f"{sy.name}: " + {"world": "FSDP over all GPUs", "zero2": "ZeRO-2",
                                                   "replicated": "replicated"}[sy.shard]
-        # Advisory, not a refusal: the memory model extrapolates activations, and a published run
-        # (mm_grpo's SD3.5-M Flow-GRPO on 80 GB H800s) fits where it reads 78 GiB of 75.
         ok, peak, usable = shipped_fit(self.cm, sy, tb, p.device, self.n_trainers)
         if not ok:
+            if self.check_memory:
+                from digenrl.sim.shipped import layout_of
+
+                raise ValueError(f"{tb.name}: {sy.name} as shipped ({layout_of(sy).name}) does not fit on "
+                                 f"{self.n_trainers} {p.device}: {peak:.0f} GiB per GPU of {usable:.0f} usable")
             self.colocated_config += f" (modelled peak {peak:.0f} GiB > {usable:.0f} usable)"
         link = tb.link(p, self.n_trainers)
         self._per_step = {"phase_switch": PHASE_SWITCH_FIXED_S,
@@ -339,7 +355,7 @@ class DurationFn:
             t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
         if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
             self._reloaded.add((worker.id, unit.step))
-            t += self._overhead("offload_reload", self._per_step["offload_reload"] / 2)
+            t += self._overhead("reload", self._per_step["offload_reload"] / 2)  # the state back before training
         return t
 
     def _optimizer_unit(self, worker: Worker, dev: str, unit: OptimizerStep) -> float:
@@ -352,6 +368,7 @@ class DurationFn:
                 t += self._overhead("gang_reduce", self.system.optimizer_steps * self._reduce_scatter_s())
         elif self.mode == "colocated":
             t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
+            t += self._overhead("park", self._per_step.get("park", 0.0))
             t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
         return t
 
@@ -629,7 +646,8 @@ _UNIT_COST = by_kind(generate=DurationFn._generate_unit, reward=DurationFn._rewa
 
 
 def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, *,
-                     style: str | None = None, zero_baseline: bool = False) -> DurationFn:
+                     style: str | None = None, zero_baseline: bool = False, memory: str | None = None,
+                     check_memory: bool = True) -> DurationFn:
     """duration_fn(worker, unit) -> seconds for `mode` on `testbed` (see module doc).
 
     The returned object is callable and carries `.layout.workers` (pass them to the
@@ -656,7 +674,8 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     r = run.pool("rollout")
     if r is not None:
         gang["rollout_gang"] = r.resources.gang
-    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, **gang)
+    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, memory=memory,
+                      check_memory=check_memory, **gang)
 
 
 def _in_batches(n: int, batch: int, cost) -> float:

@@ -64,6 +64,8 @@ LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
 SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
 RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
+IDEAL = "colocated-ideal"
+PEER_ROWS = ("verl-omni", "genrl", "flow_grpo")  # the shipped peers simulate() puts beside colocated-ideal
 
 
 @dataclass
@@ -94,11 +96,15 @@ def _split(tb: Testbed) -> bool:
     return all(p.role == "any" for p in tb.pools)
 
 
-def grid(tb: Testbed, mode: str) -> dict[str, list]:
-    """Axis name -> candidate values for `mode` on `tb` (see module doc)."""
+def grid(tb: Testbed, mode: str, style: str | None = None, cm: CostModel | None = None) -> dict[str, list]:
+    """Axis name -> candidate values for `mode` (and colocated `style`) on `tb` (see module doc)."""
     axes: dict[str, list] = {}
-    if mode != "colocated" and _split(tb):
-        axes["n_rollout"] = list(range(1, tb.n_gpus))
+    if mode == "colocated" and style in (None, IDEAL):
+        mem = memory_axis(tb, cm)
+        if len(mem) > 1:
+            axes["memory"] = mem
+    if mode != "colocated" and _split(tb):  # TAG: trainers generate, so no rollout pool at all is a plan too
+        axes["n_rollout"] = list(range(0 if mode in TAG_MODES else 1, tb.n_gpus))
     if mode in BATCH_MODES:
         axes["micro_batch_groups"] = _divisors(tb.samples_per_step)
     else:
@@ -114,6 +120,8 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
         axes["tag_segment"] = _divisors(tb.denoise_steps)
     if mode != "colocated":  # trainer gangs: the smallest gang that fits either way (workload.fitting_gang)
         axes["reshard"] = list(RESHARD)
+        if needs_offload_axis(tb):
+            axes["offload"] = [False, True]
     if mode in GAP_MODES:
         shards = [k for k in SHARDS if k <= tb.group_size]
         axes["gen_shard"] = shards
@@ -122,6 +130,41 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
     if mode != "colocated":
         axes.update(sp_axes(tb))
     return axes
+
+
+def memory_axis(tb: Testbed, cm: CostModel | None = None) -> list[str]:
+    """colocated-ideal's memory plans worth simulating: the cheapest that fits by its forced costs
+    (baselines.colocated_plan), and each shipped peer's own layout where it fits, so that the
+    ideal row can always run what a peer runs, without the peer's avoidable costs."""
+    from digenrl.sim.baselines import colocated_plan, layout_fit, layouts
+    from digenrl.sim.shipped import SYSTEMS, layout_of
+
+    cm = cm or default_cost_model()
+    p = tb.pools[0]
+    kw = dict(gen_batch=tb.rollout_batch, train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank,
+              grad_ckpt=tb.grad_ckpt, cfg=tb.cfg, train_cfg=tb.train_cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward)
+    best = colocated_plan(cm, tb.model, p.device, tb.n_gpus, gpus_per_node=p.gpus_per_node, denoise_steps=tb.denoise_steps,
+                          intra=p.intra_link or tb.links.intra_node, inter=p.inter_link or tb.links.inter_node, **kw)
+    out = [best["config"]] if best["fits"] else []
+    names = {x.name: x for x in layouts(tb.n_gpus, p.gpus_per_node)}
+    for sy in PEER_ROWS:
+        lay = layout_of(SYSTEMS[sy])
+        if lay.name in names and lay.name not in out and layout_fit(cm, lay, tb.model, p.device, tb.n_gpus,
+                                                                    p.gpus_per_node, **kw).fits:
+            out.append(lay.name)
+    return out
+
+
+def needs_offload_axis(tb: Testbed, cm: CostModel | None = None) -> bool:
+    """Whether runtime.trainer.offload is worth searching: a full fine-tune whose training state
+    one GPU of the trainer type does not hold (offload then lets a smaller gang, or any gang,
+    hold it). Where a replica fits, offload only adds host copies."""
+    if tb.lora:
+        return False
+    cm = cm or default_cost_model()
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    return not cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=False, grad_ckpt=tb.grad_ckpt,
+                       cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank).fits
 
 
 def sp_axes(tb: Testbed) -> dict[str, list[int]]:
@@ -194,6 +237,10 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
             p[k] = 1
     if "reshard" in axes:
         p["reshard"] = RESHARD[0]
+    if "offload" in axes:  # the runtime's default: optimizer state on the GPU
+        p["offload"] = False
+    if "memory" in axes:  # the cheapest memory plan by its forced costs
+        p["memory"] = axes["memory"][0]
     for k in ("rollout_gang", "trainer_sp"):  # no sequence parallelism (one GPU per trajectory)
         if k in axes:
             p[k] = 1
@@ -222,8 +269,9 @@ def _descend(ev, axes: dict, best: dict):
 
 
 class _Evaluator:
-    def __init__(self, tb, mode, style, steps, cm):
+    def __init__(self, tb, mode, style, steps, cm, check_memory=True):
         self.tb, self.mode, self.style, self.steps, self.cm = tb, mode, style, steps, cm
+        self.check_memory = check_memory
         self.cache: dict = {}
 
     def __call__(self, point: dict):
@@ -233,7 +281,7 @@ class _Evaluator:
         if r is None:
             spec = _spec(self.mode, point, self.style)
             try:
-                r = run_spec(self.tb, spec, self.steps, self.cm)
+                r = run_spec(self.tb, spec, self.steps, self.cm, check_memory=self.check_memory)
             except ValueError as e:  # e.g. no trainer gang on this split holds the training state
                 r = _Infeasible(spec, str(e))
             self.cache[key] = r
@@ -251,13 +299,17 @@ class _Infeasible:
 
 
 def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
-         steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None) -> Plan:
-    """Best knobs for `mode` by analytic split + local search (coordinate moves)."""
+         steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None,
+         extra_starts: tuple = (), check_memory: bool = True) -> Plan:
+    """Best knobs for `mode` by analytic split + local search (coordinate moves). `extra_starts`:
+    more points to descend from (simulate() seeds colocated-ideal with the peers' points, whose
+    layouts it can run, so it is never slower than a peer). Raises ValueError when no point of
+    the grid runs (the reason: the nearest point's memory figure)."""
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
-    axes = grid(tb, mode)
-    ev = _Evaluator(tb, mode, style, steps, cm)
+    axes = grid(tb, mode, style, cm)
+    ev = _Evaluator(tb, mode, style, steps, cm, check_memory)
     first = dict(start or default_point(tb, mode, axes, cm))
     # Multi-start: the default, and the default with a few micro-batch sizes (the split and
     # the unit size interact: a unit count that divides both pools evenly is a narrow ridge).
@@ -276,13 +328,16 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
     sp_ax = [k for k in ("rollout_gang", "trainer_sp") if k in axes]
     for group in ([[a] for a in sp_ax] + ([sp_ax] if len(sp_ax) > 1 else [])):
         starts.append({**first, **{a: axes[a][-1] for a in group}})
+    for extra in extra_starts:  # only the axes this grid has, on values it holds
+        pt = {k: v for k, v in extra.items() if k in axes and v in axes[k]}
+        starts.append({**first, **pt})
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
             best, best_r = p, r
     if isinstance(best_r, _Infeasible):
-        raise ValueError(f"{tb.name}: no point of the {mode} grid runs: {best_r.reason}")
+        raise ValueError(f"no point of the {mode} grid runs; nearest: {best_r.reason.removeprefix(tb.name + ': ')}")
     size = 1
     for v in axes.values():
         size *= len(v)
@@ -305,9 +360,9 @@ def exhaustive(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl",
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
-    axes = grid(tb, mode)
     ev = _Evaluator(tb, mode, style, steps, cm)
     best_r = None
+    axes = grid(tb, mode, style, cm)
     for values in product(*axes.values()):
         r = ev(dict(zip(axes, values)))
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):

@@ -95,12 +95,19 @@ def predict(fig: Figure, steps: int = 6, cm=None) -> dict:
     from digenrl.sim.planner import plan
     from digenrl.sim.report import run_spec
 
-    p = plan(fig.testbed, mode="colocated", style=fig.system, steps=steps, cm=cm)
-    r = run_spec(fig.testbed, p.spec, steps, cm)
+    from digenrl.sim.costs import default_cost_model
+    from digenrl.sim.shipped import SYSTEMS, fit
+
+    cm = cm or default_cost_model()
+    # The recipe ran: simulate it even where memory.py says it does not fit, and say so (`fits`)
+    p = plan(fig.testbed, mode="colocated", style=fig.system, steps=steps, cm=cm, check_memory=False)
+    r = run_spec(fig.testbed, p.spec, steps, cm, check_memory=False)
     want = fig.published_step_s()
+    ok, peak, usable = fit(cm, SYSTEMS[fig.system], fig.testbed, fig.testbed.pools[0].device, fig.testbed.n_gpus)
     return {"figure": fig.key, "system": fig.system, "published_s": want, "predicted_s": r.step_s,
             "error": r.step_s / want - 1.0, "breakdown_s": r.breakdown_s, "overhead_ws": r.overhead_ws,
-            "source": fig.source}
+            "source": fig.source, "gpus": fig.testbed.n_gpus + fig.reward_gpus, "fits": ok, "peak_gib": peak,
+            "usable_gib": usable}
 
 
 def table(rows: list[dict]) -> str:

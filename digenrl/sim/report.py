@@ -73,6 +73,8 @@ class RunSpec:
     rollout_gang: Optional[int] = None  # GPUs per rollout worker, sequence-parallel (None: the testbed's or 1)
     trainer_sp: Optional[int] = None  # sequence-parallel degree inside a trainer gang (None: the testbed's or 1)
     reshard: Optional[str] = None  # after-forward (None) | after-step
+    offload: Optional[bool] = None  # runtime.trainer.offload: AdamW state on the host (None: off)
+    memory: Optional[str] = None  # colocated rows: the memory plan (baselines.LAYOUTS; None: the cheapest that fits)
     style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False
 
@@ -97,6 +99,8 @@ class RunSpec:
         if t.gang > 1:
             out.update({"runtime.trainer.gang": t.gang, "runtime.trainer.shard": t.shard,
                         "runtime.trainer.reshard": t.reshard})
+        if t.offload:
+            out["runtime.trainer.offload"] = True
         if t.sp > 1:
             out["runtime.trainer.sp"] = t.sp
         for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
@@ -132,16 +136,26 @@ class RunResult:
 
 
 def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = None,
-             keep_trace: bool = False) -> RunResult:
-    """Simulate `steps` RL steps of `spec` on `tb` and measure the steady state."""
-    from digenrl.sim.workload import config_for, duration_fn
-
+             keep_trace: bool = False, check_memory: bool = True) -> RunResult:
+    """Simulate `steps` RL steps of `spec` on `tb` and measure the steady state. A plan whose
+    memory does not fit raises ValueError with the figure (check_memory=False: a shipped peer's
+    published recipe is simulated anyway, durations.DurationFn.check_memory)."""
     cm = cm or default_cost_model()
-    cfg = config_for(tb, spec, steps)
-    run = contract(cfg)
-    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline)
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm, check_memory)
     trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
     return measure(tb, spec, trace, fn, steps, keep_trace)
+
+
+def spec_duration_fn(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, check_memory: bool = True):
+    """(Config, contract, DurationFn) of `spec` on `tb`: what the simulator and the emulated
+    runtime (digenrl.bench.emulate_spec) both run."""
+    from digenrl.sim.workload import config_for, duration_fn
+
+    cfg = config_for(tb, spec, steps)
+    run = contract(cfg)
+    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline, memory=spec.memory,
+                     check_memory=check_memory)
+    return cfg, run, fn
 
 
 def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
@@ -195,7 +209,8 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "rollout_sleep_wake": "optimizer", "weight_gather": "optimizer", "param_offload": "optimizer",
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
              "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer",
-             "gang_sp_generate": "generate", "gang_sp_train": "train"}
+             "gang_sp_generate": "generate", "gang_sp_train": "train", "park": "optimizer",
+             "reload": "train"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n
@@ -319,6 +334,7 @@ class Report:
     decomposition: dict  # baseline -> {"total", "per_dollar", "factors", "shares", "note"}
     plans: dict
     gantt: dict = field(default_factory=dict)  # label -> PNG path (after write)
+    unfit: dict = field(default_factory=dict)  # label -> why no plan of that row runs (memory figure)
 
     def utilisation(self, label: str) -> float:
         """Ideal seconds per step / simulated seconds per step, on the cluster the row ran on."""
@@ -343,7 +359,7 @@ class Report:
         return {"testbed": self.testbed.name, "n_gpus": self.testbed.n_gpus, "model": self.testbed.model,
                 "reference": self.reference.name if self.reference else None, "steps": self.steps,
                 "ideal_step_s": self.ideal_s, "rows": rows, "decomposition": self.decomposition,
-                "plans": self.plans, "gantt": self.gantt}
+                "plans": self.plans, "gantt": self.gantt, "unfit": self.unfit}
 
     def table(self) -> str:
         tb = self.testbed
@@ -355,7 +371,11 @@ class Report:
         hdr = (f"{'mode':<22} {'GPUs':>4} {'s/step':>8} {'smp/s':>7} {'img/s/GPU':>9} {'smp/$':>7} {'vs ideal':>8} "
                f"{'util':>5} {'bubble':>17} {'stale':>5}  breakdown s/step " + "/".join(c[:4] for c in COLS))
         lines += [hdr, "-" * len(hdr)]
-        for k, r in self.rows.items():
+        for k in self.order():
+            if k in self.unfit:
+                lines.append(f"{LABELS.get(k, k):<22} does not fit: {self.unfit[k]}")
+                continue
+            r = self.rows[k]
             vs = self.vs_colocated(k)
             bub = " ".join(f"{p[0]}{v:.2f}" for p, v in r.bubble.items())
             bd = "/".join(f"{r.breakdown_s.get(c, 0.0):.1f}" for c in COLS)
@@ -363,6 +383,9 @@ class Report:
                          f"{r.images_per_s_per_gpu:>9.4f} {r.samples_per_usd:>7.0f} "
                          f"{'-' if vs is None else f'{vs:.2f}x':>8} {100 * self.utilisation(k):>4.0f}% {bub:>17} "
                          f"{r.staleness_max:>5}  {bd}")
+        for k, p in self.plans.items():  # what each DigenRL row runs, as the config keys that hold it
+            if k == "digenrl":
+                lines.append(f"digenrl plan: {self.plan_line(k)}")
         for base, d in self.decomposition.items():
             f = d["factors"]
             lines.append(f"digenrl vs {LABELS.get(base, base)}: {d['total']:.2f}x{' per $' if d['per_dollar'] else ''}"
@@ -370,6 +393,19 @@ class Report:
                          f" x scaling {f['independent_scaling']:.2f} x overlap {f['overlap']:.2f}"
                          + (f"  [< {1.56}x: {d['note']}]" if d["note"] else ""))
         return "\n".join(lines)
+
+    def order(self) -> list[str]:
+        """Row labels in the order they were asked for, rows that do not fit in their place."""
+        from digenrl.sim.simulate import ALL
+
+        return [k for k in ALL if k in self.rows or k in self.unfit]
+
+    def plan_line(self, label: str) -> str:
+        """The row's plan as config keys (RunSpec.overrides), or its colocated memory plan."""
+        r = self.rows[label]
+        where = self.reference if (r.spec.mode == "colocated" and self.reference is not None) else self.testbed
+        keys = " ".join(f"{k}={v}" for k, v in r.spec.overrides(where).items())
+        return keys + (f"  (memory plan: {r.colocated_config})" if r.spec.mode == "colocated" else "")
 
     def write(self, out_dir, gantt_modes=None) -> None:
         """report.json + one Gantt PNG per row (a steady-state RL step; `gantt_modes` limits

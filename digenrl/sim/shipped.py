@@ -259,26 +259,29 @@ def shard_group(system: System, n_gpus: int) -> int:
     return n_gpus if system.shard == "world" else 1
 
 
+def layout_of(system: System):
+    """The colocated memory plan (baselines.Layout) a system's code runs: how it shards, what
+    samples, what it parks on the host while training, whether its AdamW state leaves the GPU."""
+    from digenrl.sim.baselines import Layout
+
+    shard = {"world": "fsdp", "zero2": "zero2", "replicated": "replicated"}[system.shard]
+    sampler = {"copy-sleep": "copy", "copy": "copy", "shared": "shared", "fsdp": "fsdp"}[system.sampler]
+    parked = ("rollout", "text_encoder", "vae", "reward") if system.sampler == "copy-sleep" else ()
+    if system.reward_moves or system.reward == "pool":  # the reward model is not on the GPU while it trains
+        parked = tuple(dict.fromkeys(parked + ("reward",)))
+    return Layout(shard, "world", sampler, parked, offload=system.optimizer_moves > 0)
+
+
 def fit(cm, system: System, tb, device: str, n_gpus: int):
-    """Does the system as shipped hold its training phase on one GPU? memory.fits over what its code
-    keeps resident while it trains: the trainer state (sharded over every GPU for FSDP; gradients
-    and optimizer state only for ZeRO-2; an offloading system loads all of it back to train), the
-    reference copy of a full fine-tune with KL, and the text encoder, VAE and reward model where
-    they stay on the GPU (veRL-Omni's rollout copy and reward server sleep while it trains).
-    Returns (fits, peak GiB, usable GiB)."""
-    kw = dict(lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank,
-              reward=tb.reward, train_batch=tb.micro_batch)
-    roles = ["trainer"] + (["ref"] if tb.kl and not tb.lora else [])
-    if system.sampler != "copy-sleep":
-        roles += ["text_encoder", "vae"]
-    if system.reward == "overlap" and not system.reward_moves:
-        roles += ["reward"]
-    rep = cm.fits(tb.model, roles, device, fsdp_shards=shard_group(system, n_gpus), **kw)
-    peak = rep.train_peak_gib
-    if system.shard == "zero2" and n_gpus > 1:  # gradients and optimizer state sharded, weights whole
-        t = rep.roles["trainer"]
-        peak -= (t.grads + t.optimizer) * (1 - 1 / n_gpus)
-    return peak <= rep.usable_gib, peak, rep.usable_gib
+    """Does the system as shipped fit on one GPU? The one memory rule of colocated rows
+    (baselines.layout_fit) on the system's own layout (layout_of). Returns (fits, peak GiB, usable GiB)."""
+    from digenrl.sim.baselines import layout_fit
+
+    gpn = tb.pools[0].gpus_per_node
+    rep = layout_fit(cm, layout_of(system), tb.model, device, n_gpus, gpn, gen_batch=tb.rollout_batch,
+                     train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank, grad_ckpt=tb.grad_ckpt,
+                     cfg=tb.cfg, train_cfg=tb.train_cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward)
+    return rep.fits, rep.peak_gib, rep.usable_gib
 
 
 def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> dict[str, float]:

@@ -11,7 +11,8 @@ SMALL = "small-h200x16-sd35"
 def test_grid_axes():
     tb = load_testbed(SMALL)
     g = grid(tb, "digenrl")
-    assert g["n_rollout"] == list(range(1, 16))
+    assert g["n_rollout"] == list(range(0, 16))  # TAG: no rollout pool at all is a plan too
+    assert grid(tb, "gap+tsp")["n_rollout"] == list(range(1, 16))
     assert g["micro_batch_groups"] == [1, 2, 4, 8]  # whole prompt groups (GAP)
     assert g["tsp_chunk"] == [1, 2] and g["tag_segment"] == [1, 2, 4]
     assert "n_rollout" not in grid(tb, "colocated") and "tag_segment" not in grid(tb, "one-step-off")

@@ -131,7 +131,9 @@ def test_zero_baseline_is_faster(cm, style):
     spec = RunSpec("colocated", micro_batch_groups=2, samples_per_group=1, tsp_chunk=1, style=style)
     base = run_spec(tb, spec, 4, cm)
     zero = run_spec(tb, RunSpec(**{**spec.__dict__, "zero_baseline": True}), 4, cm)
-    assert zero.throughput > base.throughput and zero.overhead_ws == {}
+    assert zero.throughput > base.throughput
+    # what is left is the collectives its memory plan forces (a peer zeroed keeps its own layout)
+    assert not [k for k in zero.overhead_ws if not k.startswith("gang_")], zero.overhead_ws
 
 
 def test_cli_simulate_prints_table_and_writes_json(tmp_path, capsys):
