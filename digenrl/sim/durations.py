@@ -175,6 +175,9 @@ class DurationFn:
     _reloaded: set = field(default_factory=set)
     _gathered: dict = field(default_factory=dict)  # worker id -> after-step params gathered since its reshard
     system: System | None = None  # a shipped peer's mechanisms (colocated only; None: ours or colocated-ideal)
+    memo: bool = True  # replay the cost of a unit already priced (__call__)
+    _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
+    _log: list | None = None  # overhead increments of the unit being priced
 
     def __post_init__(self):
         tb = self.tb
@@ -272,11 +275,53 @@ class DurationFn:
         """Record s seconds of `name` paid by a worker of `gpus` GPUs; returns s."""
         if s:
             self.overhead_ws[name] = self.overhead_ws.get(name, 0.0) + s * gpus
+            if self._log is not None:
+                self._log.append((name, s * gpus))
         return s
 
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:
-        return _UNIT_COST[type(unit)](self, worker, self.layout.device[worker.id], unit)
+        """Seconds of `unit` on `worker`. Units of one shape on one kind of worker, in the same
+        worker state (gathered parameters, reloaded optimizer state), cost the same: the first
+        is priced, the others replay its seconds and its overhead increments (`memo`; the
+        equivalence is tested against memo=False, tests/sim/test_simulate.py)."""
+        dev = self.layout.device[worker.id]
+        if not self.memo:
+            return _UNIT_COST[type(unit)](self, worker, dev, unit)
+        wid = worker.id
+        key = self._unit_key(worker, dev, unit)
+        hit = self._units.get(key)
+        if hit is None:
+            self._log = []
+            t = _UNIT_COST[type(unit)](self, worker, dev, unit)
+            self._units[key] = (t, tuple(self._log), self._gathered.get(wid))
+            self._log = None
+            return t
+        t, log, gathered = hit
+        over = self.overhead_ws
+        for name, v in log:
+            over[name] = over.get(name, 0.0) + v
+        if gathered is not None:
+            self._gathered[wid] = gathered
+        if type(unit) is Train and "offload_reload" in self._per_step:
+            self._reloaded.add((wid, unit.step))
+        return t
+
+    def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:
+        """What a unit's cost depends on (see __call__)."""
+        kind = type(unit)
+        if kind is WeightSync:
+            return (kind, dev)
+        state = self._gathered.get(worker.id, False)
+        if kind is OptimizerStep:
+            return (kind, worker.role, dev)
+        if kind is Reward:
+            return (kind, worker.role, dev, len(unit.groups))
+        n, rows = self._rows(unit)
+        if kind is Generate:
+            return (kind, worker.role, dev, n, unit.t_end - unit.t_start,
+                    self._prompts(n, rows) if unit.t_start == 0 else -1, state)
+        return (kind, worker.role, dev, n, len(unit.t_steps), state, (worker.id, unit.step) in self._reloaded)
 
     def _rows(self, unit) -> tuple[int, tuple[int, int]]:
         """Samples of a Generate / Train unit, and its (shard's) sample indices [first, last)

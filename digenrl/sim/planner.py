@@ -55,7 +55,7 @@ from itertools import product
 from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
-from digenrl.sim.report import RunSpec, run_spec
+from digenrl.sim.report import ON_POLICY, RunSpec, ideal_step_s, point_bound, run_spec, run_spec_within
 from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 
@@ -64,6 +64,8 @@ LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
 SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
 RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
+EARLY_STOP = True  # _Evaluator: stop a simulation once its bound shows it cannot win
+ON_POLICY_STEPS = 4  # ... for lag-0 modes, whose steps all start alike (_Evaluator)
 IDEAL = "colocated-ideal"
 PEER_ROWS = ("verl-omni", "genrl", "flow_grpo")  # the shipped peers simulate() puts beside colocated-ideal
 
@@ -81,11 +83,13 @@ class Plan:
     grid_size: int
     analytic_n_rollout: int | None = None
     history: list = field(default_factory=list, repr=False)
+    pruned: int = 0  # candidates answered by their lower bound, not simulated
 
     def to_dict(self) -> dict:
         return dict(testbed=self.testbed, gpus=self.gpus, mode=self.mode, knobs=self.spec.knobs(),
                     throughput=self.throughput, step_s=self.step_s, evaluated=self.evaluated,
-                    wall_s=self.wall_s, grid_size=self.grid_size, analytic_n_rollout=self.analytic_n_rollout)
+                    wall_s=self.wall_s, grid_size=self.grid_size, analytic_n_rollout=self.analytic_n_rollout,
+                    pruned=self.pruned)
 
 
 def _divisors(n: int) -> list[int]:
@@ -248,7 +252,9 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
 
 
 def _descend(ev, axes: dict, best: dict):
-    """Coordinate search from `best` until no single-axis move improves throughput."""
+    """Coordinate search from `best` until no single-axis move improves throughput. A candidate
+    whose lower bound (report.point_bound) cannot beat the incumbent is not simulated: it could
+    not have been accepted, so the search takes the same path as without pruning."""
     best_r = ev(best)
     improved = True
     while improved:
@@ -262,30 +268,69 @@ def _descend(ev, axes: dict, best: dict):
             for j in idx:
                 if 0 <= j < len(values):
                     cand = {**best, axis: values[j]}
-                    r = ev(cand)
+                    r = ev(cand, incumbent=best_r.step_s)
                     if r.throughput > best_r.throughput * (1 + 1e-9):
                         best, best_r, improved = cand, r, True
     return best, best_r
 
 
 class _Evaluator:
-    def __init__(self, tb, mode, style, steps, cm, check_memory=True):
-        self.tb, self.mode, self.style, self.steps, self.cm = tb, mode, style, steps, cm
-        self.check_memory = check_memory
-        self.cache: dict = {}
+    """Simulates grid points once each (memo). `prune`: a point whose point_bound is at least the
+    incumbent's step time is answered with its bound (_Pruned) instead, and simulated later if a
+    worse incumbent asks again. Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS:
+    every step of theirs starts from the same idle state, so 4 steps measure what 12 do (equal
+    to ~1e-13, tests/sim/test_planner.py)."""
 
-    def __call__(self, point: dict):
+    def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True):
+        self.tb, self.mode, self.style, self.cm = tb, mode, style, cm
+        fast = prune and mode in ON_POLICY and steps >= ON_POLICY_STEPS
+        self.steps = ON_POLICY_STEPS if fast else steps
+        self.check_memory, self.prune = check_memory, prune
+        self.cache: dict = {}
+        self.simulated = self.pruned = 0
+        self.ideal = ideal_step_s(tb, cm)["step_s"] if prune else None
+
+    def __call__(self, point: dict, incumbent: float | None = None):
         point = snap(self.tb, point)
         key = tuple(sorted(point.items()))
         r = self.cache.get(key)
-        if r is None:
-            spec = _spec(self.mode, point, self.style)
-            try:
+        if r is not None and not (isinstance(r, _Pruned) and (incumbent is None or r.bound < incumbent * (1 + 1e-9))):
+            return r
+        spec = _spec(self.mode, point, self.style)
+        try:
+            if self.prune and incumbent is not None and incumbent < float("inf") and self.check_memory:
+                b = point_bound(self.tb, spec, self.steps, self.cm, self.ideal)
+                bound = b.step_s
+                if bound < incumbent * (1 + 1e-9) and not EARLY_STOP:
+                    r = run_spec(self.tb, spec, self.steps, self.cm)
+                    self.simulated += 1
+                    self.cache[key] = r
+                    return r
+                if bound < incumbent * (1 + 1e-9):  # simulate, stopping once it cannot win
+                    r = run_spec_within(self.tb, spec, self.steps, self.cm, incumbent, b)
+                    self.simulated += 1
+                    bound = r if isinstance(r, float) else None
+                if bound is not None:
+                    self.pruned += 1
+                    self.cache[key] = _Pruned(spec, bound, self.tb.samples_per_step / bound / (1 + 1e-6))
+                    return self.cache[key]
+            else:
                 r = run_spec(self.tb, spec, self.steps, self.cm, check_memory=self.check_memory)
-            except ValueError as e:  # e.g. no trainer gang on this split holds the training state
-                r = _Infeasible(spec, str(e))
-            self.cache[key] = r
+                self.simulated += 1
+        except ValueError as e:  # e.g. no trainer gang on this split holds the training state
+            r = _Infeasible(spec, str(e))
+        self.cache[key] = r
         return r
+
+
+@dataclass
+class _Pruned:
+    """A point not simulated: its step time is at least `bound`, no better than the incumbent's."""
+
+    spec: RunSpec
+    bound: float
+    throughput: float  # below samples / bound: never accepted over an incumbent it could not beat
+    step_s: float = float("inf")
 
 
 @dataclass
@@ -300,16 +345,17 @@ class _Infeasible:
 
 def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
          steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None,
-         extra_starts: tuple = (), check_memory: bool = True) -> Plan:
+         extra_starts: tuple = (), check_memory: bool = True, prune: bool = True) -> Plan:
     """Best knobs for `mode` by analytic split + local search (coordinate moves). `extra_starts`:
     more points to descend from (simulate() seeds colocated-ideal with the peers' points, whose
     layouts it can run, so it is never slower than a peer). Raises ValueError when no point of
-    the grid runs (the reason: the nearest point's memory figure)."""
+    the grid runs (the reason: the nearest point's memory figure). prune=False: the same search
+    with every candidate simulated for `steps` steps (the reference the pruned search must match)."""
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
     axes = grid(tb, mode, style, cm)
-    ev = _Evaluator(tb, mode, style, steps, cm, check_memory)
+    ev = _Evaluator(tb, mode, style, steps, cm, check_memory, prune)
     first = dict(start or default_point(tb, mode, axes, cm))
     # Multi-start: the default, and the default with a few micro-batch sizes (the split and
     # the unit size interact: a unit count that divides both pools evenly is a narrow ridge).
@@ -341,8 +387,8 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
     size = 1
     for v in axes.values():
         size *= len(v)
-    return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, len(ev.cache),
-                time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm))
+    return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, ev.simulated,
+                time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm), pruned=ev.pruned)
 
 
 def _with_gang(tb: Testbed, spec: RunSpec) -> RunSpec:
@@ -360,7 +406,7 @@ def exhaustive(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl",
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
-    ev = _Evaluator(tb, mode, style, steps, cm)
+    ev = _Evaluator(tb, mode, style, steps, cm, prune=False)
     best_r = None
     axes = grid(tb, mode, style, cm)
     for values in product(*axes.values()):

@@ -41,6 +41,7 @@ The breakdown is W_steps per kind. Bubbles use the window's wall time.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -149,13 +150,136 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
 def spec_duration_fn(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, check_memory: bool = True):
     """(Config, contract, DurationFn) of `spec` on `tb`: what the simulator and the emulated
     runtime (digenrl.bench.emulate_spec) both run."""
-    from digenrl.sim.workload import config_for, duration_fn
+    from digenrl.sim.workload import duration_fn
 
-    cfg = config_for(tb, spec, steps)
-    run = contract(cfg)
+    cfg, run = _config_and_contract(tb, spec, steps)
     fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline, memory=spec.memory,
                      check_memory=check_memory)
     return cfg, run, fn
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_and_contract(tb: Testbed, spec: RunSpec, steps: int):
+    """config_for and its contract, once per point: the planner asks for a point's bound and then
+    its run, and building a Config (typed, validated) costs as much as simulating a small one.
+    Callers only read them (a new DurationFn and Scheduler are made per run)."""
+    from digenrl.sim.workload import config_for
+
+    cfg = config_for(tb, spec, steps)
+    return cfg, contract(cfg)
+
+
+ON_POLICY = ("colocated", "disagg-sync", "gap", "gap+tsp", "gap+tsp+tag")  # lag 0: nothing generated ahead
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bounds on a point's measured step time (point_bound). `step_s`: on the whole step;
+    `trainer_step_s`: on every RL step's wall time (its training and optimizer work on the
+    trainer GPUs); `other_s`: work of other steps the window may hold, per GPU of the device type
+    (subtracted from the window's wall time, see point_bound)."""
+
+    step_s: float
+    trainer_step_s: float
+    other_s: float
+
+    def after(self, steps: int, c: int, elapsed: float) -> float:
+        """The bound once optimizer step c (>= the window's first, a) ended `elapsed` seconds
+        after the window opened: every step left to the window's last, b, takes trainer_step_s."""
+        a, b = (steps // 3, steps - 2) if steps >= 4 else (-1, steps - 1)
+        return (elapsed + (b - c) * self.trainer_step_s - self.other_s) / (b - a)
+
+
+def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: float | None = None) -> Bound:
+    """Lower bounds on run_spec(tb, spec, steps).step_s from the work the point must do, without
+    simulating it (the planner prunes with them; tests/sim/test_planner.py holds them below every run).
+
+    measure() gives step_s * n = (t1 - t0) + (W_steps - W_in) / N per device type (module doc).
+      all work    W_steps >= the useful work (report.useful_work: the ideal's batching is the
+                  cheapest) + every trainer GPU's OptimizerStep (reduction, AdamW on its shard,
+                  publishing); W_in <= N (t1 - t0), so step_s >= W_steps / (N n)
+      trainers    step s trains only after optimizer step s-1 ends and before optimizer step s
+                  ends, so each step's training and optimizer work lies between the two: every
+                  step takes >= (train + T opt) / T. The window holds no other step's work but
+                  the syncs of the version it starts with (R of them) and, in lag-1 modes, step
+                  b+1's generation (at most one step of Generate and Reward units, each priced
+                  where it costs most), so step_s >= (train + T opt) / T - (syncs + that) / (N n)
+      rollout     lag-0 modes without TAG: the same for generation on the R rollout GPUs
+    Raises ValueError where the point cannot run (as run_spec would)."""
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
+    n_win = (steps - 2) - steps // 3 if steps >= 4 else steps
+    lay = fn.layout
+    trainers = [w for w in lay.workers if w.role in ("trainer", "colocated")]
+    rollout = [w for w in lay.workers if w.role == "rollout"]
+    t_gpus = sum(lay.gpus.get(w.id, 1) for w in trainers)
+    r_gpus = sum(lay.gpus.get(w.id, 1) for w in rollout)
+    dev_t = fn.trainer_device
+    opt = fn._opt(dev_t)
+    u_t = useful_work(tb, dev_t, cm)
+    bound = ideal if ideal is not None else ideal_step_s(tb, cm)["step_s"]
+    one_type = len({lay.device[w.id] for w in lay.workers}) == 1
+    n_dev = lay.n_gpus if one_type else t_gpus
+    if one_type:
+        bound = max(bound, (sum(u_t.values()) - u_t["optimizer"] + t_gpus * opt) / lay.n_gpus)
+    other = r_gpus * fn._sync(lay.device[rollout[0].id]) if rollout else 0.0
+    if spec.mode not in ON_POLICY:
+        other += _step_generation_max(fn, run, trainers, rollout)
+    if not one_type and spec.mode in ON_POLICY:  # trainers on a device type of their own, lag 0
+        other = 0.0
+    per_step = (u_t["train"] + t_gpus * opt) / t_gpus
+    bound = max(bound, per_step - other / n_dev / n_win)
+    if rollout and spec.mode in ("disagg-sync", "gap", "gap+tsp"):
+        u_r = useful_work(tb, lay.device[rollout[0].id], cm)
+        bound = max(bound, (u_r["generate"] + u_r["encode"] + u_r["reward"]) / r_gpus
+                    - (other / lay.n_gpus / n_win if one_type else 0.0))
+    return Bound(bound, per_step, other / n_dev)
+
+
+def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incumbent: float, bound: Bound):
+    """run_spec, stopped as soon as the point's bound (Bound.after, once its window opened) shows
+    its step time cannot be below `incumbent`: returns the RunResult, or the bound it reached."""
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
+    a, b = (steps // 3, steps - 2) if steps >= 4 else (-1, steps - 1)
+    limit = incumbent * (1 + 1e-9)
+    t0 = [0.0 if a < 0 else None]
+    reached = [None]
+
+    def on_version(version: int, now: float) -> bool:
+        c = version - 1  # optimizer step c just ended
+        if c == a:
+            t0[0] = now
+        if t0[0] is None or not a <= c <= b:  # after b: the drain, outside the window
+            return False
+        lb = bound.after(steps, c, now - t0[0])
+        if lb >= limit:
+            reached[0] = lb
+            return True
+        return False
+
+    trace = run_virtual(Scheduler(run.sched, run.workers()), fn, on_version=on_version)
+    if reached[0] is not None:
+        return reached[0]
+    return measure(tb, spec, trace, fn, steps)
+
+
+def _step_generation_max(fn: DurationFn, run, trainers: list, rollout: list) -> float:
+    """GPU-seconds of one RL step's Generate (whole trajectories) and Reward units, each at the
+    most it can cost on any worker that may run it (a trainer gang's gathers not yet done)."""
+    from digenrl.sched.units import Generate, Reward, partition, split_rows
+
+    c = run.sched
+    workers = ([rollout[0]] if rollout else []) + ([trainers[0]] if c.tag and trainers else [])
+    total = 0.0
+    for mb, groups in enumerate(partition(c.groups_per_step, c.micro_batch_groups)):
+        units = [Generate(0, mb, groups, 0, 0, c.num_steps, rows)
+                 for rows in split_rows(len(groups) * c.group_size, c.gen_shard)] + [Reward(0, mb, groups)]
+        for u in units:
+            costs = []
+            for w in workers:
+                fn._gathered = {}
+                costs.append(fn(w, u) * fn.layout.gpus.get(w.id, 1))
+            total += max(costs, default=0.0)
+    return total
 
 
 def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
