@@ -381,7 +381,9 @@ class DurationFn:
     def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
         n, _ = self._rows(unit)
         k = len(unit.t_steps)
-        if self.mode == "colocated":  # each GPU trains its own rows, FSDP-gathering over its shard group
+        if self.system is not None and self.system.optimizer_steps > 1 and n > 1:
+            t = self._mini_batches_s(worker, dev, n, k)
+        elif self.mode == "colocated":  # each GPU trains its own rows, FSDP-gathering over its shard group
             t = self._train(dev, n, k)
             gang_rows = n * self.comm.gang  # GangComm splits rows over ranks: n each
         else:  # a gang splits the rows over its data groups (ranks, or trainer_sp ranks sequence-
@@ -390,7 +392,7 @@ class DurationFn:
             gang_rows = n
         if self.system is not None:
             t += self._shipped_train_extra(dev, n, k)
-        if self.comm.gang > 1:
+        if self.comm.gang > 1 and not (self.system is not None and self.system.optimizer_steps > 1 and n > 1):
             t += self._overhead("gang_train", self._train_comm_s(worker, gang_rows, k, t),
                                 self.gang if self.mode != "colocated" else 1)
         if self.trainer_sp > 1 and self.mode != "colocated":
@@ -519,6 +521,19 @@ class DurationFn:
             t += self._overhead("gang_backward_reduce", passes * ar)
         return t
 
+    def _mini_batches_s(self, worker: Worker, dev: str, n: int, k: int) -> float:
+        """A shipped system's Train unit cut into its optimizer_steps mini-batches (its update loop
+        runs each mini-batch's micro-batches as passes of their own): the compute of each, and on an
+        FSDP shard group each pass's gathers and reduce-scatters (GangComm), what compute cannot hide."""
+        m = min(self.system.optimizer_steps, n)
+        t = 0.0
+        for rows in (n // m + (i < n % m) for i in range(m)):
+            c = self._train(dev, rows, k)
+            if self.comm.gang > 1:
+                c += self._overhead("gang_train", self._train_comm_s(worker, rows * self.comm.gang, k, c))
+            t += c
+        return t
+
     def _recompute_s(self, dev: str, n: int, k: int) -> float:
         tb, sy = self.tb, self.system
         batch = (sy.logp_batch if sy is not None and sy.logp_batch else tb.micro_batch)
@@ -526,7 +541,11 @@ class DurationFn:
 
         def per_step():  # old log-probs of one trained step, in the log-prob micro-batches
             return _in_batches(n, batch, lambda b: self._fwd(dev, b, tb.train_cfg, calls))
-        return k * self._memo(("recompute", dev, n), per_step)
+        t = k * self._memo(("recompute", dev, n), per_step)
+        if sy is not None and self.col_shards > 1:  # each no-grad forward gathers every FSDP unit again
+            gathers = k * -(-n // batch)
+            t += self._overhead("gang_recompute", self._exposed(gathers * self._gather_s(), t, gathers))
+        return t
 
     # ---- sequence-parallel gangs (sim.sp: the bytes the runtime counts) ----------
     def _sp_setup(self) -> None:

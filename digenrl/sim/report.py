@@ -334,7 +334,7 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
              "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer",
              "gang_sp_generate": "generate", "gang_sp_train": "train", "park": "optimizer",
-             "reload": "train"}
+             "reload": "train", "gang_recompute": "train"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n

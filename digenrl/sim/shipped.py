@@ -32,6 +32,7 @@ from digenrl.sim.collectives import allgather_traffic, driver_dispatch_s, pageab
 VO = "verl-project/verl-omni@a1139baf"
 VO_FT = "verl-project/verl-omni@c415a591"  # the commit that published the full fine-tune figure
 VO_LORA = "verl-project/verl-omni@1cf9aa94"  # ... and the LoRA figures
+VO_JUNE = "verl-project/verl-omni@d07f42ba"  # ... and the 64x H100 FSDP1 figure
 VL = "verl-project/verl@8a694930"  # verl-omni's verl pin
 MM = "leibniz-csi/mm_grpo@301f5c05"
 GR = "ModelTC/GenRL@82a867e"
@@ -244,7 +245,14 @@ _ASYNC_REWARD = dataclasses.replace(
     sources={"reward on a GPU pool of its own, each sample scored as it finishes (no wake/sleep)":
              f"{VO}:verl_omni/agent_loop/diffusion_agent_loop.py:305-333; "
              f"{VO}:examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora_async_reward.sh:14-17,60-66"})
-SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD})
+# ... and when it published its 64x H100 FSDP1 figure (d07f42ba): the same code (fp32 images still),
+# run with the parameters resident (param_offload False), the optimizer state offloaded.
+_JUNE = dataclasses.replace(
+    _SPRING, name="verl-omni@2026-06", label="veRL-Omni (June 2026), parameters resident", param_moves=0,
+    sources={"parameters resident, optimizer state offloaded in the 64x H100 run":
+             f"{VO_JUNE}:docs/algo/performance.md:87; "
+             f"{VO_JUNE}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:264"})
+SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD, _JUNE.name: _JUNE})
 
 
 def get_system(name: str) -> System:
