@@ -50,6 +50,7 @@ class Layout:
     sampler: str = "shared"  # shared | copy | fsdp
     parked: tuple = ()  # roles on the host during the train phase (PARKABLE)
     offload: bool = False  # AdamW state on the host outside the train phase
+    no_sync: bool = False  # fsdp: accumulate unsharded gradients, reduce once per optimizer step
 
     @property
     def name(self) -> str:
@@ -58,7 +59,14 @@ class Layout:
         if self.shard == "fsdp" and self.sampler == "copy" and set(self.parked) == set(PARKABLE):
             base, parked = "fsdp-sleep", []  # veRL's hybrid engine: the rollout copy and its encoders sleep
         return (base + ("/node" if self.group == "node" and self.shard != "replicated" else "")
-                + (f"+park({','.join(parked)})" if parked else "") + ("+offload" if self.offload else ""))
+                + (f"+park({','.join(parked)})" if parked else "") + ("+offload" if self.offload else "")
+                + ("+no_sync" if self.no_sync else ""))
+
+    @property
+    def reward_server(self) -> bool:
+        """fsdp-sleep: the reward model is a server woken for its own phase, tensor-parallel over the
+        GPUs (veRL's reward loop), so each GPU holds, parks and moves 1/n of it."""
+        return self.shard == "fsdp" and self.sampler == "copy" and set(self.parked) == set(PARKABLE)
 
     def shards(self, n_gpus: int, gpus_per_node: int) -> int:
         """GPUs over which the optimizer state (and, fsdp, the weights) is sharded."""
@@ -73,10 +81,10 @@ def layouts(n_gpus: int, gpus_per_node: int) -> list[Layout]:
     parks = [(), ("reward",), ("text_encoder", "vae", "reward")]
     out = [Layout("replicated", "world", "shared", p, o) for p, o in product(parks, (False, True))]
     out += [Layout("zero2", g, "shared", p, o) for g, p, o in product(groups, parks, (False, True))]
-    for g, o in product(groups, (False, True)):
-        out += [Layout("fsdp", g, "fsdp", p, o) for p in parks]
-        out += [Layout("fsdp", g, "copy", p, o) for p in parks]
-        out.append(Layout("fsdp", g, "copy", ("rollout",) + parks[2], o))  # fsdp-sleep
+    for g, o, ns in product(groups, (False, True), (False, True)):
+        out += [Layout("fsdp", g, "fsdp", p, o, ns) for p in parks]
+        out += [Layout("fsdp", g, "copy", p, o, ns) for p in parks]
+        out.append(Layout("fsdp", g, "copy", ("rollout",) + parks[2], o, ns))  # fsdp-sleep
     return out
 
 
@@ -99,6 +107,9 @@ def layout_fit(cm: CostModel, lay: Layout, model: str, device, n_gpus: int, gpus
     kw = dict(lora=lora, lora_rank=lora_rank, grad_ckpt=grad_ckpt, shape=shape, reward=reward)
     trainer = cm.memory_gib(model, "trainer", device, batch=train_batch, fsdp_shards=s if lay.shard == "fsdp" else 1,
                             cfg=train_cfg, **kw)
+    if lay.no_sync:  # gradients accumulate unsharded until the optimizer step's reduction
+        whole = cm.memory_gib(model, "trainer", device, batch=train_batch, fsdp_shards=1, cfg=train_cfg, **kw)
+        trainer = Memory(trainer.weights, whole.grads, trainer.optimizer, trainer.activations, trainer.estimated)
     if lay.shard == "zero2":  # bf16 weights whole, gradients and AdamW state sharded
         part = cm.memory_gib(model, "trainer", device, batch=train_batch, fsdp_shards=s, cfg=train_cfg, **kw)
         trainer = Memory(trainer.weights, part.grads, part.optimizer, trainer.activations, trainer.estimated)
@@ -112,15 +123,18 @@ def layout_fit(cm: CostModel, lay: Layout, model: str, device, n_gpus: int, gpus
     for role in ("text_encoder", "vae", "reward") + (("ref",) if kl and not lora else ()):
         mems[role] = cm.memory_gib(model, role, device, batch=gen_batch, fsdp_shards=s if lay.shard == "fsdp" else 1,
                                    **kw)
+    if lay.reward_server:  # tensor-parallel over the GPUs
+        r = mems["reward"]
+        mems["reward"] = Memory(r.weights / n_gpus, activations=r.activations, estimated=True)
     training = {r: m for r, m in mems.items() if r not in lay.parked and r != "rollout_shared"}
     return fits_memories(device, mems, train_roles=training, offload_optimizer=lay.offload)
 
 
-def parked_bytes(model: str, lay: Layout, reward: str) -> float:
-    """bf16 bytes of the roles a layout parks on the host while training."""
+def parked_bytes(model: str, lay: Layout, reward: str, n_gpus: int = 1) -> float:
+    """bf16 bytes one GPU parks on the host while training (a reward server: its 1/n share)."""
     m = get_model(model)
     sizes = {"rollout": m.params_B, "text_encoder": TEXT_ENCODERS[m.text_encoder][0], "vae": VAES[m.vae][0],
-             "reward": get_reward(reward)[0]}
+             "reward": get_reward(reward)[0] / (n_gpus if lay.reward_server else 1)}
     return sum(BYTES_WEIGHT * sizes[r] * 1e9 for r in lay.parked)
 
 
@@ -139,7 +153,8 @@ def layout_costs(cm: CostModel, lay: Layout, model: str, device, n_gpus: int, gp
             "offload_reload": cm.offload_reload_s(trainable_params_B(model, lora, lora_rank), device, s,
                                                   needed=lay.offload)}
     if lay.parked:
-        step["park"] = Cost(2 * pcie_s(parked_bytes(model, lay, reward), device), True, "parked roles over PCIe")
+        step["park"] = Cost(2 * pcie_s(parked_bytes(model, lay, reward, n_gpus), device), True,
+                            "parked roles over PCIe")
     per_fwd = (cm.fsdp_gather_per_forward_s(model, device, s, link, gen_batch, cfg, shape)
                if lay.sampler == "fsdp" else Cost(0.0))
     return step, per_fwd

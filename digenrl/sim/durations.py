@@ -176,6 +176,7 @@ class DurationFn:
     _gathered: dict = field(default_factory=dict)  # worker id -> after-step params gathered since its reshard
     system: System | None = None  # a shipped peer's mechanisms (colocated only; None: ours or colocated-ideal)
     memo: bool = True  # replay the cost of a unit already priced (__call__)
+    _no_sync: bool = False  # colocated layout accumulating under no_sync (baselines.Layout.no_sync)
     _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
     _log: list | None = None  # overhead increments of the unit being priced
 
@@ -243,6 +244,7 @@ class DurationFn:
         # FSDP shard group of the baseline's trainer: none (replicated, zero2), a node, or every GPU
         self.col_shards = lay.shards(self.n_trainers, p.gpus_per_node) if lay.shard == "fsdp" else 1
         self.opt_shards = lay.shards(self.n_trainers, p.gpus_per_node)
+        self._no_sync = lay.no_sync and self.col_shards > 1
         self._recompute = plan["recompute_logp"]
         if self.zero_baseline:
             self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
@@ -414,6 +416,8 @@ class DurationFn:
             if not self.system.reduce_every_backward and self.col_shards > 1:  # no_sync: once per optimizer step
                 t += self._overhead("gang_reduce", self.system.optimizer_steps * self._reduce_scatter_s())
         elif self.mode == "colocated":
+            if self._no_sync:  # the deferred reduction: once per optimizer step
+                t += self._overhead("gang_reduce", self._reduce_scatter_s())
             t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
             t += self._overhead("park", self._per_step.get("park", 0.0))
             t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
@@ -632,7 +636,7 @@ class DurationFn:
         ag, rs = c.train(rows, k, self._gathered.get(worker.id, False))
         self._gathered[worker.id] = True
         gathers = ag // c.gather
-        if self.system is not None and not self.system.reduce_every_backward:
+        if (self.system is not None and not self.system.reduce_every_backward) or self._no_sync:
             rs = 0  # accumulation under no_sync: reduced once per optimizer step (OptimizerStep)
         comm_s = gathers * self._gather_s() + (rs // (c.gang * self.fsdp.reduce_scatter_bytes(c.gang))) * \
             self._reduce_scatter_s()

@@ -277,7 +277,8 @@ def layout_of(system: System):
     parked = ("rollout", "text_encoder", "vae", "reward") if system.sampler == "copy-sleep" else ()
     if system.reward_moves or system.reward == "pool":  # the reward model is not on the GPU while it trains
         parked = tuple(dict.fromkeys(parked + ("reward",)))
-    return Layout(shard, "world", sampler, parked, offload=system.optimizer_moves > 0)
+    return Layout(shard, "world", sampler, parked, offload=system.optimizer_moves > 0,
+                  no_sync=shard == "fsdp" and not system.reduce_every_backward)
 
 
 def fit(cm, system: System, tb, device: str, n_gpus: int):

@@ -109,7 +109,7 @@ def random_testbeds(seed: int, n: int, cm: CostModel) -> tuple[list[dict], int]:
         except TestbedError:
             redrawn += 1
             continue
-        if refusal(tb, cm):  # e.g. no trainer gang of these GPUs holds a full fine-tune
+        if refusal(tb, cm, memory=True):  # e.g. no trainer gang of these GPUs holds a full fine-tune
             redrawn += 1
             continue
         out.append(d)

@@ -44,3 +44,61 @@ def test_cli_plan(capsys):
     assert plan_main(["--testbed", SMALL, "--gpus", "16", "--mode", "gap"]) == 0
     out = capsys.readouterr().out  # the knobs as the config keys that hold them
     assert "runtime.rollout.workers=" in out and "data.micro_batch_groups=" in out and "n_rollout" not in out
+
+
+# ----------------------------------------------------------------------------- exact pruning (issue 24)
+
+from digenrl.sim.simulate import ROWS  # noqa: E402
+from digenrl.sim.testbed import list_presets  # noqa: E402
+
+
+def _same_plan(tb, label: str) -> None:
+    mode, style = ROWS[label]
+    fast, ref = plan(tb, mode=mode, style=style), plan(tb, mode=mode, style=style, prune=False)
+    assert fast.spec == ref.spec, (tb.name, label, fast.spec, ref.spec)
+    assert fast.step_s == pytest.approx(ref.step_s, rel=1e-9)  # lag-0 rows: 4 steps measure what 12 do
+
+
+@pytest.mark.parametrize("label", ["colocated-ideal", "verl-omni", "disagg-sync", "one-step-off", "gap+tsp",
+                                   "gap+tsp+tag", "digenrl"])
+def test_pruned_search_chooses_what_the_unpruned_one_does(label):
+    """Pruning by lower bounds, early stops and 4-step lag-0 runs change what is simulated, not the plan."""
+    _same_plan(load_testbed(SMALL), label)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", [p for p in list_presets() if p != SMALL])
+def test_pruned_search_chooses_what_the_unpruned_one_does_on_every_preset(preset):
+    tb = load_testbed(preset)
+    for label in ("digenrl", "one-step-off") + (("colocated-ideal",) if all(p.role == "any" for p in tb.pools) else ()):
+        _same_plan(tb, label)
+
+
+def test_point_bound_is_below_every_run():
+    """report.point_bound (and the early stop built on it) is a lower bound: random points of every row
+    on two testbeds, 12 steps (lag-1) or 4 (lag-0) as the planner simulates them."""
+    import random
+
+    from digenrl.sim.costs import default_cost_model
+    from digenrl.sim.planner import _spec, snap
+    from digenrl.sim.report import ON_POLICY, point_bound, run_spec, run_spec_within
+
+    cm, rng, n = default_cost_model(), random.Random(7), 0
+    for name in (SMALL, "hetero-h200x8-l40sx16-flux"):
+        tb = load_testbed(name)
+        for label, (mode, style) in ROWS.items():
+            if mode == "colocated" and name != SMALL:
+                continue
+            steps = 4 if mode in ON_POLICY else 12
+            for _ in range(3):
+                spec = _spec(mode, snap(tb, {k: rng.choice(v) for k, v in grid(tb, mode, style).items()}), style)
+                try:
+                    r = run_spec(tb, spec, steps, cm)
+                except ValueError:
+                    continue
+                b = point_bound(tb, spec, steps, cm)
+                assert b.step_s <= r.step_s * (1 + 1e-12), (name, label, spec, b, r.step_s)
+                stopped = run_spec_within(tb, spec, steps, cm, r.step_s * 0.999, b)
+                assert isinstance(stopped, float) <= (stopped if isinstance(stopped, float) else 0) <= r.step_s * (1 + 1e-12)
+                n += 1
+    assert n >= 20
