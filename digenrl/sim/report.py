@@ -226,7 +226,10 @@ def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: fl
         other += _step_generation_max(fn, run, trainers, rollout)
     if not one_type and spec.mode in ON_POLICY:  # trainers on a device type of their own, lag 0
         other = 0.0
-    per_step = (u_t["train"] + t_gpus * opt) / t_gpus
+    # every step runs at least one Train unit, then every trainer's OptimizerStep (the barrier); a
+    # lag-0 step also generates and scores a whole trajectory after the version it needs exists
+    chain = _chain_s(fn, run, trainers, rollout, spec.mode in ON_POLICY)
+    per_step = max((u_t["train"] + t_gpus * opt) / t_gpus, chain + opt)
     bound = max(bound, per_step - other / n_dev / n_win)
     if rollout and spec.mode in ("disagg-sync", "gap", "gap+tsp"):
         u_r = useful_work(tb, lay.device[rollout[0].id], cm)
@@ -260,6 +263,39 @@ def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incum
     if reached[0] is not None:
         return reached[0]
     return measure(tb, spec, trace, fn, steps)
+
+
+def _chain_s(fn: DurationFn, run, trainers: list, rollout: list, generate: bool) -> float:
+    """The shortest unit chain inside one RL step: the cheapest Train unit (its smallest sample
+    shard, fewest trained steps, parameters already gathered), and with `generate` before it the
+    cheapest whole trajectory of the smallest Generate shard and the cheapest Reward."""
+    from digenrl.sched.units import Generate, Reward, Train, partition, split_rows
+
+    c = run.sched
+    mbs = partition(c.groups_per_step, c.micro_batch_groups)
+    small = min(mbs, key=len)
+    trained = c.trained(0)
+    chunk = min(c.tsp_chunk, len(trained)) if c.tsp else len(trained)
+    last = len(trained) % chunk or chunk  # the last chunk may be shorter
+
+    def cheapest(unit, workers) -> float:
+        costs = []
+        for w in workers:
+            for gathered in (False, True):
+                fn._gathered = {w.id: gathered}
+                costs.append(fn(w, unit))
+        return min(costs)
+
+    rows = min(split_rows(len(small) * c.group_size, c.train_shard), key=lambda r: (r[1] - r[0]) if r else 1e9)
+    t = cheapest(Train(0, 0, small, tuple(trained[:min(chunk, last)]), 0, rows), trainers[:1])
+    if generate:
+        gen_rows = min(split_rows(len(small) * c.group_size, c.gen_shard),
+                       key=lambda r: (r[1] - r[0]) if r else 1e9)
+        gens = rollout[:1] + (trainers[:1] if c.tag or c.colocated else [])
+        t += cheapest(Generate(0, 0, small, 0, 0, c.num_steps, gen_rows), gens)
+        t += cheapest(Reward(0, 0, small), gens)
+    fn._gathered = {}
+    return t
 
 
 def _step_generation_max(fn: DurationFn, run, trainers: list, rollout: list) -> float:
