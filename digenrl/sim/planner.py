@@ -5,7 +5,11 @@
     exhaustive(...)       brute force over the same grid (the reference the planner must hit)
 
 Knobs (axes):
-    n_rollout           rollout GPUs when the testbed's one pool is split (disaggregated modes)
+    n_rollout           rollout GPUs when the testbed's one pool is split (disaggregated modes);
+                        from 0 in the TAG modes (every GPU a trainer, generating under TAG)
+    offload             runtime.trainer.offload, where one GPU does not hold a full fine-tune
+    memory              colocated-ideal: its memory layouts worth simulating (memory_axis: the
+                        cheapest by forced costs, and each shipped peer's own layout that fits)
     micro_batch_groups  groups per micro-batch. GAP modes: whole prompt groups (advantages need
                         all rewards of a group), divisors of groups_per_step. Batch-level
                         modes (colocated, disagg-sync, one-step-off) train nothing before the
@@ -38,6 +42,14 @@ Knobs (axes):
 Every mode, baselines included, gets its best point of this search: the planner starts from
 the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
 so a baseline is never configured worse than its default.
+
+Speed, exactly (issue 24: seconds, not minutes). A candidate whose lower bound
+(report.point_bound: the work it must do, each step's trainer work and shortest unit chain)
+cannot beat the incumbent is not simulated, and a simulation stops as soon as its window shows
+it cannot win (report.run_spec_within); neither could have been accepted, so the search takes the
+path it takes without them (plan(prune=False) is that reference; tests/sim/test_planner.py
+compares the two). Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of
+their steps starts from the same idle state, so 4 steps measure what 12 do (to ~1e-13).
 
 The analytic split. Per sample, generation + reward takes g seconds on a rollout GPU and
 training (all trained steps) t seconds on a trainer GPU; the pools are balanced when
@@ -383,12 +395,22 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
             best, best_r = p, r
     if isinstance(best_r, _Infeasible):
-        raise ValueError(f"no point of the {mode} grid runs; nearest: {best_r.reason.removeprefix(tb.name + ': ')}")
+        raise ValueError(f"no point of the {mode} grid runs; nearest: {_nearest_miss(ev).removeprefix(tb.name + ': ')}")
     size = 1
     for v in axes.values():
         size *= len(v)
     return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, ev.simulated,
                 time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm), pruned=ev.pruned)
+
+
+def _nearest_miss(ev: _Evaluator) -> str:
+    """The reason of the refused point that came closest to fitting (fewest GiB per GPU)."""
+    import re
+
+    def gib(reason: str) -> float:
+        m = re.search(r"(\d+) GiB per GPU", reason)
+        return float(m.group(1)) if m else float("inf")
+    return min((r.reason for r in ev.cache.values() if isinstance(r, _Infeasible)), key=gib)
 
 
 def _with_gang(tb: Testbed, spec: RunSpec) -> RunSpec:
