@@ -127,8 +127,10 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
         try:
             pool.warm(max(tb.n_gpus, ref.n_gpus))
             for label in modes:
+                if label not in sim.rows:  # its plans do not fit here (sim.unfit says why): nothing to emulate
+                    continue
                 s_row = sim.rows[label]
-                where = ref if ROWS[label][0] == "colocated" else tb
+                where = ref if s_row.spec.mode == "colocated" else tb
                 end = max(1e-9, s_row.trace.end)
                 scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
                 w0 = time.time()

@@ -102,3 +102,30 @@ def test_point_bound_is_below_every_run():
                 assert isinstance(stopped, float) <= (stopped if isinstance(stopped, float) else 0) <= r.step_s * (1 + 1e-12)
                 n += 1
     assert n >= 20
+
+
+def test_cli_plan_names_the_smallest_change_when_nothing_fits(tmp_path, capsys):
+    """A 14B video full fine-tune on 2 L40S (48 GB): no plan fits, even one gang of both GPUs with the
+    AdamW state on the host; plan says so with the memory figure and names the smallest change."""
+    from digenrl.sim.cli import plan_main
+
+    yaml = tmp_path / "tiny.yaml"
+    yaml.write_text("name: tiny\npools:\n  - {name: l40s, count: 2, device: L40S, role: any, gpus_per_node: 8}\n"
+                    "model: wan2.1-14b\nheight: 480\nwidth: 832\nframes: 33\ndenoise_steps: 10\ntrained_steps: 4\n"
+                    "group_size: 4\ngroups_per_step: 4\nmicro_batch: 2\nrollout_batch: 1\nlora: false\n"
+                    "reward: videoalign\nweight_sync: nccl\n")
+    assert plan_main(["--testbed", str(yaml)]) == 2
+    err = capsys.readouterr().err
+    assert "GiB per GPU" in err and "smallest change that makes one fit: lora: true" in err
+
+
+def test_cli_plan_prints_digenrl_colocated_plan_where_it_wins(capsys):
+    """veRL-Omni's Qwen-Image full fine-tune on 4 H200: DigenRL's best plan is its plain colocated one."""
+    from pathlib import Path
+
+    from digenrl.sim.cli import plan_main
+
+    tb = Path(__file__).parent / "testbeds" / "qwen-full-h200x4.yaml"
+    assert plan_main(["--testbed", str(tb)]) == 0
+    out = capsys.readouterr().out
+    assert "run.mode=colocated" in out and "colocated memory plan simulated:" in out
