@@ -168,11 +168,10 @@ def fits_memories(device, mems: dict, train_roles: dict | None = None, offload_o
     train = mems if train_roles is None else train_roles
     weights = sum(mm.weights for mm in mems.values())
     opt = sum(mm.optimizer for mm in mems.values())
-    grads = sum(mm.grads for mm in mems.values())
+    # gradients live in the train phase only (FitReport)
     train_peak = (sum(mm.weights + mm.optimizer + mm.grads for mm in train.values()) + mems["trainer"].activations
                   if "trainer" in mems else 0.0)
     other_act = max((mm.activations for r, mm in mems.items() if r != "trainer"), default=None)
     other_peak = 0.0 if other_act is None else weights + (0.0 if offload_optimizer else opt) + other_act
-    del grads  # gradients live in the train phase only (FitReport)
     est = any(mm.estimated for mm in mems.values()) or dev.name != REFERENCE
     return FitReport(dev.name, mems, train_peak, other_peak, USABLE_FRACTION * dev.hbm_gib - RESERVED_GIB, est)
