@@ -138,6 +138,10 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
                 f"{VL}:verl/experimental/reward_loop/reward_loop.py:343-355",
             "two optimizer steps per RL step (ppo_mini_batch_size 16 of 32 prompts)":
                 f"{VO}:docs/algo/flowgrpo.md:188-202",
+            "each mini-batch's micro-batches are passes of their own (gathers, reduce-scatters each)":
+                f"{VO}:verl_omni/workers/engine_workers.py:325-349",
+            "old log-probs in infer micro-batches through the FSDP-wrapped module (a gather per forward)":
+                f"{VO}:verl_omni/workers/engine_workers.py:455-475",
             "offload copies to unpinned host memory":
                 f"{VL}:verl/utils/fsdp_utils.py:169-249",
             "the whole batch through the driver: generation back (uint8 images, fp32 window latents, "
