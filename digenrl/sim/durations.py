@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 
 from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
-from digenrl.sim.baselines import IDEAL, layouts, style_plan
+from digenrl.sim.baselines import IDEAL, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
 from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
@@ -220,13 +220,9 @@ class DurationFn:
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
         tb, p = self.tb, self.trainer_pool
+        # a shipped system zeroed (the decomposition's factor a): colocated-ideal's best layout, since
+        # the peer's layout (FSDP over every GPU across nodes, a sleeping copy) is one of its avoidable costs
         memory = self.memory
-        if self.style in SYSTEMS and memory is None:  # a shipped system zeroed: its own layout, no costs of its own
-            from digenrl.sim.shipped import layout_of
-
-            memory = layout_of(SYSTEMS[self.style]).name
-            if memory not in {x.name for x in layouts(self.n_trainers, p.gpus_per_node)}:
-                memory = None  # a layout no ideal system would pick (a resident copy beside replicas)
         plan = style_plan(self.cm, IDEAL, tb.model, p.device, self.n_trainers, memory=memory,
                           gpus_per_node=p.gpus_per_node, intra=p.intra_link or tb.links.intra_node,
                           inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,

@@ -136,7 +136,7 @@ def test_zero_baseline_is_faster(cm, style):
     base = run_spec(tb, spec, 4, cm)
     zero = run_spec(tb, RunSpec(**{**spec.__dict__, "zero_baseline": True}), 4, cm)
     assert zero.throughput > base.throughput
-    # what is left is the collectives its memory plan forces (a peer zeroed keeps its own layout)
+    # what is left is the collectives its memory plan forces (colocated-ideal's best layout)
     assert not [k for k in zero.overhead_ws if not k.startswith("gang_")], zero.overhead_ws
 
 
