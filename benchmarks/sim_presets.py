@@ -33,7 +33,7 @@ def trainer_memory(tb, knobs: dict) -> dict:
     rep = default_cost_model().fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora,
                                     grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
                                     lora_rank=tb.lora_rank, fsdp_shards=gang, gang=gang > 1,
-                                    after_step=after_step, sp=sp)
+                                    after_step=after_step, sp=sp, offload=bool(knobs.get("offload")))
     m = rep.roles["trainer"]
     return {"weights": m.weights, "grads": m.grads, "optimizer": m.optimizer, "activations": m.activations,
             "peak": rep.peak_gib, "usable": rep.usable_gib}
@@ -126,6 +126,7 @@ def main(argv=None) -> int:
         print(f"({time.perf_counter() - t0:.1f} s)\n", flush=True)
         d = rep.to_dict()
         knobs = d["plans"]["digenrl"]["knobs"]
+        knobs["mode"] = d["plans"]["digenrl"]["mode"]  # colocated when digenrl's best plan is the plain colocated one
         summary[name] = {
             "digenrl_utilisation": d["rows"]["digenrl"]["utilisation"],
             "speedups": {b: x["total"] for b, x in d["decomposition"].items()},
@@ -144,12 +145,27 @@ def main(argv=None) -> int:
             f = s["factors"][b]
             cells.append(f"{s['speedups'][b]:.2f}x = {f['baseline_costs']:.2f} x {f['heterogeneity']:.2f} x "
                          f"{f['independent_scaling']:.2f} x {f['overlap']:.2f}")
+        where = (f"run.mode=colocated, {k.get('memory') or 'cheapest layout'}" if k["mode"] == "colocated" else
+                 f"gang {k.get('gang')} {k.get('reshard')}, rollout {k.get('n_rollout', 'fixed')}"
+                 + (", offload" if k.get("offload") else ""))
         print(f"| {name} | {100 * s['digenrl_utilisation']:.1f}% | " + " | ".join(cells) +
-              f" | gang {k.get('gang')} {k.get('reshard')}, rollout {k.get('n_rollout', 'fixed')}"
+              f" | {where}"
               + (f", rollout gang {k['rollout_gang']}" if (k.get("rollout_gang") or 1) > 1 else "")
               + (f", trainer sp {k['trainer_sp']}" if (k.get("trainer_sp") or 1) > 1 else "") + " |")
+    print("== headline: digenrl's utilisation and its speedup over each colocated row (README)")
+    heads = ("verl-omni", "genrl", "flow_grpo", "colocated-ideal")
+    print("| preset | digenrl util | " + " | ".join(f"vs {b}{' (shipped)' if b != 'colocated-ideal' else ''}"
+                                                  for b in heads) + " |")
+    print("|---" * (len(heads) + 2) + "|")
+    for name, s in summary.items():
+        per = lambda b: " per $" if name.startswith("hetero") else ""  # noqa: E731
+        print(f"| {name} | {100 * s['digenrl_utilisation']:.1f}% | " + " | ".join(
+            f"{s['speedups'][b]:.2f}x{per(b)}" if b in s["speedups"] else "does not fit" for b in heads) + " |")
     print("== memory per trainer GPU of digenrl's plan (GiB; memory.py)")
     for name, s in summary.items():
+        if s["digenrl_plan"]["mode"] == "colocated":  # no trainer gang: the row's colocated layout holds it
+            print(f"{name:<32} run.mode=colocated (see the colocated-ideal row's memory plan)")
+            continue
         m = s["trainer_memory_gib"]
         print(f"{name:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in m.items()))
     Path(a.out).mkdir(parents=True, exist_ok=True)

@@ -127,8 +127,10 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
         try:
             pool.warm(max(tb.n_gpus, ref.n_gpus))
             for label in modes:
+                if label not in sim.rows:  # its plans do not fit here (sim.unfit says why): nothing to emulate
+                    continue
                 s_row = sim.rows[label]
-                where = ref if ROWS[label][0] == "colocated" else tb
+                where = ref if s_row.spec.mode == "colocated" else tb
                 end = max(1e-9, s_row.trace.end)
                 scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
                 w0 = time.time()
@@ -176,17 +178,13 @@ def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: s
     """`digenrl.sim.report.run_spec` on the emulated runtime: the same Config, contract,
     workers and durations, measured over the same steady-state window (`report.measure`);
     a RunResult in modelled seconds with `.latency` (Ray round trips). Ray must be up."""
-    from digenrl.contract import contract
     from digenrl.runtime.emulated import latency_stats, run_scheduler_emulated
     from digenrl.sched import Scheduler
     from digenrl.sim.costs import default_cost_model
-    from digenrl.sim.report import measure
-    from digenrl.sim.workload import config_for, duration_fn
+    from digenrl.sim.report import measure, spec_duration_fn
 
     cm = cm or default_cost_model()
-    cfg = config_for(tb, spec, steps)
-    run = contract(cfg)
-    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline)
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
     trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, time_scale, latency=latency, pool=pool)
     res = measure(tb, spec, trace, fn, steps, keep_trace=True)
     res.latency = latency_stats(trace)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 from digenrl.sim.testbed import TestbedError, load_testbed
 
@@ -68,6 +69,74 @@ def simulate_main(argv=None) -> int:
     return 0
 
 
+# Single changes `plan` tries when no plan fits, smallest first: each maps a testbed to the changed one
+# (None: does not apply). A change "makes one fit" when DigenRL's most memory-frugal plan holds the
+# training state (workload.refusal with memory=True: one gang over every GPU, AdamW state on the host).
+CHANGES = [
+    ("micro_batch: 1", lambda tb: replace(tb, micro_batch=1) if tb.micro_batch > 1 else None),
+    ("grad_ckpt: true", lambda tb: replace(tb, grad_ckpt=True) if not tb.grad_ckpt else None),
+    ("lora: true", lambda tb: replace(tb, lora=True, weight_sync="lora-only") if not tb.lora else None),
+    ("--gpus x2", lambda tb: _more_gpus(tb, 2)),
+    ("--gpus x4", lambda tb: _more_gpus(tb, 4)),
+    ("device: H200", lambda tb: _device(tb, "H200")),
+    ("device: B200", lambda tb: _device(tb, "B200")),
+]
+
+
+def _more_gpus(tb, k: int):
+    from digenrl.sim.testbed import resize
+
+    return resize(tb, tb.n_gpus * k) if len(tb.pools) == 1 and tb.pools[0].role == "any" else None
+
+
+def _device(tb, device: str):
+    if all(p.device == device for p in tb.pools):
+        return None
+    return replace(tb, pools=tuple(replace(p, device=device) if p.role in ("any", "trainer") else p for p in tb.pools))
+
+
+def smallest_change(tb, gpus=None) -> str | None:
+    """The first of CHANGES after which some DigenRL plan fits on `tb` (resized to `gpus`)."""
+    from digenrl.sim.testbed import TestbedError, resize
+    from digenrl.sim.workload import refusal
+
+    tb = resize(tb, gpus)
+    for what, change in CHANGES:
+        try:
+            new = change(tb)
+            if new is not None and refusal(new, memory=True) is None:
+                return what
+        except (TestbedError, ValueError):
+            continue
+    return None
+
+
+def _plan_with_colocated(tb, gpus, mode, style):
+    """digenrl's best plan, its plain colocated plan included (as `digenrl simulate`'s digenrl row)."""
+    from dataclasses import replace as dc_replace
+
+    from digenrl.sim.planner import plan
+    from digenrl.sim.simulate import ROWS
+    from digenrl.sim.testbed import resize
+
+    where = resize(tb, gpus)
+    best, why = None, None
+    try:
+        best = plan(where, mode=mode, style=style)
+    except ValueError as e:
+        why = e
+    if all(p.role == "any" for p in where.pools):
+        try:
+            col = plan(where, mode="colocated", style=ROWS["colocated-ideal"][1])
+            if best is None or col.throughput > best.throughput * (1 + 1e-9):
+                best = dc_replace(col, mode="colocated")
+        except ValueError:
+            pass
+    if best is None:
+        raise why
+    return best
+
+
 def plan_main(argv=None) -> int:
     from digenrl.sim.planner import PLAN_STEPS, exhaustive, plan
     from digenrl.sim.simulate import ROWS
@@ -92,9 +161,13 @@ def plan_main(argv=None) -> int:
         return 2
     mode, style = ROWS[a.mode]
     try:
-        pl = plan(tb, a.gpus, mode, style=style)
+        pl = _plan_with_colocated(tb, a.gpus, mode, style) if a.mode == "digenrl" else plan(tb, a.gpus, mode, style=style)
     except ValueError as e:
-        print(f"{p.prog}: {e}", file=sys.stderr)
+        print(f"{p.prog}: no {a.mode} plan fits: {e}", file=sys.stderr)
+        change = smallest_change(tb, a.gpus)
+        print(f"{p.prog}: smallest change that makes one fit: {change}" if change else
+              f"{p.prog}: no single change tried makes one fit ({', '.join(k for k, _ in CHANGES)})",
+              file=sys.stderr)
         return 2
     from digenrl.config import ConfigError, dump_config
     from digenrl.sim.testbed import resize
@@ -103,6 +176,8 @@ def plan_main(argv=None) -> int:
     where = resize(tb, a.gpus)
     knobs = " ".join(f"{k}={v}" for k, v in pl.spec.overrides(where).items())
     print(f"plan {pl.testbed} ({pl.gpus} GPUs) mode={a.mode}: {knobs}")
+    if pl.spec.mode == "colocated" and pl.spec.memory:  # the simulated memory plan (no config key holds it)
+        print(f"  colocated memory plan simulated: {pl.spec.memory}")
     print(f"  {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s; {pl.evaluated} of {pl.grid_size} grid "
           f"points simulated in {pl.wall_s:.1f} s (analytic split: {pl.analytic_n_rollout})")
     if a.exhaustive:

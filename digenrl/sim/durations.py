@@ -165,6 +165,9 @@ class DurationFn:
     offload: bool = False  # runtime.trainer.offload: AdamW state on the host
     rollout_gang: int = 1  # runtime.rollout.gang: a rollout worker's sequence-parallel degree (sim.sp)
     trainer_sp: int = 1  # runtime.trainer.sp: sequence-parallel degree inside a trainer gang
+    memory: str | None = None  # colocated-ideal: the memory plan (baselines.layouts; None: the cheapest that fits)
+    check_memory: bool = True  # False: simulate a shipped peer's published recipe even where memory.py says it
+    #                            does not fit (the recipe ran; the model's activations are an extrapolation)
     overhead_ws: dict = field(default_factory=dict)  # baseline cost name -> worker-seconds
     _per_fwd: float = 0.0
     _per_step: dict = field(default_factory=dict)
@@ -172,6 +175,10 @@ class DurationFn:
     _reloaded: set = field(default_factory=set)
     _gathered: dict = field(default_factory=dict)  # worker id -> after-step params gathered since its reshard
     system: System | None = None  # a shipped peer's mechanisms (colocated only; None: ours or colocated-ideal)
+    memo: bool = True  # replay the cost of a unit already priced (__call__)
+    _no_sync: bool = False  # colocated layout accumulating under no_sync (baselines.Layout.no_sync)
+    _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
+    _log: list | None = None  # overhead increments of the unit being priced
 
     def __post_init__(self):
         tb = self.tb
@@ -195,7 +202,6 @@ class DurationFn:
             if self.system is not None:  # a peer as it ships: its own sharding and mechanisms
                 self._shipped_costs()
             else:  # the baseline's own memory plan (baselines.style_plan) says how it shards
-                self.opt_shards = 1 if fit.fits else self.n_trainers
                 self._colocated_costs()
             self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora)
             self.gang_link = tb.link(self.trainer_pool, self.col_shards)
@@ -214,20 +220,27 @@ class DurationFn:
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:
         tb, p = self.tb, self.trainer_pool
-        style = IDEAL if self.style in SYSTEMS else self.style  # a shipped system zeroed: the ideal's plan
-        plan = style_plan(self.cm, style, tb.model, p.device, self.n_trainers, gpus_per_node=p.gpus_per_node,
-                          intra=p.intra_link or tb.links.intra_node,
+        # a shipped system zeroed (the decomposition's factor a): colocated-ideal's best layout, since
+        # the peer's layout (FSDP over every GPU across nodes, a sleeping copy) is one of its avoidable costs
+        memory = self.memory
+        plan = style_plan(self.cm, IDEAL, tb.model, p.device, self.n_trainers, memory=memory,
+                          gpus_per_node=p.gpus_per_node, intra=p.intra_link or tb.links.intra_node,
                           inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
-                          train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
-                          cfg=tb.cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
+                          train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank, grad_ckpt=tb.grad_ckpt,
+                          cfg=tb.cfg, train_cfg=tb.train_cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward,
                           denoise_steps=tb.denoise_steps)
         if not plan["fits"]:
-            raise ValueError(f"{tb.name}: no colocated configuration fits on {p.device}")
+            rep = plan["report"]
+            raise ValueError(f"{tb.name}: no colocated memory plan fits on {self.n_trainers} {p.device}"
+                             + (f" ({memory})" if memory else "")
+                             + f": the nearest, {plan['layout'].name}, holds {rep.peak_gib:.0f} GiB per GPU of "
+                             f"{rep.usable_gib:.0f} usable")
         self.colocated_config = plan["config"]
-        # FSDP shard group of the baseline's trainer: none (replicated), a node, or every GPU
-        cfg = self.colocated_config
-        self.col_shards = (1 if cfg.startswith("replicated") else p.gpus_per_node if "/node" in cfg
-                           else self.n_trainers)
+        lay = plan["layout"]
+        # FSDP shard group of the baseline's trainer: none (replicated, zero2), a node, or every GPU
+        self.col_shards = lay.shards(self.n_trainers, p.gpus_per_node) if lay.shard == "fsdp" else 1
+        self.opt_shards = lay.shards(self.n_trainers, p.gpus_per_node)
+        self._no_sync = lay.no_sync and self.col_shards > 1
         self._recompute = plan["recompute_logp"]
         if self.zero_baseline:
             self._per_fwd, self._per_step, self._recompute = 0.0, {}, False
@@ -236,16 +249,20 @@ class DurationFn:
             self._per_step = {k: float(v) for k, v in plan["per_step_s"].items() if float(v) > 0}
 
     def _shipped_costs(self) -> None:
-        """A shipped system's shard group and once-per-step costs (shipped.step_costs)."""
+        """A shipped system's shard group and once-per-step costs (shipped.step_costs), on the one
+        memory rule (shipped.fit): a layout that does not fit is refused with the figure."""
         tb, p, sy = self.tb, self.trainer_pool, self.system
         self.col_shards = shard_group(sy, self.n_trainers)
         self.opt_shards = self.col_shards
         self.colocated_config = f"{sy.name}: " + {"world": "FSDP over all GPUs", "zero2": "ZeRO-2",
                                                   "replicated": "replicated"}[sy.shard]
-        # Advisory, not a refusal: the memory model extrapolates activations, and a published run
-        # (mm_grpo's SD3.5-M Flow-GRPO on 80 GB H800s) fits where it reads 78 GiB of 75.
         ok, peak, usable = shipped_fit(self.cm, sy, tb, p.device, self.n_trainers)
         if not ok:
+            if self.check_memory:
+                from digenrl.sim.shipped import layout_of
+
+                raise ValueError(f"{tb.name}: {sy.name} as shipped ({layout_of(sy).name}) does not fit on "
+                                 f"{self.n_trainers} {p.device}: {peak:.0f} GiB per GPU of {usable:.0f} usable")
             self.colocated_config += f" (modelled peak {peak:.0f} GiB > {usable:.0f} usable)"
         link = tb.link(p, self.n_trainers)
         self._per_step = {"phase_switch": PHASE_SWITCH_FIXED_S,
@@ -256,11 +273,53 @@ class DurationFn:
         """Record s seconds of `name` paid by a worker of `gpus` GPUs; returns s."""
         if s:
             self.overhead_ws[name] = self.overhead_ws.get(name, 0.0) + s * gpus
+            if self._log is not None:
+                self._log.append((name, s * gpus))
         return s
 
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:
-        return _UNIT_COST[type(unit)](self, worker, self.layout.device[worker.id], unit)
+        """Seconds of `unit` on `worker`. Units of one shape on one kind of worker, in the same
+        worker state (gathered parameters, reloaded optimizer state), cost the same: the first
+        is priced, the others replay its seconds and its overhead increments (`memo`; the
+        equivalence is tested against memo=False, tests/sim/test_simulate.py)."""
+        dev = self.layout.device[worker.id]
+        if not self.memo:
+            return _UNIT_COST[type(unit)](self, worker, dev, unit)
+        wid = worker.id
+        key = self._unit_key(worker, dev, unit)
+        hit = self._units.get(key)
+        if hit is None:
+            self._log = []
+            t = _UNIT_COST[type(unit)](self, worker, dev, unit)
+            self._units[key] = (t, tuple(self._log), self._gathered.get(wid))
+            self._log = None
+            return t
+        t, log, gathered = hit
+        over = self.overhead_ws
+        for name, v in log:
+            over[name] = over.get(name, 0.0) + v
+        if gathered is not None:
+            self._gathered[wid] = gathered
+        if type(unit) is Train and "offload_reload" in self._per_step:
+            self._reloaded.add((wid, unit.step))
+        return t
+
+    def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:
+        """What a unit's cost depends on (see __call__)."""
+        kind = type(unit)
+        if kind is WeightSync:
+            return (kind, dev)
+        state = self._gathered.get(worker.id, False)
+        if kind is OptimizerStep:
+            return (kind, worker.role, dev)
+        if kind is Reward:
+            return (kind, worker.role, dev, len(unit.groups))
+        n, rows = self._rows(unit)
+        if kind is Generate:
+            return (kind, worker.role, dev, n, unit.t_end - unit.t_start,
+                    self._prompts(n, rows) if unit.t_start == 0 else -1, state)
+        return (kind, worker.role, dev, n, len(unit.t_steps), state, (worker.id, unit.step) in self._reloaded)
 
     def _rows(self, unit) -> tuple[int, tuple[int, int]]:
         """Samples of a Generate / Train unit, and its (shard's) sample indices [first, last)
@@ -320,7 +379,9 @@ class DurationFn:
     def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
         n, _ = self._rows(unit)
         k = len(unit.t_steps)
-        if self.mode == "colocated":  # each GPU trains its own rows, FSDP-gathering over its shard group
+        if self.system is not None and self.system.optimizer_steps > 1 and n > 1:
+            t = self._mini_batches_s(worker, dev, n, k)
+        elif self.mode == "colocated":  # each GPU trains its own rows, FSDP-gathering over its shard group
             t = self._train(dev, n, k)
             gang_rows = n * self.comm.gang  # GangComm splits rows over ranks: n each
         else:  # a gang splits the rows over its data groups (ranks, or trainer_sp ranks sequence-
@@ -329,7 +390,7 @@ class DurationFn:
             gang_rows = n
         if self.system is not None:
             t += self._shipped_train_extra(dev, n, k)
-        if self.comm.gang > 1:
+        if self.comm.gang > 1 and not (self.system is not None and self.system.optimizer_steps > 1 and n > 1):
             t += self._overhead("gang_train", self._train_comm_s(worker, gang_rows, k, t),
                                 self.gang if self.mode != "colocated" else 1)
         if self.trainer_sp > 1 and self.mode != "colocated":
@@ -339,7 +400,7 @@ class DurationFn:
             t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
         if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
             self._reloaded.add((worker.id, unit.step))
-            t += self._overhead("offload_reload", self._per_step["offload_reload"] / 2)
+            t += self._overhead("reload", self._per_step["offload_reload"] / 2)  # the state back before training
         return t
 
     def _optimizer_unit(self, worker: Worker, dev: str, unit: OptimizerStep) -> float:
@@ -351,7 +412,10 @@ class DurationFn:
             if not self.system.reduce_every_backward and self.col_shards > 1:  # no_sync: once per optimizer step
                 t += self._overhead("gang_reduce", self.system.optimizer_steps * self._reduce_scatter_s())
         elif self.mode == "colocated":
+            if self._no_sync:  # the deferred reduction: once per optimizer step
+                t += self._overhead("gang_reduce", self._reduce_scatter_s())
             t += self._overhead("phase_switch", self._per_step.get("phase_switch", 0.0))
+            t += self._overhead("park", self._per_step.get("park", 0.0))
             t += self._overhead("offload_reload", self._per_step.get("offload_reload", 0.0) / 2)
         return t
 
@@ -457,6 +521,19 @@ class DurationFn:
             t += self._overhead("gang_backward_reduce", passes * ar)
         return t
 
+    def _mini_batches_s(self, worker: Worker, dev: str, n: int, k: int) -> float:
+        """A shipped system's Train unit cut into its optimizer_steps mini-batches (its update loop
+        runs each mini-batch's micro-batches as passes of their own): the compute of each, and on an
+        FSDP shard group each pass's gathers and reduce-scatters (GangComm), what compute cannot hide."""
+        m = min(self.system.optimizer_steps, n)
+        t = 0.0
+        for rows in (n // m + (i < n % m) for i in range(m)):
+            c = self._train(dev, rows, k)
+            if self.comm.gang > 1:
+                c += self._overhead("gang_train", self._train_comm_s(worker, rows * self.comm.gang, k, c))
+            t += c
+        return t
+
     def _recompute_s(self, dev: str, n: int, k: int) -> float:
         tb, sy = self.tb, self.system
         batch = (sy.logp_batch if sy is not None and sy.logp_batch else tb.micro_batch)
@@ -464,7 +541,11 @@ class DurationFn:
 
         def per_step():  # old log-probs of one trained step, in the log-prob micro-batches
             return _in_batches(n, batch, lambda b: self._fwd(dev, b, tb.train_cfg, calls))
-        return k * self._memo(("recompute", dev, n), per_step)
+        t = k * self._memo(("recompute", dev, n), per_step)
+        if sy is not None and self.col_shards > 1:  # each no-grad forward gathers every FSDP unit again
+            gathers = k * -(-n // batch)
+            t += self._overhead("gang_recompute", self._exposed(gathers * self._gather_s(), t, gathers))
+        return t
 
     # ---- sequence-parallel gangs (sim.sp: the bytes the runtime counts) ----------
     def _sp_setup(self) -> None:
@@ -551,7 +632,7 @@ class DurationFn:
         ag, rs = c.train(rows, k, self._gathered.get(worker.id, False))
         self._gathered[worker.id] = True
         gathers = ag // c.gather
-        if self.system is not None and not self.system.reduce_every_backward:
+        if (self.system is not None and not self.system.reduce_every_backward) or self._no_sync:
             rs = 0  # accumulation under no_sync: reduced once per optimizer step (OptimizerStep)
         comm_s = gathers * self._gather_s() + (rs // (c.gang * self.fsdp.reduce_scatter_bytes(c.gang))) * \
             self._reduce_scatter_s()
@@ -629,7 +710,8 @@ _UNIT_COST = by_kind(generate=DurationFn._generate_unit, reward=DurationFn._rewa
 
 
 def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, *,
-                     style: str | None = None, zero_baseline: bool = False) -> DurationFn:
+                     style: str | None = None, zero_baseline: bool = False, memory: str | None = None,
+                     check_memory: bool = True) -> DurationFn:
     """duration_fn(worker, unit) -> seconds for `mode` on `testbed` (see module doc).
 
     The returned object is callable and carries `.layout.workers` (pass them to the
@@ -656,7 +738,8 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     r = run.pool("rollout")
     if r is not None:
         gang["rollout_gang"] = r.resources.gang
-    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, **gang)
+    return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, memory=memory,
+                      check_memory=check_memory, **gang)
 
 
 def _in_batches(n: int, batch: int, cost) -> float:

@@ -14,7 +14,7 @@ import heapq
 from typing import Callable, Iterable, Optional
 
 from digenrl.sched import Scheduler, Unit, Worker, kind
-from digenrl.sched.units import Train
+from digenrl.sched.units import OptimizerStep, Train
 from digenrl.trace import Span, Trace
 
 _DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
@@ -25,13 +25,16 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 joins: Iterable[tuple[float, Worker]] = (),
                 drains: Iterable[tuple[float, str]] = (),
                 record: bool = True,
-                max_events: Optional[int] = None) -> Trace:
+                max_events: Optional[int] = None,
+                on_version: Optional[Callable[[int, float], bool]] = None) -> Trace:
     """Run `scheduler` to completion on a virtual clock and return its Trace.
 
     duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
     losses; `joins`: (time, Worker) arrivals; `drains`: (time, worker_id) requests to leave
     (Scheduler.drain; the worker's alive interval ends when it has left). `record=False` keeps only counters (for
-    very large runs). Raises RuntimeError on deadlock (nothing running, not done).
+    very large runs). `on_version(version, now)`: called when the trainers' version advances (an
+    optimizer step ended); True stops the run there (`trace.stopped`; the planner's early stop,
+    report.run_spec_within). Raises RuntimeError on deadlock (nothing running, not done).
     """
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
     trace = Trace(workers={wid: w.role for wid, w in workers.items()},
@@ -47,6 +50,7 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
         heap.append((float(t), seq, _DRAIN, wid)); seq += 1
     heapq.heapify(heap)
     now, n_events = 0.0, 0
+    version = scheduler.version
     spans = trace.spans
     push, pop = heapq.heappush, heapq.heappop
 
@@ -80,6 +84,11 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
             if record:
                 spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
                                   _step(unit), unit=unit))
+            if on_version is not None and scheduler.version != version and type(unit) is OptimizerStep:
+                version = scheduler.version
+                if on_version(version, now):
+                    trace.stopped = True
+                    break
         elif what == _LOST:
             cur = running.pop(payload, None)
             scheduler.worker_lost(payload)

@@ -154,15 +154,23 @@ def fits(table: dict, model: str, roles, device=REFERENCE, *, gen_batch: int = 1
     USABLE_FRACTION * HBM - RESERVED_GIB. kw go to memory_gib (lora, grad_ckpt,
     fsdp_shards, cfg, shape, lora_rank, reward, after_step, offload, gang, sp); `shards`
     overrides fsdp_shards per role."""
-    dev = get_device(device)
     mems = {}
     for role in roles:
         kw_role = dict(kw, fsdp_shards=(shards or {}).get(role, kw.get("fsdp_shards", 1)))
         mems[role] = memory_gib(table, model, role, batch=train_batch if role == "trainer" else gen_batch, **kw_role)
+    return fits_memories(device, mems, offload_optimizer=offload_optimizer)
+
+
+def fits_memories(device, mems: dict, train_roles: dict | None = None, offload_optimizer: bool = False) -> FitReport:
+    """The one fit rule over what each role holds (FitReport): `train_roles` are the roles resident
+    in the train phase (default: all of them; a colocated layout parks some on the host)."""
+    dev = get_device(device)
+    train = mems if train_roles is None else train_roles
     weights = sum(mm.weights for mm in mems.values())
     opt = sum(mm.optimizer for mm in mems.values())
-    grads = sum(mm.grads for mm in mems.values())
-    train_peak = weights + opt + grads + mems["trainer"].activations if "trainer" in mems else 0.0
+    # gradients live in the train phase only (FitReport)
+    train_peak = (sum(mm.weights + mm.optimizer + mm.grads for mm in train.values()) + mems["trainer"].activations
+                  if "trainer" in mems else 0.0)
     other_act = max((mm.activations for r, mm in mems.items() if r != "trainer"), default=None)
     other_peak = 0.0 if other_act is None else weights + (0.0 if offload_optimizer else opt) + other_act
     est = any(mm.estimated for mm in mems.values()) or dev.name != REFERENCE

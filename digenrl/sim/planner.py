@@ -5,7 +5,11 @@
     exhaustive(...)       brute force over the same grid (the reference the planner must hit)
 
 Knobs (axes):
-    n_rollout           rollout GPUs when the testbed's one pool is split (disaggregated modes)
+    n_rollout           rollout GPUs when the testbed's one pool is split (disaggregated modes);
+                        from 0 in the TAG modes (every GPU a trainer, generating under TAG)
+    offload             runtime.trainer.offload, where one GPU does not hold a full fine-tune
+    memory              colocated-ideal: its memory layouts worth simulating (memory_axis: the
+                        cheapest by forced costs, and each shipped peer's own layout that fits)
     micro_batch_groups  groups per micro-batch. GAP modes: whole prompt groups (advantages need
                         all rewards of a group), divisors of groups_per_step. Batch-level
                         modes (colocated, disagg-sync, one-step-off) train nothing before the
@@ -39,6 +43,14 @@ Every mode, baselines included, gets its best point of this search: the planner 
 the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
 so a baseline is never configured worse than its default.
 
+Speed, exactly (issue 24: seconds, not minutes). A candidate whose lower bound
+(report.point_bound: the work it must do, each step's trainer work and shortest unit chain)
+cannot beat the incumbent is not simulated, and a simulation stops as soon as its window shows
+it cannot win (report.run_spec_within); neither could have been accepted, so the search takes the
+path it takes without them (plan(prune=False) is that reference; tests/sim/test_planner.py
+compares the two). Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of
+their steps starts from the same idle state, so 4 steps measure what 12 do (to ~1e-13).
+
 The analytic split. Per sample, generation + reward takes g seconds on a rollout GPU and
 training (all trained steps) t seconds on a trainer GPU; the pools are balanced when
 R / g = (N - R) / t, i.e. R = N g / (g + t). Local search (coordinate moves along each axis
@@ -55,7 +67,7 @@ from itertools import product
 from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
-from digenrl.sim.report import RunSpec, run_spec
+from digenrl.sim.report import ON_POLICY, RunSpec, ideal_step_s, point_bound, run_spec, run_spec_within
 from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 
@@ -64,6 +76,10 @@ LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
 SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
 RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
+EARLY_STOP = True  # _Evaluator: stop a simulation once its bound shows it cannot win
+ON_POLICY_STEPS = 4  # ... for lag-0 modes, whose steps all start alike (_Evaluator)
+IDEAL = "colocated-ideal"
+PEER_ROWS = ("verl-omni", "genrl", "flow_grpo")  # the shipped peers simulate() puts beside colocated-ideal
 
 
 @dataclass
@@ -79,11 +95,13 @@ class Plan:
     grid_size: int
     analytic_n_rollout: int | None = None
     history: list = field(default_factory=list, repr=False)
+    pruned: int = 0  # candidates answered by their lower bound, not simulated
 
     def to_dict(self) -> dict:
         return dict(testbed=self.testbed, gpus=self.gpus, mode=self.mode, knobs=self.spec.knobs(),
                     throughput=self.throughput, step_s=self.step_s, evaluated=self.evaluated,
-                    wall_s=self.wall_s, grid_size=self.grid_size, analytic_n_rollout=self.analytic_n_rollout)
+                    wall_s=self.wall_s, grid_size=self.grid_size, analytic_n_rollout=self.analytic_n_rollout,
+                    pruned=self.pruned)
 
 
 def _divisors(n: int) -> list[int]:
@@ -94,11 +112,15 @@ def _split(tb: Testbed) -> bool:
     return all(p.role == "any" for p in tb.pools)
 
 
-def grid(tb: Testbed, mode: str) -> dict[str, list]:
-    """Axis name -> candidate values for `mode` on `tb` (see module doc)."""
+def grid(tb: Testbed, mode: str, style: str | None = None, cm: CostModel | None = None) -> dict[str, list]:
+    """Axis name -> candidate values for `mode` (and colocated `style`) on `tb` (see module doc)."""
     axes: dict[str, list] = {}
-    if mode != "colocated" and _split(tb):
-        axes["n_rollout"] = list(range(1, tb.n_gpus))
+    if mode == "colocated" and style in (None, IDEAL):
+        mem = memory_axis(tb, cm)
+        if len(mem) > 1:
+            axes["memory"] = mem
+    if mode != "colocated" and _split(tb):  # TAG: trainers generate, so no rollout pool at all is a plan too
+        axes["n_rollout"] = list(range(0 if mode in TAG_MODES else 1, tb.n_gpus))
     if mode in BATCH_MODES:
         axes["micro_batch_groups"] = _divisors(tb.samples_per_step)
     else:
@@ -114,6 +136,8 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
         axes["tag_segment"] = _divisors(tb.denoise_steps)
     if mode != "colocated":  # trainer gangs: the smallest gang that fits either way (workload.fitting_gang)
         axes["reshard"] = list(RESHARD)
+        if needs_offload_axis(tb):
+            axes["offload"] = [False, True]
     if mode in GAP_MODES:
         shards = [k for k in SHARDS if k <= tb.group_size]
         axes["gen_shard"] = shards
@@ -122,6 +146,41 @@ def grid(tb: Testbed, mode: str) -> dict[str, list]:
     if mode != "colocated":
         axes.update(sp_axes(tb))
     return axes
+
+
+def memory_axis(tb: Testbed, cm: CostModel | None = None) -> list[str]:
+    """colocated-ideal's memory plans worth simulating: the cheapest that fits by its forced costs
+    (baselines.colocated_plan), and each shipped peer's own layout where it fits, so that the
+    ideal row can always run what a peer runs, without the peer's avoidable costs."""
+    from digenrl.sim.baselines import colocated_plan, layout_fit, layouts
+    from digenrl.sim.shipped import SYSTEMS, layout_of
+
+    cm = cm or default_cost_model()
+    p = tb.pools[0]
+    kw = dict(gen_batch=tb.rollout_batch, train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank,
+              grad_ckpt=tb.grad_ckpt, cfg=tb.cfg, train_cfg=tb.train_cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward)
+    best = colocated_plan(cm, tb.model, p.device, tb.n_gpus, gpus_per_node=p.gpus_per_node, denoise_steps=tb.denoise_steps,
+                          intra=p.intra_link or tb.links.intra_node, inter=p.inter_link or tb.links.inter_node, **kw)
+    out = [best["config"]] if best["fits"] else []
+    names = {x.name: x for x in layouts(tb.n_gpus, p.gpus_per_node)}
+    for sy in PEER_ROWS:
+        lay = layout_of(SYSTEMS[sy])
+        if lay.name in names and lay.name not in out and layout_fit(cm, lay, tb.model, p.device, tb.n_gpus,
+                                                                    p.gpus_per_node, **kw).fits:
+            out.append(lay.name)
+    return out
+
+
+def needs_offload_axis(tb: Testbed, cm: CostModel | None = None) -> bool:
+    """Whether runtime.trainer.offload is worth searching: a full fine-tune whose training state
+    one GPU of the trainer type does not hold (offload then lets a smaller gang, or any gang,
+    hold it). Where a replica fits, offload only adds host copies."""
+    if tb.lora:
+        return False
+    cm = cm or default_cost_model()
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    return not cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=False, grad_ckpt=tb.grad_ckpt,
+                       cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank).fits
 
 
 def sp_axes(tb: Testbed) -> dict[str, list[int]]:
@@ -194,6 +253,10 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
             p[k] = 1
     if "reshard" in axes:
         p["reshard"] = RESHARD[0]
+    if "offload" in axes:  # the runtime's default: optimizer state on the GPU
+        p["offload"] = False
+    if "memory" in axes:  # the cheapest memory plan by its forced costs
+        p["memory"] = axes["memory"][0]
     for k in ("rollout_gang", "trainer_sp"):  # no sequence parallelism (one GPU per trajectory)
         if k in axes:
             p[k] = 1
@@ -201,7 +264,9 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
 
 
 def _descend(ev, axes: dict, best: dict):
-    """Coordinate search from `best` until no single-axis move improves throughput."""
+    """Coordinate search from `best` until no single-axis move improves throughput. A candidate
+    whose lower bound (report.point_bound) cannot beat the incumbent is not simulated: it could
+    not have been accepted, so the search takes the same path as without pruning."""
     best_r = ev(best)
     improved = True
     while improved:
@@ -215,29 +280,69 @@ def _descend(ev, axes: dict, best: dict):
             for j in idx:
                 if 0 <= j < len(values):
                     cand = {**best, axis: values[j]}
-                    r = ev(cand)
+                    r = ev(cand, incumbent=best_r.step_s)
                     if r.throughput > best_r.throughput * (1 + 1e-9):
                         best, best_r, improved = cand, r, True
     return best, best_r
 
 
 class _Evaluator:
-    def __init__(self, tb, mode, style, steps, cm):
-        self.tb, self.mode, self.style, self.steps, self.cm = tb, mode, style, steps, cm
-        self.cache: dict = {}
+    """Simulates grid points once each (memo). `prune`: a point whose point_bound is at least the
+    incumbent's step time is answered with its bound (_Pruned) instead, and simulated later if a
+    worse incumbent asks again. Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS:
+    every step of theirs starts from the same idle state, so 4 steps measure what 12 do (equal
+    to ~1e-13, tests/sim/test_planner.py)."""
 
-    def __call__(self, point: dict):
+    def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True):
+        self.tb, self.mode, self.style, self.cm = tb, mode, style, cm
+        fast = prune and mode in ON_POLICY and steps >= ON_POLICY_STEPS
+        self.steps = ON_POLICY_STEPS if fast else steps
+        self.check_memory, self.prune = check_memory, prune
+        self.cache: dict = {}
+        self.simulated = self.pruned = 0
+        self.ideal = ideal_step_s(tb, cm)["step_s"] if prune else None
+
+    def __call__(self, point: dict, incumbent: float | None = None):
         point = snap(self.tb, point)
         key = tuple(sorted(point.items()))
         r = self.cache.get(key)
-        if r is None:
-            spec = _spec(self.mode, point, self.style)
-            try:
-                r = run_spec(self.tb, spec, self.steps, self.cm)
-            except ValueError as e:  # e.g. no trainer gang on this split holds the training state
-                r = _Infeasible(spec, str(e))
-            self.cache[key] = r
+        if r is not None and not (isinstance(r, _Pruned) and (incumbent is None or r.bound < incumbent * (1 + 1e-9))):
+            return r
+        spec = _spec(self.mode, point, self.style)
+        try:
+            if self.prune and incumbent is not None and incumbent < float("inf") and self.check_memory:
+                b = point_bound(self.tb, spec, self.steps, self.cm, self.ideal)
+                bound = b.step_s
+                if bound < incumbent * (1 + 1e-9) and not EARLY_STOP:
+                    r = run_spec(self.tb, spec, self.steps, self.cm)
+                    self.simulated += 1
+                    self.cache[key] = r
+                    return r
+                if bound < incumbent * (1 + 1e-9):  # simulate, stopping once it cannot win
+                    r = run_spec_within(self.tb, spec, self.steps, self.cm, incumbent, b)
+                    self.simulated += 1
+                    bound = r if isinstance(r, float) else None
+                if bound is not None:
+                    self.pruned += 1
+                    self.cache[key] = _Pruned(spec, bound, self.tb.samples_per_step / bound / (1 + 1e-6))
+                    return self.cache[key]
+            else:
+                r = run_spec(self.tb, spec, self.steps, self.cm, check_memory=self.check_memory)
+                self.simulated += 1
+        except ValueError as e:  # e.g. no trainer gang on this split holds the training state
+            r = _Infeasible(spec, str(e))
+        self.cache[key] = r
         return r
+
+
+@dataclass
+class _Pruned:
+    """A point not simulated: its step time is at least `bound`, no better than the incumbent's."""
+
+    spec: RunSpec
+    bound: float
+    throughput: float  # below samples / bound: never accepted over an incumbent it could not beat
+    step_s: float = float("inf")
 
 
 @dataclass
@@ -251,13 +356,18 @@ class _Infeasible:
 
 
 def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
-         steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None) -> Plan:
-    """Best knobs for `mode` by analytic split + local search (coordinate moves)."""
+         steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None,
+         extra_starts: tuple = (), check_memory: bool = True, prune: bool = True) -> Plan:
+    """Best knobs for `mode` by analytic split + local search (coordinate moves). `extra_starts`:
+    more points to descend from (simulate() seeds colocated-ideal with the peers' points, whose
+    layouts it can run, so it is never slower than a peer). Raises ValueError when no point of
+    the grid runs (the reason: the nearest point's memory figure). prune=False: the same search
+    with every candidate simulated for `steps` steps (the reference the pruned search must match)."""
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
-    axes = grid(tb, mode)
-    ev = _Evaluator(tb, mode, style, steps, cm)
+    axes = grid(tb, mode, style, cm)
+    ev = _Evaluator(tb, mode, style, steps, cm, check_memory, prune)
     first = dict(start or default_point(tb, mode, axes, cm))
     # Multi-start: the default, and the default with a few micro-batch sizes (the split and
     # the unit size interact: a unit count that divides both pools evenly is a narrow ridge).
@@ -276,18 +386,31 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
     sp_ax = [k for k in ("rollout_gang", "trainer_sp") if k in axes]
     for group in ([[a] for a in sp_ax] + ([sp_ax] if len(sp_ax) > 1 else [])):
         starts.append({**first, **{a: axes[a][-1] for a in group}})
+    for extra in extra_starts:  # only the axes this grid has, on values it holds
+        pt = {k: v for k, v in extra.items() if k in axes and v in axes[k]}
+        starts.append({**first, **pt})
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
             best, best_r = p, r
     if isinstance(best_r, _Infeasible):
-        raise ValueError(f"{tb.name}: no point of the {mode} grid runs: {best_r.reason}")
+        raise ValueError(f"no point of the {mode} grid runs; nearest: {_nearest_miss(ev).removeprefix(tb.name + ': ')}")
     size = 1
     for v in axes.values():
         size *= len(v)
-    return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, len(ev.cache),
-                time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm))
+    return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, ev.simulated,
+                time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm), pruned=ev.pruned)
+
+
+def _nearest_miss(ev: _Evaluator) -> str:
+    """The reason of the refused point that came closest to fitting (fewest GiB per GPU)."""
+    import re
+
+    def gib(reason: str) -> float:
+        m = re.search(r"(\d+) GiB per GPU", reason)
+        return float(m.group(1)) if m else float("inf")
+    return min((r.reason for r in ev.cache.values() if isinstance(r, _Infeasible)), key=gib)
 
 
 def _with_gang(tb: Testbed, spec: RunSpec) -> RunSpec:
@@ -305,9 +428,9 @@ def exhaustive(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl",
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
-    axes = grid(tb, mode)
-    ev = _Evaluator(tb, mode, style, steps, cm)
+    ev = _Evaluator(tb, mode, style, steps, cm, prune=False)
     best_r = None
+    axes = grid(tb, mode, style, cm)
     for values in product(*axes.values()):
         r = ev(dict(zip(axes, values)))
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):

@@ -41,6 +41,7 @@ The breakdown is W_steps per kind. Bubbles use the window's wall time.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -73,6 +74,8 @@ class RunSpec:
     rollout_gang: Optional[int] = None  # GPUs per rollout worker, sequence-parallel (None: the testbed's or 1)
     trainer_sp: Optional[int] = None  # sequence-parallel degree inside a trainer gang (None: the testbed's or 1)
     reshard: Optional[str] = None  # after-forward (None) | after-step
+    offload: Optional[bool] = None  # runtime.trainer.offload: AdamW state on the host (None: off)
+    memory: Optional[str] = None  # colocated rows: the memory plan (baselines.LAYOUTS; None: the cheapest that fits)
     style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False
 
@@ -97,6 +100,8 @@ class RunSpec:
         if t.gang > 1:
             out.update({"runtime.trainer.gang": t.gang, "runtime.trainer.shard": t.shard,
                         "runtime.trainer.reshard": t.reshard})
+        if t.offload:
+            out["runtime.trainer.offload"] = True
         if t.sp > 1:
             out["runtime.trainer.sp"] = t.sp
         for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
@@ -132,16 +137,185 @@ class RunResult:
 
 
 def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = None,
-             keep_trace: bool = False) -> RunResult:
-    """Simulate `steps` RL steps of `spec` on `tb` and measure the steady state."""
-    from digenrl.sim.workload import config_for, duration_fn
-
+             keep_trace: bool = False, check_memory: bool = True) -> RunResult:
+    """Simulate `steps` RL steps of `spec` on `tb` and measure the steady state. A plan whose
+    memory does not fit raises ValueError with the figure (check_memory=False: a shipped peer's
+    published recipe is simulated anyway, durations.DurationFn.check_memory)."""
     cm = cm or default_cost_model()
-    cfg = config_for(tb, spec, steps)
-    run = contract(cfg)
-    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline)
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm, check_memory)
     trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
     return measure(tb, spec, trace, fn, steps, keep_trace)
+
+
+def spec_duration_fn(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, check_memory: bool = True):
+    """(Config, contract, DurationFn) of `spec` on `tb`: what the simulator and the emulated
+    runtime (digenrl.bench.emulate_spec) both run."""
+    from digenrl.sim.workload import duration_fn
+
+    cfg, run = _config_and_contract(tb, spec, steps)
+    fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline, memory=spec.memory,
+                     check_memory=check_memory)
+    return cfg, run, fn
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_and_contract(tb: Testbed, spec: RunSpec, steps: int):
+    """config_for and its contract, once per point: the planner asks for a point's bound and then
+    its run, and building a Config (typed, validated) costs as much as simulating a small one.
+    Callers only read them (a new DurationFn and Scheduler are made per run)."""
+    from digenrl.sim.workload import config_for
+
+    cfg = config_for(tb, spec, steps)
+    return cfg, contract(cfg)
+
+
+ON_POLICY = ("colocated", "disagg-sync", "gap", "gap+tsp", "gap+tsp+tag")  # lag 0: nothing generated ahead
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bounds on a point's measured step time (point_bound). `step_s`: on the whole step;
+    `trainer_step_s`: on every RL step's wall time (its training and optimizer work on the
+    trainer GPUs); `other_s`: work of other steps the window may hold, per GPU of the device type
+    (subtracted from the window's wall time, see point_bound)."""
+
+    step_s: float
+    trainer_step_s: float
+    other_s: float
+
+    def after(self, steps: int, c: int, elapsed: float) -> float:
+        """The bound once optimizer step c (>= the window's first, a) ended `elapsed` seconds
+        after the window opened: every step left to the window's last, b, takes trainer_step_s."""
+        a, b = (steps // 3, steps - 2) if steps >= 4 else (-1, steps - 1)
+        return (elapsed + (b - c) * self.trainer_step_s - self.other_s) / (b - a)
+
+
+def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: float | None = None) -> Bound:
+    """Lower bounds on run_spec(tb, spec, steps).step_s from the work the point must do, without
+    simulating it (the planner prunes with them; tests/sim/test_planner.py holds them below every run).
+
+    measure() gives step_s * n = (t1 - t0) + (W_steps - W_in) / N per device type (module doc).
+      all work    W_steps >= the useful work (report.useful_work: the ideal's batching is the
+                  cheapest) + every trainer GPU's OptimizerStep (reduction, AdamW on its shard,
+                  publishing); W_in <= N (t1 - t0), so step_s >= W_steps / (N n)
+      trainers    step s trains only after optimizer step s-1 ends and before optimizer step s
+                  ends, so each step's training and optimizer work lies between the two: every
+                  step takes >= (train + T opt) / T. The window holds no other step's work but
+                  the syncs of the version it starts with (R of them) and, in lag-1 modes, step
+                  b+1's generation (at most one step of Generate and Reward units, each priced
+                  where it costs most), so step_s >= (train + T opt) / T - (syncs + that) / (N n)
+      rollout     lag-0 modes without TAG: the same for generation on the R rollout GPUs
+    Raises ValueError where the point cannot run (as run_spec would)."""
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
+    n_win = (steps - 2) - steps // 3 if steps >= 4 else steps
+    lay = fn.layout
+    trainers = [w for w in lay.workers if w.role in ("trainer", "colocated")]
+    rollout = [w for w in lay.workers if w.role == "rollout"]
+    t_gpus = sum(lay.gpus.get(w.id, 1) for w in trainers)
+    r_gpus = sum(lay.gpus.get(w.id, 1) for w in rollout)
+    dev_t = fn.trainer_device
+    opt = fn._opt(dev_t)
+    u_t = useful_work(tb, dev_t, cm)
+    bound = ideal if ideal is not None else ideal_step_s(tb, cm)["step_s"]
+    one_type = len({lay.device[w.id] for w in lay.workers}) == 1
+    n_dev = lay.n_gpus if one_type else t_gpus
+    if one_type:
+        bound = max(bound, (sum(u_t.values()) - u_t["optimizer"] + t_gpus * opt) / lay.n_gpus)
+    other = r_gpus * fn._sync(lay.device[rollout[0].id]) if rollout else 0.0
+    if spec.mode not in ON_POLICY:
+        other += _step_generation_max(fn, run, trainers, rollout)
+    if not one_type and spec.mode in ON_POLICY:  # trainers on a device type of their own, lag 0
+        other = 0.0
+    # every step runs at least one Train unit, then every trainer's OptimizerStep (the barrier); a
+    # lag-0 step also generates and scores a whole trajectory after the version it needs exists
+    chain = _chain_s(fn, run, trainers, rollout, spec.mode in ON_POLICY)
+    per_step = max((u_t["train"] + t_gpus * opt) / t_gpus, chain + opt)
+    bound = max(bound, per_step - other / n_dev / n_win)
+    if rollout and spec.mode in ("disagg-sync", "gap", "gap+tsp"):
+        u_r = useful_work(tb, lay.device[rollout[0].id], cm)
+        bound = max(bound, (u_r["generate"] + u_r["encode"] + u_r["reward"]) / r_gpus
+                    - (other / lay.n_gpus / n_win if one_type else 0.0))
+    return Bound(bound, per_step, other / n_dev)
+
+
+def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incumbent: float, bound: Bound):
+    """run_spec, stopped as soon as the point's bound (Bound.after, once its window opened) shows
+    its step time cannot be below `incumbent`: returns the RunResult, or the bound it reached."""
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
+    a, b = (steps // 3, steps - 2) if steps >= 4 else (-1, steps - 1)
+    limit = incumbent * (1 + 1e-9)
+    t0 = [0.0 if a < 0 else None]
+    reached = [None]
+
+    def on_version(version: int, now: float) -> bool:
+        c = version - 1  # optimizer step c just ended
+        if c == a:
+            t0[0] = now
+        if t0[0] is None or not a <= c <= b:  # after b: the drain, outside the window
+            return False
+        lb = bound.after(steps, c, now - t0[0])
+        if lb >= limit:
+            reached[0] = lb
+            return True
+        return False
+
+    trace = run_virtual(Scheduler(run.sched, run.workers()), fn, on_version=on_version)
+    if reached[0] is not None:
+        return reached[0]
+    return measure(tb, spec, trace, fn, steps)
+
+
+def _chain_s(fn: DurationFn, run, trainers: list, rollout: list, generate: bool) -> float:
+    """The shortest unit chain inside one RL step: the cheapest Train unit (its smallest sample
+    shard, fewest trained steps, parameters already gathered), and with `generate` before it the
+    cheapest whole trajectory of the smallest Generate shard and the cheapest Reward."""
+    from digenrl.sched.units import Generate, Reward, Train, partition, split_rows
+
+    c = run.sched
+    mbs = partition(c.groups_per_step, c.micro_batch_groups)
+    small = min(mbs, key=len)
+    trained = c.trained(0)
+    chunk = min(c.tsp_chunk, len(trained)) if c.tsp else len(trained)
+    last = len(trained) % chunk or chunk  # the last chunk may be shorter
+
+    def cheapest(unit, workers) -> float:
+        costs = []
+        for w in workers:
+            for gathered in (False, True):
+                fn._gathered = {w.id: gathered}
+                costs.append(fn(w, unit))
+        return min(costs)
+
+    rows = min(split_rows(len(small) * c.group_size, c.train_shard), key=lambda r: (r[1] - r[0]) if r else 1e9)
+    t = cheapest(Train(0, 0, small, tuple(trained[:min(chunk, last)]), 0, rows), trainers[:1])
+    if generate:
+        gen_rows = min(split_rows(len(small) * c.group_size, c.gen_shard),
+                       key=lambda r: (r[1] - r[0]) if r else 1e9)
+        gens = rollout[:1] + (trainers[:1] if c.tag or c.colocated else [])
+        t += cheapest(Generate(0, 0, small, 0, 0, c.num_steps, gen_rows), gens)
+        t += cheapest(Reward(0, 0, small), gens)
+    fn._gathered = {}
+    return t
+
+
+def _step_generation_max(fn: DurationFn, run, trainers: list, rollout: list) -> float:
+    """GPU-seconds of one RL step's Generate (whole trajectories) and Reward units, each at the
+    most it can cost on any worker that may run it (a trainer gang's gathers not yet done)."""
+    from digenrl.sched.units import Generate, Reward, partition, split_rows
+
+    c = run.sched
+    workers = ([rollout[0]] if rollout else []) + ([trainers[0]] if c.tag and trainers else [])
+    total = 0.0
+    for mb, groups in enumerate(partition(c.groups_per_step, c.micro_batch_groups)):
+        units = [Generate(0, mb, groups, 0, 0, c.num_steps, rows)
+                 for rows in split_rows(len(groups) * c.group_size, c.gen_shard)] + [Reward(0, mb, groups)]
+        for u in units:
+            costs = []
+            for w in workers:
+                fn._gathered = {}
+                costs.append(fn(w, u) * fn.layout.gpus.get(w.id, 1))
+            total += max(costs, default=0.0)
+    return total
 
 
 def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
@@ -195,7 +369,8 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "rollout_sleep_wake": "optimizer", "weight_gather": "optimizer", "param_offload": "optimizer",
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
              "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer",
-             "gang_sp_generate": "generate", "gang_sp_train": "train"}
+             "gang_sp_generate": "generate", "gang_sp_train": "train", "park": "optimizer",
+             "reload": "train", "gang_recompute": "train"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n
@@ -319,6 +494,7 @@ class Report:
     decomposition: dict  # baseline -> {"total", "per_dollar", "factors", "shares", "note"}
     plans: dict
     gantt: dict = field(default_factory=dict)  # label -> PNG path (after write)
+    unfit: dict = field(default_factory=dict)  # label -> why no plan of that row runs (memory figure)
 
     def utilisation(self, label: str) -> float:
         """Ideal seconds per step / simulated seconds per step, on the cluster the row ran on."""
@@ -343,7 +519,7 @@ class Report:
         return {"testbed": self.testbed.name, "n_gpus": self.testbed.n_gpus, "model": self.testbed.model,
                 "reference": self.reference.name if self.reference else None, "steps": self.steps,
                 "ideal_step_s": self.ideal_s, "rows": rows, "decomposition": self.decomposition,
-                "plans": self.plans, "gantt": self.gantt}
+                "plans": self.plans, "gantt": self.gantt, "unfit": self.unfit}
 
     def table(self) -> str:
         tb = self.testbed
@@ -355,7 +531,11 @@ class Report:
         hdr = (f"{'mode':<22} {'GPUs':>4} {'s/step':>8} {'smp/s':>7} {'img/s/GPU':>9} {'smp/$':>7} {'vs ideal':>8} "
                f"{'util':>5} {'bubble':>17} {'stale':>5}  breakdown s/step " + "/".join(c[:4] for c in COLS))
         lines += [hdr, "-" * len(hdr)]
-        for k, r in self.rows.items():
+        for k in self.order():
+            if k in self.unfit:
+                lines.append(f"{LABELS.get(k, k):<22} does not fit: {self.unfit[k]}")
+                continue
+            r = self.rows[k]
             vs = self.vs_colocated(k)
             bub = " ".join(f"{p[0]}{v:.2f}" for p, v in r.bubble.items())
             bd = "/".join(f"{r.breakdown_s.get(c, 0.0):.1f}" for c in COLS)
@@ -363,6 +543,9 @@ class Report:
                          f"{r.images_per_s_per_gpu:>9.4f} {r.samples_per_usd:>7.0f} "
                          f"{'-' if vs is None else f'{vs:.2f}x':>8} {100 * self.utilisation(k):>4.0f}% {bub:>17} "
                          f"{r.staleness_max:>5}  {bd}")
+        for k, p in self.plans.items():  # what each DigenRL row runs, as the config keys that hold it
+            if k == "digenrl":
+                lines.append(f"digenrl plan: {self.plan_line(k)}")
         for base, d in self.decomposition.items():
             f = d["factors"]
             lines.append(f"digenrl vs {LABELS.get(base, base)}: {d['total']:.2f}x{' per $' if d['per_dollar'] else ''}"
@@ -370,6 +553,19 @@ class Report:
                          f" x scaling {f['independent_scaling']:.2f} x overlap {f['overlap']:.2f}"
                          + (f"  [< {1.56}x: {d['note']}]" if d["note"] else ""))
         return "\n".join(lines)
+
+    def order(self) -> list[str]:
+        """Row labels in the order they were asked for, rows that do not fit in their place."""
+        from digenrl.sim.simulate import ALL
+
+        return [k for k in ALL if k in self.rows or k in self.unfit]
+
+    def plan_line(self, label: str) -> str:
+        """The row's plan as config keys (RunSpec.overrides), or its colocated memory plan."""
+        r = self.rows[label]
+        where = self.reference if (r.spec.mode == "colocated" and self.reference is not None) else self.testbed
+        keys = " ".join(f"{k}={v}" for k, v in r.spec.overrides(where).items())
+        return keys + (f"  (memory plan: {r.colocated_config})" if r.spec.mode == "colocated" else "")
 
     def write(self, out_dir, gantt_modes=None) -> None:
         """report.json + one Gantt PNG per row (a steady-state RL step; `gantt_modes` limits

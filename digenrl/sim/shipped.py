@@ -32,6 +32,7 @@ from digenrl.sim.collectives import allgather_traffic, driver_dispatch_s, pageab
 VO = "verl-project/verl-omni@a1139baf"
 VO_FT = "verl-project/verl-omni@c415a591"  # the commit that published the full fine-tune figure
 VO_LORA = "verl-project/verl-omni@1cf9aa94"  # ... and the LoRA figures
+VO_JUNE = "verl-project/verl-omni@d07f42ba"  # ... and the 64x H100 FSDP1 figure
 VL = "verl-project/verl@8a694930"  # verl-omni's verl pin
 MM = "leibniz-csi/mm_grpo@301f5c05"
 GR = "ModelTC/GenRL@82a867e"
@@ -137,6 +138,10 @@ SYSTEMS: dict[str, System] = {s.name: s for s in [
                 f"{VL}:verl/experimental/reward_loop/reward_loop.py:343-355",
             "two optimizer steps per RL step (ppo_mini_batch_size 16 of 32 prompts)":
                 f"{VO}:docs/algo/flowgrpo.md:188-202",
+            "each mini-batch's micro-batches are passes of their own (gathers, reduce-scatters each)":
+                f"{VO}:verl_omni/workers/engine_workers.py:325-349",
+            "old log-probs in infer micro-batches through the FSDP-wrapped module (a gather per forward)":
+                f"{VO}:verl_omni/workers/engine_workers.py:455-475",
             "offload copies to unpinned host memory":
                 f"{VL}:verl/utils/fsdp_utils.py:169-249",
             "the whole batch through the driver: generation back (uint8 images, fp32 window latents, "
@@ -244,7 +249,14 @@ _ASYNC_REWARD = dataclasses.replace(
     sources={"reward on a GPU pool of its own, each sample scored as it finishes (no wake/sleep)":
              f"{VO}:verl_omni/agent_loop/diffusion_agent_loop.py:305-333; "
              f"{VO}:examples/flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora_async_reward.sh:14-17,60-66"})
-SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD})
+# ... and when it published its 64x H100 FSDP1 figure (d07f42ba): the same code (fp32 images still),
+# run with the parameters resident (param_offload False), the optimizer state offloaded.
+_JUNE = dataclasses.replace(
+    _SPRING, name="verl-omni@2026-06", label="veRL-Omni (June 2026), parameters resident", param_moves=0,
+    sources={"parameters resident, optimizer state offloaded in the 64x H100 run":
+             f"{VO_JUNE}:docs/algo/performance.md:87; "
+             f"{VO_JUNE}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:264"})
+SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD, _JUNE.name: _JUNE})
 
 
 def get_system(name: str) -> System:
@@ -259,26 +271,30 @@ def shard_group(system: System, n_gpus: int) -> int:
     return n_gpus if system.shard == "world" else 1
 
 
+def layout_of(system: System):
+    """The colocated memory plan (baselines.Layout) a system's code runs: how it shards, what
+    samples, what it parks on the host while training, whether its AdamW state leaves the GPU."""
+    from digenrl.sim.baselines import Layout
+
+    shard = {"world": "fsdp", "zero2": "zero2", "replicated": "replicated"}[system.shard]
+    sampler = {"copy-sleep": "copy", "copy": "copy", "shared": "shared", "fsdp": "fsdp"}[system.sampler]
+    parked = ("rollout", "text_encoder", "vae", "reward") if system.sampler == "copy-sleep" else ()
+    if system.reward_moves or system.reward == "pool":  # the reward model is not on the GPU while it trains
+        parked = tuple(dict.fromkeys(parked + ("reward",)))
+    return Layout(shard, "world", sampler, parked, offload=system.optimizer_moves > 0,
+                  no_sync=shard == "fsdp" and not system.reduce_every_backward)
+
+
 def fit(cm, system: System, tb, device: str, n_gpus: int):
-    """Does the system as shipped hold its training phase on one GPU? memory.fits over what its code
-    keeps resident while it trains: the trainer state (sharded over every GPU for FSDP; gradients
-    and optimizer state only for ZeRO-2; an offloading system loads all of it back to train), the
-    reference copy of a full fine-tune with KL, and the text encoder, VAE and reward model where
-    they stay on the GPU (veRL-Omni's rollout copy and reward server sleep while it trains).
-    Returns (fits, peak GiB, usable GiB)."""
-    kw = dict(lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank,
-              reward=tb.reward, train_batch=tb.micro_batch)
-    roles = ["trainer"] + (["ref"] if tb.kl and not tb.lora else [])
-    if system.sampler != "copy-sleep":
-        roles += ["text_encoder", "vae"]
-    if system.reward == "overlap" and not system.reward_moves:
-        roles += ["reward"]
-    rep = cm.fits(tb.model, roles, device, fsdp_shards=shard_group(system, n_gpus), **kw)
-    peak = rep.train_peak_gib
-    if system.shard == "zero2" and n_gpus > 1:  # gradients and optimizer state sharded, weights whole
-        t = rep.roles["trainer"]
-        peak -= (t.grads + t.optimizer) * (1 - 1 / n_gpus)
-    return peak <= rep.usable_gib, peak, rep.usable_gib
+    """Does the system as shipped fit on one GPU? The one memory rule of colocated rows
+    (baselines.layout_fit) on the system's own layout (layout_of). Returns (fits, peak GiB, usable GiB)."""
+    from digenrl.sim.baselines import layout_fit
+
+    gpn = tb.pools[0].gpus_per_node
+    rep = layout_fit(cm, layout_of(system), tb.model, device, n_gpus, gpn, gen_batch=tb.rollout_batch,
+                     train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank, grad_ckpt=tb.grad_ckpt,
+                     cfg=tb.cfg, train_cfg=tb.train_cfg, shape=tb.shape, kl=tb.kl, reward=tb.reward)
+    return rep.fits, rep.peak_gib, rep.usable_gib
 
 
 def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> dict[str, float]:

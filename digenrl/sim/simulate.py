@@ -32,8 +32,8 @@ from pathlib import Path
 
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
-from digenrl.sim.planner import PLAN_STEPS, plan, snap
-from digenrl.sim.shipped import SYSTEMS
+from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, snap
+from digenrl.sim.shipped import SYSTEMS, layout_of
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import Report, ideal_step_s, run_spec
 from digenrl.sim.testbed import Pool, Testbed, load_testbed
@@ -79,36 +79,69 @@ def homogeneous_reference(tb: Testbed) -> Testbed:
 def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: CostModel | None = None,
              out_dir: str | Path | None = None, gantt_modes=None) -> Report:
     """Run every row of `modes` on `testbed` and build the Report; with out_dir, write the JSON
-    and one Gantt PNG per row (or per row in gantt_modes)."""
+    and one Gantt PNG per row (or per row in gantt_modes).
+
+    Never refuses a testbed some row can run: a row whose every plan fails (memory, a degree the
+    gangs do not divide) is listed in `Report.unfit` with the reason and the memory figure. Only a
+    testbed no Config can express at all (workload.refusal) raises ValueError.
+    The digenrl row is DigenRL's best plan, its degenerate ones included: every GPU a trainer
+    generating under TAG (no rollout pool), the AdamW state offloaded, and, on one split pool,
+    the plain colocated plan (colocated-ideal's; the row then says run.mode=colocated)."""
     tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
     cm = cm or default_cost_model()
     from digenrl.sim.workload import refusal
 
     why = refusal(tb, cm)
-    if why:  # never simulate a run the runtime cannot do
+    if why:  # never simulate a run the runtime cannot express
         raise ValueError(f"{tb.name}: the runtime cannot run this testbed: {why}")
     unknown = [m for m in modes if m not in ROWS]
     if unknown:
         raise ValueError(f"unknown modes {unknown}; allowed: {list(ROWS)}")
     ref = homogeneous_reference(tb)
     ideal = {tb.name: ideal_step_s(tb, cm)["step_s"], ref.name: ideal_step_s(ref, cm)["step_s"]}
-    rows, plans = {}, {}
-    for label in modes:
-        mode, style = ROWS[label]
-        where = ref if mode == "colocated" else tb
-        p = plan(where, mode=mode, style=style, steps=steps, cm=cm)
-        plans[label] = p
-        rows[label] = run_spec(where, p.spec, steps, cm, keep_trace=True)
+    plans, unfit = _plan_rows(tb, ref, modes, steps, cm)
+    rows = {label: run_spec(ref if plans[label].spec.mode == "colocated" else tb, plans[label].spec, steps, cm,
+                            keep_trace=True) for label in modes if label in plans}
     decomposition = {}
     if "digenrl" in rows:
         for base in BASELINES:
             if base in rows:
                 decomposition[base] = _decompose(tb, ref, rows, base, steps, cm)
     rep = Report(tb, ref if ref is not tb else None, steps, rows, ideal, decomposition,
-                 {k: p.to_dict() for k, p in plans.items()})
+                 {k: p.to_dict() for k, p in plans.items()}, unfit=unfit)
     if out_dir is not None:
         rep.write(out_dir, gantt_modes)
     return rep
+
+
+def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, dict]:
+    """(label -> Plan, label -> why no plan of that row fits). The shipped peers are planned before
+    colocated-ideal, which starts its search from their points too (their layouts are among its
+    memory plans), and colocated-ideal before digenrl, which may run it (module doc of simulate)."""
+    order = [m for m in modes if m in PEER_ROWS] + [m for m in modes if m not in PEER_ROWS]
+    if "digenrl" in order and "colocated-ideal" not in order and _split_pool(tb):
+        order.insert(order.index("digenrl"), "colocated-ideal")  # digenrl's colocated candidate
+    plans, unfit = {}, {}
+    for label in order:
+        mode, style = ROWS[label]
+        where = ref if mode == "colocated" else tb
+        extra = tuple({**p.spec.knobs(), "memory": layout_of(SYSTEMS[k]).name}
+                      for k, p in plans.items() if k in PEER_ROWS) if label == "colocated-ideal" else ()
+        try:
+            plans[label] = plan(where, mode=mode, style=style, steps=steps, cm=cm, extra_starts=extra)
+        except ValueError as e:
+            unfit[label] = str(e)
+        if label == "digenrl" and _split_pool(tb) and "colocated-ideal" in plans:
+            col = plans["colocated-ideal"]
+            if label not in plans or col.throughput > plans[label].throughput * (1 + 1e-9):
+                plans[label] = replace(col, mode="colocated")
+                unfit.pop(label, None)
+    keep = [m for m in modes if m in plans or m in unfit]
+    return {k: plans[k] for k in keep if k in plans}, {k: unfit[k] for k in keep if k in unfit}
+
+
+def _split_pool(tb: Testbed) -> bool:
+    return all(p.role == "any" for p in tb.pools)
 
 
 def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm) -> dict:
@@ -130,7 +163,7 @@ def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm)
         het = d.samples_per_usd / d_ref.samples_per_usd
     # (c) independent scaling: only against a baseline that cannot size its pools
     c = 1.0
-    if mode == "colocated":
+    if mode == "colocated" and d_ref.spec.mode != "colocated":  # digenrl split its pool: what the split gave
         where = ref if per_dollar else tb
         half_point = snap(where, {"n_rollout": where.n_gpus // 2, "rollout_gang": d_ref.spec.rollout_gang,
                                   "trainer_sp": d_ref.spec.trainer_sp})  # the nearest split the gangs divide

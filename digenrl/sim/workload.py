@@ -82,14 +82,18 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
             raise ConfigError(why)
     if rollout % rgang:
         raise ConfigError(f"runtime.rollout.gang: {rollout} rollout GPUs do not split into gangs of {rgang}")
+    offload = bool(spec.offload) and spec.mode != "colocated"
     gang = 1 if spec.mode == "colocated" else (spec.gang or fitting_gang(tb, trainer, after_step=spec.reshard == "after-step",
-                                                                          sp=sp))
+                                                                          sp=sp, offload=offload))
     if not gang:
         raise ConfigError(f"runtime.trainer.sp: {trainer} trainer GPUs hold no gang of a multiple of {sp} GPUs")
     if trainer % gang:
         raise ConfigError(f"runtime.trainer.gang: {trainer} trainer GPUs do not split into gangs of {gang}")
+    if offload and gang == 1:  # the runtime offloads the sharded AdamW state (FSDP2 CPU offload)
+        raise ConfigError("runtime.trainer.offload: offloads a sharded gang's optimizer state; needs "
+                          f"runtime.trainer.gang >= 2 (shard=fsdp), and {trainer} trainer GPUs give a gang of 1")
     gangs = {"gang": gang, "shard": "fsdp" if gang > 1 else "none", "reshard": spec.reshard or "after-forward",
-             **({"sp": sp} if sp > 1 else {})}
+             **({"offload": True} if offload else {}), **({"sp": sp} if sp > 1 else {})}
     trainer //= gang
     rollout //= rgang
     dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
@@ -127,46 +131,50 @@ def degrees_of(tb: Testbed, spec: "RunSpec") -> tuple[int, int]:
 
 
 def fitting_gang(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False,
-                 sp: Optional[int] = None) -> int:
+                 sp: Optional[int] = None, offload: bool = False) -> int:
     """The smallest gang (a divisor of the trainer GPUs, a multiple of the sequence-parallel
     degree sp, default the testbed's or 1) whose GPUs hold the training state (memory.py,
-    FSDP over the gang, activations / sp); 1 when a replica fits. Nothing fits: the largest,
-    which the duration function then refuses with the reason (0: no gang is a multiple of sp)."""
-    return _fit(tb, trainer_gpus, cm, after_step, sp)[0]
+    FSDP over the gang, activations / sp, the AdamW state on the host with `offload`, which
+    needs a gang of 2 or more); 1 when a replica fits. Nothing fits: the largest, which the
+    duration function then refuses with the reason (0: no gang is a multiple of sp)."""
+    return _fit(tb, trainer_gpus, cm, after_step, sp, offload)[0]
 
 
 def trainer_fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False,
-                sp: Optional[int] = None):
+                sp: Optional[int] = None, offload: bool = False):
     """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs."""
-    return _fit(tb, trainer_gpus, cm, after_step, sp)
+    return _fit(tb, trainer_gpus, cm, after_step, sp, offload)
 
 
-def _fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel], after_step: bool, sp: Optional[int]):
+def _fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel], after_step: bool, sp: Optional[int],
+         offload: bool = False):
     from digenrl.sim.costs import default_cost_model
 
     cm = cm or default_cost_model()
     sp = sp or tb.trainer_sp or 1
     dev = (tb.pool("trainer") or tb.pools)[0].device
-    sizes = [d for d in range(1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0 and d % sp == 0]
+    sizes = [d for d in range(2 if offload else 1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0 and d % sp == 0]
     rep = None
     for n in sizes:
         rep = cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
                       cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank, fsdp_shards=n,
-                      after_step=after_step, gang=n > 1, sp=sp)
+                      after_step=after_step, gang=n > 1, sp=sp, offload=offload)
         if rep.fits:
             return n, rep
     return (sizes[-1] if sizes else 0), rep
 
 
-def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
-    """Why the runtime cannot run `tb` (None: it can). Checked: the model has a runtime adapter,
-    the workload is a valid Config, and some trainer gang holds the training state (the
-    largest trainer pool the testbed allows: all GPUs but one rollout GPU when split)."""
+def refusal(tb: Testbed, cm: Optional[CostModel] = None, memory: bool = False) -> Optional[str]:
+    """Why no system can run `tb` (None: some can). Checked: the model has a runtime adapter,
+    the testbed's sequence-parallel degrees are ones the model runs, and the workload is a valid
+    Config. Memory is a row's business (each row says whether its plan fits, simulate.simulate),
+    not the testbed's; with `memory=True` also refuse when even DigenRL's most memory-frugal plan
+    cannot hold the training state: one trainer gang over every trainer-capable GPU, AdamW state
+    on the host, generating under TAG (no rollout pool when the pool is split)."""
     from digenrl.sim.report import RunSpec
 
     split = _split(tb)
-    rgang = tb.rollout_gang or 1
-    trainers = tb.n_gpus - rgang if split else sum(p.count for p in tb.pool("trainer"))
+    trainers = tb.n_gpus if split else sum(p.count for p in tb.pool("trainer"))
     try:
         family(tb.model)
         for key, degree in (("rollout_gang", tb.rollout_gang), ("trainer_sp", tb.trainer_sp)):
@@ -176,13 +184,13 @@ def refusal(tb: Testbed, cm: Optional[CostModel] = None) -> Optional[str]:
         # the largest sequence-parallel degree the planner may pick holds the least per GPU
         gpn = (tb.pool("trainer") or tb.pools)[0].gpus_per_node
         sp = tb.trainer_sp or max(d for d in degrees(tb.model, min(trainers, gpn)) if trainers % d == 0)
-        gang, rep = trainer_fit(tb, trainers, cm, sp=sp)
+        gang, rep = trainer_fit(tb, trainers, cm, sp=sp, offload=trainers > 1 and not tb.lora)
         if rep is None:
             return f"trainer_sp={sp}: {trainers} trainer GPUs hold no gang of a multiple of {sp} GPUs"
-        if not rep.fits:
+        if memory and not rep.fits:
             return (f"no trainer gang holds the {tb.model} training state: {rep.peak_gib:.0f} GiB per GPU even "
                     f"with FSDP over {gang} {rep.device} ({rep.usable_gib:.0f} GiB usable)")
-        config_for(tb, RunSpec("digenrl", n_rollout=tb.n_gpus - trainers if split else None, gang=gang,
+        config_for(tb, RunSpec("digenrl", n_rollout=0 if split else None, gang=gang,
                                trainer_sp=sp if sp > 1 else None), 2)
     except ConfigError as e:
         return str(e)
@@ -222,7 +230,10 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
 
 
 def duration_fn(cfg: Config, tb: Testbed, cm: CostModel, run: Optional[RunContract] = None, *,
-                style: Optional[str] = None, zero_baseline: bool = False) -> DurationFn:
-    """Seconds per unit for the workers of `cfg`'s contract on `tb`'s hardware."""
+                style: Optional[str] = None, zero_baseline: bool = False, memory: Optional[str] = None,
+                check_memory: bool = True) -> DurationFn:
+    """Seconds per unit for the workers of `cfg`'s contract on `tb`'s hardware (memory,
+    check_memory: the colocated rows' layout and memory check, durations.DurationFn)."""
     run = run or contract(cfg)
-    return make_duration_fn(testbed_for(cfg, tb), cm, run, style=style, zero_baseline=zero_baseline)
+    return make_duration_fn(testbed_for(cfg, tb), cm, run, style=style, zero_baseline=zero_baseline, memory=memory,
+                            check_memory=check_memory)

@@ -314,13 +314,16 @@ def test_full_finetunes_need_a_gang_and_the_memory_model_says_why():
     assert off.optimizer == 0.0
 
 
-def test_simulate_refuses_a_testbed_no_gang_can_hold():
+def test_simulate_lists_a_row_no_gang_can_hold_instead_of_refusing():
+    """Issue 24: a row that does not fit says so with the memory figure; the testbed is not refused."""
     tb = load_testbed("hetero-h200x8-l40sx16-wan14b")
     tiny = replace(tb, pools=(replace(tb.pools[0], count=1), tb.pools[1]))  # one H200 trainer for a 14B full FT
-    why = refusal(tiny)
+    assert refusal(tiny) is None
+    why = refusal(tiny, memory=True)
     assert why and "no trainer gang holds" in why
-    with pytest.raises(ValueError, match="runtime cannot run"):
-        simulate(tiny, modes=("digenrl",))
+    rep = simulate(tiny, modes=("digenrl",), steps=4)
+    assert "digenrl" not in rep.rows and "GiB per GPU" in rep.unfit["digenrl"]
+    assert "does not fit" in rep.table()
 
 
 def test_gang_collectives_cost_time_and_are_reported():

@@ -35,7 +35,10 @@ SEED = 20261130
 N_TESTBEDS = 200
 STEPS = 6  # window: optimizer ends of steps 2..4 (report.measure); few steps keep 4,800 runs fast
 KNOB_DRAWS = 3  # random knob points per (testbed, row)
-RAN_AT_LEAST = 0.8  # fraction of (testbed, row, knobs) draws that must run: no pass on skips
+# fraction of (testbed, row, knobs) draws that must run: no pass on skips. 0.7 since issue 24: a
+# shipped peer now refuses the points its own memory layout cannot hold (flow_grpo's ZeRO-2 on 48 GB
+# parts), as every row does; 78% of flow_grpo's draws ran on the 200-testbed draw
+RAN_AT_LEAST = 0.7
 TOL = 1e-9
 
 IMAGE_MODELS = sorted(m for m, s in MODELS.items() if s.kind == "image")
@@ -109,7 +112,7 @@ def random_testbeds(seed: int, n: int, cm: CostModel) -> tuple[list[dict], int]:
         except TestbedError:
             redrawn += 1
             continue
-        if refusal(tb, cm):  # e.g. no trainer gang of these GPUs holds a full fine-tune
+        if refusal(tb, cm, memory=True):  # e.g. no trainer gang of these GPUs holds a full fine-tune
             redrawn += 1
             continue
         out.append(d)

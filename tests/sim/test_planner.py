@@ -11,7 +11,8 @@ SMALL = "small-h200x16-sd35"
 def test_grid_axes():
     tb = load_testbed(SMALL)
     g = grid(tb, "digenrl")
-    assert g["n_rollout"] == list(range(1, 16))
+    assert g["n_rollout"] == list(range(0, 16))  # TAG: no rollout pool at all is a plan too
+    assert grid(tb, "gap+tsp")["n_rollout"] == list(range(1, 16))
     assert g["micro_batch_groups"] == [1, 2, 4, 8]  # whole prompt groups (GAP)
     assert g["tsp_chunk"] == [1, 2] and g["tag_segment"] == [1, 2, 4]
     assert "n_rollout" not in grid(tb, "colocated") and "tag_segment" not in grid(tb, "one-step-off")
@@ -43,3 +44,91 @@ def test_cli_plan(capsys):
     assert plan_main(["--testbed", SMALL, "--gpus", "16", "--mode", "gap"]) == 0
     out = capsys.readouterr().out  # the knobs as the config keys that hold them
     assert "runtime.rollout.workers=" in out and "data.micro_batch_groups=" in out and "n_rollout" not in out
+
+
+# ----------------------------------------------------------------------------- exact pruning (issue 24)
+
+from digenrl.sim.simulate import ROWS  # noqa: E402
+
+
+def _same_plan(tb, label: str) -> None:
+    mode, style = ROWS[label]
+    fast, ref = plan(tb, mode=mode, style=style), plan(tb, mode=mode, style=style, prune=False)
+    assert fast.spec == ref.spec, (tb.name, label, fast.spec, ref.spec)
+    assert fast.step_s == pytest.approx(ref.step_s, rel=1e-9)  # lag-0 rows: 4 steps measure what 12 do
+
+
+@pytest.mark.parametrize("label", ["colocated-ideal", "verl-omni", "disagg-sync", "one-step-off", "gap+tsp",
+                                   "gap+tsp+tag", "digenrl"])
+def test_pruned_search_chooses_what_the_unpruned_one_does(label):
+    """Pruning by lower bounds, early stops and 4-step lag-0 runs change what is simulated, not the plan."""
+    _same_plan(load_testbed(SMALL), label)
+
+
+# one preset per model family that plans fast enough for the slow tier, a heterogeneous one among them
+SAME_PLAN_PRESETS = ("h200x16-flux", "h200x16-qwen", "h200x16-wan14b", "hetero-h200x8-l40sx16-flux")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", SAME_PLAN_PRESETS)
+def test_pruned_search_chooses_what_the_unpruned_one_does_on_every_preset(preset):
+    tb = load_testbed(preset)
+    for label in ("digenrl", "one-step-off") + (("colocated-ideal",) if all(p.role == "any" for p in tb.pools) else ()):
+        _same_plan(tb, label)
+
+
+def test_point_bound_is_below_every_run():
+    """report.point_bound (and the early stop built on it) is a lower bound: random points of every row
+    on two testbeds, 12 steps (lag-1) or 4 (lag-0) as the planner simulates them."""
+    import random
+
+    from digenrl.sim.costs import default_cost_model
+    from digenrl.sim.planner import _spec, snap
+    from digenrl.sim.report import ON_POLICY, point_bound, run_spec, run_spec_within
+
+    cm, rng, n = default_cost_model(), random.Random(7), 0
+    for name in (SMALL, "hetero-h200x8-l40sx16-flux"):
+        tb = load_testbed(name)
+        for label, (mode, style) in ROWS.items():
+            if mode == "colocated" and name != SMALL:
+                continue
+            steps = 4 if mode in ON_POLICY else 12
+            for _ in range(3):
+                spec = _spec(mode, snap(tb, {k: rng.choice(v) for k, v in grid(tb, mode, style).items()}), style)
+                try:
+                    r = run_spec(tb, spec, steps, cm)
+                except ValueError:
+                    continue
+                b = point_bound(tb, spec, steps, cm)
+                assert b.step_s <= r.step_s * (1 + 1e-12), (name, label, spec, b, r.step_s)
+                stopped = run_spec_within(tb, spec, steps, cm, r.step_s * 0.999, b)
+                assert isinstance(stopped, float) <= (stopped if isinstance(stopped, float) else 0) <= r.step_s * (1 + 1e-12)
+                n += 1
+    assert n >= 20
+
+
+def test_cli_plan_names_the_smallest_change_when_nothing_fits(tmp_path, capsys):
+    """A 14B video full fine-tune on 2 L40S (48 GB): no plan fits, even one gang of both GPUs with the
+    AdamW state on the host; plan says so with the memory figure and names the smallest change."""
+    from digenrl.sim.cli import plan_main
+
+    yaml = tmp_path / "tiny.yaml"
+    yaml.write_text("name: tiny\npools:\n  - {name: l40s, count: 2, device: L40S, role: any, gpus_per_node: 8}\n"
+                    "model: wan2.1-14b\nheight: 480\nwidth: 832\nframes: 33\ndenoise_steps: 10\ntrained_steps: 4\n"
+                    "group_size: 4\ngroups_per_step: 4\nmicro_batch: 2\nrollout_batch: 1\nlora: false\n"
+                    "reward: videoalign\nweight_sync: nccl\n")
+    assert plan_main(["--testbed", str(yaml)]) == 2
+    err = capsys.readouterr().err
+    assert "GiB per GPU" in err and "smallest change that makes one fit: lora: true" in err
+
+
+def test_cli_plan_prints_digenrl_colocated_plan_where_it_wins(capsys):
+    """veRL-Omni's Qwen-Image full fine-tune on 4 H200: DigenRL's best plan is its plain colocated one."""
+    from pathlib import Path
+
+    from digenrl.sim.cli import plan_main
+
+    tb = Path(__file__).parent / "testbeds" / "qwen-full-h200x4.yaml"
+    assert plan_main(["--testbed", str(tb)]) == 0
+    out = capsys.readouterr().out
+    assert "run.mode=colocated" in out and "colocated memory plan simulated:" in out
