@@ -56,3 +56,27 @@ def test_every_subcommand_shown_exists():
                          ids=lambda a: " ".join(a)[:60])
 def test_other_built_in_commands_parse(argv):
     build_parser().parse_args(argv)
+
+
+def _pytest_parts(lines) -> list[list[str]]:
+    """Every `pytest ...` (or `python3 -m pytest ...`) in `lines`, split like a shell."""
+    out = []
+    for line in lines:
+        for part in line.split("#")[0].split("&&"):
+            argv = shlex.split(part)
+            if argv[:3] == ["python3", "-m", "pytest"]:
+                argv = argv[2:]
+            if argv[:1] == ["pytest"]:
+                out.append(argv)
+    return out
+
+
+def test_ci_runs_the_readmes_test_commands():
+    """`.ci/run` runs the README's test commands: the quick one (`pytest`), then the rest of the
+    full one, in that order, and nothing else."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    commands = [_pytest_parts(b.replace("\\\n", " ").splitlines()) for b in blocks]
+    commands = [c for c in commands if c]
+    quick, full = commands[0], max(commands, key=len)
+    assert quick == [["pytest"]] and full[0] == ["pytest"] and len(full) > 1
+    assert _pytest_parts((ROOT / ".ci" / "run").read_text().splitlines()) == full
