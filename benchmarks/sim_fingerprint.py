@@ -29,9 +29,9 @@ def _trace_key(trace) -> list:
 
 def row_figures(tb, label: str, cm) -> dict:
     from digenrl.sim.report import RunSpec, run_spec
-    from digenrl.sim.simulate import ROWS, row_name
+    from digenrl.sim.simulate import ROWS
 
-    mode, style = ROWS[row_name(label)]
+    mode, style = ROWS[label]
     try:
         res = run_spec(tb, RunSpec(mode, style=style), STEPS, cm, keep_trace=True)
     except Exception as e:  # noqa: BLE001 - a refusal is part of the fingerprint
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     from digenrl.sim.costs import default_cost_model
     from digenrl.sim.planner import PLAN_STEPS, plan
-    from digenrl.sim.simulate import ROWS, row_name
+    from digenrl.sim.simulate import ROWS
     from digenrl.sim.testbed import list_presets, load_testbed
 
     cm = default_cost_model()
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
         tb = load_testbed(PLANNED)
         planned = {}
         for label in ROWS:
-            mode, style = ROWS[row_name(label)]
+            mode, style = ROWS[label]
             try:
                 planned[label] = plan(tb, mode=mode, style=style, steps=PLAN_STEPS, cm=cm).spec.knobs()
             except Exception as e:  # noqa: BLE001

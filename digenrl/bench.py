@@ -254,12 +254,12 @@ def bench_main(argv: Optional[Sequence[str]] = None) -> int:
 
         if not args.testbed:
             p.error("--emulated needs --testbed (a preset name or a YAML file)")
-        from digenrl.sim.simulate import row_name
+        from digenrl.sim.simulate import NOT_A_ROW
 
-        modes = [row_name(m) for m in modes or ALL if m != "local"]  # run.mode=colocated: colocated-ideal
+        modes = [m for m in modes or ALL if m != "local"]
         bad = [m for m in modes if m not in ALL]
         if bad:
-            p.error(f"--modes: unknown {bad}; allowed: {', '.join(ALL)}")
+            p.error(f"--modes: unknown {bad}; allowed: {', '.join(ALL)}" + (f" ({NOT_A_ROW})" if "colocated" in bad else ""))
         if args.steps is not None and args.steps < 3:
             p.error("--steps must be >= 3 (one fill, one measured, one drain step)")
         try:

@@ -6,8 +6,10 @@
                                peers alike (shipped.fit maps a peer onto its layout and asks here)
     layout_costs(cm, layout, ..) the seconds a layout forces (per RL step, per forward)
     colocated_plan(cm, ...)    every layout -> fit + forced seconds -> the cheapest that fits
-    style_plan(cm, style, ...) what the colocated-ideal row runs: the layout it is given, or the
-                               cheapest; it keeps the sampler's log-probs (the peers: shipped.py)
+    style_plan(cm, style, ...) what a colocated style runs: colocated-ideal, the layout it is
+                               given or the cheapest; the runtime's own run.mode=colocated
+                               (RUNTIME), RUNTIME_LAYOUT only. Both keep the sampler's log-probs
+                               (the peers: shipped.py)
 
 A layout says how the training state is spread (`shard`: replicated, zero2 = bf16 weights whole
 with gradients and AdamW state sharded, fsdp = everything sharded), over how many GPUs (`group`:
@@ -35,9 +37,14 @@ from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import Cost
 from digenrl.sim.memory import FitReport, Memory, fits_memories
 
-# The colocated-ideal style; the peers as they ship are styles too (shipped.SYSTEMS).
+# The colocated styles: colocated-ideal (a bound: any layout, the cheapest that fits) and the
+# runtime's own run.mode=colocated, which runs one layout (RUNTIME_LAYOUT: every GPU a gang of 1
+# holding the whole training state, sampling with the trained module, nothing parked or offloaded;
+# workload.config_for writes it). The peers as they ship are styles too (shipped.SYSTEMS).
 IDEAL = "colocated-ideal"
-STYLES = (IDEAL,)
+RUNTIME = "colocated"
+RUNTIME_LAYOUT = "replicated"
+STYLES = (IDEAL, RUNTIME)
 PARKABLE = ("rollout", "text_encoder", "vae", "reward")  # roles that may wait on the host while training
 
 
@@ -199,10 +206,15 @@ def colocated_plan(cm: CostModel, model: str, device, n_gpus: int, *, gpus_per_n
 
 
 def style_plan(cm: CostModel, style: str, model: str, device, n_gpus: int, memory: str | None = None, **kw) -> dict:
-    """The colocated configuration the colocated-ideal row runs (kw as for colocated_plan): the
-    layout `memory` names, else the cheapest that fits, with the sampler's log-probs kept (no
-    recompute): the bound a perfect colocated framework could reach."""
+    """The colocated configuration `style` runs (kw as for colocated_plan), with the sampler's
+    log-probs kept (no recompute). colocated-ideal: the layout `memory` names, else the cheapest
+    that fits (the bound a perfect colocated framework could reach). RUNTIME: RUNTIME_LAYOUT,
+    what `digenrl train` runs under run.mode=colocated (another `memory` is refused)."""
     if style not in STYLES:
         raise ValueError(f"colocated needs style in {STYLES} or a shipped system, got {style!r}")
+    if style == RUNTIME:
+        if memory not in (None, RUNTIME_LAYOUT):
+            raise ValueError(f"run.mode=colocated runs the {RUNTIME_LAYOUT} layout only, not {memory!r}")
+        memory = RUNTIME_LAYOUT
     plan = colocated_plan(cm, model, device, n_gpus, only=memory, **kw)
     return {**plan, "recompute_logp": False}

@@ -47,12 +47,13 @@ def simulate_main(argv=None) -> int:
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
         return 2
-    from digenrl.sim.simulate import row_name
+    from digenrl.sim.simulate import NOT_A_ROW
 
-    modes = [row_name(m) for m in a.modes.split(",") if m]
+    modes = [m for m in a.modes.split(",") if m]
     bad = [m for m in modes if m not in ALL]
     if bad:
-        print(f"{p.prog}: unknown modes {bad}; allowed: {list(ALL)}", file=sys.stderr)
+        print(f"{p.prog}: unknown modes {bad}; allowed: {list(ALL)}"
+              + (f" ({NOT_A_ROW})" if "colocated" in bad else ""), file=sys.stderr)
         return 2
     if a.steps < 3:
         print(f"{p.prog}: --steps must be >= 3 (one fill, one measured, one drain step)", file=sys.stderr)
@@ -111,32 +112,6 @@ def smallest_change(tb, gpus=None) -> str | None:
     return None
 
 
-def _plan_with_colocated(tb, gpus, mode, style):
-    """digenrl's best plan, its plain colocated plan included (as `digenrl simulate`'s digenrl row)."""
-    from dataclasses import replace as dc_replace
-
-    from digenrl.sim.planner import plan
-    from digenrl.sim.simulate import ROWS
-    from digenrl.sim.testbed import resize
-
-    where = resize(tb, gpus)
-    best, why = None, None
-    try:
-        best = plan(where, mode=mode, style=style)
-    except ValueError as e:
-        why = e
-    if all(p.role == "any" for p in where.pools):
-        try:
-            col = plan(where, mode="colocated", style=ROWS["colocated-ideal"][1])
-            if best is None or col.throughput > best.throughput * (1 + 1e-9):
-                best = dc_replace(col, mode="colocated")
-        except ValueError:
-            pass
-    if best is None:
-        raise why
-    return best
-
-
 def plan_main(argv=None) -> int:
     from digenrl.sim.planner import PLAN_STEPS, exhaustive, plan
     from digenrl.sim.simulate import ROWS
@@ -145,7 +120,9 @@ def plan_main(argv=None) -> int:
                                 description="Pool split, micro-batch, TSP chunk and TAG segment for best throughput.")
     p.add_argument("--testbed", required=True, help="preset name or testbed YAML path")
     p.add_argument("--gpus", type=int, help="resize the testbed's split pool to N GPUs (whole nodes)")
-    p.add_argument("--mode", default="digenrl", help=f"one of: {','.join(ROWS)}")
+    p.add_argument("--mode", default="digenrl",
+                   help=f"a row, one of: {','.join(ROWS)}; or a run.mode digenrl train accepts (colocated: "
+                        "the runtime's colocated mode, every GPU a replicated gang of 1)")
     p.add_argument("--exhaustive", action="store_true", help="also brute-force the same grid and compare")
     p.add_argument("--steps", type=int, default=None, help="train.steps written into the config (default 12)")
     p.add_argument("--out", help="write the planned run as a config YAML for `digenrl train --config`")
@@ -153,15 +130,21 @@ def plan_main(argv=None) -> int:
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
         return 2
-    from digenrl.sim.simulate import row_name
+    from digenrl.sim.simulate import digenrl_plan, mode_and_style
 
-    a.mode = row_name(a.mode)
-    if a.mode not in ROWS:
-        print(f"{p.prog}: unknown mode {a.mode!r}; allowed: {list(ROWS)}", file=sys.stderr)
-        return 2
-    mode, style = ROWS[a.mode]
     try:
-        pl = _plan_with_colocated(tb, a.gpus, mode, style) if a.mode == "digenrl" else plan(tb, a.gpus, mode, style=style)
+        mode, style = mode_and_style(a.mode)
+    except ValueError as e:
+        print(f"{p.prog}: {e}", file=sys.stderr)
+        return 2
+    if a.out and style is not None:
+        print(f"{p.prog}: --out: the {a.mode} row is not a run digenrl train makes ("
+              + ("a bound over every colocated memory plan, which no config key selects"
+                 if a.mode == "colocated-ideal" else "a peer as it ships")
+              + "); --mode colocated plans the runtime's colocated mode", file=sys.stderr)
+        return 2
+    try:
+        pl = digenrl_plan(tb, a.gpus) if a.mode == "digenrl" else plan(tb, a.gpus, mode, style=style)
     except ValueError as e:
         print(f"{p.prog}: no {a.mode} plan fits: {e}", file=sys.stderr)
         change = smallest_change(tb, a.gpus)
@@ -176,8 +159,10 @@ def plan_main(argv=None) -> int:
     where = resize(tb, a.gpus)
     knobs = " ".join(f"{k}={v}" for k, v in pl.spec.overrides(where).items())
     print(f"plan {pl.testbed} ({pl.gpus} GPUs) mode={a.mode}: {knobs}")
-    if pl.spec.mode == "colocated" and pl.spec.memory:  # the simulated memory plan (no config key holds it)
-        print(f"  colocated memory plan simulated: {pl.spec.memory}")
+    if style is not None:  # a row no config runs: say what was simulated
+        what = (f"memory plan {pl.spec.memory or 'the cheapest that fits'}" if a.mode == "colocated-ideal"
+                else "the peer as it ships")
+        print(f"  simulated: {what} (a row, not a config: run.mode=colocated runs every GPU replicated)")
     print(f"  {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s; {pl.evaluated} of {pl.grid_size} grid "
           f"points simulated in {pl.wall_s:.1f} s (analytic split: {pl.analytic_n_rollout})")
     if a.exhaustive:

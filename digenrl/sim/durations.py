@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 
 from digenrl.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
-from digenrl.sim.baselines import IDEAL, style_plan
+from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
 from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, wire_s
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
@@ -223,7 +223,8 @@ class DurationFn:
         # a shipped system zeroed (the decomposition's factor a): colocated-ideal's best layout, since
         # the peer's layout (FSDP over every GPU across nodes, a sleeping copy) is one of its avoidable costs
         memory = self.memory
-        plan = style_plan(self.cm, IDEAL, tb.model, p.device, self.n_trainers, memory=memory,
+        style = self.style if self.style in STYLES else IDEAL  # (a shipped system zeroed: IDEAL)
+        plan = style_plan(self.cm, style, tb.model, p.device, self.n_trainers, memory=memory,
                           gpus_per_node=p.gpus_per_node, intra=p.intra_link or tb.links.intra_node,
                           inter=p.inter_link or tb.links.inter_node, gen_batch=tb.rollout_batch,
                           train_batch=tb.micro_batch, lora=tb.lora, lora_rank=tb.lora_rank, grad_ckpt=tb.grad_ckpt,
@@ -731,8 +732,8 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     mode, spg = run.sched.mode, run.sched.group_size
     if testbed.group_size % spg:
         raise ValueError(f"samples_per_group={spg} must divide group_size={testbed.group_size}")
-    if mode == "colocated" and style is None:
-        style = IDEAL
+    if mode == "colocated" and style is None:  # a run's own config: what the runtime runs
+        style = RUNTIME
     t = run.pool("trainer").resources if run.pool("trainer") else None
     gang = dict(gang=t.gang, after_step=t.reshard == "after-step", offload=t.offload, trainer_sp=t.sp) if t else {}
     r = run.pool("rollout")

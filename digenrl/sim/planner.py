@@ -65,6 +65,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 
 from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
+from digenrl.sim.baselines import IDEAL
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import ON_POLICY, RunSpec, ideal_step_s, point_bound, run_spec, run_spec_within
@@ -78,7 +79,6 @@ RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
 EARLY_STOP = True  # _Evaluator: stop a simulation once its bound shows it cannot win
 ON_POLICY_STEPS = 4  # ... for lag-0 modes, whose steps all start alike (_Evaluator)
-IDEAL = "colocated-ideal"
 PEER_ROWS = ("verl-omni", "genrl", "flow_grpo")  # the shipped peers simulate() puts beside colocated-ideal
 
 
@@ -115,7 +115,7 @@ def _split(tb: Testbed) -> bool:
 def grid(tb: Testbed, mode: str, style: str | None = None, cm: CostModel | None = None) -> dict[str, list]:
     """Axis name -> candidate values for `mode` (and colocated `style`) on `tb` (see module doc)."""
     axes: dict[str, list] = {}
-    if mode == "colocated" and style in (None, IDEAL):
+    if mode == "colocated" and style == IDEAL:  # (style None: the runtime's colocated, one layout)
         mem = memory_axis(tb, cm)
         if len(mem) > 1:
             axes["memory"] = mem

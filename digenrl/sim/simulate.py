@@ -36,7 +36,7 @@ from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, snap
 from digenrl.sim.shipped import SYSTEMS, layout_of
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import Report, ideal_step_s, run_spec
-from digenrl.sim.testbed import Pool, Testbed, load_testbed
+from digenrl.sim.testbed import Pool, Testbed, load_testbed, resize
 
 # row -> (scheduler mode, colocated style)
 ROWS = {
@@ -52,14 +52,24 @@ ROWS = {
     "digenrl": ("digenrl", None),
 }
 ALL = tuple(ROWS)
-# `run.mode=colocated` (what `digenrl train` accepts) names the colocated-ideal row: the runtime's
-# colocated mode is a colocated system without the peers' avoidable costs.
-ALIASES = {"colocated": "colocated-ideal"}
 
 
-def row_name(name: str) -> str:
-    """A row label, or the run mode an alias stands for (ALIASES); unknown names pass through."""
-    return ALIASES.get(name, name)
+def mode_and_style(name: str) -> tuple[str, str | None]:
+    """(scheduler mode, colocated style) of a row label or of a run.mode `digenrl train` accepts.
+    run.mode=colocated is not a row: it is the runtime's colocated mode (style None, one memory
+    plan: baselines.RUNTIME_LAYOUT), which the digenrl row weighs on a split pool (digenrl_plan);
+    the colocated-ideal row is a bound over every memory plan, which no config key selects."""
+    from digenrl.sched import MODES
+
+    if name in ROWS:
+        return ROWS[name]
+    if name in MODES:
+        return name, None
+    raise ValueError(f"unknown mode {name!r}; rows: {list(ROWS)}; run modes: {list(MODES)}")
+
+
+NOT_A_ROW = ("run.mode=colocated is not a row: `digenrl plan --mode colocated` plans it, and the "
+             "digenrl row takes it where it is faster")
 BASELINES = ("verl-omni", "genrl", "flow_grpo", "colocated-ideal", "one-step-off", "disagg-sync")
 PAPER_SPEEDUP = 1.56  # the withdrawn paper's lowest claimed speedup (DESIGN.md)
 
@@ -86,7 +96,7 @@ def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: 
     testbed no Config can express at all (workload.refusal) raises ValueError.
     The digenrl row is DigenRL's best plan, its degenerate ones included: every GPU a trainer
     generating under TAG (no rollout pool), the AdamW state offloaded, and, on one split pool,
-    the plain colocated plan (colocated-ideal's; the row then says run.mode=colocated)."""
+    the runtime's own colocated plan (`digenrl_plan`; the row then says run.mode=colocated)."""
     tb = load_testbed(testbed) if isinstance(testbed, str) else testbed
     cm = cm or default_cost_model()
     from digenrl.sim.workload import refusal
@@ -119,8 +129,6 @@ def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, 
     colocated-ideal, which starts its search from their points too (their layouts are among its
     memory plans), and colocated-ideal before digenrl, which may run it (module doc of simulate)."""
     order = [m for m in modes if m in PEER_ROWS] + [m for m in modes if m not in PEER_ROWS]
-    if "digenrl" in order and "colocated-ideal" not in order and _split_pool(tb):
-        order.insert(order.index("digenrl"), "colocated-ideal")  # digenrl's colocated candidate
     plans, unfit = {}, {}
     for label in order:
         mode, style = ROWS[label]
@@ -128,16 +136,37 @@ def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, 
         extra = tuple({**p.spec.knobs(), "memory": layout_of(SYSTEMS[k]).name}
                       for k, p in plans.items() if k in PEER_ROWS) if label == "colocated-ideal" else ()
         try:
-            plans[label] = plan(where, mode=mode, style=style, steps=steps, cm=cm, extra_starts=extra)
+            if label == "digenrl":
+                plans[label] = digenrl_plan(tb, steps=steps, cm=cm)
+            else:
+                plans[label] = plan(where, mode=mode, style=style, steps=steps, cm=cm, extra_starts=extra)
         except ValueError as e:
             unfit[label] = str(e)
-        if label == "digenrl" and _split_pool(tb) and "colocated-ideal" in plans:
-            col = plans["colocated-ideal"]
-            if label not in plans or col.throughput > plans[label].throughput * (1 + 1e-9):
-                plans[label] = replace(col, mode="colocated")
-                unfit.pop(label, None)
-    keep = [m for m in modes if m in plans or m in unfit]
-    return {k: plans[k] for k in keep if k in plans}, {k: unfit[k] for k in keep if k in unfit}
+    return plans, unfit
+
+
+def digenrl_plan(tb: Testbed, gpus: int | None = None, steps: int = PLAN_STEPS, cm=None):
+    """DigenRL's best plan on `tb` (resized to `gpus`): the digenrl mode's (its degenerate plans
+    included, planner.grid), or, on one split pool, the runtime's own colocated mode when that is
+    faster: every GPU a replicated gang of 1 (baselines.RUNTIME_LAYOUT), what `digenrl train`
+    runs under run.mode=colocated; never colocated-ideal's layouts, which no config key holds.
+    Raises the digenrl mode's ValueError when neither fits."""
+    where = resize(tb, gpus)
+    best, why = None, None
+    try:
+        best = plan(where, mode="digenrl", steps=steps, cm=cm)
+    except ValueError as e:
+        why = e
+    if _split_pool(where):
+        try:
+            col = plan(where, mode="colocated", steps=steps, cm=cm)  # style None: the runtime's
+        except ValueError:
+            col = None
+        if col is not None and (best is None or col.throughput > best.throughput * (1 + 1e-9)):
+            best = col
+    if best is None:
+        raise why
+    return best
 
 
 def _split_pool(tb: Testbed) -> bool:
@@ -167,8 +196,16 @@ def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm)
         where = ref if per_dollar else tb
         half_point = snap(where, {"n_rollout": where.n_gpus // 2, "rollout_gang": d_ref.spec.rollout_gang,
                                   "trainer_sp": d_ref.spec.trainer_sp})  # the nearest split the gangs divide
-        half = run_spec(where, replace(d_ref.spec, n_rollout=half_point["n_rollout"], gang=None), steps, cm)  # gang: what fits there
-        c = d_ref.throughput / half.throughput
+        half = None
+        for offload in (d_ref.spec.offload, True):  # gang None: the smallest that fits there; else offload
+            try:
+                half = run_spec(where, replace(d_ref.spec, n_rollout=half_point["n_rollout"], gang=None,
+                                               offload=offload), steps, cm)
+                break
+            except ValueError:
+                continue
+        # no half/half split holds the training state: there is no fixed split to compare with (c = 1)
+        c = d_ref.throughput / half.throughput if half is not None else 1.0
     r = total / (a * het * c)
     factors = {"baseline_costs": a, "heterogeneity": het, "independent_scaling": c, "overlap": r}
     lt = math.log(total)

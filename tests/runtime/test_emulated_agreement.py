@@ -20,7 +20,7 @@ from digenrl.runtime.emulated import ActorPool  # noqa: E402
 from digenrl.sim.planner import PLAN_STEPS, plan  # noqa: E402
 from digenrl.sim.costs import default_cost_model  # noqa: E402
 from digenrl.sim.report import run_spec  # noqa: E402
-from digenrl.sim.simulate import ROWS, row_name  # noqa: E402
+from digenrl.sim.simulate import mode_and_style  # noqa: E402
 from digenrl.sim.testbed import load_testbed  # noqa: E402
 
 MODES = ("colocated", "disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
@@ -45,7 +45,7 @@ def small():
 
 def _emulate(actors, small, label, latency):
     cm = default_cost_model()
-    mode, style = ROWS[row_name(label)]  # run.mode=colocated: the colocated-ideal row
+    mode, style = mode_and_style(label)  # run.mode=colocated: the runtime's colocated mode
     spec = plan(small, mode=mode, style=style, steps=PLAN_STEPS, cm=cm).spec
     sim = run_spec(small, spec, PLAN_STEPS, cm, keep_trace=True)
     t0 = time.time()

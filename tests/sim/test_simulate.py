@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -9,10 +10,12 @@ from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Wo
 from digenrl.sim.costs import CostModel
 from digenrl.sim.workload import config_for, duration_fn
 from digenrl.sim.report import RunSpec, ideal_step_s, run_spec, useful_work
+from digenrl.sim.planner import plan
 from digenrl.sim.simulate import ALL, BASELINES, homogeneous_reference, simulate
 from digenrl.sim.testbed import load_testbed
 
 SMALL = "small-h200x16-sd35"
+TESTBEDS = Path(__file__).parent / "testbeds"
 
 
 @pytest.fixture(scope="module")
@@ -143,11 +146,40 @@ def test_zero_baseline_is_faster(cm, style):
 def test_cli_simulate_prints_table_and_writes_json(tmp_path, capsys):
     from digenrl.sim.cli import simulate_main
     out = tmp_path / "r.json"
-    assert simulate_main(["--testbed", SMALL, "--steps", "4", "--modes", "colocated,digenrl",
+    assert simulate_main(["--testbed", SMALL, "--steps", "4", "--modes", "colocated-ideal,digenrl",
                           "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "digenrl" in text and "s/step" in text and "vs colocated" in text
-    assert set(json.loads(out.read_text())["rows"]) == {"colocated-ideal", "digenrl"}  # run.mode=colocated names the ideal row
+    assert set(json.loads(out.read_text())["rows"]) == {"colocated-ideal", "digenrl"}
+    # run.mode=colocated is not a row (the runtime's colocated mode is planned by `plan --mode colocated`)
+    assert simulate_main(["--testbed", SMALL, "--modes", "colocated"]) == 2
+    assert "digenrl plan --mode colocated" in capsys.readouterr().err
+
+
+def test_the_digenrl_rows_colocated_plan_is_the_one_the_runtime_runs():
+    """On one split pool the digenrl row weighs the runtime's colocated mode: every GPU a replicated
+    gang of 1 (what workload.config_for writes for run.mode=colocated), priced on that layout,
+    never on a cheaper memory plan of colocated-ideal's that no config key selects."""
+    from digenrl.sim.baselines import RUNTIME_LAYOUT
+    from digenrl.sim.simulate import digenrl_plan
+    from digenrl.sim.workload import config_for
+
+    tb = load_testbed(SMALL)
+    col = plan(tb, mode="colocated", steps=4)
+    r = run_spec(tb, col.spec, 4)
+    assert r.colocated_config.startswith(RUNTIME_LAYOUT) and "+" not in r.colocated_config
+    cfg = config_for(tb, col.spec, 4)
+    assert cfg.run.mode == "colocated" and cfg.runtime.trainer.gang == 1 and not cfg.runtime.trainer.offload
+    best = digenrl_plan(tb, steps=4)
+    assert best.throughput >= col.throughput * (1 - 1e-9)
+    # a full fine-tune of Qwen-Image-20B that no replicated H100 holds: the runtime's colocated mode
+    # does not fit (so the digenrl row cannot be it), while colocated-ideal's sharded layouts do
+    from digenrl.sim.planner import memory_axis
+
+    full = load_testbed(str(TESTBEDS / "qwen-full-h100x64.yaml"))
+    with pytest.raises(ValueError, match="replicated"):
+        plan(full, mode="colocated", steps=4)
+    assert memory_axis(full) and RUNTIME_LAYOUT not in memory_axis(full)
 
 
 def test_cli_unknown_testbed_lists_presets(capsys):
