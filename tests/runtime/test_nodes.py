@@ -67,9 +67,12 @@ def test_rollout_node_lost_mid_step(cluster, local_run, tmp_path):
     died = {s.worker for s in lost if not s.extra.get("inputs_lost")}
     assert "rollout-0" in died and died <= {"rollout-0", "rollout-1"}  # (rollout-1: if it was busy)
     assert any(s.extra.get("inputs_lost") for s in lost), "no unit found its inputs gone"
-    # calls to the dead node's actors raise ActorDiedError; a unit on a live worker reading an
-    # object only that node held, RayTaskError(ObjectReconstructionFailedError) (no lineage)
-    assert "ActorDiedError" in {s.extra["error"] for s in lost if not s.extra.get("inputs_lost")}
+    # calls to the dead node's actors raise a RayActorError: ActorDiedError once the GCS has
+    # marked the node dead, ActorUnavailableError if the call fails before it has (which one
+    # comes first depends on heartbeats; CI saw both). A unit on a live worker reading an object
+    # only that node held raises RayTaskError(ObjectReconstructionFailedError) (no lineage).
+    errors = {s.extra["error"] for s in lost if not s.extra.get("inputs_lost")}
+    assert errors and errors <= {"ActorDiedError", "ActorUnavailableError"}, errors
     assert all("Object" in s.extra["error"] for s in lost if s.extra.get("inputs_lost"))
     assert summary["scheduler"]["restarts"] >= 1
     assert sum(w.startswith("rollout-") and "#" in w for w in rt.trace.workers) >= 1  # replacements
