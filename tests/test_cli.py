@@ -15,7 +15,7 @@ def test_bad_config_exits_2_naming_the_key(capsys):
 
 
 def test_simulate_receives_its_own_options(capsys):
-    assert main(["simulate", "--testbed", "small-h200x16-sd35", "--steps", "6", "--modes", "colocated,digenrl"]) == 0
+    assert main(["simulate", "--testbed", "small-h200x16-sd35", "--steps", "6", "--modes", "colocated-ideal,digenrl"]) == 0
     out = capsys.readouterr().out
     assert "digenrl" in out and "colocated" in out
 

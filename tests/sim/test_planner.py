@@ -122,13 +122,18 @@ def test_cli_plan_names_the_smallest_change_when_nothing_fits(tmp_path, capsys):
     assert "GiB per GPU" in err and "smallest change that makes one fit: lora: true" in err
 
 
-def test_cli_plan_prints_digenrl_colocated_plan_where_it_wins(capsys):
-    """veRL-Omni's Qwen-Image full fine-tune on 4 H200: DigenRL's best plan is its plain colocated one."""
+def test_cli_plan_prints_a_runnable_plan_where_no_replica_fits(capsys, tmp_path):
+    """veRL-Omni's Qwen-Image full fine-tune on 4 H200: no GPU holds a replica (so not the runtime's
+    colocated mode); DigenRL's plan is an FSDP trainer gang that holds the state, written as a
+    config `digenrl train` loads."""
     from pathlib import Path
 
+    from digenrl.config import load_config
     from digenrl.sim.cli import plan_main
 
     tb = Path(__file__).parent / "testbeds" / "qwen-full-h200x4.yaml"
-    assert plan_main(["--testbed", str(tb)]) == 0
+    assert plan_main(["--testbed", str(tb), "--out", str(tmp_path / "plan.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "run.mode=colocated" in out and "colocated memory plan simulated:" in out
+    assert "run.mode=digenrl" in out and "runtime.trainer.shard=fsdp" in out
+    cfg = load_config(str(tmp_path / "plan.yaml"), [])
+    assert cfg.run.mode == "digenrl" and cfg.runtime.trainer.gang >= 2
