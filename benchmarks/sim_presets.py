@@ -163,11 +163,11 @@ def main(argv=None) -> int:
             f"{s['speedups'][b]:.2f}x{per(b)}" if b in s["speedups"] else "does not fit" for b in heads) + " |")
     print("== memory per trainer GPU of digenrl's plan (GiB; memory.py)")
     for name, s in summary.items():
-        if s["digenrl_plan"]["mode"] == "colocated":  # no trainer gang: the row's colocated layout holds it
-            print(f"{name:<32} run.mode=colocated (see the colocated-ideal row's memory plan)")
-            continue
         m = s["trainer_memory_gib"]
-        print(f"{name:<32} " + "  ".join(f"{k} {v:.1f}" for k, v in m.items()))
+        # run.mode=colocated: every GPU a replicated gang of 1 (baselines.RUNTIME_LAYOUT); its
+        # trainer state is this, beside the sampler's and reward model's (the colocated memory rule)
+        where = "run.mode=colocated, replicated: " if s["digenrl_plan"]["mode"] == "colocated" else ""
+        print(f"{name:<32} {where}" + "  ".join(f"{k} {v:.1f}" for k, v in m.items()))
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "summary.json").write_text(json.dumps(summary, indent=1))
     return 0
