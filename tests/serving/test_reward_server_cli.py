@@ -1,6 +1,7 @@
 """`digenrl reward-server`: every flag reaches its ServeOptions field or is refused with a
-message naming it; --address picks the cluster; the real command serves, then exits within
-10 s of Ctrl-C, giving requests in flight a bounded grace."""
+message naming it; --address picks the cluster; the real command serves, then exits cleanly
+on Ctrl-C, giving requests in flight a bounded grace. How fast it exits (within 10 s) is a
+wall-clock figure: the `timing` tier checks it; the slow tier only bounds a hang."""
 
 import http.client
 import json
@@ -38,7 +39,13 @@ NON_DEFAULT = {
     "max_request_mb": 8.0, "timeout_s": 30.0, "read_timeout_s": 5.0, "max_ongoing": 32, "max_queued": -1,
     "cpus_per_replica": 0.5, "gpus_per_replica": 1.0, "shutdown_grace_s": 7.5,
 }
-EXIT_LIMIT_S = 10.0  # issue 29: `digenrl reward-server` exits within 10 s of Ctrl-C
+EXIT_LIMIT_S = 10.0  # issue 29: `digenrl reward-server` exits within 10 s of Ctrl-C (timing tier)
+# The slow tier's bound: a command that hangs fails, one slowed by a loaded machine does not
+# (CI saw it take over 10 s to act on SIGINT with 5-11 processes per core).
+HANG_LIMIT_S = 120.0
+# each test runs in the slow tier with the hang bound, and in the timing tier with the 10 s one
+EXIT_LIMITS = [pytest.param(HANG_LIMIT_S, marks=pytest.mark.slow, id="exits"),
+               pytest.param(EXIT_LIMIT_S, marks=pytest.mark.timing, id="within-10s")]
 
 
 def test_every_flag_reaches_its_option():
@@ -161,7 +168,7 @@ class Command:
         os.killpg(self.proc.pid, signal.SIGINT)
         return sent
 
-    def assert_exits_within(self, sent: float, limit_s: float = EXIT_LIMIT_S) -> float:
+    def assert_exits_within(self, sent: float, limit_s: float) -> float:
         """The command exits 0 within limit_s of `sent`; else it is killed and the failure names the
         step it was in (its last line: 'stopping...', a stop() step that overran, or 'stopped in' =
         Python's own exit). Returns the seconds it took."""
@@ -187,9 +194,9 @@ class Command:
 
 
 # slow tier: each starts its own Ray cluster and Serve (15-20 s alone on 2 cores)
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_the_command_serves_then_stops_on_ctrl_c(tmp_path):
+@pytest.mark.parametrize("limit_s", EXIT_LIMITS)
+@pytest.mark.timeout(400)
+def test_the_command_serves_then_stops_on_ctrl_c(tmp_path, limit_s):
     cmd = Command(tmp_path, SPEC, "--replicas", "2", "--cpus-per-replica", "0.5", "--max-batch", "4",
                   "--max-request-mb", "0.25", "--timeout-s", "30")
     try:
@@ -210,7 +217,7 @@ def test_the_command_serves_then_stops_on_ctrl_c(tmp_path):
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req, timeout=60)
         assert info.value.code == 413
-        took = cmd.assert_exits_within(cmd.ctrl_c())
+        took = cmd.assert_exits_within(cmd.ctrl_c(), limit_s)
         print(f"exited {took:.1f} s after Ctrl-C")
     finally:
         cmd.kill()
@@ -231,16 +238,20 @@ def _post(url: str, images: torch.Tensor, prompts: list[str], out: list) -> None
         conn.close()
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_ctrl_c_gives_requests_in_flight_a_bounded_grace(tmp_path):
+@pytest.mark.parametrize("limit_s", EXIT_LIMITS)
+@pytest.mark.timeout(400)
+def test_ctrl_c_gives_requests_in_flight_a_bounded_grace(tmp_path, limit_s):
     # One replica, one sample per reward call. At Ctrl-C, request A is inside the reward and B
     # queued behind it. A's gate opens once the command says it is stopping: A is answered
-    # within the grace. B's never opens: at the grace (3 s) its replica is killed, B gets an
-    # error, and the command still exits within 10 s.
+    # within the grace. B's never opens: at the grace its replica is killed, B gets an error, and
+    # the command still exits (within 10 s in the timing tier, grace 3 s). The slow tier gives a
+    # 20 s grace: the test opening A's gate after reading the line is not a race a loaded machine
+    # can lose.
+    grace = 3 if limit_s == EXIT_LIMIT_S else 20
     gates = tmp_path / "gates"
     cmd = Command(tmp_path, f"tests.serving.helpers:GatedJpeg?gate_dir={gates}", "--replicas", "1",
-                  "--cpus-per-replica", "0.5", "--max-batch", "1", "--timeout-s", "120", "--shutdown-grace-s", "3")
+                  "--cpus-per-replica", "0.5", "--max-batch", "1", "--timeout-s", "120",
+                  "--shutdown-grace-s", str(grace))
     try:
         cmd.wait_for_line("serving reward")
         gate_a, gate_b = FileGate(gates / "hold-a"), FileGate(gates / "hold-b")
@@ -252,9 +263,9 @@ def test_ctrl_c_gives_requests_in_flight_a_bounded_grace(tmp_path):
         posts[1].start()
         wait_until(lambda: _get(f"{cmd.url}/health")["queued"] == 1, "B to queue behind A")
         sent = cmd.ctrl_c()
-        cmd.wait_for_line("stopping: requests in flight get up to 3 s", timeout_s=EXIT_LIMIT_S)
+        cmd.wait_for_line(f"stopping: requests in flight get up to {grace} s", timeout_s=limit_s)
         gate_a.open()
-        took = cmd.assert_exits_within(sent)
+        took = cmd.assert_exits_within(sent, limit_s)
         for t in posts:
             t.join(timeout=60)
         reward = JpegCompressibility()
