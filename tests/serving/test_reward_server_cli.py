@@ -139,7 +139,12 @@ class Command:
     def __init__(self, tmp_path, spec: str, *args: str):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        argv = [sys.executable, "-m", "digenrl.cli", "reward-server", spec, "--port", str(self.port), *args]
+        command = [sys.executable, "-m", "digenrl.cli", "reward-server", spec, "--port", str(self.port), *args]
+        # Started as a terminal starts a foreground job: SIGINT at its default. A test run started
+        # in the background by a non-interactive shell inherits SIGINT ignored, exec keeps it
+        # ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C would never arrive.
+        argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+                "os.execv(sys.argv[1], sys.argv[1:])", *command]
         # Serve restarts a proxy not ready within 5 s, failing the start on a loaded machine
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
         env.pop("RAY_ADDRESS", None)
