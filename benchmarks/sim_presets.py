@@ -48,7 +48,7 @@ def memory_rows() -> list[str]:
     rows = []
     for name in list_presets():
         tb = load_testbed(name)
-        split = all(p.role == "any" for p in tb.pools)
+        split = tb.split_pool
         trainers = tb.n_gpus // 2 if split else sum(p.count for p in tb.pool("trainer"))
         cells = []
         for after_step in (False, True):

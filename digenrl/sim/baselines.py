@@ -95,14 +95,6 @@ def layouts(n_gpus: int, gpus_per_node: int) -> list[Layout]:
     return out
 
 
-def get_layout(name: str, n_gpus: int, gpus_per_node: int) -> Layout:
-    for lay in layouts(n_gpus, gpus_per_node):
-        if lay.name == name:
-            return lay
-    raise ValueError(f"unknown colocated memory plan {name!r} on {n_gpus} GPUs; allowed: "
-                     f"{[x.name for x in layouts(n_gpus, gpus_per_node)]}")
-
-
 def layout_fit(cm: CostModel, lay: Layout, model: str, device, n_gpus: int, gpus_per_node: int, *,
                gen_batch: int = 1, train_batch: int = 1, lora: bool = False, lora_rank: int = 32,
                grad_ckpt: bool = True, cfg: bool = False, train_cfg: bool = False, shape: Shape | None = None,

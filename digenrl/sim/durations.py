@@ -119,7 +119,7 @@ def layout(tb: Testbed, run: RunContract) -> Layout:
     rgang = run.pool("rollout").resources.gang if run.pool("rollout") else 1
     # a trainer gang holds `gang` GPUs, a rollout gang (sequence parallel) `rgang`
     size = {w.id: gang if w.role == "trainer" else rgang if w.role == "rollout" else 1 for w in workers}
-    if all(p.role == "any" for p in tb.pools):
+    if tb.split_pool:
         order = {"colocated": 0, "rollout": 0, "trainer": 1}
         places, i = {}, 0
         for w in sorted(workers, key=lambda w: order[w.role]):

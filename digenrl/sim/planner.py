@@ -108,10 +108,6 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _split(tb: Testbed) -> bool:
-    return all(p.role == "any" for p in tb.pools)
-
-
 def grid(tb: Testbed, mode: str, style: str | None = None, cm: CostModel | None = None) -> dict[str, list]:
     """Axis name -> candidate values for `mode` (and colocated `style`) on `tb` (see module doc)."""
     axes: dict[str, list] = {}
@@ -119,7 +115,7 @@ def grid(tb: Testbed, mode: str, style: str | None = None, cm: CostModel | None 
         mem = memory_axis(tb, cm)
         if len(mem) > 1:
             axes["memory"] = mem
-    if mode != "colocated" and _split(tb):  # TAG: trainers generate, so no rollout pool at all is a plan too
+    if mode != "colocated" and tb.split_pool:  # TAG: trainers generate, so no rollout pool at all is a plan too
         axes["n_rollout"] = list(range(0 if mode in TAG_MODES else 1, tb.n_gpus))
     if mode in BATCH_MODES:
         axes["micro_batch_groups"] = _divisors(tb.samples_per_step)

@@ -76,7 +76,7 @@ PAPER_SPEEDUP = 1.56  # the withdrawn paper's lowest claimed speedup (DESIGN.md)
 
 def homogeneous_reference(tb: Testbed) -> Testbed:
     """Same workload on one split pool of the trainer GPU type, same hourly budget (whole nodes)."""
-    if all(p.role == "any" for p in tb.pools):
+    if tb.split_pool:
         return tb
     trainer = tb.pool("trainer")[0]
     budget = sum(p.count * get_device(p.device).usd_per_hour for p in tb.pools)
@@ -127,7 +127,7 @@ def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: 
 def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, dict]:
     """(label -> Plan, label -> why no plan of that row fits). The shipped peers are planned before
     colocated-ideal, which starts its search from their points too (their layouts are among its
-    memory plans), and colocated-ideal before digenrl, which may run it (module doc of simulate)."""
+    memory plans); the digenrl row is `digenrl_plan`."""
     order = [m for m in modes if m in PEER_ROWS] + [m for m in modes if m not in PEER_ROWS]
     plans, unfit = {}, {}
     for label in order:
@@ -157,7 +157,7 @@ def digenrl_plan(tb: Testbed, gpus: int | None = None, steps: int = PLAN_STEPS, 
         best = plan(where, mode="digenrl", steps=steps, cm=cm)
     except ValueError as e:
         why = e
-    if _split_pool(where):
+    if where.split_pool:
         try:
             col = plan(where, mode="colocated", steps=steps, cm=cm)  # style None: the runtime's
         except ValueError:
@@ -167,10 +167,6 @@ def digenrl_plan(tb: Testbed, gpus: int | None = None, steps: int = PLAN_STEPS, 
     if best is None:
         raise why
     return best
-
-
-def _split_pool(tb: Testbed) -> bool:
-    return all(p.role == "any" for p in tb.pools)
 
 
 def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm) -> dict:
@@ -197,7 +193,7 @@ def _decompose(tb: Testbed, ref: Testbed, rows: dict, base: str, steps: int, cm)
         half_point = snap(where, {"n_rollout": where.n_gpus // 2, "rollout_gang": d_ref.spec.rollout_gang,
                                   "trainer_sp": d_ref.spec.trainer_sp})  # the nearest split the gangs divide
         half = None
-        for offload in (d_ref.spec.offload, True):  # gang None: the smallest that fits there; else offload
+        for offload in dict.fromkeys((d_ref.spec.offload, True)):  # gang None: the smallest that fits; else offload
             try:
                 half = run_spec(where, replace(d_ref.spec, n_rollout=half_point["n_rollout"], gang=None,
                                                offload=offload), steps, cm)

@@ -103,6 +103,12 @@ class Testbed:
         return sum(p.count for p in self.pools)
 
     @property
+    def split_pool(self) -> bool:
+        """Every GPU may take either role (pools of role "any"): the run sizes its rollout and
+        trainer pools itself, and colocated modes can run here."""
+        return all(p.role == "any" for p in self.pools)
+
+    @property
     def samples_per_step(self) -> int:
         return self.group_size * self.groups_per_step
 

@@ -41,10 +41,6 @@ def family(model: str) -> str:
                       f"known families: {', '.join(FAMILY_PREFIX)}")
 
 
-def _split(tb: Testbed) -> bool:
-    return all(p.role == "any" for p in tb.pools)
-
-
 def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[str] = None) -> Config:
     """The Config that runs `spec` on `tb` for `steps` RL steps (emulated compute on the
     testbed's cost model; set runtime.compute=real and model.path for the real thing).
@@ -54,11 +50,11 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
     """
     n = tb.n_gpus
     if spec.mode == "colocated":
-        if not _split(tb):
+        if not tb.split_pool:
             raise ConfigError(f"run.mode: colocated needs a testbed whose pools have role 'any'; "
                               f"{tb.name!r} fixes rollout/trainer pools")
         rollout, trainer = 0, n
-    elif _split(tb):
+    elif tb.split_pool:
         rollout = n // 2 if spec.n_rollout is None else spec.n_rollout
         trainer = n - rollout
     else:
@@ -173,7 +169,7 @@ def refusal(tb: Testbed, cm: Optional[CostModel] = None, memory: bool = False) -
     on the host, generating under TAG (no rollout pool when the pool is split)."""
     from digenrl.sim.report import RunSpec
 
-    split = _split(tb)
+    split = tb.split_pool
     trainers = tb.n_gpus if split else sum(p.count for p in tb.pool("trainer"))
     try:
         family(tb.model)
@@ -209,7 +205,7 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
             raise ConfigError(why)
     rollout_gpus = 0 if cfg.run.mode == "colocated" else rt.rollout.workers * (rt.rollout.gang - 1)
     n = rt.rollout.workers + rollout_gpus + rt.trainer.workers * rt.trainer.gang  # GPUs
-    if _split(tb):
+    if tb.split_pool:
         if n != tb.n_gpus and len(tb.pools) != 1:
             raise ConfigError(f"runtime.trainer.workers: {n} workers but testbed {tb.name!r} has "
                               f"{tb.n_gpus} GPUs in several pools")

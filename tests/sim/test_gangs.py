@@ -280,7 +280,7 @@ def test_grad_sum_sets_the_all_reduce_element():
 def test_every_preset_maps_to_a_runnable_config_that_fits(preset):
     tb = load_testbed(preset)
     assert refusal(tb) is None
-    split = all(p.role == "any" for p in tb.pools)
+    split = tb.split_pool
     n_rollout = tb.n_gpus // 2 if split else None
     trainers = tb.n_gpus - n_rollout if split else sum(p.count for p in tb.pool("trainer"))
     for reshard in ("after-forward", "after-step"):

@@ -142,7 +142,7 @@ def random_spec(rng: random.Random, tb: Testbed, mode: str, style: str | None, c
         if spg is None:  # micro-batches of whole groups
             point["micro_batch_groups"] = rng.choice(_divisors(tb.groups_per_step))
     if mode != "colocated" and rng.random() < 0.4:
-        if all(p.role == "any" for p in tb.pools):
+        if tb.split_pool:
             trainers = tb.n_gpus - point["n_rollout"]
         else:
             trainers = sum(p.count for p in tb.pool("trainer"))

@@ -73,7 +73,7 @@ SAME_PLAN_PRESETS = ("h200x16-flux", "h200x16-qwen", "h200x16-wan14b", "hetero-h
 @pytest.mark.parametrize("preset", SAME_PLAN_PRESETS)
 def test_pruned_search_chooses_what_the_unpruned_one_does_on_every_preset(preset):
     tb = load_testbed(preset)
-    for label in ("digenrl", "one-step-off") + (("colocated-ideal",) if all(p.role == "any" for p in tb.pools) else ()):
+    for label in ("digenrl", "one-step-off") + (("colocated-ideal",) if tb.split_pool else ()):
         _same_plan(tb, label)
 
 
