@@ -27,7 +27,6 @@ from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS, SIGMA
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
-from digenrl.sim.catalogue import WEIGHT_SYNC_METHODS
 
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
@@ -36,6 +35,8 @@ SP_FAMILIES = ("wan", "hunyuan-video")  # adapters with sequence-parallel attent
 RESHARD_KINDS = ("after-forward", "after-step")
 LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
 WANDB_MODES = ("online", "offline", "disabled")
+# runtime.weight_sync: how new weights reach the rollout workers (the simulator prices each)
+WEIGHT_SYNC_METHODS = ("object-store", "nccl", "lora-only")
 
 
 class ConfigError(ValueError):

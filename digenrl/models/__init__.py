@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -12,15 +12,13 @@ from digenrl.math.schedule import sigma_schedule
 from digenrl.models.lora import LoraSpec, apply_lora
 from digenrl.models.protocol import Cond, Policy, guided_velocity
 
-if TYPE_CHECKING:
-    from digenrl.config import ModelConfig, SamplingConfig
-
 __all__ = ["Cond", "Policy", "build_policy", "guided_velocity", "sampling_sigmas"]
 
 
-def build_policy(cfg: "ModelConfig", progress: bool = True) -> Policy:
+def build_policy(cfg: Any, progress: bool = True) -> Policy:
     """Load the configured generator, with LoRA injected when lora_rank > 0 and activation
-    checkpointing when grad_ckpt.
+    checkpointing when grad_ckpt. `cfg` is a Config's `model` section (ModelConfig), read by
+    attribute: models sit below the config layer and never import it.
 
     `progress` is accepted for the callers' sake: nothing here is slow enough to show a
     bar (the toy base is a shipped file).
@@ -79,8 +77,9 @@ def _diffusers_sigmas(family: str, path: Optional[str], num_steps: int, height: 
     return pipeline_sigmas(family, num_steps, load_scheduler(family, path), latent_hw)
 
 
-def sampling_sigmas(model: "ModelConfig", sampling: "SamplingConfig", num_steps: int) -> torch.Tensor:
-    """The sigma grid of a run: float32 (num_steps + 1,), 1 -> 0.
+def sampling_sigmas(model: Any, sampling: Any, num_steps: int) -> torch.Tensor:
+    """The sigma grid of a run: float32 (num_steps + 1,), 1 -> 0. `model` and `sampling` are
+    a Config's sections of those names (read by attribute, as in `build_policy`).
 
     sampling.sigmas=digenrl: shift(linspace(1, 0, N+1)) with sampling.shift
     (digenrl.math.sigma_schedule). diffusers: the grid model.name's diffusers pipeline builds

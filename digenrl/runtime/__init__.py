@@ -1,6 +1,7 @@
 """runtime: the only package that imports Ray. Actors, pools, placement, weight sync, traces.
 
     driver.py       RayTrainer(cfg).train(resume=) -- the Flow-GRPO run on Ray pools, any mode
+    actors.py       Actors: the run's gangs (start, replace, add, retire), the relay, evaluation
     backend.py      RealBackend: each unit kind's actor call and what its result feeds; step records
     loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
     workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker, EvalWorker
@@ -12,7 +13,7 @@
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     results.py      the typed record each unit returns to the driver (start, end, ...)
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
-    elastic.py      Elastic: the driver's side of `digenrl scale` (join / drain rollout workers mid-run)
+    elastic.py      Elastic: the run's side of `digenrl scale` (join / drain rollout workers mid-run)
     scale.py        scale requests and the driver's pools.json in the run directory (no Ray: the CLI's side)
     serving/        the reward server on Ray Serve (`digenrl reward-server`): deployment, options, start/stop
 

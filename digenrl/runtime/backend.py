@@ -9,37 +9,53 @@
                              trainers, staleness, bubbles, weight-sync bytes and seconds), the
                              evaluation and checkpoint cadence; records are written in order
 
-The RayTrainer (runtime/driver.py) owns the actors and the run; this owns a run's data flow.
+The RayTrainer (runtime/driver.py) owns the run, runtime/actors.py the actors; this owns a
+run's data flow, and talks to the actors and the recorder only.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import ray
 import torch
 
+from digenrl.config import Config
 from digenrl.math import group_advantages
 from digenrl.recorder import RunRecorder
+from digenrl.runtime.actors import Actors
 from digenrl.runtime.gang import row_share
-from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
 from digenrl.trace import Trace, bubble_ratio
-from digenrl.trainer import step_metrics
+from digenrl.trainer import StepPlan, plan_step, prompt_source, step_metrics
 
-if TYPE_CHECKING:
-    from digenrl.runtime.driver import RayTrainer
+
+class StepPlans:
+    """`plans(step)`: RL step `step`'s StepPlan (digenrl.trainer.plan_step), kept while the
+    steps around it run (under TCSS two steps are in flight)."""
+
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.source = prompt_source(cfg)  # conditioned families: rows with images, looked up by workers
+        self._plans: dict[int, StepPlan] = {}
+
+    def __call__(self, step: int) -> StepPlan:
+        if step not in self._plans:
+            self._plans = {k: v for k, v in self._plans.items() if k >= step - 2}
+            self._plans[step] = plan_step(self.cfg, self.source, step)
+        return self._plans[step]
 
 
 class RealBackend:
     """What each unit means with real models: actor calls, object refs, per-step metrics."""
 
-    def __init__(self, rt: "RayTrainer", recorder: RunRecorder, weights0, wall0: float):
-        self.rt, self.recorder, self.cfg = rt, recorder, rt.cfg
-        self.base = rt.base
-        self.loop: Optional[EventLoop] = None
+    def __init__(self, actors: Actors, recorder: RunRecorder, plans: StepPlans, base: int, weights0,
+                 wall0: float):
+        self.actors, self.recorder, self.plans, self.cfg = actors, recorder, plans, actors.cfg
+        self.base = base
+        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
         # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
         # of it) -> its latest segment
@@ -53,9 +69,9 @@ class RealBackend:
         self.gen_comm: dict[int, dict] = {}  # step -> collective bytes its rollout gangs' Generate units issued
         # Advantages over the whole step: a global std, or micro-batches that cut prompt groups
         # (both only where nothing trains before the whole step is rewarded: config checks).
-        self.whole_step = rt.cfg.reward.adv_std == "global" or rt.cfg.data.micro_batch_samples > 0
+        self.whole_step = self.cfg.reward.adv_std == "global" or self.cfg.data.micro_batch_samples > 0
         # trainer 0 publishes when rollout workers pull (colocated workers, TAG-only pools: nobody)
-        self.publisher = rt.train_ids[0] if any(w.role == "rollout" for w in rt.workers) else None
+        self.publisher = actors.train_ids[0] if any(w.role == "rollout" for w in actors.workers) else None
         self.records: list[tuple[dict, Optional[ray.ObjectRef]]] = []
         self.saves: list[ray.ObjectRef] = []
         self.last_end, self.wall0, self.wall_s = 0.0, wall0, wall0
@@ -63,7 +79,7 @@ class RealBackend:
     # -- dispatch: one actor call per unit kind ----------------------------------------------
     def dispatch(self, wid: str, unit: Unit) -> list[ray.ObjectRef]:
         """The unit on every rank of worker `wid`'s gang: one result ref per rank."""
-        return _CALL[type(unit)](self, self.rt.handles[wid], wid, unit)
+        return _CALL[type(unit)](self, self.actors.gang(wid), wid, unit)
 
     def _call_generate(self, h, wid: str, unit: Generate) -> list[ray.ObjectRef]:
         """A Generate unit's rows (the micro-batch's, or its sample shard's) shared out over the
@@ -74,7 +90,7 @@ class RealBackend:
         groups of sp consecutive ranks (a rollout gang is one group); every rank of a group
         runs the group's rows, and the first one's output is kept (the others' is the same)."""
         b = self.base
-        plan = self.rt.plan(b + unit.step)
+        plan = self.plans(b + unit.step)
         mb = plan.micro_batches[unit.mb]
         first, last = row_range(unit.samples, len(mb.coords))
         shards = self.trajs.get((unit.step, unit.mb), {})
@@ -100,7 +116,7 @@ class RealBackend:
 
     def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
         shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
-        n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
+        n = len(self.plans(self.base + unit.step).micro_batches[unit.mb].coords)
         refs, _ = covering(shards, (0, n), n)
         if self._sp(wid) == len(h) > 1:  # one sequence-parallel group: its ranks hold the same images, rank 0 scores
             return [h.ranks[0].reward.remote(unit, *refs)]
@@ -109,11 +125,11 @@ class RealBackend:
     def _sp(self, wid: str) -> int:
         """The sequence-parallel degree of worker `wid`'s gang."""
         rt = self.cfg.runtime
-        role = next(w.role for w in self.rt.workers if w.id == wid)
+        role = self.actors.role(wid)
         return {"rollout": rt.rollout.gang, "trainer": rt.trainer.sp, "colocated": rt.trainer.sp}.get(role, 1)
 
     def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
-        plan = self.rt.plan(self.base + unit.step)
+        plan = self.plans(self.base + unit.step)
         n = len(plan.micro_batches[unit.mb].coords)
         first, last = row_range(unit.samples, n)
         refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
@@ -128,7 +144,7 @@ class RealBackend:
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
         if self.cfg.runtime.weight_sync == "nccl":  # from the relay (trainer 0's rank 0), point-to-point
-            return self.rt.pull(wid, unit, self.base + unit.version)
+            return self.actors.pull(wid, unit, self.base + unit.version)
         return h.load_weights.all(unit, self.base + unit.version, self.weights[unit.version])
 
     def _advantages(self, unit: Train) -> torch.Tensor:
@@ -154,7 +170,7 @@ class RealBackend:
     def _generated(self, wid: str, unit: Generate, done: Generated) -> None:
         """The unit's rows now hold this segment: drop the older shards they cover."""
         shards = self.trajs.setdefault((unit.step, unit.mb), {})
-        n = len(self.rt.plan(self.base + unit.step).micro_batches[unit.mb].coords)
+        n = len(self.plans(self.base + unit.step).micro_batches[unit.mb].coords)
         first, last = row_range(unit.samples, n)
         for rows in [k for k in shards if row_range(k, n)[0] < last and row_range(k, n)[1] > first]:
             del shards[rows]
@@ -166,7 +182,7 @@ class RealBackend:
         self.rewards[(unit.step, unit.mb)] = done
 
     def _trained(self, wid: str, unit: Train, done: Trained) -> None:
-        self.rt.trained.extend(done.trained)
+        self.trained.extend(done.trained)
         lag = unit.step - unit.traj_version
         self.stale[unit.step] = max(self.stale.get(unit.step, lag), lag)
 
@@ -190,20 +206,21 @@ class RealBackend:
 
     def replace(self, worker: Worker) -> Worker:
         self.out.pop(worker.id, None)
-        return self.rt.replace(worker)
+        return self.actors.replace(worker)
 
     def retire(self, worker: Worker, lost: bool = False) -> None:
         """A drained worker left the pools (or died draining): stop its actors."""
         self.out.pop(worker.id, None)
-        self.rt.retire(worker, lost=lost)
+        self.actors.retire(worker)
 
-    def step_done(self, step: int, now: float) -> None:
-        """Sched step `step` finished (all optimizer steps reported): one metrics record."""
-        cfg, rt = self.cfg, self.rt
+    def step_done(self, step: int, now: float, trace: Trace) -> None:
+        """Sched step `step` finished (all optimizer steps reported): one metrics record.
+        `trace`: the run's spans so far, units in flight included (bubble ratios)."""
+        cfg, actors = self.cfg, self.actors
         keys = sorted(k for k in self.rewards if k[0] == step)
         rows = [_Rewarded(self.rewards[k].rewards, self.rewards[k].parts) for k in keys]
         infos = self.opt.pop(step)
-        m = step_metrics(rows, _combine_learner(infos, rt.train_ids[0]))
+        m = step_metrics(rows, _combine_learner(infos, actors.train_ids[0]))
         for k in keys:
             self.rewards.pop(k)
             self.adv.pop(k, None)
@@ -212,7 +229,7 @@ class RealBackend:
         step_s = now - self.last_end
         self.wall_s = self.wall0 + now
         pub = infos.get(self.publisher) if self.publisher else None
-        bubbles = self._bubbles(self.last_end, now)
+        bubbles = {p: bubble_ratio(trace, p, self.last_end, now) for p in set(trace.workers.values())}
         record = {
             "step": real, **m, "mode": cfg.run.mode,
             "staleness_max": self.stale.pop(step, 0),
@@ -230,28 +247,16 @@ class RealBackend:
         if cfg.runtime.weight_sync == "nccl":  # what the relay sent for this step's pulls
             record["comm/sync/send_bytes"] = record["weight_sync_bytes"]
             record["comm/sync/send_calls"] = len(self.syncs)
-            self._check_relay()
+            actors.check_relay()
         self.syncs = []
         self.last_end = now
-        t0 = rt.handles[rt.train_ids[0]]
         eval_ref = None
-        if rt.recorder.eval_due(real):
-            eval_ref = rt.evaluate(real)  # trainer 0's weights are copied before any new unit
-        if rt.recorder.checkpoint_due(real):
-            self.saves.append(t0.save.remote(real, self.wall_s))
+        if self.recorder.eval_due(real):
+            eval_ref = actors.evaluate(real)  # trainer 0's weights are copied before any new unit
+        if self.recorder.checkpoint_due(real):
+            self.saves.append(actors.trainer0.save.remote(real, self.wall_s))
         self.records.append((record, eval_ref))
         self.flush(block=False)
-
-    def _check_relay(self) -> None:
-        """Raise a failed relay send here (its rollout side fails or hangs otherwise)."""
-        done, self.rt.serving = ray.wait(self.rt.serving, num_returns=len(self.rt.serving), timeout=0) \
-            if self.rt.serving else ([], [])
-        ray.get(done)
-
-    def _bubbles(self, t0: float, t1: float) -> dict[str, float]:
-        tr = self.loop.trace
-        live = Trace(spans=tr.spans + self.loop.in_flight(), workers=tr.workers, alive=tr.alive, end=t1)
-        return {p: bubble_ratio(live, p, t0, t1) for p in set(tr.workers.values())}
 
     def flush(self, block: bool) -> None:
         """Write step records in order, each once its evaluation (if any) is done."""

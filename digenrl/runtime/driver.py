@@ -12,8 +12,9 @@
     metrics.jsonl, trace.json, gantt.png       as ObjectRefs; the driver only sees the small
                                                typed results (runtime/results.py)
 
-This module owns the actors and the run's lifecycle (pools, planning, resume, evaluation
-actor, emulated compute, shutdown); runtime/backend.py owns what each unit means.
+This module owns the run's lifecycle (planning, resume, the initial weights, the event loop,
+emulated compute, shutdown); runtime/actors.py owns the actors, runtime/backend.py what each
+unit means.
 
 Outputs mirror the single-device trainer (metrics.jsonl with the same required keys, eval
 on held-out prompts by the evaluation actor, checkpoints by trainer 0 in the same format, so
@@ -29,7 +30,6 @@ eval samples there; the driver writes the rest).
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -38,17 +38,13 @@ import ray
 from digenrl.config import Config
 from digenrl.contract import RunContract, contract
 from digenrl.recorder import RunRecorder
-from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options, connect
-from digenrl.runtime.backend import RealBackend
+from digenrl.runtime.actors import Actors
+from digenrl.runtime.backend import RealBackend, StepPlans
+from digenrl.runtime.cluster import actor_options, connect
 from digenrl.runtime.elastic import Elastic
-from digenrl.runtime.gang import Gang
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
-from digenrl.sched import Scheduler, Unit, Worker
+from digenrl.sched import Scheduler, Unit
 from digenrl.trace import Trace, plot_gantt, write_chrome_trace
-from digenrl.trainer import StepPlan, plan_step, prompt_source
-
-log = logging.getLogger(__name__)
 
 
 class RayTrainer:
@@ -65,171 +61,26 @@ class RayTrainer:
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
         self.on_dispatch = on_dispatch
         self.run_dir = Path(cfg.run.run_dir)
-        self.source = prompt_source(cfg)  # conditioned families: rows with images, looked up by workers
-        self.colocated = cfg.run.mode == "colocated"
-        self._plans: dict[int, StepPlan] = {}
-        self.handles: dict[str, Any] = {}  # worker id -> actor handle
-        self.pids: dict[str, int] = {}  # worker id -> its (rank 0) process
-        self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
-        self.serving: list = []  # weight_sync=nccl: refs of the relay's sends in flight
-        self.workers: list[Worker] = []
+        self.actors: Optional[Actors] = None  # the run's Ray actors, from the start of train()
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
         self.trace: Optional[Trace] = None
         self.base = 0  # RL step the run starts from (resume)
-        self._placements: list[PoolPlacement] = []
         self.here = None  # digenrl.sim.here.HerePlan when runtime.plan planned this run
-        self.evaluator = None  # the EvalWorker actor, started at the first evaluation
-        self._n_replaced = 0
         self.elastic = None  # runtime/elastic.Elastic while the event loop runs (digenrl scale)
 
-    # -- plan and scheduler config ---------------------------------------------------------
-    def plan(self, step: int) -> StepPlan:
-        if step not in self._plans:
-            self._plans = {k: v for k, v in self._plans.items() if k >= step - 2}
-            self._plans[step] = plan_step(self.cfg, self.source, step)
-        return self._plans[step]
-
-    def contract(self) -> RunContract:
-        """The scheduler config and pools of this run, from RL step `base` on (digenrl.contract)."""
-        return contract(self.cfg, start_step=self.base, trained=lambda step: self.plan(step).trained_steps)
-
-    # -- pools -----------------------------------------------------------------------------
-    def _start_workers(self, pools) -> None:
-        """One Gang per scheduler worker: runtime.trainer.gang actors per trainer and
-        runtime.rollout.gang per rollout worker (one placement group for the pool, a bundle
-        per device), one actor per reward worker. A rollout gang forms its own process group
-        and runs sequence-parallel (`_init_sp`)."""
-        for p in pools:
-            if p.workers == 0:
-                continue
-            gang = p.resources.gang if p.role != "reward" else 1
-            pg = None
-            if gang > 1 or p.role in ("trainer", "colocated"):  # collectives: packed on few nodes
-                pg = PoolPlacement(p.resources, p.workers * gang, name=p.role)
-                self._placements.append(pg)
-            for i in range(p.workers):
-                opts = [pg.options(p.resources, i * gang + r) if pg is not None else actor_options(p.resources)
-                        for r in range(gang)]
-                self._spawn(Worker(f"{p.role}-{i}", p.role), opts)
-        pids = [ray.get(h.ready.all()) for h in self.handles.values()]
-        self.rank_pids.update(zip(self.handles, pids))
-        self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
-        for w in self.workers:
-            if w.role == "rollout" and self.cfg.runtime.rollout.gang > 1:
-                self._init_sp(w.id)
-        trainers = self.train_ids
-        tc = self.cfg.runtime.trainer
-        if len(trainers) > 1 or tc.shard == "fsdp":
-            ranks = [a for w in trainers for a in self.handles[w].ranks]
-            addr = ray.get(ranks[0].dist_address.remote())
-            ray.get([a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang) for r, a in enumerate(ranks)])
-
-    def _spawn(self, worker: Worker, opts: list[dict]) -> None:
-        cls = RewardWorker if worker.role == "reward" else PolicyWorker
-        if self.cfg.runtime.weight_sync == "nccl" and worker.role in ("trainer", "colocated"):
-            actor = ray.remote(concurrency_groups={"relay": 1})(cls)  # the relay's own thread
-        else:
-            actor = ray.remote(cls)
-        self.handles[worker.id] = Gang([actor.options(**o).remote(self.cfg, worker.role, worker.id, r)
-                                        for r, o in enumerate(opts)])
-        self.workers.append(worker)
-
-    def _init_sp(self, wid: str) -> None:
-        """Rollout gang `wid`'s ranks join their own process group (sequence parallelism)."""
-        ranks = self.handles[wid].ranks
-        addr = ray.get(ranks[0].dist_address.remote())
-        ray.get([a.init_sp.remote(addr, r, len(ranks)) for r, a in enumerate(ranks)])
-
-    def replace(self, old: Worker) -> Worker:
-        """A fresh actor for a lost rollout/reward worker; the scheduler syncs its weights."""
-        self.handles.pop(old.id).kill()
-        self._n_replaced += 1
-        new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
-        pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
-        self._spawn(new, [actor_options(pool)] * (pool.gang if old.role == "rollout" else 1))
-        try:  # a lost node may have been the only one with room for this pool: say so, not hang
-            ray.get(self.handles[new.id].ready.all(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"replacing lost worker {old.id}: no node can host a {old.role} worker "
-                f"(num_cpus={pool.num_cpus}, num_gpus={pool.num_gpus}, resources={pool.resources}) "
-                f"within {PLACEMENT_TIMEOUT_S:.0f}s; available: {ray.available_resources()}") from None
-        if old.role == "rollout" and pool.gang > 1:
-            self._init_sp(new.id)
-        if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":
-            self.join_relay(new.id)  # its first WeightSync pulls from the relay
-        log.warning("worker %s lost; replaced by %s", old.id, new.id)
-        return new
-
-    # -- elastic rollout pool (runtime/elastic.py) -----------------------------------------------
-    def add_rollout(self) -> tuple[Worker, list]:
-        """Start one more rollout worker's actors (the options `replace` uses); returns it and
-        its ranks' ready refs. It joins the scheduler once they resolve (`admit`)."""
-        pool = self.cfg.runtime.rollout
-        n = sum(1 for w in self.workers if w.role == "rollout" and "#" not in w.id)
-        new = Worker(f"rollout-{n}", "rollout")
-        self._spawn(new, [actor_options(pool)] * pool.gang)
-        return new, self.handles[new.id].ready.all()
-
-    def admit(self, worker: Worker, pids: list[int]) -> None:
-        """`worker`'s actors are up (`pids`, one per rank): its sequence-parallel group and, with
-        weight_sync=nccl, its pair group with the relay; its first WeightSync loads the weights."""
-        self.rank_pids[worker.id], self.pids[worker.id] = pids, pids[0]
-        if self.cfg.runtime.rollout.gang > 1:
-            self._init_sp(worker.id)
-        if self.cfg.runtime.weight_sync == "nccl":
-            self.join_relay(worker.id)
-
-    def retire(self, worker: Worker, lost: bool = False) -> None:
-        """Stop a worker that left the pools (drained, or cancelled while starting)."""
-        h = self.handles.pop(worker.id, None)
-        if h is not None:
-            h.kill()
-        self.pids.pop(worker.id, None)
-        self.rank_pids.pop(worker.id, None)
-        if self.cfg.runtime.weight_sync == "nccl" and worker.role == "rollout":
-            self._relay().relay_close.options(concurrency_group="relay").remote(worker.id)
-        if self.elastic is not None:
-            self.elastic.left(worker, lost=lost)
-
-    # -- the weight relay (runtime.weight_sync=nccl) -----------------------------------------------
-    def _relay(self):
-        """The publishing trainer's rank 0, which hosts the relay; its relay calls run on the
-        actor's "relay" thread, so a pull never waits for the trainer's units (TCSS)."""
-        return self.handles[self.train_ids[0]].ranks[0]
-
-    def join_relay(self, wid: str) -> None:
-        """Form rollout worker `wid`'s pair group with the relay (at start, and for a replacement)."""
-        relay = self._relay()
-        address = ray.get(relay.relay_open.options(concurrency_group="relay").remote(wid))
-        accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
-        # rank 0 of a rollout gang: it broadcasts each version to the others (receive_weights)
-        ray.get([self.handles[wid].ranks[0].relay_connect.remote(address), accepted])
-
-    def pull(self, wid: str, unit, version: int) -> list:
-        """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the
-        relay's send is tracked in `self.serving` and checked at every step)."""
-        self.serving.append(self._relay().relay_serve.options(concurrency_group="relay").remote(wid, version))
-        return self.handles[wid].receive_weights.all(unit, version)
+    @property
+    def pids(self) -> dict[str, int]:
+        """Worker id -> its (rank 0) process (tests kill them)."""
+        return self.actors.pids
 
     @property
-    def train_ids(self) -> list[str]:
-        return [w.id for w in self.workers if w.role in ("trainer", "colocated")]
+    def rank_pids(self) -> dict[str, list[int]]:
+        """Worker id -> the process of each rank of its gang."""
+        return self.actors.rank_pids
 
-    def _shutdown(self) -> None:
-        for h in self.handles.values():
-            try:
-                ray.get(h.shutdown.all(), timeout=10)
-            except Exception:
-                pass
-            h.kill()
-        if self.evaluator is not None and self.evaluator not in self.handles.values():
-            ray.kill(self.evaluator)
-        self.evaluator = None
-        self.handles.clear()
-        for pg in self._placements:
-            pg.remove()
-        self._placements.clear()
+    def contract(self, plans: "StepPlans") -> RunContract:
+        """The scheduler config and pools of this run, from RL step `base` on (digenrl.contract)."""
+        return contract(self.cfg, start_step=self.base, trained=lambda step: plans(step).trained_steps)
 
     # -- the run -----------------------------------------------------------------------------
     def train(self, *, resume: bool = False) -> dict[str, Any]:
@@ -244,47 +95,16 @@ class RayTrainer:
             if cfg.wants_plan():  # a resumed run keeps the plan its checkpoint was made with
                 cfg = self.cfg = self._plan_here() if latest is None else _planned(cfg, latest)
                 self.recorder = RunRecorder(cfg, progress=self.progress)  # config.json: the planned run
-                pools = contract(cfg).pools
-            self._start_workers(pools)
-            t0, rec = self.handles[self.train_ids[0]], self.recorder
-            resumed_from, wall0 = None, 0.0
-            if latest is not None:
-                steps = ray.get([r for w in self.train_ids for r in self.handles[w].load.all(str(latest))])
-                self.base = resumed_from = steps[0]
-                wall0 = json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
-            # Version `base` everywhere: trainer 0's weights (also fixes LoRA's random init).
-            weights0 = t0.publish.remote()
-            sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
-            relay = cfg.runtime.weight_sync == "nccl"  # rollout workers: from the relay, not the store
-            ray.get([self.handles[w.id].load_weights.remote(None, self.base, weights0) for w in self.workers
-                     if w.role not in ("reward", "rollout" if relay else "") and w.id != self.train_ids[0]
-                     and not (sharded and w.id in self.train_ids)])
-            if relay:
-                ray.get(weights0)  # the relay holds version `base` once the publish is done
-                for w in self.workers:
-                    if w.role == "rollout":
-                        self.join_relay(w.id)
-                        ray.get(self.pull(w.id, None, self.base))
-            rec.open(resumed_from)
+            self.actors = Actors(cfg, self.do_eval)
+            self.actors.start(contract(cfg).pools)
+            wall0 = self._load(latest) if latest is not None else 0.0
+            weights0 = self._sync_initial()
+            rec = self.recorder
+            rec.open(self.base if latest is not None else None)
             try:
-                first = self.evaluate(self.base) if rec.eval_due(self.base) else None  # overlaps step 1
+                first = self.actors.evaluate(self.base) if rec.eval_due(self.base) else None  # overlaps step 1
                 if self.base < cfg.train.steps:
-                    backend = RealBackend(self, rec, weights0, wall0)  # logs through the recorder
-                    if first is not None:
-                        backend.records.append(({"step": self.base}, first))
-                    sched = Scheduler(self.contract().sched, self.workers)
-                    self.elastic = Elastic(self, self.run_dir)  # `digenrl scale` requests
-                    loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll)
-                    backend.loop = loop
-                    self.elastic.start(loop)
-                    try:
-                        self.trace = loop.run()
-                    finally:
-                        self.elastic.close()
-                        self.elastic = None
-                    backend.flush(block=True)
-                    self.stats = dict(sched.stats)
-                    self.wall_s = backend.wall_s
+                    self._run(weights0, wall0, first)
                 else:
                     if first is not None:
                         rec.log({"step": self.base, **ray.get(first)})
@@ -293,39 +113,56 @@ class RayTrainer:
                 rec.close()
             return self._finish()
         finally:
-            self._shutdown()
+            if self.actors is not None:
+                self.actors.shutdown()
             if started:
                 ray.shutdown()
 
-    def _eval_pool(self):
-        """What the evaluation actor reserves: a device like those that generate (rollout
-        pool; trainer pool when colocated or without rollout workers), but no CPU slot (on a
-        CPU it is niced and takes idle cycles only)."""
-        from dataclasses import replace
+    def _load(self, latest: Path) -> float:
+        """Every trainer rank resumes from checkpoint `latest`; returns the run's wall seconds so far."""
+        trainers = self.actors.train_ids
+        steps = ray.get([r for w in trainers for r in self.actors.gang(w).load.all(str(latest))])
+        self.base = steps[0]
+        return json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
 
-        rt = self.cfg.runtime
-        generating = rt.rollout if self.cfg.run.mode != "colocated" and rt.rollout.workers else rt.trainer
-        return replace(generating, num_cpus=0.0)
+    def _sync_initial(self):
+        """Version `base` everywhere: trainer 0's weights (this also fixes LoRA's random init)
+        go to every other policy worker; returns the ref of the published payload."""
+        cfg, actors = self.cfg, self.actors
+        t0 = actors.train_ids[0]
+        weights0 = actors.trainer0.publish.remote()
+        sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
+        relay = cfg.runtime.weight_sync == "nccl"  # rollout workers: from the relay, not the store
+        ray.get([actors.gang(w.id).load_weights.remote(None, self.base, weights0) for w in actors.workers
+                 if w.role not in ("reward", "rollout" if relay else "") and w.id != t0
+                 and not (sharded and w.id in actors.train_ids)])
+        if relay:
+            ray.get(weights0)  # the relay holds version `base` once the publish is done
+            for w in actors.workers:
+                if w.role == "rollout":
+                    actors.join_relay(w.id)
+                    ray.get(actors.pull(w.id, None, self.base))
+        return weights0
 
-    def evaluate(self, step: int) -> Optional[ray.ObjectRef]:
-        """Held-out evaluation of trainer 0's current weights; returns the ref of its metrics
-        (None with evaluate=False). Call it before any unit of the next step is sent: trainer
-        0 copies its weights in call order. On the evaluation actor, so training does not
-        wait; on trainer 0 itself (training waits) when the cluster has no free device for it."""
-        if not self.do_eval:
-            return None
-        t0 = self.handles[self.train_ids[0]]
-        if self.evaluator is None:
-            pool = self._eval_pool()
-            if pool.num_gpus > ray.available_resources().get("GPU", 0.0):
-                log.warning("no free GPU for the evaluation actor: trainer 0 evaluates between steps, "
-                            "and training waits for it")
-                self.evaluator = t0
-            else:
-                self.evaluator = ray.remote(EvalWorker).options(**actor_options(pool)).remote(self.cfg)
-        if self.evaluator is t0:
-            return t0.evaluate.remote(step)
-        return self.evaluator.evaluate.remote(step, t0.eval_weights.remote())
+    def _run(self, weights0, wall0: float, first: Optional[ray.ObjectRef]) -> None:
+        """The scheduler's units on the actors until the last RL step (runtime/loop.py)."""
+        plans = StepPlans(self.cfg)
+        backend = RealBackend(self.actors, self.recorder, plans, self.base, weights0, wall0)
+        self.trained = backend.trained  # filled as trainers report (tests read it after a fault too)
+        if first is not None:
+            backend.records.append(({"step": self.base}, first))
+        sched = Scheduler(self.contract(plans).sched, self.actors.workers)
+        self.elastic = Elastic(self.actors, self.run_dir)  # `digenrl scale` requests
+        loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll, on_leave=self.elastic.left)
+        self.elastic.start(loop)
+        try:
+            self.trace = loop.run()
+        finally:
+            self.elastic.close()
+            self.elastic = None
+        backend.flush(block=True)
+        self.stats = dict(sched.stats)
+        self.wall_s = backend.wall_s
 
     def _plan_here(self) -> Config:
         """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
@@ -376,7 +213,7 @@ class RayTrainer:
 
     def _finish(self) -> dict[str, Any]:
         run = self.run_dir
-        state, ema = ray.get(self.handles[self.train_ids[0]].final_state.remote())
+        state, ema = ray.get(self.actors.trainer0.final_state.remote())
         extra: dict[str, Any] = {"scheduler": self.stats}
         if self.trace is not None:
             write_chrome_trace(self.trace, str(run / "trace.json"))

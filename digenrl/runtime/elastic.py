@@ -4,7 +4,7 @@
         admit   rollout actors whose start-up finished join the scheduler (add_worker: their
                 first unit is a WeightSync to the current version, then they generate)
         take    each request in DIR/scale/ once (at most every `every_s` seconds):
-                  +N  start N actors (RayTrainer.add_rollout: the options replace() uses);
+                  +N  start N actors (Actors.add_rollout: the options replace() uses);
                       they join when ready, so a model load never stalls the loop
                   -N  Scheduler.drain N workers (ones still starting first, then idle ones,
                       then the newest); each
@@ -23,21 +23,22 @@ from typing import TYPE_CHECKING
 import ray
 
 from digenrl.runtime import scale
+from digenrl.runtime.actors import Actors
 from digenrl.sched import SchedulerError, Worker
 
 if TYPE_CHECKING:
-    from digenrl.runtime.driver import RayTrainer
     from digenrl.runtime.loop import EventLoop
 
 log = logging.getLogger(__name__)
 
 
 class Elastic:
-    """Watches `run_dir` for scale requests while `loop` runs; pass `poll` to EventLoop."""
+    """Watches `run_dir` for scale requests while `loop` runs; pass `poll` and `left` to
+    EventLoop (`poll`, `on_leave`)."""
 
-    def __init__(self, rt: "RayTrainer", run_dir: Path, every_s: float = 0.5):
-        self.rt, self.run_dir, self.every_s = rt, Path(run_dir), every_s
-        self.can_add = any(w.role == "rollout" for w in rt.workers)  # trainer 0 publishes for them
+    def __init__(self, actors: Actors, run_dir: Path, every_s: float = 0.5):
+        self.actors, self.run_dir, self.every_s = actors, Path(run_dir), every_s
+        self.can_add = any(w.role == "rollout" for w in actors.workers)  # trainer 0 publishes for them
         self.joining: dict[str, tuple[Worker, list]] = {}  # id -> (worker, its ranks' ready refs)
         self.loop: "EventLoop | None" = None
         self._last = 0.0
@@ -54,7 +55,7 @@ class Elastic:
         """The run is over: no pools.json (the CLI refuses), actors still starting stopped."""
         self.loop = None
         for w, _ in self.joining.values():
-            self.rt.retire(w)
+            self._stop(w)
         self.joining.clear()
         scale.clear_state(self.run_dir)
 
@@ -70,7 +71,7 @@ class Elastic:
             self._apply(loop, rid, req, err)
 
     def left(self, worker: Worker, lost: bool = False) -> None:
-        """A drained worker left (EventLoop retired it)."""
+        """A drained worker left (EventLoop retired it), or one of ours stopped (`_stop`)."""
         scale.answer(self.run_dir, {"left": worker.id, "lost": lost})
         log.warning("rollout worker %s %s", worker.id, "lost while draining" if lost else "drained and stopped")
         self._write_state()
@@ -89,7 +90,7 @@ class Elastic:
             return
         added, drained, errors = [], [], []
         for _ in range(after - now):
-            w, ready = self.rt.add_rollout()
+            w, ready = self.actors.add_rollout()
             self.joining[w.id] = (w, ready)
             added.append(w.id)
         if after < now:
@@ -97,7 +98,7 @@ class Elastic:
             # at once), then the newest
             for wid in list(self.joining)[::-1][: now - after]:
                 w, _ = self.joining.pop(wid)
-                self.rt.retire(w)
+                self._stop(w)
                 drained.append(wid)
             busy = loop.sched.in_flight
             for wid in sorted(reversed(active), key=lambda wid: wid in busy)[: now - after - len(drained)]:
@@ -119,14 +120,19 @@ class Elastic:
                 continue
             del self.joining[wid]
             try:
-                self.rt.admit(w, ray.get(refs))
+                self.actors.admit(w, ray.get(refs))
             except Exception as e:  # the actor failed to start: the request is answered, the run goes on
                 scale.answer(self.run_dir, {"joined": wid, "ok": False, "error": f"{type(e).__name__}: {e}"})
-                self.rt.retire(w)
+                self._stop(w)
                 continue
             loop.join(w)
             scale.answer(self.run_dir, {"joined": wid, "ok": True})
             self._write_state()
+
+    def _stop(self, worker: Worker) -> None:
+        """Stop a worker that never joined the scheduler (still starting, or failed to)."""
+        self.actors.retire(worker)
+        self.left(worker)
 
     # -- state ------------------------------------------------------------------------------
     def _active(self, sched) -> list[str]:

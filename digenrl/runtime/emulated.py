@@ -208,7 +208,10 @@ class EmulatedBackend:
         if h is not None:
             ray.kill(h)
 
-    def step_done(self, step: int, now: float) -> None:
+    def inputs_lost(self, wid: str, unit: Unit) -> None:
+        pass  # emulated units pass no data: nothing to forget
+
+    def step_done(self, step: int, now: float, trace: Trace) -> None:
         pass
 
     def close(self) -> None:

@@ -33,15 +33,26 @@ from digenrl.trace import Span, Trace
 
 
 class Backend(Protocol):
-    def dispatch(self, worker_id: str, unit: Unit) -> list[ray.ObjectRef]: ...
+    """What a unit does (real models: runtime/backend.py; sleeps: runtime/emulated.py)."""
 
-    def completed(self, worker_id: str, unit: Unit, info: Done) -> None: ...
+    def dispatch(self, worker_id: str, unit: Unit) -> list[ray.ObjectRef]:
+        """Start `unit` on worker `worker_id`: one result ref per rank of its gang."""
 
-    def replace(self, worker: Worker) -> Worker: ...
+    def completed(self, worker_id: str, unit: Unit, info: Done) -> None:
+        """`unit` finished (its ranks' results merged into `info`) and the scheduler took it."""
 
-    def step_done(self, step: int, now: float) -> None: ...
+    def inputs_lost(self, worker_id: str, unit: Unit) -> None:
+        """`unit` could not start: an input's only copy was lost; its micro-batch is made again."""
 
-    def retire(self, worker: Worker, lost: bool = False) -> None: ...
+    def replace(self, worker: Worker) -> Worker:
+        """A fresh worker for lost `worker` (its actors started); it joins the scheduler."""
+
+    def retire(self, worker: Worker, lost: bool = False) -> None:
+        """Stop the actors of `worker`, which left the pools (drained; `lost`: died draining)."""
+
+    def step_done(self, step: int, now: float, trace: Trace) -> None:
+        """RL step `step`'s optimizer steps are all in; `trace` holds every span so far, units in
+        flight included (up to `now`)."""
 
 
 class EventLoop:
@@ -50,7 +61,8 @@ class EventLoop:
     Steps and versions in the trace are the scheduler's (a resumed run counts from the
     checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
     `poll(loop)` runs after every batch of events and at least every `poll_s` seconds (it
-    may `join` and `drain` workers: elastic pools). `stall_s`: a watchdog, raise (with the
+    may `join` and `drain` workers: elastic pools); `on_leave(worker, lost)` after a drained
+    worker has left and its actors are stopped. `stall_s`: a watchdog, raise (with the
     scheduler's state) when no unit has finished for that long; None waits forever (a real
     unit may take minutes).
     """
@@ -58,10 +70,12 @@ class EventLoop:
     def __init__(self, scheduler: Scheduler, backend: Backend, *,
                  on_dispatch: Optional[Callable[[str, Unit], None]] = None,
                  poll: Optional[Callable[["EventLoop"], None]] = None, poll_s: float = 0.5,
+                 on_leave: Optional[Callable[[Worker, bool], None]] = None,
                  stall_s: Optional[float] = None):
         self.sched, self.backend = scheduler, backend
         self.on_dispatch = on_dispatch
         self.poll, self.poll_s = poll, poll_s
+        self.on_leave = on_leave
         self.stall_s = stall_s
         self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
                            alive={w.id: [0.0, None] for w in scheduler.workers})
@@ -77,6 +91,11 @@ class EventLoop:
         now = self.now()
         calls = {id(c): c for c in self.pending.values()}.values()
         return [Span(c.wid, kind(c.unit), c.t, now, None, None) for c in calls]
+
+    def live_trace(self) -> Trace:
+        """The trace so far with the units in flight as spans up to now (live bubble ratios)."""
+        tr = self.trace
+        return Trace(spans=tr.spans + self.in_flight(), workers=tr.workers, alive=tr.alive, end=self.now())
 
     def run(self) -> Trace:
         sched = self.sched
@@ -162,7 +181,7 @@ class EventLoop:
         if taken:  # else its micro-batch was regenerated meanwhile (inputs_lost)
             self.backend.completed(wid, unit, info)
         if self.sched.version != version_before:
-            self.backend.step_done(version_before, self.now())
+            self.backend.step_done(version_before, self.now(), self.live_trace())
 
     def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception, rank: Optional[int] = None) -> None:
         now = self.now()
@@ -176,7 +195,7 @@ class EventLoop:
         except SchedulerError as e:
             raise WorkerLostError(wid, old.role, err, rank) from e
         if leaving:  # it was draining: no replacement
-            self.backend.retire(old, lost=True)
+            self._left(old, lost=True)
             return
         self.join(self.backend.replace(old))
 
@@ -196,7 +215,12 @@ class EventLoop:
     def _retire(self) -> None:
         for w in self.sched.pop_drained():
             self.trace.alive[w.id][1] = self.now()
-            self.backend.retire(w)
+            self._left(w)
+
+    def _left(self, worker: Worker, lost: bool = False) -> None:
+        self.backend.retire(worker, lost=lost)
+        if self.on_leave is not None:
+            self.on_leave(worker, lost)
 
     def _inputs_lost(self, wid: str, unit: Unit, t_disp: float, err: Exception) -> None:
         """`unit` could not start: trajectories it reads were only on a node that died. Its
@@ -209,9 +233,7 @@ class EventLoop:
         self.trace.spans.append(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
                                      extra={"lost": True, "inputs_lost": True, "error": type(err).__name__}, unit=unit))
         self.sched.inputs_lost(wid, unit)
-        forget = getattr(self.backend, "inputs_lost", None)
-        if forget is not None:
-            forget(wid, unit)
+        self.backend.inputs_lost(wid, unit)
 
 
 class WorkerLostError(RuntimeError):

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from digenrl.config import WEIGHT_SYNC_METHODS  # noqa: F401 (priced by CostModel.weight_sync_s)
+
 GIB = 2.0**30
 MS = 1e-3
 
@@ -232,10 +234,6 @@ def get_link(name: str | Link) -> Link:
         return LINKS[name]
     except KeyError:
         raise KeyError(f"unknown link {name!r}; allowed: {sorted(LINKS)}") from None
-
-
-# How new weights reach the rollout workers (priced by CostModel.weight_sync_s).
-WEIGHT_SYNC_METHODS = ("object-store", "nccl", "lora-only")
 
 
 # The runtime's model.name (a diffusers family, digenrl.models.diffusers_adapters.FAMILIES)

@@ -18,7 +18,7 @@ from digenrl.rewards.detector import (
     nms,
 )
 from digenrl.rewards.geneval import Detection
-from digenrl.toy.detector import new_detector, save_detector
+from digenrl.rewards.toy_detector import new_detector, save_detector
 from digenrl.toy.world import COLORS, ToyPrompt, draw_with_boxes
 
 

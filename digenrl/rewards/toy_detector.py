@@ -1,6 +1,6 @@
 """A tiny OWLv2 trained on the toy world, so the geneval-detector reward can be measured.
 
-    python -m digenrl.toy.detector [--steps N] [--out DIR] [--eval-images N]
+    python -m digenrl.rewards.toy_detector [--steps N] [--out DIR] [--eval-images N]
 
 trains `Owlv2ForObjectDetection` (a ~0.3M-parameter config, TOY_CONFIG) from random
 weights on toy-world renders with their known boxes, the queries being the shape names

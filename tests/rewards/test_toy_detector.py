@@ -1,4 +1,4 @@
-"""The shipped toy detector (digenrl/assets/toy_detector, `python -m digenrl.toy.detector`)
+"""The shipped toy detector (digenrl/assets/toy_detector, `python -m digenrl.rewards.toy_detector`)
 drives the geneval-detector reward on freshly drawn held-out toy images."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import torch
 
 from digenrl.rewards.detector import GenEvalDetector
 from digenrl.rewards.toy import ToyGenEval
-from digenrl.toy.detector import TOY_DETECTOR, eval_set, evaluate
+from digenrl.rewards.toy_detector import TOY_DETECTOR, eval_set, evaluate
 from digenrl.toy.world import ToyPrompt, draw_with_boxes
 
 
@@ -57,7 +57,7 @@ def test_accuracy_on_fresh_held_out_images(reward):
 
 def test_training_is_a_function_of_its_seed():
     """Same seed, same weights (one thread); another seed, other weights."""
-    from digenrl.toy.detector import train
+    from digenrl.rewards.toy_detector import train
 
     a = train(steps=3, batch=4, progress=False).state_dict()
     b = train(steps=3, batch=4, progress=False).state_dict()

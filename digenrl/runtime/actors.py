@@ -1,0 +1,232 @@
+"""The run's Ray actors: one gang per scheduler worker, and what starts, replaces and stops them.
+
+    Actors(cfg)
+      .start(pools)          a gang per worker of each pool (placement groups for trainers and
+                             multi-device gangs), their process groups, the relay's pair groups
+      .gang(wid)             the gang that runs worker `wid`'s units (runtime/gang.py)
+      .replace(old)          a fresh gang for a lost rollout / reward worker
+      .add_rollout()         one more rollout worker, starting (elastic pools); `admit` once up
+      .retire(worker)        stop a worker that left the pools
+      .pull(wid, version)    weight_sync=nccl: the relay sends `version` to rollout worker `wid`
+      .evaluate(step)        held-out evaluation of trainer 0's weights on the evaluation actor
+      .shutdown()
+
+The driver (runtime/driver.py) builds it; the backend (runtime/backend.py) and the elastic
+pools (runtime/elastic.py) use it, and neither sees the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace as dc_replace
+from typing import Optional
+
+import ray
+
+from digenrl.config import Config
+from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options
+from digenrl.runtime.gang import Gang
+from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
+from digenrl.sched import Worker
+
+log = logging.getLogger(__name__)
+
+
+class Actors:
+    """Every Ray actor of one run, by scheduler worker id (see module doc)."""
+
+    def __init__(self, cfg: Config, evaluate: bool = True):
+        self.cfg, self.do_eval = cfg, evaluate
+        self.handles: dict[str, Gang] = {}  # worker id -> its gang
+        self.workers: list[Worker] = []  # every worker started, in order (replaced ones included)
+        self.pids: dict[str, int] = {}  # worker id -> its (rank 0) process
+        self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
+        self.serving: list = []  # weight_sync=nccl: refs of the relay's sends in flight
+        self.evaluator = None  # the EvalWorker actor, started at the first evaluation
+        self._placements: list[PoolPlacement] = []
+        self._n_replaced = 0
+
+    # -- who is who -----------------------------------------------------------------------
+    def gang(self, wid: str) -> Gang:
+        return self.handles[wid]
+
+    def role(self, wid: str) -> str:
+        return next(w.role for w in self.workers if w.id == wid)
+
+    @property
+    def train_ids(self) -> list[str]:
+        return [w.id for w in self.workers if w.role in ("trainer", "colocated")]
+
+    @property
+    def trainer0(self) -> Gang:
+        """The first trainer gang: it publishes, evaluates, saves and reports the final weights."""
+        return self.handles[self.train_ids[0]]
+
+    # -- start -----------------------------------------------------------------------------
+    def start(self, pools) -> None:
+        """One Gang per scheduler worker: runtime.trainer.gang actors per trainer and
+        runtime.rollout.gang per rollout worker (one placement group for the pool, a bundle
+        per device), one actor per reward worker. A rollout gang forms its own process group
+        and runs sequence-parallel (`_init_sp`)."""
+        for p in pools:
+            if p.workers == 0:
+                continue
+            gang = p.resources.gang if p.role != "reward" else 1
+            pg = None
+            if gang > 1 or p.role in ("trainer", "colocated"):  # collectives: packed on few nodes
+                pg = PoolPlacement(p.resources, p.workers * gang, name=p.role)
+                self._placements.append(pg)
+            for i in range(p.workers):
+                opts = [pg.options(p.resources, i * gang + r) if pg is not None else actor_options(p.resources)
+                        for r in range(gang)]
+                self._spawn(Worker(f"{p.role}-{i}", p.role), opts)
+        pids = [ray.get(h.ready.all()) for h in self.handles.values()]
+        self.rank_pids.update(zip(self.handles, pids))
+        self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
+        for w in self.workers:
+            if w.role == "rollout" and self.cfg.runtime.rollout.gang > 1:
+                self._init_sp(w.id)
+        trainers = self.train_ids
+        tc = self.cfg.runtime.trainer
+        if len(trainers) > 1 or tc.shard == "fsdp":
+            ranks = [a for w in trainers for a in self.handles[w].ranks]
+            addr = ray.get(ranks[0].dist_address.remote())
+            ray.get([a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang) for r, a in enumerate(ranks)])
+
+    def _spawn(self, worker: Worker, opts: list[dict]) -> None:
+        cls = RewardWorker if worker.role == "reward" else PolicyWorker
+        if self.cfg.runtime.weight_sync == "nccl" and worker.role in ("trainer", "colocated"):
+            actor = ray.remote(concurrency_groups={"relay": 1})(cls)  # the relay's own thread
+        else:
+            actor = ray.remote(cls)
+        self.handles[worker.id] = Gang([actor.options(**o).remote(self.cfg, worker.role, worker.id, r)
+                                        for r, o in enumerate(opts)])
+        self.workers.append(worker)
+
+    def _init_sp(self, wid: str) -> None:
+        """Rollout gang `wid`'s ranks join their own process group (sequence parallelism)."""
+        ranks = self.handles[wid].ranks
+        addr = ray.get(ranks[0].dist_address.remote())
+        ray.get([a.init_sp.remote(addr, r, len(ranks)) for r, a in enumerate(ranks)])
+
+    # -- membership ------------------------------------------------------------------------
+    def replace(self, old: Worker) -> Worker:
+        """A fresh actor for a lost rollout/reward worker; the scheduler syncs its weights."""
+        self.handles.pop(old.id).kill()
+        self._n_replaced += 1
+        new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
+        pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
+        self._spawn(new, [actor_options(pool)] * (pool.gang if old.role == "rollout" else 1))
+        try:  # a lost node may have been the only one with room for this pool: say so, not hang
+            ray.get(self.handles[new.id].ready.all(), timeout=PLACEMENT_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise RuntimeError(
+                f"replacing lost worker {old.id}: no node can host a {old.role} worker "
+                f"(num_cpus={pool.num_cpus}, num_gpus={pool.num_gpus}, resources={pool.resources}) "
+                f"within {PLACEMENT_TIMEOUT_S:.0f}s; available: {ray.available_resources()}") from None
+        if old.role == "rollout" and pool.gang > 1:
+            self._init_sp(new.id)
+        if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":
+            self.join_relay(new.id)  # its first WeightSync pulls from the relay
+        log.warning("worker %s lost; replaced by %s", old.id, new.id)
+        return new
+
+    def add_rollout(self) -> tuple[Worker, list]:
+        """Start one more rollout worker's actors (the options `replace` uses); returns it and
+        its ranks' ready refs. It joins the scheduler once they resolve (`admit`)."""
+        pool = self.cfg.runtime.rollout
+        n = sum(1 for w in self.workers if w.role == "rollout" and "#" not in w.id)
+        new = Worker(f"rollout-{n}", "rollout")
+        self._spawn(new, [actor_options(pool)] * pool.gang)
+        return new, self.handles[new.id].ready.all()
+
+    def admit(self, worker: Worker, pids: list[int]) -> None:
+        """`worker`'s actors are up (`pids`, one per rank): its sequence-parallel group and, with
+        weight_sync=nccl, its pair group with the relay; its first WeightSync loads the weights."""
+        self.rank_pids[worker.id], self.pids[worker.id] = pids, pids[0]
+        if self.cfg.runtime.rollout.gang > 1:
+            self._init_sp(worker.id)
+        if self.cfg.runtime.weight_sync == "nccl":
+            self.join_relay(worker.id)
+
+    def retire(self, worker: Worker) -> None:
+        """Stop a worker that left the pools (drained, or cancelled while starting)."""
+        h = self.handles.pop(worker.id, None)
+        if h is not None:
+            h.kill()
+        self.pids.pop(worker.id, None)
+        self.rank_pids.pop(worker.id, None)
+        if self.cfg.runtime.weight_sync == "nccl" and worker.role == "rollout":
+            self._relay().relay_close.options(concurrency_group="relay").remote(worker.id)
+
+    # -- the weight relay (runtime.weight_sync=nccl) -----------------------------------------
+    def _relay(self):
+        """The publishing trainer's rank 0, which hosts the relay; its relay calls run on the
+        actor's "relay" thread, so a pull never waits for the trainer's units (TCSS)."""
+        return self.trainer0.ranks[0]
+
+    def join_relay(self, wid: str) -> None:
+        """Form rollout worker `wid`'s pair group with the relay (at start, and for a replacement)."""
+        relay = self._relay()
+        address = ray.get(relay.relay_open.options(concurrency_group="relay").remote(wid))
+        accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
+        # rank 0 of a rollout gang: it broadcasts each version to the others (receive_weights)
+        ray.get([self.handles[wid].ranks[0].relay_connect.remote(address), accepted])
+
+    def pull(self, wid: str, unit, version: int) -> list:
+        """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the
+        relay's send is tracked in `self.serving` and checked at every step)."""
+        self.serving.append(self._relay().relay_serve.options(concurrency_group="relay").remote(wid, version))
+        return self.handles[wid].receive_weights.all(unit, version)
+
+    def check_relay(self) -> None:
+        """Raise a failed relay send here (its rollout side fails or hangs otherwise)."""
+        if self.serving:
+            done, self.serving = ray.wait(self.serving, num_returns=len(self.serving), timeout=0)
+            ray.get(done)
+
+    # -- evaluation ------------------------------------------------------------------------
+    def _eval_pool(self):
+        """What the evaluation actor reserves: a device like those that generate (rollout
+        pool; trainer pool when colocated or without rollout workers), but no CPU slot (on a
+        CPU it is niced and takes idle cycles only)."""
+        rt = self.cfg.runtime
+        generating = rt.rollout if self.cfg.run.mode != "colocated" and rt.rollout.workers else rt.trainer
+        return dc_replace(generating, num_cpus=0.0)
+
+    def evaluate(self, step: int) -> Optional[ray.ObjectRef]:
+        """Held-out evaluation of trainer 0's current weights; returns the ref of its metrics
+        (None with evaluate=False). Call it before any unit of the next step is sent: trainer
+        0 copies its weights in call order. On the evaluation actor, so training does not
+        wait; on trainer 0 itself (training waits) when the cluster has no free device for it."""
+        if not self.do_eval:
+            return None
+        t0 = self.trainer0
+        if self.evaluator is None:
+            pool = self._eval_pool()
+            if pool.num_gpus > ray.available_resources().get("GPU", 0.0):
+                log.warning("no free GPU for the evaluation actor: trainer 0 evaluates between steps, "
+                            "and training waits for it")
+                self.evaluator = t0
+            else:
+                self.evaluator = ray.remote(EvalWorker).options(**actor_options(pool)).remote(self.cfg)
+        if self.evaluator is t0:
+            return t0.evaluate.remote(step)
+        return self.evaluator.evaluate.remote(step, t0.eval_weights.remote())
+
+    # -- stop ------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        for h in self.handles.values():
+            try:
+                ray.get(h.shutdown.all(), timeout=10)
+            except Exception:
+                pass
+            h.kill()
+        if self.evaluator is not None and self.evaluator not in self.handles.values():
+            ray.kill(self.evaluator)
+        self.evaluator = None
+        self.handles.clear()
+        for pg in self._placements:
+            pg.remove()
+        self._placements.clear()
+
