@@ -1,6 +1,7 @@
 """Pure-torch math of Flow-GRPO and its relatives (no Ray, no diffusers).
 
-See DESIGN.md section 1. All SDE math runs in float32 whatever the model dtype.
+The rectified-flow convention is in `digenrl.math.sde`; the README's "The algorithm" is the
+overview. All SDE math runs in float32 whatever the model dtype (bf16 log-probs drift).
 """
 
 from digenrl.math.advantages import combine_rewards, group_advantages

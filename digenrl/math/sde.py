@@ -1,6 +1,6 @@
 """One denoising step of a rectified flow, deterministic or stochastic, with its log-prob.
 
-Convention (DESIGN.md section 1): x_s = (1 - s) x0 + s eps, s runs from 1 (noise) to 0
+Convention (rectified flow, as Flow-GRPO and diffusers' flow-matching schedulers): x_s = (1 - s) x0 + s eps, s runs from 1 (noise) to 0
 (data), the model predicts v ~ eps - x0, and a step goes from sigma to sigma_next < sigma
 with D = sigma - sigma_next.
 """

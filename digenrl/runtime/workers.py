@@ -13,7 +13,7 @@ wall times (`start`, `end`: time.time()); the driver waits on that record's ref 
 the big results (Trajectories, weights) between actors as ObjectRefs.
 
 Composition, not inheritance: the trainer actor holds a `digenrl.trainer.Trainer`, so the
-distributed run uses the very code the single-device reference runs (HOUSE_STYLE 2).
+distributed run uses the very code the single-device reference runs (single-device first; distribution wraps it).
 
 Conditioned families (edit, image-to-video): no image travels with a unit. A worker that
 generates or rewards looks each sample's image up by its coordinates in its own

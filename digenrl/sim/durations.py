@@ -41,7 +41,7 @@ it decodes and scores on rank 0 (the others wait). A trainer gang of G with sp =
 unit's rows over G / P data groups, each group's P ranks computing its rows that way (Train:
 forward + backward + recompute, the KL forward; TAG Generate alike).
 
-Colocated baselines (DESIGN.md sec. 3) pay extra costs where they physically happen:
+Colocated baselines (docs/simulator.md section 4) pay extra costs where they physically happen:
 
     per-forward FSDP all-gather   every Generate forward, when the rollout samples with an
                                   FSDP-sharded module and the gather is not hidden by compute

@@ -1,7 +1,7 @@
 """Trainer gangs: the FSDP layout of a model and the bytes of every collective a gang issues.
 
-The runtime's contract (docs: /work/briefs/gangs.md; digenrl.learner.comm counts the same
-sums on the runtime side):
+The runtime's contract (docs/runtime.md "Trainer gangs", docs/simulator.md "Trainer gangs: the
+collectives charged to every row"; digenrl.learner.comm counts the same sums on the runtime side):
 
     model --layout--> FSDP units (one per transformer block + the root with the rest)
                       each unit: its parameters (dim0, rest, trainable)

@@ -14,7 +14,7 @@ trainer GPU type, as many whole nodes as the same hourly budget buys, and are co
 dollar (throughput / $ per hour).
 
 Decomposition of a speedup S = X_digenrl / X_baseline (per dollar when the clusters differ)
-into multiplicative factors, S = a * b * c * r (DESIGN.md sec. 3, "Honest speedups"):
+into multiplicative factors, S = a * b * c * r (docs/simulator.md, "Speedups, decomposed"):
   a  baseline costs removed   X_base(its extra costs zeroed) / X_base
   b  heterogeneity            (X_digenrl / $) / (X_digenrl on the homogeneous reference / $)
   c  independent scaling      X_digenrl(best split) / X_digenrl(half/half split), only against
@@ -71,7 +71,9 @@ def mode_and_style(name: str) -> tuple[str, str | None]:
 NOT_A_ROW = ("run.mode=colocated is not a row: `digenrl plan --mode colocated` plans it, and the "
              "digenrl row takes it where it is faster")
 BASELINES = ("verl-omni", "genrl", "flow_grpo", "colocated-ideal", "one-step-off", "disagg-sync")
-PAPER_SPEEDUP = 1.56  # the withdrawn paper's lowest claimed speedup (DESIGN.md)
+# The withdrawn paper (arXiv 2606.24369; only its abstract is public) claims 1.56-2.10x over
+# veRL-Omni and GenRL on 16-32 GPUs; its lowest claim is the bar a row is read against.
+PAPER_SPEEDUP = 1.56
 
 
 def homogeneous_reference(tb: Testbed) -> Testbed:

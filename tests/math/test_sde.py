@@ -1,4 +1,4 @@
-"""SDE steps against their closed forms (DESIGN.md section 1)."""
+"""SDE steps against their closed forms (the convention: digenrl/math/sde.py)."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""Level 2 vs level 3 (DESIGN.md sec. 3): the emulated runtime (16 Ray actors sleeping the cost
+"""Level 2 (emulated compute) vs level 3 (simulator): the emulated runtime (16 Ray actors sleeping the cost
 model's time, the real EventLoop and Scheduler) and the simulator.
 
 Every mode on `small-h200x16-sd35`, each with the planner's knobs (as `digenrl simulate`),
