@@ -482,9 +482,9 @@ class Config:
         _check(not (self.data.micro_batch_samples and self.reward.combine == "normalized"), "reward.combine",
                "normalized standardises each reward over a micro-batch, which data.micro_batch_samples "
                "cuts across prompt groups; use weighted, or whole groups (data.micro_batch_groups)")
-        _check(rt.plan != "always" or (mode != "local" and rt.compute == "real"), "runtime.plan",
-               "always plans a Ray run on real compute; run.mode=local and emulated compute have nothing "
-               "to plan (use auto or never)")
+        self._check_ray_only()
+        _check(rt.plan != "always" or rt.compute == "real", "runtime.plan",
+               "always plans a Ray run on real compute; emulated compute has nothing to plan (use auto or never)")
         _check(whole_step or not self.data.micro_batch_samples,
                "data.micro_batch_samples",
                f"cuts prompt groups, which run.mode={mode} streams to training before the group's "
@@ -507,14 +507,12 @@ class Config:
             _check(self.model.name in SP_FAMILIES, key,
                    f"sequence parallelism splits video tokens: model.name must be one of {', '.join(SP_FAMILIES)}, "
                    f"got {self.model.name}")
-            _check(mode != "local", key, "sequence-parallel gangs are Ray workers; run.mode=local runs one process")
         if mode != "local":
             _check(rt.rollout.workers >= 1 or mode == "colocated" or mode in TAG_MODES,
                    "runtime.rollout.workers",
                    f"run.mode={mode} needs at least one rollout worker (only colocated and the TAG "
                    "modes generate on trainers)")
         if rt.compute == "emulated":
-            _check(mode != "local", "runtime.compute", "emulated compute needs a Ray mode, not run.mode=local")
             _check(rt.reward.workers == 0, "runtime.reward.workers",
                    "emulated compute models rewards on the generating worker; set 0")
         # model.device=cuda on Ray: every pool that loads the policy must reserve a GPU. A Ray
@@ -565,6 +563,20 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
+
+    def _check_ray_only(self) -> None:
+        """run.mode=local runs one process without Ray: the one place that refuses the runtime
+        keys only a Ray run reads (each named, with what it would do)."""
+        if self.run.mode != "local":
+            return
+        rt = self.runtime
+        for key, is_set, what in (
+            ("runtime.plan", rt.plan == "always", "always plans a Ray run (use auto or never)"),
+            ("runtime.compute", rt.compute == "emulated", "emulated compute sleeps on Ray actors"),
+            ("runtime.rollout.gang", rt.rollout.gang > 1, "sequence-parallel gangs are Ray workers"),
+            ("runtime.trainer.sp", rt.trainer.sp > 1, "sequence-parallel gangs are Ray workers"),
+        ):
+            _check(not is_set, key, f"{what}; run.mode=local runs one process without Ray: pick a Ray mode")
 
     def _check_conditioning(self) -> None:
         """A conditioned family reads a conditioning image per prompt: both prompt lists are

@@ -126,9 +126,8 @@ def contract(cfg: Config, *, start_step: int = 0,
 
     Scheduler step s is RL step start_step + s (a resumed run). `trained(step)` overrides
     the trained denoising steps of RL step `step` (default: the config's SDE window).
+    run.mode=local has no scheduler: the SchedConfig built here refuses it, naming the modes.
     """
-    if cfg.run.mode == "local":
-        raise ValueError("run.mode=local runs the single-device Trainer, which has no scheduler")
     rt, sh = cfg.runtime, step_shape(cfg)
     window = trained or (lambda step: trained_steps(cfg, step))
     n_trained = len(window(start_step))

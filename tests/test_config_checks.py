@@ -15,6 +15,29 @@ def _refused(overrides: list[str], *words: str) -> str:
     return str(e.value)
 
 
+# -- run.mode=local: one process, no Ray ---------------------------------------------------
+@pytest.mark.parametrize("overrides, key", [
+    (["runtime.plan=always"], "runtime.plan"),
+    (["runtime.compute=emulated", "runtime.testbed=h200x16-flux"], "runtime.compute"),
+    (["model.name=wan", "model.path=/m", "runtime.rollout.gang=2"], "runtime.rollout.gang"),
+    (["model.name=wan", "model.path=/m", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
+      "runtime.trainer.sp=2"], "runtime.trainer.sp"),
+])
+def test_local_mode_refuses_the_keys_only_a_ray_run_reads(overrides, key):
+    _refused(["run.mode=local", *overrides], key, "run.mode=local")
+    load_config(None, ["run.mode=digenrl", *overrides])  # the same keys on Ray are fine
+
+
+def test_the_ray_runtime_and_the_contract_refuse_local_mode_through_the_scheduler():
+    from digenrl.contract import contract
+    from digenrl.runtime.driver import RayTrainer
+
+    cfg = load_config(None, ["run.mode=local"])
+    for build in (contract, RayTrainer):
+        with pytest.raises(ValueError, match="local.*scheduler"):
+            build(cfg)
+
+
 # -- run.threads vs runtime.worker_threads ------------------------------------------------
 @pytest.mark.parametrize("mode", ["digenrl", "colocated", "disagg-sync"])
 def test_run_threads_is_refused_on_ray(mode):

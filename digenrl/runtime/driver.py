@@ -56,8 +56,7 @@ class RayTrainer:
 
     def __init__(self, cfg: Config, *, progress: bool = True, evaluate: bool = True,
                  on_dispatch: Optional[Callable[["RayTrainer", str, Unit], None]] = None):
-        if cfg.run.mode == "local":
-            raise ValueError("run.mode=local runs the single-device Trainer, not the Ray runtime")
+        contract(cfg)  # refuses run.mode=local (the scheduler's one check) before any file is written
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
         self.on_dispatch = on_dispatch
         self.run_dir = Path(cfg.run.run_dir)
