@@ -1,6 +1,7 @@
 """`digenrl` command line: train, and the tools around it.
 
     digenrl train [--config FILE] [--steps N] [--seed S] [--run-dir DIR] [--resume] [key=value ...]
+    digenrl train --help-config     (every config key: type, default, description)
                   (key=value overrides may go anywhere among the options)
     digenrl pretrain-toy [--steps N] [--out FILE]
     digenrl reward-server SPEC [--replicas N] [--host H] [--port P] [--address A] ...  (Ray Serve)
@@ -185,7 +186,22 @@ def _scale(args: argparse.Namespace) -> int:
 TRAIN_HELP = "RL post-training (GRPO) of a flow-matching generator"
 
 
+class _HelpConfig(argparse.Action):
+    """--help-config: print every config key (type, default, description) and exit, as --help does."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from digenrl.config import config_help
+
+        print(config_help(), end="")
+        parser.exit()
+
+
 def _add_train_arguments(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--help-config", action=_HelpConfig,
+                   help="print every config key with its type, default and description, and exit")
     t.add_argument("--config", help="YAML config (see recipes/)")
     t.add_argument("--steps", type=int, help="RL steps (train.steps)")
     t.add_argument("--seed", type=int, help="run.seed")

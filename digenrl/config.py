@@ -54,19 +54,21 @@ def _one_of(value: Any, key: str, allowed: tuple) -> None:
 
 @dataclass
 class ModelConfig:
-    name: str = "tiny-dit"  # see MODEL_NAMES
+    """The policy: which model, its weights, precision, LoRA and resolution."""
+
+    name: str = "tiny-dit"  # the policy: tiny-dit (the toy world's small DiT, CPU) or a diffusers family
     # tiny-dit: None = the shipped toy base, else a .safetensors file; other families: a local
     # pipeline folder or a hub id ('org/name') already in the HF cache. `digenrl train` refuses
     # a path that does not exist before any work (digenrl/preflight.py).
     path: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16 (SDE math is float32 regardless)
-    device: str = "cpu"
+    device: str = "cpu"  # torch device of the policy (cpu, cuda, cuda:1); Ray workers each see their own GPUs
     lora_rank: int = 16  # 0 = full fine-tune (then lower train.lr: 1e-4 for the tiny DiT)
-    lora_alpha: float = 16.0
+    lora_alpha: float = 16.0  # LoRA scale numerator: the adapter's update is scaled by lora_alpha / lora_rank
     lora_targets: list[str] = field(default_factory=list)  # empty = the family's default
-    grad_ckpt: bool = False
-    height: int = 0  # 0 = the model's default resolution
-    width: int = 0
+    grad_ckpt: bool = False  # activation (gradient) checkpointing in training: less memory, one more forward
+    height: int = 0  # pixels; 0 = the model's default resolution
+    width: int = 0  # pixels; 0 = the model's default resolution
     frames: int = 0  # video models only; 0 = default
     prompt_cache: Optional[str] = None  # folder of cached prompt embeddings (diffusers models)
     text_encoders: bool = True  # false: load no text encoders, every prompt must be in prompt_cache
@@ -105,16 +107,21 @@ class ModelConfig:
 
 @dataclass
 class SamplingConfig:
+    """How rollouts denoise: the sigma grid, the SDE, guidance, and which steps are SDE and trained."""
+
     num_steps: int = 10  # denoising steps per rollout
-    eval_num_steps: int = 10
+    eval_num_steps: int = 10  # denoising steps of held-out evaluation (ODE, same noise at every evaluation)
     # digenrl: shift(linspace(1, 0, num_steps + 1)) with `shift`; diffusers: the grid the
     # model family's diffusers pipeline asks its scheduler for (shift from model.path's
     # scheduler config, FLUX / Qwen-Image: dynamic from the resolution). See docs/models.md.
     sigmas: str = "digenrl"
     shift: float = 1.0  # SD3 time shift of the digenrl grid
+    # the stochastic step of the SDE window: flow-sde (Flow-GRPO), dance-sde (DanceGRPO), cps
+    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft only); digenrl.math.sde
     sde: str = "flow-sde"
+    # the SDE's noise scale: `a` of flow-sde and cps, `eta` of dance-sde (ode draws none)
     noise_level: float = 0.7
-    cfg_scale: float = 1.0
+    cfg_scale: float = 1.0  # classifier-free guidance scale; 1 = no guidance (no doubled batch)
     # two-expert families (wan2.2): the low-noise expert's CFG scale (diffusers' guidance_scale_2;
     # cfg_scale is then the high-noise expert's, guidance_scale). 0 = cfg_scale for both.
     # Other families refuse it.
@@ -123,10 +130,10 @@ class SamplingConfig:
     # window_size steps (ODE after): on the toy world it learns several times faster per
     # second than all-but-last (docs/getting-started.md); the real-model recipes name theirs
     window: str = "first"
-    window_size: int = 2
-    window_stride: int = 1
-    window_every: int = 10
-    window_fraction: float = 0.6
+    window_size: int = 2  # first, contiguous, sliding: how many denoising steps the window holds
+    window_stride: int = 1  # sliding: how many steps the window moves each time it moves
+    window_every: int = 10  # sliding: the window moves every this many RL steps (wrapping)
+    window_fraction: float = 0.6  # fraction: the share of SDE steps trained, drawn at random, in (0, 1]
     # step: one set of trained steps per RL step, shared by its samples; sample: each sample
     # draws its own (DanceGRPO's per-sample fraction; DiffusionNFT's per-sample noise levels).
     # See rollout.sampler.trained_steps.
@@ -171,6 +178,8 @@ class SamplingConfig:
 
 @dataclass
 class DataConfig:
+    """Prompts and the shape of an RL step: prompt groups, samples per group, micro-batches."""
+
     # "toy", a named set ("pickscore" = its train split, "pickscore:test"; digenrl/prompt_sets:
     # pickscore, ocr, geneval, drawbench), a text file, one prompt per line, or a .jsonl file of
     # {"prompt": ..., "image": path relative to the file} rows (conditioned families need images)
@@ -186,7 +195,7 @@ class DataConfig:
     # (run.mode local, colocated, disagg-sync, one-step-off). 0 = whole groups.
     micro_batch_samples: int = 0
     eval_samples: int = 8  # samples per eval prompt (same noise at every evaluation)
-    eval_max_prompts: int = 16
+    eval_max_prompts: int = 16  # held-out prompts evaluated: the first this many of data.eval_prompts
 
     def __post_init__(self) -> None:
         _check(
@@ -223,12 +232,20 @@ class DataConfig:
 
 @dataclass
 class RewardConfig:
+    """Which rewards score the samples, how they combine, and how advantages are formed."""
+
+    # reward name -> weight; the names are digenrl.rewards.REWARD_NAMES (see docs/models.md). Several
+    # rewards are combined per sample by reward.combine
     weights: dict[str, float] = field(default_factory=lambda: {"toy-geneval": 1.0})
-    combine: str = "weighted"  # weighted | normalized
+    # weighted: the weighted sum of the raw rewards; normalized: each reward standardised over
+    # the micro-batch first, then the weighted sum
+    combine: str = "weighted"
     paths: dict[str, str] = field(default_factory=dict)  # reward name -> local model folder or server URL
     threads: int = 2  # reward computation overlaps generation in a thread pool
-    adv_std: str = "group"  # group | global | none (Dr.GRPO)
-    adv_clip: float = 5.0
+    # advantage = (reward - group mean) / std, the std of the prompt group, of the whole RL
+    # step (global), or none (Dr.GRPO: no division)
+    adv_std: str = "group"
+    adv_clip: float = 5.0  # advantages are clipped to [-adv_clip, adv_clip]
 
     def __post_init__(self) -> None:
         from digenrl.rewards import REWARD_NAMES
@@ -255,12 +272,14 @@ class RewardConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 160
-    lr: float = 1e-3  # for the default LoRA; full fine-tunes of the tiny DiT drift above 1e-4
-    weight_decay: float = 0.0
+    """The loss and the optimizer step: RL steps, learning rate, clipping, KL, training units."""
+
+    steps: int = 160  # RL steps (one optimizer step each) the run ends at
+    lr: float = 1e-3  # AdamW learning rate; for the default LoRA; full fine-tunes of the tiny DiT drift above 1e-4
+    weight_decay: float = 0.0  # AdamW weight decay of the trained parameters
     clip_range: float = 1e-4  # log-probs are averaged over dims, so ratios stay near 1
     beta: float = 0.0  # KL weight to the base model
-    max_grad_norm: float = 1.0
+    max_grad_norm: float = 1.0  # the step's summed gradient is clipped to this global L2 norm
     ema_decay: float = 0.0  # 0 = off
     # Trained denoising steps per training unit, in every mode (batch-level modes: an even
     # data-parallel share). 0 = the mode's default: 1 under TSP (gap+tsp, gap+tsp+tag,
@@ -293,12 +312,18 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
+    """The run: its mode, seed, folder, evaluation and checkpoint cadence, loggers."""
+
+    # every random draw (prompts, initial noise, SDE noise) is a function of (seed, RL step, group,
+    # sample, denoising step), never of which worker ran it
     seed: int = 0
-    run_dir: str = "runs/default"
-    mode: str = "digenrl"  # local = single-device trainer, no Ray
-    eval_every: int = 10
-    checkpoint_every: int = 10
-    keep_checkpoints: int = 2
+    run_dir: str = "runs/default"  # where checkpoints, metrics, config.json, traces and samples go
+    # local: the single-device trainer, no Ray; every other mode runs on Ray with the scheduler
+    # (docs/runtime.md "Modes", docs/glossary.md)
+    mode: str = "digenrl"
+    eval_every: int = 10  # held-out evaluation every this many RL steps (0 = only before and after)
+    checkpoint_every: int = 10  # a checkpoint every this many RL steps (0 = only at the end)
+    keep_checkpoints: int = 2  # the newest this many checkpoints are kept; older ones are deleted
     # torch intra-op threads of the run.mode=local process; 0 = torch's default. Ray modes
     # refuse it: each worker process takes runtime.worker_threads instead.
     threads: int = 0
@@ -353,24 +378,25 @@ PLAN = ("auto", "always", "never")  # not on/off: YAML reads those as booleans
 class PoolConfig:
     """One worker pool: how many workers and what each one reserves on the Ray cluster."""
 
-    workers: int = 1
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
+    workers: int = 1  # workers (scheduler workers, each a gang of `gang` ranks) in this pool
+    num_cpus: float = 1.0  # CPUs each rank reserves on the Ray cluster
+    num_gpus: float = 0.0  # GPUs each rank reserves (fractions share a GPU); 0 = CPU only
     accelerator: Optional[str] = None  # Ray accelerator_type, e.g. "H200" or "L40S" (heterogeneous clusters)
     resources: dict[str, float] = field(default_factory=dict)  # custom Ray resources, e.g. node labels
-    # Gangs: a scheduler worker is `gang` Ray actors, one per device, that run each unit SPMD.
-    # Trainer pool: shard=fsdp: FSDP2 over the gang's devices, gradients all-reduced across
-    # gangs once per RL step (HSDP). reshard: after-forward frees the gathered parameters
-    # after each forward (ZeRO-3); after-step keeps them for the whole RL step (one gather
-    # per step). offload: AdamW state on the host (FSDP2 CPU offload). sp: sequence-parallel
-    # degree inside the gang (Ulysses; video families): sp ranks run the same rows, each on
-    # its slice of the video tokens (digenrl/models/sequence_parallel.py).
-    # Rollout pool: gang = the sequence-parallel degree; the gang runs each trajectory whole,
-    # every rank on its slice of the tokens, full weights on each rank.
+    # ranks (Ray actors, one device each) per worker, which run each unit together (SPMD).
+    # Trainer pool: the devices one sharded model spans (shard=fsdp). Rollout pool: the
+    # sequence-parallel degree; the gang runs each trajectory whole, every rank on its slice of
+    # the tokens, full weights on each rank. Reward pool: 1
     gang: int = 1
+    # trainer pool only: fsdp = FSDP2 over the gang's devices, gradients all-reduced across
+    # gangs once per RL step (HSDP); none = every rank holds the whole model
     shard: str = "none"
+    # trainer pool, shard=fsdp: after-forward frees the gathered parameters after each forward
+    # (ZeRO-3); after-step keeps them for the whole RL step (one gather per step)
     reshard: str = "after-forward"
-    offload: bool = False
+    offload: bool = False  # trainer pool, shard=fsdp: AdamW state on the host (FSDP2 CPU offload)
+    # trainer pool: sequence-parallel degree inside the gang (Ulysses; video families): sp ranks
+    # run the same rows, each on its slice of the video tokens (digenrl/models/sequence_parallel.py)
     sp: int = 1
 
     def check(self, key: str, minimum: int) -> None:
@@ -417,16 +443,19 @@ class RuntimeConfig:
     # object-store | lora-only (adapters only) | nccl: trainer 0's relay sends each rollout pull
     # point-to-point over a process group (NCCL on GPU, gloo on CPU; runtime/relay.py)
     weight_sync: str = "object-store"
-    # emulated: real Ray actors that sleep for the cost model's time of each unit; the
+    # real: workers load the model and compute; emulated: real Ray actors that sleep for the
+    # cost model's time of each unit (no model or reward is loaded); the
     # schedule (pools, data shape, shards, segments) is this config's, the hardware and the
     # model's costs are the testbed's (digenrl.sim.workload)
     compute: str = "real"
-    testbed: Optional[str] = None
+    testbed: Optional[str] = None  # emulated: a testbed preset or YAML file (hardware, links, costs)
     time_scale: float = 1.0  # emulated: wall seconds per modelled second
-    tag_segment: int = 1  # denoising steps a trainer generates before checking for training work
+    # TAG (trainer-assisted generation): denoising steps a trainer generates before it checks
+    # for training work (and, if there is some, hands the partial trajectory to a rollout worker)
+    tag_segment: int = 1
     rollout_segment: int = 0  # denoising steps per rollout Generate unit; 0 = whole trajectory
     gen_shard: int = 1  # Generate units per micro-batch along the sample axis (1 = whole micro-batch)
-    train_shard: int = 1  # Train units per (micro-batch, TSP chunk) along the sample axis (1 = off)
+    train_shard: int = 1  # Train units per (micro-batch, TSP (time-step parallelism) chunk) along the sample axis (1 = off)
     worker_threads: int = 1  # torch intra-op threads per Ray worker process (run.threads is local mode's)
     # Plan the run at hand (digenrl.sim.here): time each unit kind on this cluster, then pick
     # the pool split (same total), data.micro_batch_groups and train.tsp_chunk that the
@@ -629,6 +658,110 @@ class Config:
             return False
         pools = {"runtime.rollout.workers", "runtime.trainer.workers"}
         return rt.plan == "always" or (self.given is not None and not pools & self.given)
+
+
+# -- the schema, as `digenrl train --help-config` prints it -------------------------------
+# A field's description is the comment written where it is declared: the comment lines
+# directly above it, then the comment at the end of its line (as simple-parsing reads help).
+# The code stays the one place a key is described; tests/test_config_schema.py fails on a
+# field without one.
+@dataclass(frozen=True)
+class KeyDoc:
+    key: str  # dotted, e.g. "runtime.rollout.workers"
+    type: str  # e.g. "int", "str or null", "dict[str, float]"
+    default: Any  # Config()'s value (a pool's default is its own: runtime.rollout.workers = 2)
+    description: str
+
+
+def _field_comments(cls: type) -> dict[str, str]:
+    """{field name: the comment written where `cls` declares it}."""
+    import ast
+    import inspect
+    import io
+    import tokenize
+
+    source = inspect.getsource(cls)
+    comments: dict[int, tuple[str, bool]] = {}  # line -> (text, the line holds only the comment)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            alone = not tok.line[: tok.start[1]].strip()
+            comments[tok.start[0]] = (tok.string.lstrip("#").strip(), alone)
+    out = {}
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            above, line = [], node.lineno - 1
+            while line in comments and comments[line][1]:
+                above.insert(0, comments[line][0])
+                line -= 1
+            trailing = comments.get(node.end_lineno)
+            text = above + ([trailing[0]] if trailing and not trailing[1] else [])
+            out[node.target.id] = " ".join(t for t in text if t)
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    if origin in (list, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+def config_keys(cfg: Optional["Config"] = None) -> list[KeyDoc]:
+    """Every key of the schema with its type, default (`cfg`'s value; Config() if None) and
+    description, in declaration order, a section's own keys before its subsections."""
+
+    def walk(obj: Any, prefix: str) -> list[KeyDoc]:
+        cls = type(obj)
+        hints, notes, rows, sections = typing.get_type_hints(cls), _field_comments(cls), [], []
+        for f in fields(cls):  # a section's own keys first, then its subsections
+            value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(value):
+                sections += walk(value, key + ".")
+            else:
+                rows.append(KeyDoc(key, _type_name(hints[f.name]), value, notes.get(f.name, "")))
+        return rows + sections
+
+    return walk(cfg if cfg is not None else Config(), "")
+
+
+def config_help(width: int = 100) -> str:
+    """The text of `digenrl train --help-config`: every section with what it is for, then each
+    of its keys as `key: type = default` and its description, wrapped."""
+    import textwrap
+
+    def value(v: Any) -> str:
+        return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
+
+    purpose = {}  # section -> its class docstring's first paragraph + the comment where it is declared
+    for name, obj in _sections(Config()):
+        notes = _field_comments(type(obj))
+        for f in fields(obj):
+            cls = type(getattr(obj, f.name))
+            if dataclasses.is_dataclass(cls):
+                doc = (cls.__doc__ or "").strip()
+                doc = "" if doc.startswith(cls.__name__ + "(") else doc.split("\n\n")[0].replace("\n", " ")
+                purpose[f"{name}.{f.name}".lstrip(".")] = " ".join(t for t in (doc, notes.get(f.name, "")) if t)
+    lines, section = [], None
+    for doc in config_keys():
+        head = doc.key.rpartition(".")[0]
+        if head != section:
+            section = head
+            lines += ["", f"{head}:"] + textwrap.wrap(purpose.get(head, ""), width, initial_indent="  ", subsequent_indent="  ")
+        lines.append(f"  {doc.key}: {doc.type} = {value(doc.default)}")
+        lines += textwrap.wrap(doc.description, width, initial_indent="      ", subsequent_indent="      ")
+    return "\n".join(lines[1:]) + "\n"
+
+
+def _sections(obj: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """(dotted name, dataclass instance) of every section of `obj`, itself included ("")."""
+    out = [(prefix.rstrip("."), obj)]
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _sections(value, f"{prefix}{f.name}.")
+    return out
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
