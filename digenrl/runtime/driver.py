@@ -128,12 +128,12 @@ class RayTrainer:
         """Version `base` everywhere: trainer 0's weights (this also fixes LoRA's random init)
         go to every other policy worker; returns the ref of the published payload."""
         cfg, actors = self.cfg, self.actors
-        t0 = actors.train_ids[0]
+        first_trainer = actors.train_ids[0]  # its weights are the ones published
         weights0 = actors.trainer0.publish.remote()
         sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
         relay = cfg.runtime.weight_sync == "nccl"  # rollout workers: from the relay, not the store
         ray.get([actors.gang(w.id).load_weights.remote(None, self.base, weights0) for w in actors.workers
-                 if w.role not in ("reward", "rollout" if relay else "") and w.id != t0
+                 if w.role not in ("reward", "rollout" if relay else "") and w.id != first_trainer
                  and not (sharded and w.id in actors.train_ids)])
         if relay:
             ray.get(weights0)  # the relay holds version `base` once the publish is done

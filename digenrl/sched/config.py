@@ -1,5 +1,19 @@
 """SchedConfig: the scheduling mode, the shape of an RL step, and the four switches.
 
+The four mechanisms that remove a disaggregated pipeline's bubbles (docs/glossary.md):
+
+    gap   GAP, generation-axis pipeline: a step's prompt groups are cut into micro-batches
+          that stream to the trainers as soon as they are rewarded (still on-policy)
+    tsp   TSP, time-step parallelism: a micro-batch's trained denoising steps are split into
+          chunks, each a Train unit on any trainer; one optimizer step per RL step
+    tag   TAG, trainer-assisted generation: trainers with nothing to train generate with
+          their current weights, and hand a partial trajectory to a rollout worker at a
+          denoising-step boundary when training work arrives
+    tcss  TCSS, trajectory-consistent stale synchronization: rollout starts the next step's
+          groups with the previous weights while trainers finish; every trajectory has one
+          policy version, at most one behind the weights that train on it
+    one_step_off  not one of the four: verl / mm_grpo's batch-level lag of one step
+
 A mode is a preset of switches; each switch can also be set on its own (None = preset):
 
     mode           gap   tsp   tag   tcss  one_step_off

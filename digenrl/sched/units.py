@@ -26,7 +26,9 @@ ROLES = ("rollout", "trainer", "reward", "colocated")
 
 @dataclass(frozen=True, slots=True)
 class Worker:
-    """One device (GPU) in one pool. `id` must be unique; it orders nothing."""
+    """One worker of one pool: a gang of one or more ranks (devices) that runs each unit
+    together. The scheduler never sees ranks (docs/glossary.md). `id` must be unique; it
+    orders nothing."""
 
     id: str
     role: str
