@@ -15,9 +15,9 @@ def test_by_kind_needs_every_kind():
 
 def test_runtime_simulator_and_planner_tables_cover_every_kind():
     pytest.importorskip("ray")
-    from digenrl.runtime.backend import _CALL, _DONE
+    from digenrl.runtime.backend import STEP_TABLE
     from digenrl.sim.durations import _UNIT_COST as simulated
     from digenrl.sim.here import _UNIT_COST as measured
 
-    for table in (_CALL, _DONE, simulated, measured):
+    for table in (STEP_TABLE, simulated, measured):
         assert set(table) == set(get_args(Unit))

@@ -1,8 +1,8 @@
 """RealBackend: what each scheduler unit means with real models, for the driver's event loop.
 
-    dispatch(worker, unit)   one actor call per unit kind (the `_CALL` table), inputs passed
+    dispatch(worker, unit)   one actor call per unit kind (STEP_TABLE's `call`), inputs passed
                              as ObjectRefs: Trajectories and weights move actor to actor
-    completed(worker, unit)  what each kind's typed result feeds (the `_DONE` table):
+    completed(worker, unit)  what each kind's typed result feeds (STEP_TABLE's `done`):
                              trajectories, rewards -> advantages, trained coordinates,
                              published weights, sync bytes
     step_done(step)          one metrics record per RL step (rewards, learner metrics over all
@@ -15,7 +15,8 @@ run's data flow, and talks to the actors and the recorder only.
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import ray
 import torch
@@ -79,7 +80,7 @@ class RealBackend:
     # -- dispatch: one actor call per unit kind ----------------------------------------------
     def dispatch(self, wid: str, unit: Unit) -> list[ray.ObjectRef]:
         """The unit on every rank of worker `wid`'s gang: one result ref per rank."""
-        return _CALL[type(unit)](self, self.actors.gang(wid), wid, unit)
+        return STEP_TABLE[type(unit)].call(self, self.actors.gang(wid), wid, unit)
 
     def _call_generate(self, h, wid: str, unit: Generate) -> list[ray.ObjectRef]:
         """A Generate unit's rows (the micro-batch's, or its sample shard's) shared out over the
@@ -165,7 +166,7 @@ class RealBackend:
 
     # -- completions: what each kind's result feeds ----------------------------------------------
     def completed(self, wid: str, unit: Unit, done: Done) -> None:
-        _DONE[type(unit)](self, wid, unit, done)
+        STEP_TABLE[type(unit)].done(self, wid, unit, done)
 
     def _generated(self, wid: str, unit: Generate, done: Generated) -> None:
         """The unit's rows now hold this segment: drop the older shards they cover."""
@@ -290,8 +291,35 @@ def _combine_learner(infos: dict[str, Stepped], first: str) -> dict[str, float]:
     return lm
 
 
-_CALL = by_kind(generate=RealBackend._call_generate, reward=RealBackend._call_reward,
-                train=RealBackend._call_train, optimizer=RealBackend._call_optimizer,
-                sync=RealBackend._call_sync)
-_DONE = by_kind(generate=RealBackend._generated, reward=RealBackend._rewarded, train=RealBackend._trained,
-                optimizer=RealBackend._stepped, sync=RealBackend._synced)
+@dataclass(frozen=True)
+class Route:
+    """One unit kind's way through a Ray run, in the order it happens (docs/runtime.md, "The
+    life of a step"): the scheduler's assign() hands the unit to a worker, `call` starts it on
+    the ranks of the worker's gang, each rank runs one of `methods`, the event loop merges the
+    ranks' results (runtime/results.merge) and tells the scheduler (Scheduler.complete, which
+    runs `event`), and `done` feeds the result to the rest of the step."""
+
+    event: str  # the Scheduler method that takes the unit's completion (sched/scheduler.py)
+    call: Callable  # RealBackend: the actor calls that start the unit
+    methods: tuple[str, ...]  # the worker methods those calls run (runtime/workers.py)
+    done: Callable  # RealBackend: what the unit's result feeds
+
+
+# The step table: unit kind -> scheduler event -> backend call -> worker method -> what it feeds.
+STEP_TABLE: dict[type, Route] = by_kind(
+    generate=Route("_on_generated", RealBackend._call_generate,
+                   ("PolicyWorker.generate",),  # each rank its share of the rows (rollout, TAG trainer, colocated)
+                   RealBackend._generated),  # the micro-batch's trajectory shards (ObjectRefs)
+    reward=Route("_on_rewarded", RealBackend._call_reward,
+                 ("PolicyWorker.reward", "RewardWorker.reward"),  # on the generating worker, or the reward pool
+                 RealBackend._rewarded),  # rewards -> advantages when its Train units start
+    train=Route("_on_trained", RealBackend._call_train,
+                ("PolicyWorker.train",),  # every rank of the trainer gang: loss + backward, grads accumulate
+                RealBackend._trained),  # trained coordinates, staleness
+    optimizer=Route("_on_optimizer_step", RealBackend._call_optimizer,
+                    ("PolicyWorker.optimizer_step",),  # all-reduce, clip, step; the publisher publishes
+                    RealBackend._stepped),  # the new version's payload; the step's metrics once all are in
+    sync=Route("_on_synced", RealBackend._call_sync,
+               ("PolicyWorker.load_weights", "PolicyWorker.receive_weights"),  # object store, or the relay (nccl)
+               RealBackend._synced),  # sync bytes and seconds
+)
