@@ -124,7 +124,8 @@ def contract(cfg: Config, *, start_step: int = 0,
              trained: Optional[Callable[[int], list[int]]] = None) -> RunContract:
     """The scheduler config and pools of `cfg`, for steps start_step .. train.steps - 1.
 
-    Scheduler step s is RL step start_step + s (a resumed run). `trained(step)` overrides
+    The scheduler's units carry RL steps and versions from start_step (a resumed run's
+    checkpoint step), so no caller converts between numberings. `trained(step)` overrides
     the trained denoising steps of RL step `step` (default: the config's SDE window).
     run.mode=local has no scheduler: the SchedConfig built here refuses it, naming the modes.
     """
@@ -132,10 +133,10 @@ def contract(cfg: Config, *, start_step: int = 0,
     window = trained or (lambda step: trained_steps(cfg, step))
     n_trained = len(window(start_step))
     sched = SchedConfig(
-        mode=cfg.run.mode, rl_steps=cfg.train.steps - start_step,
+        mode=cfg.run.mode, rl_steps=cfg.train.steps - start_step, first_step=start_step,
         groups_per_step=sh.groups_per_step, group_size=sh.samples_per_group,
         num_steps=cfg.sampling.num_steps,
-        trained_steps=lambda s: window(start_step + s),
+        trained_steps=window,
         micro_batch_groups=sh.micro_batch_groups,
         # An explicit chunk acts in every mode (batch-level: an even data-parallel share);
         # 0 leaves the mode's preset.

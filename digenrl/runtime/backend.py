@@ -55,7 +55,6 @@ class RealBackend:
     def __init__(self, actors: Actors, recorder: RunRecorder, plans: StepPlans, base: int, weights0,
                  wall0: float):
         self.actors, self.recorder, self.plans, self.cfg = actors, recorder, plans, actors.cfg
-        self.base = base
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
         # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
@@ -63,7 +62,7 @@ class RealBackend:
         self.trajs: dict[tuple[int, int], dict] = {}
         self.rewards: dict[tuple[int, int], Rewarded] = {}
         self.adv: dict[tuple[int, int], torch.Tensor] = {}
-        self.weights: dict[int, ray.ObjectRef] = {0: weights0}  # sched version -> payload
+        self.weights: dict[int, ray.ObjectRef] = {base: weights0}  # version -> payload (base: the run's first)
         self.opt: dict[int, dict[str, Stepped]] = {}  # step -> worker -> its optimizer step
         self.stale: dict[int, int] = {}
         self.syncs: list[Synced] = []  # WeightSyncs since the last step record
@@ -90,8 +89,7 @@ class RealBackend:
         whose output is dropped. Sequence parallelism: the rows are shared out over the gang's
         groups of sp consecutive ranks (a rollout gang is one group); every rank of a group
         runs the group's rows, and the first one's output is kept (the others' is the same)."""
-        b = self.base
-        plan = self.plans(b + unit.step)
+        plan = self.plans(unit.step)
         mb = plan.micro_batches[unit.mb]
         first, last = row_range(unit.samples, len(mb.coords))
         shards = self.trajs.get((unit.step, unit.mb), {})
@@ -108,7 +106,7 @@ class RealBackend:
                 prev, offset = covering(shards, (a, z), len(mb.coords))
                 rows = (a - offset, z - offset)
             traj, done = actor.generate.options(num_returns=2).remote(
-                unit, b + unit.step, b + unit.version, mb.prompts[a:z], mb.coords[a:z], plan.spec, rows, *prev)
+                unit, unit.step, unit.version, mb.prompts[a:z], mb.coords[a:z], plan.spec, rows, *prev)
             if not ghost and r % sp == 0:
                 outs.append(((a, z), traj))
             dones.append(done)
@@ -117,7 +115,7 @@ class RealBackend:
 
     def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
         shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
-        n = len(self.plans(self.base + unit.step).micro_batches[unit.mb].coords)
+        n = len(self.plans(unit.step).micro_batches[unit.mb].coords)
         refs, _ = covering(shards, (0, n), n)
         if self._sp(wid) == len(h) > 1:  # one sequence-parallel group: its ranks hold the same images, rank 0 scores
             return [h.ranks[0].reward.remote(unit, *refs)]
@@ -130,7 +128,7 @@ class RealBackend:
         return {"rollout": rt.rollout.gang, "trainer": rt.trainer.sp, "colocated": rt.trainer.sp}.get(role, 1)
 
     def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
-        plan = self.plans(self.base + unit.step)
+        plan = self.plans(unit.step)
         n = len(plan.micro_batches[unit.mb].coords)
         first, last = row_range(unit.samples, n)
         refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
@@ -139,14 +137,14 @@ class RealBackend:
                            (first - offset, last - offset), *refs)
 
     def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
-        outs = h.optimizer_step.options(num_returns=2).all(unit, self.base + unit.version, wid == self.publisher)
+        outs = h.optimizer_step.options(num_returns=2).all(unit, unit.version, wid == self.publisher)
         self.out[wid] = outs[0][0]  # rank 0 holds the published payload
         return [done for _, done in outs]
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
         if self.cfg.runtime.weight_sync == "nccl":  # from the relay (trainer 0's rank 0), point-to-point
-            return self.actors.pull(wid, unit, self.base + unit.version)
-        return h.load_weights.all(unit, self.base + unit.version, self.weights[unit.version])
+            return self.actors.pull(wid, unit, unit.version)
+        return h.load_weights.all(unit, unit.version, self.weights[unit.version])
 
     def _advantages(self, unit: Train) -> torch.Tensor:
         key = (unit.step, unit.mb)
@@ -171,7 +169,7 @@ class RealBackend:
     def _generated(self, wid: str, unit: Generate, done: Generated) -> None:
         """The unit's rows now hold this segment: drop the older shards they cover."""
         shards = self.trajs.setdefault((unit.step, unit.mb), {})
-        n = len(self.plans(self.base + unit.step).micro_batches[unit.mb].coords)
+        n = len(self.plans(unit.step).micro_batches[unit.mb].coords)
         first, last = row_range(unit.samples, n)
         for rows in [k for k in shards if row_range(k, n)[0] < last and row_range(k, n)[1] > first]:
             del shards[rows]
@@ -215,7 +213,7 @@ class RealBackend:
         self.actors.retire(worker)
 
     def step_done(self, step: int, now: float, trace: Trace) -> None:
-        """Sched step `step` finished (all optimizer steps reported): one metrics record.
+        """RL step `step` finished (all optimizer steps reported): one metrics record.
         `trace`: the run's spans so far, units in flight included (bubble ratios)."""
         cfg, actors = self.cfg, self.actors
         keys = sorted(k for k in self.rewards if k[0] == step)
@@ -226,7 +224,7 @@ class RealBackend:
             self.rewards.pop(k)
             self.adv.pop(k, None)
             self.trajs.pop(k, None)
-        real = self.base + step + 1
+        real = step + 1  # the step's record is numbered by the optimizer steps done
         step_s = now - self.last_end
         self.wall_s = self.wall0 + now
         pub = infos.get(self.publisher) if self.publisher else None

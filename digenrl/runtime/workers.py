@@ -157,7 +157,7 @@ class PolicyWorker:
         metrics = self.learner.optimizer_step()
         if self.gang is not None:
             self.gang.after_step()
-        self.version = version  # the run's version (unit.version counts from a resumed step)
+        self.version = version  # = unit.version (units carry the run's versions)
         payload, nbytes, t_pub = None, 0, 0.0
         if publish:
             t1 = time.time()

@@ -64,6 +64,10 @@ class SchedConfig:
     """What one RL run looks like to the scheduler.
 
     rl_steps            number of RL (optimizer) steps
+    first_step          the RL step the run starts at (a resumed run: its checkpoint's step).
+                        Units carry RL steps and versions: steps first_step ..
+                        first_step + rl_steps - 1, versions from first_step (step s is
+                        trained by version s), so nobody converts between two numberings
     groups_per_step     prompt groups per RL step
     group_size          samples per prompt group (metrics; the row count of sample shards)
     num_steps           denoising steps per trajectory
@@ -88,6 +92,7 @@ class SchedConfig:
 
     mode: str = "digenrl"
     rl_steps: int = 1
+    first_step: int = 0
     groups_per_step: int = 8
     group_size: int = 8
     num_steps: int = 10
@@ -115,6 +120,8 @@ class SchedConfig:
             _positive_int(key, getattr(self, key))
         if self.rollout_segment is not None:
             _positive_int("rollout_segment", self.rollout_segment)
+        if not isinstance(self.first_step, int) or isinstance(self.first_step, bool) or self.first_step < 0:
+            raise ValueError(f"SchedConfig.first_step={self.first_step!r}: allowed values are integers >= 0")
         preset = _PRESETS[self.mode]
         for key in SWITCHES:
             value = getattr(self, key)
@@ -164,6 +171,11 @@ class SchedConfig:
             raise ValueError(f"SchedConfig.{where}={tuple(steps)!r}: need a non-empty set of "
                              f"denoising-step indices in [0, num_steps={self.num_steps})")
         return out
+
+    @property
+    def end_step(self) -> int:
+        """One past the last RL step: the version the run ends at."""
+        return self.first_step + self.rl_steps
 
     def describe(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "trained_steps"}

@@ -70,7 +70,7 @@ class Scheduler:
 
     def __init__(self, cfg: SchedConfig, workers: Iterable[Worker]):
         self.cfg = cfg
-        self.version = 0  # trainer policy version = optimizer steps done
+        self.version = cfg.first_step  # trainer policy version = the RL step it trains next
         self.traj_version: dict[tuple[int, int], int] = {}  # (step, mb) -> behaviour version
         self.stats = {"handovers": 0, "restarts": 0, "requeued": 0, "drain_handovers": 0}
         self._w: dict[str, _W] = {}
@@ -83,7 +83,7 @@ class Scheduler:
         self._trainers: dict[str, None] = {}
         self._steps: dict[int, _Step] = {}
         self._open: list[int] = []  # steps with unstarted micro-batches, ascending
-        self._next_step = 0
+        self._next_step = cfg.first_step
         self._train_q: dict[int, deque] = {}  # step -> ready Train units
         self._reward_q: deque = deque()
         # version -> (step, mb, samples, t_start): partial trajectories, and unstarted shards
@@ -107,14 +107,14 @@ class Scheduler:
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
         for w in workers:
-            self._add(w, version=0)
+            self._add(w, version=cfg.first_step)
         self._check_pools()
         self._open_steps()
 
     # ------------------------------------------------------------------ public state
     @property
     def done(self) -> bool:
-        return self.version >= self.cfg.rl_steps
+        return self.version >= self.cfg.end_step
 
     @property
     def workers(self) -> list[Worker]:
@@ -211,7 +211,7 @@ class Scheduler:
         for s in list(self._open):
             st = self._steps[s]
             # Fresher weights first; the window is [s - lag, s] (on-policy: exactly s).
-            for v in range(min(s, P), max(0, s - cfg.lag) - 1, -1):
+            for v in range(min(s, P), max(cfg.first_step, s - cfg.lag) - 1, -1):
                 while st.fresh and (ws := self._pop_idle("rollout", v)) is not None:
                     self._start_fresh(ws, s, v, out)
             if s == P and not barrier and (cfg.colocated or cfg.tag):
@@ -438,7 +438,7 @@ class Scheduler:
         if worker.role in ("trainer", "colocated") and self._started:
             raise SchedulerError(f"add_worker({worker.id!r}): trainers cannot join a running "
                                  "step (optimizer state); restart from a checkpoint instead")
-        self._add(worker, version=-1 if worker.role == "rollout" else 0)
+        self._add(worker, version=-1 if worker.role == "rollout" else self.cfg.first_step)
 
     def drain(self, worker_id: str) -> bool:
         """Event: rollout or reward worker `worker_id` is to leave the pool without losing work.
@@ -552,7 +552,7 @@ class Scheduler:
         """Create every step some worker may now generate: s <= version + lag."""
         cfg = self.cfg
         gs = cfg.group_size
-        while self._next_step < cfg.rl_steps and self._next_step <= self.version + cfg.lag:
+        while self._next_step < cfg.end_step and self._next_step <= self.version + cfg.lag:
             s = self._next_step
             mbs = [_MB(groups, split_rows(len(groups) * gs, cfg.gen_shard),
                        split_rows(len(groups) * gs, cfg.train_shard))

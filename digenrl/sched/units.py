@@ -3,7 +3,8 @@
 Units are frozen (hashable, comparable) so the runtime can key futures by them and the
 simulator can put them in heaps. Coordinates:
 
-    step      RL step (0-based); step k is trained by policy version k
+    step      RL step (0-based); step k is trained by policy version k. A resumed run's units
+              start at its checkpoint's step (SchedConfig.first_step): one numbering everywhere
     mb        micro-batch index within the step: whole prompt groups, `groups`
     t         denoising-step index, 0 (noise) .. num_steps (data); [t_start, t_end)
     version   policy version: 0 = initial weights; OptimizerStep(k) produces k + 1
