@@ -4,7 +4,7 @@ import pytest
 
 from digenrl.config import load_config
 from digenrl.outputs import read_metrics
-from digenrl.runtime import driver
+from digenrl.runtime import actors, driver
 from digenrl.runtime.workers import EvalWorker
 from digenrl.sched import OptimizerStep
 from tests.helpers.gates import FileGate, wait_until
@@ -30,7 +30,7 @@ def test_training_steps_do_not_wait_for_evaluation(ray_cluster, tmp_path, monkey
         if type(unit) is OptimizerStep and unit.version == STEPS:
             gate.open()
 
-    monkeypatch.setattr(driver, "EvalWorker", HeldEval)
+    monkeypatch.setattr(actors, "EvalWorker", HeldEval)  # runtime/actors.py starts the evaluation actor
     cfg = load_config(None, tiny(tmp_path / "run", "gap", "run.eval_every=1", steps=STEPS))
     summary = driver.RayTrainer(cfg, progress=False, on_dispatch=last_step).train()
     assert gate.is_open()
