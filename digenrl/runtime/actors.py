@@ -80,7 +80,7 @@ class Actors:
                 opts = [pg.options(p.resources, i * gang + r) if pg is not None else actor_options(p.resources)
                         for r in range(gang)]
                 self._spawn(Worker(f"{p.role}-{i}", p.role), opts)
-        pids = [ray.get(h.ready.all()) for h in self.handles.values()]
+        pids = [ray.get(h.ready()) for h in self.handles.values()]
         self.rank_pids.update(zip(self.handles, pids))
         self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
         for w in self.workers:
@@ -100,7 +100,7 @@ class Actors:
         else:
             actor = ray.remote(cls)
         self.handles[worker.id] = Gang([actor.options(**o).remote(self.cfg, worker.role, worker.id, r)
-                                        for r, o in enumerate(opts)])
+                                        for r, o in enumerate(opts)], cls)
         self.workers.append(worker)
 
     def _init_sp(self, wid: str) -> None:
@@ -118,7 +118,7 @@ class Actors:
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
         self._spawn(new, [actor_options(pool)] * (pool.gang if old.role == "rollout" else 1))
         try:  # a lost node may have been the only one with room for this pool: say so, not hang
-            ray.get(self.handles[new.id].ready.all(), timeout=PLACEMENT_TIMEOUT_S)
+            ray.get(self.handles[new.id].ready(), timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
                 f"replacing lost worker {old.id}: no node can host a {old.role} worker "
@@ -138,7 +138,7 @@ class Actors:
         n = sum(1 for w in self.workers if w.role == "rollout" and "#" not in w.id)
         new = Worker(f"rollout-{n}", "rollout")
         self._spawn(new, [actor_options(pool)] * pool.gang)
-        return new, self.handles[new.id].ready.all()
+        return new, self.handles[new.id].ready()
 
     def admit(self, worker: Worker, pids: list[int]) -> None:
         """`worker`'s actors are up (`pids`, one per rank): its sequence-parallel group and, with
@@ -171,13 +171,13 @@ class Actors:
         address = ray.get(relay.relay_open.options(concurrency_group="relay").remote(wid))
         accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
         # rank 0 of a rollout gang: it broadcasts each version to the others (receive_weights)
-        ray.get([self.handles[wid].ranks[0].relay_connect.remote(address), accepted])
+        ray.get([self.handles[wid].relay_connect(address), accepted])
 
     def pull(self, wid: str, unit, version: int) -> list:
         """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the
         relay's send is tracked in `self.serving` and checked at every step)."""
         self.serving.append(self._relay().relay_serve.options(concurrency_group="relay").remote(wid, version))
-        return self.handles[wid].receive_weights.all(unit, version)
+        return self.handles[wid].receive_weights(unit, version)
 
     def check_relay(self) -> None:
         """Raise a failed relay send here (its rollout side fails or hangs otherwise)."""
@@ -211,14 +211,14 @@ class Actors:
             else:
                 self.evaluator = ray.remote(EvalWorker).options(**actor_options(pool)).remote(self.cfg)
         if self.evaluator is t0:
-            return t0.evaluate.remote(step)
-        return self.evaluator.evaluate.remote(step, t0.eval_weights.remote())
+            return t0.evaluate(step)
+        return self.evaluator.evaluate.remote(step, t0.eval_weights())
 
     # -- stop ------------------------------------------------------------------------------
     def shutdown(self) -> None:
         for h in self.handles.values():
             try:
-                ray.get(h.shutdown.all(), timeout=10)
+                ray.get(h.shutdown(), timeout=10)
             except Exception:
                 pass
             h.kill()

@@ -119,7 +119,7 @@ class RealBackend:
         refs, _ = covering(shards, (0, n), n)
         if self._sp(wid) == len(h) > 1:  # one sequence-parallel group: its ranks hold the same images, rank 0 scores
             return [h.ranks[0].reward.remote(unit, *refs)]
-        return h.reward.all(unit, *refs)
+        return h.reward(unit, *refs)
 
     def _sp(self, wid: str) -> int:
         """The sequence-parallel degree of worker `wid`'s gang."""
@@ -133,18 +133,18 @@ class RealBackend:
         first, last = row_range(unit.samples, n)
         refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
         adv = self._advantages(unit)[first:last]
-        return h.train.all(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
+        return h.train(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
                            (first - offset, last - offset), *refs)
 
     def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
-        outs = h.optimizer_step.options(num_returns=2).all(unit, unit.version, wid == self.publisher)
+        outs = h.optimizer_step.options(num_returns=2)(unit, unit.version, wid == self.publisher)
         self.out[wid] = outs[0][0]  # rank 0 holds the published payload
         return [done for _, done in outs]
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
         if self.cfg.runtime.weight_sync == "nccl":  # from the relay (trainer 0's rank 0), point-to-point
             return self.actors.pull(wid, unit, unit.version)
-        return h.load_weights.all(unit, unit.version, self.weights[unit.version])
+        return h.load_weights(unit, unit.version, self.weights[unit.version])
 
     def _advantages(self, unit: Train) -> torch.Tensor:
         key = (unit.step, unit.mb)
@@ -253,7 +253,7 @@ class RealBackend:
         if self.recorder.eval_due(real):
             eval_ref = actors.evaluate(real)  # trainer 0's weights are copied before any new unit
         if self.recorder.checkpoint_due(real):
-            self.saves.append(actors.trainer0.save.remote(real, self.wall_s))
+            self.saves.append(actors.trainer0.save(real, self.wall_s))
         self.records.append((record, eval_ref))
         self.flush(block=False)
 

@@ -120,7 +120,7 @@ class RayTrainer:
     def _load(self, latest: Path) -> float:
         """Every trainer rank resumes from checkpoint `latest`; returns the run's wall seconds so far."""
         trainers = self.actors.train_ids
-        steps = ray.get([r for w in trainers for r in self.actors.gang(w).load.all(str(latest))])
+        steps = ray.get([r for w in trainers for r in self.actors.gang(w).load(str(latest))])
         self.base = steps[0]
         return json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
 
@@ -129,12 +129,13 @@ class RayTrainer:
         go to every other policy worker; returns the ref of the published payload."""
         cfg, actors = self.cfg, self.actors
         first_trainer = actors.train_ids[0]  # its weights are the ones published
-        weights0 = actors.trainer0.publish.remote()
+        weights0 = actors.trainer0.publish()
         sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
         relay = cfg.runtime.weight_sync == "nccl"  # rollout workers: from the relay, not the store
-        ray.get([actors.gang(w.id).load_weights.remote(None, self.base, weights0) for w in actors.workers
-                 if w.role not in ("reward", "rollout" if relay else "") and w.id != first_trainer
-                 and not (sharded and w.id in actors.train_ids)])
+        loading = [w for w in actors.workers
+                   if w.role not in ("reward", "rollout" if relay else "") and w.id != first_trainer
+                   and not (sharded and w.id in actors.train_ids)]
+        ray.get([r for w in loading for r in actors.gang(w.id).load_weights(None, self.base, weights0)])
         if relay:
             ray.get(weights0)  # the relay holds version `base` once the publish is done
             for w in actors.workers:
@@ -212,7 +213,7 @@ class RayTrainer:
 
     def _finish(self) -> dict[str, Any]:
         run = self.run_dir
-        state, ema = ray.get(self.actors.trainer0.final_state.remote())
+        state, ema = ray.get(self.actors.trainer0.final_state())
         extra: dict[str, Any] = {"scheduler": self.stats}
         if self.trace is not None:
             write_chrome_trace(self.trace, str(run / "trace.json"))

@@ -35,6 +35,7 @@ from digenrl.config import Config
 from digenrl.learner.comm import CommCounter
 from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
 from digenrl.runtime import weight_sync
+from digenrl.runtime.gang import ALL, FIRST, on_ranks
 from digenrl.runtime.gang_rank import all_reduce_grads
 from digenrl.runtime.results import Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import concat_trajectories, select_rows
@@ -76,6 +77,7 @@ class PolicyWorker:
             self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
             self.learner = self.trainer.learner
 
+    @on_ranks(ALL, ALL)  # every rank reports its pid
     def ready(self) -> int:
         return os.getpid()
 
@@ -112,10 +114,12 @@ class PolicyWorker:
         comm = self.counter.take() if self.trainer is None else {}
         return traj, Generated(**_times(t0), comm=comm)
 
+    @on_ranks(ALL, ALL)  # a unit: every rank scores its shards (a sequence-parallel group: see backend)
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
         """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
         return _score(self.rewarder, shards, self.source)
 
+    @on_ranks(ALL, ALL)  # a unit: every rank accumulates its rows' gradient
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
               total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> Trained:
         """Accumulate the gradient of one Train unit (micro-batch or sample shard x chunk of
@@ -138,6 +142,7 @@ class PolicyWorker:
         """Rank 0 of its sequence-parallel group (every worker without sequence parallelism)."""
         return self.gang.sp_rank == 0 if self.gang is not None else self.rank == 0
 
+    @on_ranks(ALL, ALL)  # a unit: every rank reduces and steps (collectives)
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:
         """Reduce the accumulated gradients across trainers, step, and (worker 0) publish.
 
@@ -205,6 +210,7 @@ class PolicyWorker:
         """Forget a rollout worker that left the pool (elastic drain)."""
         self._relay().close(peer)
 
+    @on_ranks(FIRST, FIRST)  # rank 0 pairs with the relay and broadcasts to the rest
     def relay_connect(self, address) -> None:
         """A rollout worker joins its pair group with the relay (relay_open's address)."""
         from digenrl.runtime.relay import RelayClient
@@ -212,6 +218,7 @@ class PolicyWorker:
         self.relay_client = RelayClient(device=self.cfg.model.device)
         self.relay_client.connect(address)
 
+    @on_ranks(ALL, ALL)  # a unit: rank 0 receives from the relay, every rank loads
     def receive_weights(self, unit: Optional[WeightSync], version: int) -> Synced:
         """WeightSync under weight_sync=nccl: receive `version` from the relay, in place. In a
         sequence-parallel rollout gang rank 0 receives it, then broadcasts it to the others."""
@@ -227,6 +234,7 @@ class PolicyWorker:
         self.version = version
         return Synced(**_times(t0), bytes=nbytes)
 
+    @on_ranks(ALL, ALL)  # a unit: every rank loads the payload
     def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
         """WeightSync: adopt published weights `version` (between trajectories only)."""
         t0 = time.time()
@@ -235,11 +243,13 @@ class PolicyWorker:
         return Synced(**_times(t0), bytes=nbytes)
 
     # -- trainer-only services -----------------------------------------------------------
+    @on_ranks(ALL, FIRST)  # every rank generates (a sharded gang's forwards are collectives)
     def evaluate(self, step: int) -> dict:
         """Held-out evaluation in place (only when no device is free for an EvalWorker); every
         rank of a gang evaluates (FSDP forwards), rank 0 writes the sample grid."""
         return self.trainer.evaluate(step, save_images=self.rank == 0)
 
+    @on_ranks(ALL, FIRST)  # every rank gathers (collectives); rank 0's copy
     def eval_weights(self) -> dict:
         """The trainable tensors to evaluate: EMA-averaged when train.ema_decay > 0 (gathered
         in a gang: every rank calls it)."""
@@ -249,6 +259,7 @@ class PolicyWorker:
         with ema.applied() if ema is not None else nullcontext():
             return full_state_dict(self.policy.module)
 
+    @on_ranks(ALL, FIRST)  # every rank gathers (collectives); rank 0's payload
     def publish(self) -> Optional[dict]:
         """The current weights as a payload (initial sync of other trainers, resume; and in the
         relay under nccl); a collective in a gang. Start-up traffic, not a step's: a gang's
@@ -292,6 +303,7 @@ class PolicyWorker:
         self.sp_group = dist.group.WORLD
         self.policy.enable_sequence_parallel(self.sp_group, self.counter)
 
+    @on_ranks(ALL, FIRST)  # every rank writes its shard (collectives); rank 0's path
     def save(self, step: int, wall_s: float) -> str:
         """Trainer 0's checkpoint: its own files, or in a gang the sharded layout (`dcp/`)
         that every rank of the gang writes its shards of (a collective)."""
@@ -305,6 +317,7 @@ class PolicyWorker:
             t.run_dir, step, module=self.policy.module, optimizer=self.learner.optimizer, ema=self.learner.ema,
             state=t.checkpoint_state(), keep=self.cfg.run.keep_checkpoints, group=self.gang.group))
 
+    @on_ranks(ALL, ALL)  # every rank reads its shard; each returns the step
     def load(self, path: str) -> int:
         """Every trainer (every rank of every gang): resume from a checkpoint; a sharded one
         loads into any gang size (resharded)."""
@@ -314,6 +327,7 @@ class PolicyWorker:
         self.version = self.trainer.step
         return self.trainer.step
 
+    @on_ranks(ALL, FIRST)  # every rank gathers (collectives); rank 0's state
     def final_state(self) -> tuple[dict, Optional[dict]]:
         """Full trainable tensors and EMA shadows (gathered in a gang: every rank calls it)."""
         from digenrl.learner.sharded import full_state_dict
@@ -325,6 +339,7 @@ class PolicyWorker:
                 shadows = full_state_dict(self.policy.module)
         return full_state_dict(self.policy.module), shadows
 
+    @on_ranks(ALL, ALL)
     def shutdown(self) -> None:
         self.rewarder.close()
         if self.dist:
@@ -344,12 +359,15 @@ class RewardWorker:
         self.rewarder = build_rewarder(cfg)
         self.source = _row_source(cfg)
 
+    @on_ranks(ALL, ALL)  # every rank reports its pid
     def ready(self) -> int:
         return os.getpid()
 
+    @on_ranks(ALL, ALL)  # a unit (a reward worker is one rank)
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
         return _score(self.rewarder, shards, self.source)
 
+    @on_ranks(ALL, ALL)
     def shutdown(self) -> None:
         self.rewarder.close()
 
