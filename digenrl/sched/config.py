@@ -92,7 +92,6 @@ class SchedConfig:
 
     mode: str = "digenrl"
     rl_steps: int = 1
-    first_step: int = 0
     groups_per_step: int = 8
     group_size: int = 8
     num_steps: int = 10
@@ -108,6 +107,7 @@ class SchedConfig:
     tag: Optional[bool] = None
     tcss: Optional[bool] = None
     one_step_off: Optional[bool] = None
+    first_step: int = 0  # the RL step the run starts at (see above)
 
     def __post_init__(self):
         if self.mode == "local":
