@@ -5,7 +5,7 @@
 
 For each `h200x16-*` preset: `digenrl simulate`'s rows (planner knobs, 12 RL steps), then the
 same specs on 16 emulated GPUs (Ray actors sleeping the cost model's time, the real
-EventLoop and Scheduler), one Ray cluster and one actor pool for everything. Prints per
+EventLoop and Scheduler), one Ray cluster and one actor cache for everything. Prints per
 preset x mode: simulated samples/s, emulated samples/s, relative difference, the time scale
 and the Ray round trip; writes JSON. latency=real (default) charges each round trip at its
 real size (the runtime's overhead); hidden compares the schedules only
@@ -38,10 +38,10 @@ def main(argv=None) -> int:
     import ray
 
     from digenrl.bench import bench_emulated
-    from digenrl.runtime.emulated import ActorPool
+    from digenrl.runtime.emulated import ActorCache
 
     ray.init(num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    pool = ActorPool()
+    cache = ActorCache()
     out, t0 = {}, time.time()
     try:
         for name in a.presets.split(","):
@@ -49,7 +49,7 @@ def main(argv=None) -> int:
             t = time.time()
             modes = a.modes.split(",") if a.modes else None
             res = bench_emulated(tb, modes, a.steps, None, None, None, a.latency, a.run_s, a.max_rate,
-                                 pool=pool, quiet=True)
+                                 cache=cache, quiet=True)
             out[tb] = {"rows": res["rows"], "wall_s": time.time() - t}
             print(f"\n== {tb} ({time.time() - t:.0f} s)")
             print(f"{'mode':<14} {'sim smp/s':>10} {'emu smp/s':>10} {'diff':>7} {'scale':>7} "
@@ -60,7 +60,7 @@ def main(argv=None) -> int:
                       f"{r.get('latency_ms_median', 0):>7.1f}/{r.get('latency_ms_p90', 0):<7.1f} "
                       f"{r.get('behind_ms_p90', 0):>10.1f} {r['wall_s']:>6.1f}", flush=True)
     finally:
-        pool.close()
+        cache.close()
         ray.shutdown()
     worst = max((abs(r["rel_diff"]), tb, r["mode"]) for tb, v in out.items() for r in v["rows"])
     print(f"\nworst |diff| {100 * worst[0]:.2f}% ({worst[1]} {worst[2]}); {time.time() - t0:.0f} s total")

@@ -85,7 +85,7 @@ def _row(mode: str, records: list[dict]) -> dict:
 
 def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Optional[int] = None,
                    time_scale: Optional[float] = None, gpus: Optional[int] = None, out: Optional[str] = None,
-                   latency: str = "real", run_s: float = 10.0, max_rate: float = 300.0, pool=None,
+                   latency: str = "real", run_s: float = 10.0, max_rate: float = 300.0, cache=None,
                    quiet: bool = False) -> dict:
     """Every row of `digenrl simulate` on `testbed`, on the emulated runtime (Ray actors that
     sleep the cost model's time), measured exactly as the simulator measures (report.measure).
@@ -95,7 +95,7 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     per modelled s) defaults per row to run_s / the simulated run's length (about run_s wall
     seconds per row, at most 1), stretched so that at most `max_rate` units complete per wall
     second (the driver's loop, on a busy machine, falls behind beyond a few hundred).
-    `latency`: see digenrl.runtime.emulated. `pool`: an emulated.ActorPool to reuse (else one
+    `latency`: see digenrl.runtime.emulated. `cache`: an emulated.ActorCache to reuse (else one
     is made and closed). Prints the simulator's table for the emulated rows, then emulated vs
     simulated throughput per row; writes `bench.json` under `out` when given. Returns {"report": emulated Report,
     "simulated": simulated Report, "rows": [{mode, sim, emulated, rel_diff, time_scale,
@@ -104,7 +104,7 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     import time
 
     from digenrl.runtime.cluster import session
-    from digenrl.runtime.emulated import ActorPool
+    from digenrl.runtime.emulated import ActorCache
     from digenrl.sim.costs import default_cost_model
     from digenrl.sim.planner import PLAN_STEPS
     from digenrl.sim.report import Report
@@ -120,12 +120,12 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
     t0 = time.time()
     sim = simulate(tb, modes, steps, cm=cm)
     ref = homogeneous_reference(tb)
-    own = pool is None
+    own = cache is None
     rows, emu = [], {}
     with session():
-        pool = pool or ActorPool()
+        cache = cache or ActorCache()
         try:
-            pool.warm(max(tb.n_gpus, ref.n_gpus))
+            cache.warm(max(tb.n_gpus, ref.n_gpus))
             for label in modes:
                 if label not in sim.rows:  # its plans do not fit here (sim.unfit says why): nothing to emulate
                     continue
@@ -134,7 +134,7 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
                 end = max(1e-9, s_row.trace.end)
                 scale = time_scale or min(1.0, max(run_s / end, len(s_row.trace.spans) / (max_rate * end)))
                 w0 = time.time()
-                e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, pool=pool)
+                e_row = emulate_spec(where, s_row.spec, steps, scale, cm, latency=latency, cache=cache)
                 emu[label] = e_row
                 rows.append({"mode": label, "sim_samples_per_s": s_row.throughput,
                              "emulated_samples_per_s": e_row.throughput,
@@ -146,7 +146,7 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
                           f"{rows[-1]['wall_s']:.1f} s", flush=True)
         finally:
             if own:
-                pool.close()
+                cache.close()
     rep = Report(tb, sim.reference, steps, emu, sim.ideal_s, {}, sim.plans)
     title = (f"emulated {tb.name}: {tb.n_gpus} Ray actors sleeping the cost model's time, latency={latency}, "
              f"modelled seconds")
@@ -174,7 +174,7 @@ def bench_emulated(testbed, modes: Optional[Sequence[str]] = None, steps: Option
 
 
 def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: str = "real",
-                 pool=None, keep_trace: bool = False):
+                 cache=None, keep_trace: bool = False):
     """`digenrl.sim.report.run_spec` on the emulated runtime: the same Config, contract,
     workers and durations, measured over the same steady-state window (`report.measure`);
     a RunResult in modelled seconds with `.latency` (Ray round trips). Ray must be up."""
@@ -185,7 +185,7 @@ def emulate_spec(tb, spec, steps: int, time_scale: float, cm=None, *, latency: s
 
     cm = cm or default_cost_model()
     cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
-    trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, time_scale, latency=latency, pool=pool)
+    trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, time_scale, latency=latency, cache=cache)
     res = measure(tb, spec, trace, fn, steps, keep_trace=True)
     res.latency = latency_stats(trace)
     if not keep_trace:

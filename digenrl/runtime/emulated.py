@@ -106,7 +106,7 @@ class EmulatedWorker:
         return Slept(start, stop, latency=lat, behind=max(0.0, end - target), overhead=delta)
 
 
-class ActorPool:
+class ActorCache:
     """EmulatedWorker actors kept across runs: `bench --emulated` reuses 16-32 of them per mode."""
 
     def __init__(self, num_cpus: float = 0.0):
@@ -129,18 +129,18 @@ class ActorPool:
 
 
 class EmulatedBackend:
-    """EventLoop backend: one EmulatedWorker per scheduler worker (from `pool` if given)."""
+    """EventLoop backend: one EmulatedWorker per scheduler worker (from `cache` if given)."""
 
     def __init__(self, workers: Iterable[Worker], duration_fn, time_scale: float, num_cpus: float = 0.0,
-                 latency: str = "real", pool: Optional[ActorPool] = None):
+                 latency: str = "real", cache: Optional[ActorCache] = None):
         if latency not in LATENCY:
             raise ValueError(f"latency={latency!r}: one of {LATENCY}")
         self.fn, self.scale, self.num_cpus, self.latency = duration_fn, time_scale, num_cpus, latency
-        self.own = pool is None
-        self.pool = pool or ActorPool(num_cpus)
+        self.own = cache is None
+        self.cache = cache or ActorCache(num_cpus)
         workers = list(workers)
         self._fn_ref = ray.put(duration_fn)
-        self.handles = dict(zip((w.id for w in workers), self.pool.get(len(workers))))
+        self.handles = dict(zip((w.id for w in workers), self.cache.get(len(workers))))
         ray.get([self.handles[w.id].configure.remote(w, self._fn_ref, time_scale, latency) for w in workers])
         self.info: dict[int, Slept] = {}  # id(unit) -> what its worker reported
         # latency="hidden": the modelled timeline is kept here, in modelled seconds from the
@@ -162,13 +162,13 @@ class EmulatedBackend:
         self.workers[w.id] = w
         h = ray.remote(EmulatedWorker).options(num_cpus=self.num_cpus, max_restarts=0).remote(
             w, self._fn_ref, self.scale, self.latency)
-        self.pool.handles.append(h)
+        self.cache.handles.append(h)
         self.handles[w.id] = h
 
     def _drop(self, wid: str) -> None:
-        """Take a dead actor out of the pool (a later run must not be handed it)."""
+        """Take a dead actor out of the cache (a later run must not be handed it)."""
         dead = self.handles.pop(wid, None)
-        self.pool.handles = [h for h in self.pool.handles if h is not dead]
+        self.cache.handles = [h for h in self.cache.handles if h is not dead]
 
     def dispatch(self, wid: str, unit: Unit) -> list[ray.ObjectRef]:
         self._new_batch = True
@@ -216,7 +216,7 @@ class EmulatedBackend:
 
     def close(self) -> None:
         if self.own:
-            self.pool.close()
+            self.cache.close()
 
 
 class EmulatedLoop(EventLoop):
@@ -267,13 +267,13 @@ def _modelled_end(ref) -> float:
 
 
 def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.0, *, latency: str = "real",
-                           pool: Optional[ActorPool] = None) -> Trace:
+                           cache: Optional[ActorCache] = None) -> Trace:
     """Drive `sched` with EmulatedWorker actors (Ray must be initialised); modelled-seconds Trace.
 
     Baseline overheads the actors' copies of a DurationFn paid are added to
     `duration_fn.overhead_ws` (as a simulated run would have them).
     """
-    backend = EmulatedBackend(sched.workers, duration_fn, time_scale, latency=latency, pool=pool)
+    backend = EmulatedBackend(sched.workers, duration_fn, time_scale, latency=latency, cache=cache)
     try:
         trace = EmulatedLoop(sched, backend).run()
     finally:

@@ -16,7 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from digenrl.bench import emulate_spec  # noqa: E402
-from digenrl.runtime.emulated import ActorPool  # noqa: E402
+from digenrl.runtime.emulated import ActorCache  # noqa: E402
 from digenrl.sim.planner import PLAN_STEPS, plan  # noqa: E402
 from digenrl.sim.costs import default_cost_model  # noqa: E402
 from digenrl.sim.report import run_spec  # noqa: E402
@@ -32,10 +32,10 @@ HIDDEN_SCALE, REAL_SCALE = 0.02, 0.3
 
 @pytest.fixture(scope="module")
 def actors(ray_cluster):
-    pool = ActorPool()  # actors of 0 CPUs on the shared cluster
-    pool.warm(16)
-    yield pool
-    pool.close()
+    cache = ActorCache()  # actors of 0 CPUs on the shared cluster
+    cache.warm(16)
+    yield cache
+    cache.close()
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def _emulate(actors, small, label, latency):
     sim = run_spec(small, spec, PLAN_STEPS, cm, keep_trace=True)
     t0 = time.time()
     scale = HIDDEN_SCALE if latency == "hidden" else REAL_SCALE
-    emu = emulate_spec(small, spec, PLAN_STEPS, scale, cm, latency=latency, pool=actors, keep_trace=True)
+    emu = emulate_spec(small, spec, PLAN_STEPS, scale, cm, latency=latency, cache=actors, keep_trace=True)
     return sim, emu, time.time() - t0
 
 
