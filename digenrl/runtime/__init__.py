@@ -4,7 +4,8 @@
     actors.py       Actors: the run's gangs (start, replace, add, retire), the relay, evaluation
     backend.py      RealBackend: each unit kind's actor call and what its result feeds; step records
     loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
-    workers.py      PolicyWorker (rollout / trainer / colocated), RewardWorker, EvalWorker
+    workers.py      one actor class per role: RolloutRank, TrainerRank (trainer, colocated),
+                    RewardWorker; EvalWorker. The relay's two ends are parts of the ranks
     gang.py         Gang: a scheduler worker's rank actors (a unit runs on every rank); row shares
     gang_rank.py    GangRank: a sharded trainer rank (FSDP2 over its gang, cross-gang all-reduce)
     shards.py       sample shards: concatenate Generate shards, select a Train shard's rows

@@ -26,10 +26,15 @@ import ray
 from digenrl.config import Config
 from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options
 from digenrl.runtime.gang import Gang
-from digenrl.runtime.workers import EvalWorker, PolicyWorker, RewardWorker
+from digenrl.runtime.workers import EvalWorker, RewardWorker, RolloutRank, TrainerRank
 from digenrl.sched import Worker
 
 log = logging.getLogger(__name__)
+
+# The actor class of each rank of a worker, by the worker's role (runtime/workers.py): a
+# colocated worker is a trainer rank that also generates.
+ROLE_CLASS: dict[str, type] = {"rollout": RolloutRank, "trainer": TrainerRank, "colocated": TrainerRank,
+                               "reward": RewardWorker}
 
 
 class Actors:
@@ -94,12 +99,12 @@ class Actors:
             ray.get([a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang) for r, a in enumerate(ranks)])
 
     def _spawn(self, worker: Worker, opts: list[dict]) -> None:
-        cls = RewardWorker if worker.role == "reward" else PolicyWorker
-        if self.cfg.runtime.weight_sync == "nccl" and worker.role in ("trainer", "colocated"):
+        cls = ROLE_CLASS[worker.role]
+        if self.cfg.runtime.weight_sync == "nccl" and cls is TrainerRank:
             actor = ray.remote(concurrency_groups={"relay": 1})(cls)  # the relay's own thread
         else:
             actor = ray.remote(cls)
-        self.handles[worker.id] = Gang([actor.options(**o).remote(self.cfg, worker.role, worker.id, r)
+        self.handles[worker.id] = Gang([actor.options(**o).remote(self.cfg, worker.id, r)
                                         for r, o in enumerate(opts)], cls)
         self.workers.append(worker)
 

@@ -306,18 +306,20 @@ class Route:
 # The step table: unit kind -> scheduler event -> backend call -> worker method -> what it feeds.
 STEP_TABLE: dict[type, Route] = by_kind(
     generate=Route("_on_generated", RealBackend._call_generate,
-                   ("PolicyWorker.generate",),  # each rank its share of the rows (rollout, TAG trainer, colocated)
+                   ("RolloutRank.generate", "TrainerRank.generate"),  # each rank its share of the rows
+                   # (a rollout worker; a trainer under TAG, or a colocated worker)
                    RealBackend._generated),  # the micro-batch's trajectory shards (ObjectRefs)
     reward=Route("_on_rewarded", RealBackend._call_reward,
-                 ("PolicyWorker.reward", "RewardWorker.reward"),  # on the generating worker, or the reward pool
+                 ("RolloutRank.reward", "TrainerRank.reward", "RewardWorker.reward"),  # on the generating
+                 # worker (a colocated one included), or the reward pool
                  RealBackend._rewarded),  # rewards -> advantages when its Train units start
     train=Route("_on_trained", RealBackend._call_train,
-                ("PolicyWorker.train",),  # every rank of the trainer gang: loss + backward, grads accumulate
+                ("TrainerRank.train",),  # every rank of the trainer gang: loss + backward, grads accumulate
                 RealBackend._trained),  # trained coordinates, staleness
     optimizer=Route("_on_optimizer_step", RealBackend._call_optimizer,
-                    ("PolicyWorker.optimizer_step",),  # all-reduce, clip, step; the publisher publishes
+                    ("TrainerRank.optimizer_step",),  # all-reduce, clip, step; the publisher publishes
                     RealBackend._stepped),  # the new version's payload; the step's metrics once all are in
     sync=Route("_on_synced", RealBackend._call_sync,
-               ("PolicyWorker.load_weights", "PolicyWorker.receive_weights"),  # object store, or the relay (nccl)
+               ("RolloutRank.load_weights", "RolloutRank.receive_weights"),  # object store, or the relay (nccl)
                RealBackend._synced),  # sync bytes and seconds
 )

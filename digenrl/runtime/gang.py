@@ -1,11 +1,11 @@
 """A worker on the runtime: a gang of Ray actors, one per device (its ranks), that run each unit SPMD.
 
-    scheduler worker "trainer-1"  ==  Gang([rank 0 actor, ..., rank N-1 actor], PolicyWorker)
-        gang.train(unit, ...)          as PolicyWorker.train declares: every rank runs it,
+    scheduler worker "trainer-1"  ==  Gang([rank 0 actor, ..., rank N-1 actor], TrainerRank)
+        gang.train(unit, ...)          as TrainerRank.train declares: every rank runs it,
                                        one result ref per rank (a unit: the driver's event loop
                                        waits for all of them and merges them, runtime/loop.py)
         gang.publish()                 every rank runs it (collectives), rank 0's result
-        gang.relay_connect(address)    rank 0 only
+        gang.relay_connect(address)    (a rollout worker's gang, RolloutRank) rank 0 only
         gang.kill()
 
 Which ranks run a method and which results come back is declared once, on the worker method

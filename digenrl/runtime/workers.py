@@ -1,19 +1,30 @@
-"""Ray actors of the real-compute runtime: one class per pool, each wrapping single-device code.
+"""Ray actors of the real-compute runtime: one class per role, each actor one rank wrapping single-device code.
 
-    PolicyWorker(role="rollout")    policy copy: generate / reward / load_weights
-    PolicyWorker(role="trainer")    a whole single-device `Trainer` (policy + Learner + rewarder):
-    PolicyWorker(role="colocated")    train / optimizer_step (all-reduce) / TAG generate /
-                                      evaluate / save / load, and publishes weights (worker 0)
-    RewardWorker                    the configured rewarder only (runtime.reward.workers > 0)
-    EvalWorker                      held-out evaluation off the critical path (its own policy
-                                    copy, at low CPU priority), from weights trainer 0 hands it
+    RolloutRank     a rank of a rollout worker (its sequence-parallel gang, or the whole worker):
+                    a policy copy: generate / reward / load_weights, or under weight_sync=nccl
+                    receive_weights from the relay through the RelayClient it holds
+    TrainerRank     a rank of a trainer gang (roles trainer and colocated: a colocated worker is
+                    a trainer rank that also generates) holding a whole single-device `Trainer`
+                    (policy + Learner + rewarder): train / optimizer_step (all-reduce) /
+                    TAG generate / evaluate / save / load / publish; under weight_sync=nccl the
+                    publisher's rank 0 holds the Relay rollout ranks pull from (relay_* methods)
+    RewardWorker    the configured rewarder only (runtime.reward.workers > 0; one rank)
+    EvalWorker      held-out evaluation off the critical path (its own policy copy, at low
+                    CPU priority), from weights trainer 0 hands it
+
+    _Rank           what every rank of a scheduler worker does: ready / reward / shutdown
+    _PolicyRank     a rank that holds a policy (RolloutRank, TrainerRank): generate,
+                    load_weights, joining a process group
+
+runtime/actors.py picks the class of a worker's ranks by its role, once (`ROLE_CLASS`).
 
 Every unit method returns a small typed record (`digenrl.runtime.results`) with worker-side
 wall times (`start`, `end`: time.time()); the driver waits on that record's ref and passes
 the big results (Trajectories, weights) between actors as ObjectRefs.
 
 Composition, not inheritance: the trainer actor holds a `digenrl.trainer.Trainer`, so the
-distributed run uses the very code the single-device reference runs (single-device first; distribution wraps it).
+distributed run uses the very code the single-device reference runs (single-device first;
+distribution wraps it); the weight relay's two ends (runtime/relay.py) are parts the ranks hold.
 
 Conditioned families (edit, image-to-video): no image travels with a unit. A worker that
 generates or rewards looks each sample's image up by its coordinates in its own
@@ -46,40 +57,49 @@ def _times(t0: float) -> dict[str, Any]:
     return {"start": t0, "end": time.time(), "pid": os.getpid()}
 
 
-class PolicyWorker:
-    """One device of the rollout, trainer or colocated pool (see module doc)."""
+class _Rank:
+    """One rank of a scheduler worker: it reports its pid, scores micro-batches with its
+    rewarder (`self.rewarder`, set by the subclass), and closes the rewarder at the end."""
 
-    def __init__(self, cfg: Config, role: str, worker_id: str, rank: int = 0):
+    def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
         torch.set_num_threads(cfg.runtime.worker_threads)
-        self.cfg, self.role, self.id, self.rank = cfg, role, worker_id, rank
-        self.engine = cfg.runtime.weight_sync
-        self.version = 0
-        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
-        self.dist = False
-        self.counter = CommCounter()  # bytes of the collectives this rank issues (comm/* metrics)
-        self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
-        self.relay = None  # weight_sync=nccl: the publisher's relay (created at its first publish)
-        self.relay_client = None  # weight_sync=nccl: a rollout worker's end of its pair group
-        self.sp_group = None  # a sequence-parallel rollout gang's process group (init_sp)
+        self.cfg, self.id, self.rank = cfg, worker_id, rank
         self.source = _row_source(cfg)
-        if role == "rollout":
-            from digenrl.models import build_policy
-            from digenrl.trainer import build_rewarder
-
-            self.trainer = None
-            self.policy = build_policy(cfg.model, progress=False)
-            self.rewarder = build_rewarder(cfg)
-        else:
-            from digenrl.runtime.gang_rank import master_config
-            from digenrl.trainer import Trainer
-
-            self.trainer = Trainer(master_config(cfg), progress=False)
-            self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
-            self.learner = self.trainer.learner
 
     @on_ranks(ALL, ALL)  # every rank reports its pid
     def ready(self) -> int:
         return os.getpid()
+
+    @on_ranks(ALL, ALL)  # a unit: every rank scores its shards (a sequence-parallel group: see backend)
+    def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
+        """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
+        return _score(self.rewarder, shards, self.source)
+
+    @on_ranks(ALL, ALL)
+    def shutdown(self) -> None:
+        self.rewarder.close()
+
+
+class RewardWorker(_Rank):
+    """The reward pool: scores finished micro-batches (decoded images) only."""
+
+    def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
+        from digenrl.trainer import build_rewarder
+
+        super().__init__(cfg, worker_id, rank)
+        self.rewarder = build_rewarder(cfg)
+
+
+class _PolicyRank(_Rank):
+    """A rank that holds a policy (`self.policy`, set by the subclass): it generates, loads
+    published weights, and may join a process group (`_join`)."""
+
+    def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
+        super().__init__(cfg, worker_id, rank)
+        self.engine = cfg.runtime.weight_sync
+        self.version = 0
+        self.dist = False
+        self.counter = CommCounter()  # bytes of the collectives this rank issues (comm/* metrics)
 
     # -- units ------------------------------------------------------------------------
     def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
@@ -109,16 +129,131 @@ class PolicyWorker:
             advance(self.policy, traj, spec, unit.t_end)
             if unit.t_end == spec.num_steps and self._sp_lead:  # (the rest of its sp group: same latents)
                 finish(self.policy, traj)
-        # a rollout worker reports its collectives (sequence parallelism) per unit; a trainer's
-        # counter is read at its optimizer step
-        comm = self.counter.take() if self.trainer is None else {}
-        return traj, Generated(**_times(t0), comm=comm)
+        return traj, Generated(**_times(t0), comm=self._generate_comm())
 
-    @on_ranks(ALL, ALL)  # a unit: every rank scores its shards (a sequence-parallel group: see backend)
-    def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
-        """Score a micro-batch: its Generate shards (one when unsharded), in row order."""
-        return _score(self.rewarder, shards, self.source)
+    def _generate_comm(self) -> dict:
+        """The collectives a Generate unit reports: a rollout rank's (sequence parallelism), per
+        unit; a trainer rank's counter is read at its optimizer step instead."""
+        return self.counter.take()
 
+    @property
+    def _sp_lead(self) -> bool:
+        """Rank 0 of its sequence-parallel group (every worker without sequence parallelism)."""
+        return self.rank == 0
+
+    @on_ranks(ALL, ALL)  # a unit: every rank loads the payload
+    def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
+        """WeightSync: adopt published weights `version` (between trajectories only)."""
+        t0 = time.time()
+        nbytes = weight_sync.load(self.engine, self.policy.module, payload)
+        self.version = version
+        return Synced(**_times(t0), bytes=nbytes)
+
+    # -- process groups ---------------------------------------------------------------------
+    def dist_address(self) -> str:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return f"tcp://{_node_ip()}:{port}"
+
+    def _join(self, address: str, rank: int, world: int) -> None:
+        """This process's default process group: gloo on CPU, NCCL on GPU."""
+        import torch.distributed as dist
+
+        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
+        self.dist = True
+
+    @on_ranks(ALL, ALL)
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.dist:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+class RolloutRank(_PolicyRank):
+    """A rank of a rollout worker: a policy copy that generates and rewards, and loads each
+    version it is synced to. Under weight_sync=nccl rank 0 holds the worker's end of its pair
+    group with the relay (`relay_client`); in a sequence-parallel gang it passes each version
+    on to the other ranks (`sp_group`, init_sp)."""
+
+    def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
+        from digenrl.models import build_policy
+        from digenrl.trainer import build_rewarder
+
+        super().__init__(cfg, worker_id, rank)
+        self.relay_client = None  # weight_sync=nccl: rank 0's RelayClient (relay_connect)
+        self.sp_group = None  # a sequence-parallel rollout gang's process group (init_sp)
+        self.policy = build_policy(cfg.model, progress=False)
+        self.rewarder = build_rewarder(cfg)
+
+    @on_ranks(FIRST, FIRST)  # rank 0 pairs with the relay and broadcasts to the rest
+    def relay_connect(self, address) -> None:
+        """Join this worker's pair group with the relay (TrainerRank.relay_open's address)."""
+        from digenrl.runtime.relay import RelayClient
+
+        self.relay_client = RelayClient(device=self.cfg.model.device)
+        self.relay_client.connect(address)
+
+    @on_ranks(ALL, ALL)  # a unit: rank 0 receives from the relay, every rank loads
+    def receive_weights(self, unit: Optional[WeightSync], version: int) -> Synced:
+        """WeightSync under weight_sync=nccl: receive `version` from the relay, in place. In a
+        sequence-parallel rollout gang rank 0 receives it, then broadcasts it to the others."""
+        t0 = time.time()
+        got, nbytes = self.relay_client.receive(self.policy.module) if self.rank == 0 else (version, 0)
+        if got != version:
+            raise RuntimeError(f"{self.id}: the relay sent version {got}, the scheduler asked for {version}")
+        if self.sp_group is not None:
+            import torch.distributed as dist
+
+            for value in weight_sync.payload_state(self.engine, self.policy.module).values():
+                dist.broadcast(value, src=0, group=self.sp_group)
+        self.version = version
+        return Synced(**_times(t0), bytes=nbytes)
+
+    def init_sp(self, address: str, rank: int, world: int) -> None:
+        """A rank of a sequence-parallel rollout gang (runtime.rollout.gang): join the gang's own
+        process group (gloo on CPU, NCCL on GPU) and run every forward of the policy over it
+        (digenrl.models.sequence_parallel)."""
+        import torch.distributed as dist
+
+        self._join(address, rank, world)
+        self.sp_group = dist.group.WORLD
+        self.policy.enable_sequence_parallel(self.sp_group, self.counter)
+
+
+class TrainerRank(_PolicyRank):
+    """A rank of a trainer gang, holding a whole single-device `Trainer` (see module doc); the
+    roles trainer and colocated (a colocated worker generates with these same methods). Under
+    weight_sync=nccl rank 0 holds a `Relay` (runtime/relay.py): the publishing trainer's puts
+    each version in it, and serves rollout ranks' pulls from it on the actor's "relay" thread."""
+
+    def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
+        from digenrl.runtime.gang_rank import master_config
+        from digenrl.trainer import Trainer
+
+        super().__init__(cfg, worker_id, rank)
+        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
+        self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
+        self.trainer = Trainer(master_config(cfg), progress=False)
+        self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
+        self.learner = self.trainer.learner
+        self.relay = None
+        if self.engine == "nccl" and rank == 0:  # used by the publisher's (trainer 0's) only
+            from digenrl.runtime.relay import Relay
+
+            self.relay = Relay(device=cfg.model.device, host=_node_ip())
+
+    def _generate_comm(self) -> dict:
+        return {}  # (TAG) read at the optimizer step, with the training collectives
+
+    @property
+    def _sp_lead(self) -> bool:
+        return self.gang.sp_rank == 0 if self.gang is not None else self.rank == 0
+
+    # -- units ------------------------------------------------------------------------
     @on_ranks(ALL, ALL)  # a unit: every rank accumulates its rows' gradient
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
               total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> Trained:
@@ -136,11 +271,6 @@ class PolicyWorker:
         done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps] if self._sp_lead else []
         self.trained.extend(done)
         return Trained(**_times(t0), trained=done)
-
-    @property
-    def _sp_lead(self) -> bool:
-        """Rank 0 of its sequence-parallel group (every worker without sequence parallelism)."""
-        return self.gang.sp_rank == 0 if self.gang is not None else self.rank == 0
 
     @on_ranks(ALL, ALL)  # a unit: every rank reduces and steps (collectives)
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:
@@ -176,7 +306,7 @@ class PolicyWorker:
 
     def _publish(self) -> tuple[Optional[dict], int]:
         """The weights rollout workers pull (rank 0's; a gang gathers them first). With
-        weight_sync=nccl they also go to this process's relay, which serves each rollout
+        weight_sync=nccl they also go to this rank's relay, which serves each rollout
         pull (relay_* methods): the optimizer step then puts nothing in the object store."""
         if self.gang is None:
             state, nbytes = weight_sync.publish(self.engine, self.policy.module)
@@ -185,64 +315,25 @@ class PolicyWorker:
             if self.rank != 0:
                 return None, 0
             nbytes = sum(v.numel() * v.element_size() for v in state.values())
-        if self.engine == "nccl":
-            self._relay().put(self.version, state)
+        if self.relay is not None:
+            self.relay.put(self.version, state)
         return state, nbytes
 
-    # -- the weight relay (weight_sync=nccl; trainer 0's rank 0, on its "relay" thread) --------
-    def _relay(self):
-        if self.relay is None:
-            from digenrl.runtime.relay import Relay
-
-            self.relay = Relay(device=self.cfg.model.device, host=_node_ip())
-        return self.relay
-
+    # -- the weight relay (weight_sync=nccl; the publisher's rank 0, on its "relay" thread) ------
     def relay_open(self, peer: str):
-        return self._relay().open(peer)
+        return self.relay.open(peer)
 
     def relay_accept(self, peer: str) -> None:
-        self._relay().accept(peer)
+        self.relay.accept(peer)
 
     def relay_serve(self, peer: str, version: int) -> int:
-        return self._relay().serve(peer, version)
+        return self.relay.serve(peer, version)
 
     def relay_close(self, peer: str) -> None:
         """Forget a rollout worker that left the pool (elastic drain)."""
-        self._relay().close(peer)
+        self.relay.close(peer)
 
-    @on_ranks(FIRST, FIRST)  # rank 0 pairs with the relay and broadcasts to the rest
-    def relay_connect(self, address) -> None:
-        """A rollout worker joins its pair group with the relay (relay_open's address)."""
-        from digenrl.runtime.relay import RelayClient
-
-        self.relay_client = RelayClient(device=self.cfg.model.device)
-        self.relay_client.connect(address)
-
-    @on_ranks(ALL, ALL)  # a unit: rank 0 receives from the relay, every rank loads
-    def receive_weights(self, unit: Optional[WeightSync], version: int) -> Synced:
-        """WeightSync under weight_sync=nccl: receive `version` from the relay, in place. In a
-        sequence-parallel rollout gang rank 0 receives it, then broadcasts it to the others."""
-        t0 = time.time()
-        got, nbytes = self.relay_client.receive(self.policy.module) if self.rank == 0 else (version, 0)
-        if got != version:
-            raise RuntimeError(f"{self.id}: the relay sent version {got}, the scheduler asked for {version}")
-        if self.sp_group is not None:
-            import torch.distributed as dist
-
-            for value in weight_sync.payload_state(self.engine, self.policy.module).values():
-                dist.broadcast(value, src=0, group=self.sp_group)
-        self.version = version
-        return Synced(**_times(t0), bytes=nbytes)
-
-    @on_ranks(ALL, ALL)  # a unit: every rank loads the payload
-    def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
-        """WeightSync: adopt published weights `version` (between trajectories only)."""
-        t0 = time.time()
-        nbytes = weight_sync.load(self.engine, self.policy.module, payload)
-        self.version = version
-        return Synced(**_times(t0), bytes=nbytes)
-
-    # -- trainer-only services -----------------------------------------------------------
+    # -- services of trainer 0 (and every rank's part of them) ----------------------------------
     @on_ranks(ALL, FIRST)  # every rank generates (a sharded gang's forwards are collectives)
     def evaluate(self, step: int) -> dict:
         """Held-out evaluation in place (only when no device is free for an EvalWorker); every
@@ -268,12 +359,6 @@ class PolicyWorker:
         self.counter.take()
         return payload
 
-    def dist_address(self) -> str:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"tcp://{_node_ip()}:{port}"
-
     def init_dist(self, address: str, rank: int, world: int, gangs: int = 1, gang: int = 1) -> None:
         """Join the trainers' world (gloo on CPU, NCCL on GPU). With shard=fsdp this rank
         becomes rank `rank % gang` of gang `rank // gang` (runtime/gang_rank.py): the module
@@ -284,24 +369,6 @@ class PolicyWorker:
 
             self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang, self.counter)
             self.learner = self.trainer.learner
-
-    def _join(self, address: str, rank: int, world: int) -> None:
-        """This process's default process group: gloo on CPU, NCCL on GPU."""
-        import torch.distributed as dist
-
-        backend = "nccl" if self.cfg.model.device.startswith("cuda") else "gloo"
-        dist.init_process_group(backend, init_method=address, rank=rank, world_size=world)
-        self.dist = True
-
-    def init_sp(self, address: str, rank: int, world: int) -> None:
-        """A rank of a sequence-parallel rollout gang (runtime.rollout.gang): join the gang's own
-        process group (gloo on CPU, NCCL on GPU) and run every forward of the policy over it
-        (digenrl.models.sequence_parallel)."""
-        import torch.distributed as dist
-
-        self._join(address, rank, world)
-        self.sp_group = dist.group.WORLD
-        self.policy.enable_sequence_parallel(self.sp_group, self.counter)
 
     @on_ranks(ALL, FIRST)  # every rank writes its shard (collectives); rank 0's path
     def save(self, step: int, wall_s: float) -> str:
@@ -339,44 +406,12 @@ class PolicyWorker:
                 shadows = full_state_dict(self.policy.module)
         return full_state_dict(self.policy.module), shadows
 
-    @on_ranks(ALL, ALL)
-    def shutdown(self) -> None:
-        self.rewarder.close()
-        if self.dist:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
-
-
-class RewardWorker:
-    """The reward pool: scores finished micro-batches (decoded images) only."""
-
-    def __init__(self, cfg: Config, role: str, worker_id: str, rank: int = 0):
-        from digenrl.trainer import build_rewarder
-
-        torch.set_num_threads(cfg.runtime.worker_threads)
-        self.id = worker_id
-        self.rewarder = build_rewarder(cfg)
-        self.source = _row_source(cfg)
-
-    @on_ranks(ALL, ALL)  # every rank reports its pid
-    def ready(self) -> int:
-        return os.getpid()
-
-    @on_ranks(ALL, ALL)  # a unit (a reward worker is one rank)
-    def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
-        return _score(self.rewarder, shards, self.source)
-
-    @on_ranks(ALL, ALL)
-    def shutdown(self) -> None:
-        self.rewarder.close()
-
 
 class EvalWorker:
     """Evaluates held-out prompts on its own copy of the policy, so that neither pool stops
     for it. Niced: on a shared CPU it takes the cycles the pools leave idle."""
 
-    def __init__(self, cfg: Config, role: str = "eval", worker_id: str = "eval-0"):
+    def __init__(self, cfg: Config, worker_id: str = "eval-0"):
         from digenrl.evaluation import Evaluator
         from digenrl.models import build_policy
         from digenrl.trainer import build_rewarder

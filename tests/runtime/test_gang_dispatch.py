@@ -4,7 +4,7 @@ method (@on_ranks), never decided at a call site. Fake actors: no Ray cluster.""
 import pytest
 
 from digenrl.runtime.gang import ALL, FIRST, Gang, on_ranks
-from digenrl.runtime.workers import PolicyWorker, RewardWorker
+from digenrl.runtime.workers import RewardWorker, RolloutRank, TrainerRank
 
 
 class FakeActor:
@@ -53,9 +53,10 @@ def test_each_method_runs_on_the_ranks_it_declares():
 
 
 def test_the_workers_declare_every_unit_method():
-    for cls, names in ((PolicyWorker, ("reward", "train", "optimizer_step", "load_weights", "receive_weights",
-                                       "publish", "save", "load", "final_state", "evaluate", "eval_weights",
-                                       "relay_connect", "ready", "shutdown")),
+    for cls, names in ((RolloutRank, ("reward", "load_weights", "receive_weights", "relay_connect", "ready",
+                                      "shutdown")),
+                       (TrainerRank, ("reward", "train", "optimizer_step", "load_weights", "publish", "save",
+                                      "load", "final_state", "evaluate", "eval_weights", "ready", "shutdown")),
                        (RewardWorker, ("reward", "ready", "shutdown"))):
         for name in names:
             assert getattr(getattr(cls, name), "gang_dispatch", None), f"{cls.__name__}.{name}"
