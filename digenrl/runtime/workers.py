@@ -227,8 +227,8 @@ class RolloutRank(_PolicyRank):
 class TrainerRank(_PolicyRank):
     """A rank of a trainer gang, holding a whole single-device `Trainer` (see module doc); the
     roles trainer and colocated (a colocated worker generates with these same methods). Under
-    weight_sync=nccl rank 0 holds a `Relay` (runtime/relay.py): the publishing trainer's puts
-    each version in it, and serves rollout ranks' pulls from it on the actor's "relay" thread."""
+    weight_sync=nccl rank 0 holds a `Relay` (runtime/relay.py); the publisher's (trainer 0's)
+    puts each version in it and serves rollout ranks' pulls from it on the actor's "relay" thread."""
 
     def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
         from digenrl.runtime.gang_rank import master_config
@@ -241,7 +241,7 @@ class TrainerRank(_PolicyRank):
         self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
         self.learner = self.trainer.learner
         self.relay = None
-        if self.engine == "nccl" and rank == 0:  # used by the publisher's (trainer 0's) only
+        if self.engine == "nccl" and rank == 0:  # only the publisher's (trainer 0's) is used
             from digenrl.runtime.relay import Relay
 
             self.relay = Relay(device=cfg.model.device, host=_node_ip())

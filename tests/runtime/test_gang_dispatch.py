@@ -60,3 +60,12 @@ def test_the_workers_declare_every_unit_method():
                        (RewardWorker, ("reward", "ready", "shutdown"))):
         for name in names:
             assert getattr(getattr(cls, name), "gang_dispatch", None), f"{cls.__name__}.{name}"
+
+
+def test_each_role_has_one_rank_class():
+    """runtime/actors.py picks a worker's rank class by its role, once: every role has one."""
+    from digenrl.runtime.actors import ROLE_CLASS
+    from digenrl.sched.units import ROLES
+
+    assert set(ROLE_CLASS) == set(ROLES)
+    assert ROLE_CLASS["trainer"] is ROLE_CLASS["colocated"] is TrainerRank
