@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from digenrl.bench import bench_emulated
+    from digenrl.tools.bench import bench_emulated
     from digenrl.runtime.emulated import ActorCache
 
     ray.init(num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)

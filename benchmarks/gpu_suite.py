@@ -95,7 +95,7 @@ def _junit(name: str):
 def _profile(arch: str):
     def command(out: Path, dry: bool) -> list[str]:
         device = ["--tiny", "--device", "cpu", "--warmup", "0", "--iters", "1"] if dry else ["--device", "cuda"]
-        return [PY, "-m", "digenrl.cli", "profile", "--arch", arch, "--random", *device,
+        return [PY, "-m", "digenrl.tools.cli", "profile", "--arch", arch, "--random", *device,
                 "--out", str(out / f"profile_{arch}.jsonl")]
     return command
 

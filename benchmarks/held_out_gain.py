@@ -17,9 +17,9 @@ import json
 import tempfile
 import time
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
-from digenrl.trainer import Trainer
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
+from digenrl.train.trainer import Trainer
 
 
 def main() -> None:

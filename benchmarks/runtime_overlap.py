@@ -56,7 +56,7 @@ def main(argv=None) -> int:
 
     import ray
 
-    from digenrl.config import load_config
+    from digenrl.config.schema import load_config
     from digenrl.runtime.driver import RayTrainer
 
     run_dir = tempfile.mkdtemp(prefix="overlap-")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from digenrl.contract import contract
+from digenrl.config.contract import contract
 from digenrl.sched import Scheduler
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.engine import run_virtual

@@ -14,8 +14,8 @@ import json
 import tempfile
 import time
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 
 
 def main() -> None:
@@ -30,7 +30,7 @@ def main() -> None:
         cfg = load_config(None, overrides)
         t0 = time.perf_counter()
         if cfg.run.mode == "local":
-            from digenrl.trainer import Trainer
+            from digenrl.train.trainer import Trainer
 
             summary = Trainer(cfg, progress=False).train()
         else:

@@ -6,10 +6,10 @@ import logging
 
 import pytest
 
-from digenrl import checkpoint as ckpt
-from digenrl.config import load_config
-from digenrl.runs import RunError, resolve_snapshot
-from digenrl.trainer import Trainer
+from digenrl.io import checkpoint as ckpt
+from digenrl.config.schema import load_config
+from digenrl.io.runs import RunError, resolve_snapshot
+from digenrl.train.trainer import Trainer
 
 
 def _run(run_dir, steps):
@@ -64,7 +64,7 @@ def test_a_damaged_checkpoint_is_refused_and_resume_takes_the_one_before(run, tm
         newest.unlink()
     with pytest.raises(ckpt.CheckpointError, match=words):
         ckpt.verify_checkpoint(newest.parent)
-    with caplog.at_level(logging.WARNING, logger="digenrl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="digenrl.io.checkpoint"):
         assert ckpt.latest_checkpoint(run_dir).name == "step_000001"
     assert "policy.safetensors" in caplog.text and "trying step_000001" in caplog.text
     assert ckpt.latest_checkpoint(run_dir, verify=False).name == "step_000002"
@@ -85,6 +85,6 @@ def test_a_damaged_checkpoint_is_refused_and_resume_takes_the_one_before(run, tm
 def test_a_checkpoint_without_a_manifest_still_loads(run, tmp_path, caplog):
     run_dir = _copy(run, tmp_path)
     (run_dir / "checkpoints" / "step_000002" / ckpt.MANIFEST).unlink()
-    with caplog.at_level(logging.WARNING, logger="digenrl.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="digenrl.io.checkpoint"):
         assert ckpt.latest_checkpoint(run_dir).name == "step_000002"
     assert "not verified" in caplog.text

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.cli import main
+from digenrl.tools.cli import main
 
 
 def test_bad_config_exits_2_naming_the_key(capsys):
@@ -34,12 +34,12 @@ def test_local_train_end_to_end(tmp_path, capsys):
 def no_work(monkeypatch):
     """Fail the test if a trainer (local or Ray) is ever constructed."""
     import digenrl.runtime.driver
-    import digenrl.trainer
+    import digenrl.train.trainer
 
     def refuse(*args, **kwargs):
         raise AssertionError("bad input reached a trainer: work started")
 
-    monkeypatch.setattr(digenrl.trainer, "Trainer", refuse)
+    monkeypatch.setattr(digenrl.train.trainer, "Trainer", refuse)
     monkeypatch.setattr(digenrl.runtime.driver, "RayTrainer", refuse)
 
 
@@ -69,7 +69,7 @@ class Stop(Exception):
 
 def _capture_config(monkeypatch):
     """Replace the local trainer with one that records its config and stops."""
-    import digenrl.trainer
+    import digenrl.train.trainer
 
     seen = []
 
@@ -77,7 +77,7 @@ def _capture_config(monkeypatch):
         seen.append(cfg)
         raise Stop
 
-    monkeypatch.setattr(digenrl.trainer, "Trainer", record)
+    monkeypatch.setattr(digenrl.train.trainer, "Trainer", record)
     return seen
 
 
@@ -102,7 +102,7 @@ def test_train_help_and_unknown_options(capsys):
 
 def _interrupting_trainer(monkeypatch, checkpoints: list[int]):
     """A local trainer that has saved `checkpoints` (step numbers) when Ctrl-C arrives."""
-    import digenrl.trainer
+    import digenrl.train.trainer
 
     class Interrupted:
         def __init__(self, cfg, progress=True):
@@ -115,7 +115,7 @@ def _interrupting_trainer(monkeypatch, checkpoints: list[int]):
                 (d / "state.json").write_text(json.dumps({"step": step}))
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(digenrl.trainer, "Trainer", Interrupted)
+    monkeypatch.setattr(digenrl.train.trainer, "Trainer", Interrupted)
 
 
 def test_ctrl_c_says_where_the_run_stopped_and_how_to_resume(tmp_path, monkeypatch, capsys):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.data import PromptSource, check_conditioning, load_images, load_rows, read_rows
 from tests.helpers.prompt_rows import write_rows
 
@@ -77,7 +77,7 @@ def test_config_refuses_conditioned_runs_without_rows(tmp_path):
 
 
 def test_preflight_reads_the_rows(tmp_path):
-    from digenrl.preflight import _check_prompts
+    from digenrl.tools.preflight import _check_prompts
 
     rows = write_rows(tmp_path, ["a red circle"], tiny_images(1, seed=0))
     cfg = load_config(None, [f"data.prompts={rows}", "data.eval_prompts=toy-held-out",
@@ -92,7 +92,7 @@ def test_local_run_of_an_edit_model(tmp_path, tiny_overrides):
     evaluation samples its own rows' images."""
     pytest.importorskip("diffusers")
     from tests.models.tiny_diffusers import build_flux_kontext
-    from digenrl.trainer import Trainer, plan_step
+    from digenrl.train.trainer import Trainer, plan_step
 
     folder = build_flux_kontext(tmp_path / "kontext")
     train = write_rows(tmp_path / "data", ["make it red", "add a dog", "make it red", "blur it"],

@@ -2,7 +2,7 @@
 
 import pytest
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config.schema import ConfigError, load_config
 
 CUDA_RAY = ["model.device=cuda", "run.mode=digenrl"]
 
@@ -29,7 +29,7 @@ def test_local_mode_refuses_the_keys_only_a_ray_run_reads(overrides, key):
 
 
 def test_the_ray_runtime_and_the_contract_refuse_local_mode_through_the_scheduler():
-    from digenrl.contract import contract
+    from digenrl.config.contract import contract
     from digenrl.runtime.driver import RayTrainer
 
     cfg = load_config(None, ["run.mode=local"])
@@ -129,7 +129,7 @@ def test_embedded_guidance_families_match_the_adapter_classes():
 
 # -- train.loss ---------------------------------------------------------------------------
 def test_train_loss_reaches_the_learner_or_is_refused():
-    from digenrl.trainer import learner_config
+    from digenrl.train.trainer import learner_config
 
     assert load_config(None, []).train.loss == "grpo"
     for sde in ("flow-sde", "dance-sde"):
@@ -143,7 +143,7 @@ def test_train_loss_reaches_the_learner_or_is_refused():
 def test_nft_keys_reach_the_learner_or_are_refused():
     """train.loss=nft, reward.adv_clip (NFT's clip) and sampling.sde=ode act
     (tests/learner/test_nft_learner.py); where they cannot act they are refused."""
-    from digenrl.trainer import learner_config
+    from digenrl.train.trainer import learner_config
 
     cfg = load_config(None, ["train.loss=nft", "reward.adv_clip=3", "sampling.sde=ode"])
     lc = learner_config(cfg)
@@ -158,7 +158,7 @@ def test_window_draw_reaches_the_plan_or_is_refused():
     """sampling.window_draw=sample turns the step's trained steps into slots that each
     sample maps to its own steps (SampleSpec.draw_levels)."""
     from digenrl.data import PromptSource, load_prompts
-    from digenrl.trainer import plan_step
+    from digenrl.train.trainer import plan_step
 
     def plan(*over):
         cfg = load_config(None, list(over))

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from digenrl.config import ConfigError, load_config
-from digenrl.preflight import check_inputs, looks_like_path
+from digenrl.config.schema import ConfigError, load_config
+from digenrl.tools.preflight import check_inputs, looks_like_path
 
 FLUX = ["model.name=flux", "run.mode=local"]
 

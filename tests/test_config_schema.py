@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from digenrl.cli import main
-from digenrl.config import Config, config_keys, load_config
+from digenrl.tools.cli import main
+from digenrl.config.schema import Config, config_keys, load_config
 
 
 def leaves(tree: dict, prefix: str = "") -> list[str]:

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from digenrl.config import ConfigError, load_config
-from digenrl.contract import contract, step_shape, tsp_chunk
+from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.contract import contract, step_shape, tsp_chunk
 from digenrl.sched import Scheduler
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.engine import run_virtual
@@ -78,7 +78,7 @@ def test_emulated_config_must_model_the_testbeds_model():
 
 def test_plan_writes_a_config_that_train_runs_as_simulated(tmp_path, capsys):
     """digenrl plan --out -> digenrl train --config (emulated compute) -> the simulated schedule."""
-    from digenrl.cli import main
+    from digenrl.tools.cli import main
 
     out = tmp_path / "plan.yaml"
     assert main(["plan", "--testbed", SMALL, "--gpus", "8", "--mode", "gap+tsp", "--steps", "3",

@@ -43,18 +43,17 @@ PACKAGE = ROOT / "digenrl"
 # pieces build on it; the config names their choices; io, training and the simulator use the
 # config; the runtime runs all of it on Ray; tools drive everything).
 LAYERS = [
-    ("math", "sched", "trace", "prompt_sets"),  # pure: torch or nothing; the scheduler; prompt lists
+    ("math", "sched", "prompt_sets"),  # pure: torch or nothing; the scheduler; prompt lists
     ("models",),  # policies behind one protocol
     ("rollout", "toy"),  # single-device sampling; the toy world and the tiny DiT's pretraining
     ("learner", "data", "rewards"),  # loss and optimizer; prompt sources; rewards (toy-geneval, models)
-    ("config",),  # the run's schema: names the choices of everything below
-    ("contract", "checkpoint", "outputs", "media", "loggers"),  # Config -> scheduler + pools; files
-    ("evaluation", "recorder", "runs"),  # held-out evaluation; what a run writes and reads back
-    ("trainer",),  # the single-device loop (run.mode=local), the reference
+    ("config",),  # the run's schema, and the contract: Config -> scheduler + pools
+    ("io",),  # what a run writes and reads back: checkpoints, recorder, trace, outputs, loggers, runs
+    ("train",),  # the single-device loop (run.mode=local), the reference; held-out evaluation
     ("sim",),  # cost model, virtual clock, planner over the same scheduler
-    ("profile", "preflight"),  # measure this machine; check a run's inputs on disk
+    ("profile",),  # measure this machine
     ("runtime",),  # the only Ray importer
-    ("bench", "posthoc", "cli"),  # commands
+    ("tools",),  # commands: cli, bench, posthoc, preflight
 ]
 
 
@@ -132,7 +131,7 @@ RULES = [
     Rule("sched-pure", "digenrl/sched/ imports no torch, ray, time or datetime",
          _in("digenrl.sched"), banned("torch", "ray", "time", "datetime")),
     Rule("engine-and-trace-pure", "the simulator's engine and the trace import no torch, ray, time or datetime",
-         _in("digenrl.sim.engine", "digenrl.trace"), banned("torch", "ray", "time", "datetime")),
+         _in("digenrl.sim.engine", "digenrl.io.trace"), banned("torch", "ray", "time", "datetime")),
     Rule("emulated-no-torch", "the emulated runtime imports no torch (runtime/emulated.py and the module of any Emulated*Worker)",
          lambda module, source: module == "digenrl.runtime.emulated" or _defines_emulated_worker(module, source),
          banned("torch")),
@@ -149,7 +148,7 @@ MODULES = sorted(PACKAGE.rglob("*.py"))
 
 # -- the order of the parts and the cycles ------------------------------------------------
 def part_of(module: str) -> str:
-    """digenrl.sim.report -> sim; digenrl.config -> config ('' for the package itself)."""
+    """digenrl.sim.report -> sim; digenrl.config.schema -> config ('' for the package itself)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -160,7 +159,7 @@ def layer_of() -> dict[str, int]:
 
 def module_graph() -> dict[str, dict[str, int]]:
     """module -> {digenrl module it imports: line}, resolved to the longest module name that
-    exists (`from digenrl.config import Config` -> digenrl.config). As the cycle tool counts:
+    exists (`from digenrl.config.schema import Config` -> digenrl.config.schema). As the cycle tool counts:
     a package's __init__ importing its own submodules, and a module importing a package it
     sits in, are not edges."""
     names = {module_name(p): p for p in MODULES}
@@ -324,7 +323,7 @@ def test_rules_catch_what_they_forbid():
         rule = RULES[rule_index]
         return [n for imp in imports_of(source, module) if (n := rule.violation(imp))]
 
-    assert hits(0, "def f():\n    import ray", "digenrl.trainer") == ["ray"]
+    assert hits(0, "def f():\n    import ray", "digenrl.train.trainer") == ["ray"]
     assert hits(0, "from ray import serve", "digenrl.rewards.client") == ["ray"]
     assert RULES[0].applies("digenrl.rewards.batching", "") and not RULES[0].applies("digenrl.runtime.serving.reward_app", "")
     assert hits(1, "from time import monotonic", "digenrl.sched.scheduler") == ["time"]

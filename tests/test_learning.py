@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.trainer import Trainer
+from digenrl.config.schema import load_config
+from digenrl.train.trainer import Trainer
 
 MIN_GAIN = 0.10  # absolute, on a reward in [0, 1]
 MIN_T = 5.0

@@ -6,9 +6,9 @@ import struct
 
 import pytest
 
-from digenrl.config import ConfigError, load_config
-from digenrl.outputs import read_metrics
-from digenrl.trainer import Trainer
+from digenrl.config.schema import ConfigError, load_config
+from digenrl.io.outputs import read_metrics
+from digenrl.train.trainer import Trainer
 
 TINY = ["run.mode=local", "data.groups_per_step=2", "data.group_size=2", "data.micro_batch_groups=2",
         "data.eval_max_prompts=1", "data.eval_samples=1", "sampling.num_steps=3", "sampling.eval_num_steps=3",
@@ -109,8 +109,8 @@ def test_logger_keys_are_refused_naming_the_key(overrides, key):
 def test_missing_wandb_is_refused_before_work_naming_the_extra(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    import digenrl.trainer
-    from digenrl.cli import main
+    import digenrl.train.trainer
+    from digenrl.tools.cli import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
@@ -118,7 +118,7 @@ def test_missing_wandb_is_refused_before_work_naming_the_extra(tmp_path, monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("a trainer was built: work started")
 
-    monkeypatch.setattr(digenrl.trainer, "Trainer", refuse)
+    monkeypatch.setattr(digenrl.train.trainer, "Trainer", refuse)
     assert main(["train", "--run-dir", str(tmp_path), "run.mode=local", "run.loggers=[wandb]"]) == 2
     err = capsys.readouterr().err
     assert "run.loggers" in err and "digenrl[wandb]" in err

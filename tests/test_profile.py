@@ -8,15 +8,15 @@ import json
 import pytest
 import torch
 
-from digenrl.config import Config, load_config
+from digenrl.config.schema import Config, load_config
 from digenrl.learner import Learner
 from digenrl.models import build_policy
 from digenrl.profile import PeakMemory, merge_records, profile_main, profile_run
-from digenrl.trainer import learner_config
+from digenrl.train.trainer import learner_config
 from digenrl.rollout import sampler
 from digenrl.sim.calibration import load_calibration
 from digenrl.sim.costs import CostModel
-from digenrl.trainer import Trainer
+from digenrl.train.trainer import Trainer
 
 # the keys of a model line in digenrl/sim/calibration/h200.jsonl
 MODEL_KEYS = {"model", "params_B", "tokens", "shape", "what", "batch", "ms", "device"}

@@ -11,9 +11,9 @@ from urllib.error import URLError
 
 import pytest
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.data import load_prompts
-from digenrl.preflight import check_inputs
+from digenrl.tools.preflight import check_inputs
 from digenrl.prompt_sets import PROMPT_SETS, PromptSetError, cache_path, fetch, prompt_metadata
 from digenrl.prompt_sets import cache
 from digenrl.prompt_sets.cache import git_blob_sha1
@@ -230,8 +230,8 @@ def test_preflight_fetches_both_splits_and_reports_an_offline_set_by_key(served,
 
 
 def test_digenrl_train_with_a_named_set_reads_the_cached_fixture(served, tiny_overrides, monkeypatch):
-    from digenrl.cli import main
-    from digenrl.trainer import Trainer
+    from digenrl.tools.cli import main
+    from digenrl.train.trainer import Trainer
 
     class Built(Exception):
         pass
@@ -254,7 +254,7 @@ def test_digenrl_train_with_a_named_set_reads_the_cached_fixture(served, tiny_ov
 
 
 def test_cli_prompts_fetch_and_list(served, capsys):
-    from digenrl.cli import main
+    from digenrl.tools.cli import main
 
     _, requested = served
     assert main(["prompts", "fetch", "geneval", "--split", "test"]) == 0

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.cli import DELEGATED, build_parser, train_parser
-from digenrl.config import load_config
+from digenrl.tools.cli import DELEGATED, build_parser, train_parser
+from digenrl.config.schema import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = re.compile(r"/path/to/|my\.yaml|my_cluster\.yaml|HEAD:6379|plan\.yaml")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.config import MODEL_NAMES, load_config
+from digenrl.config.schema import MODEL_NAMES, load_config
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
 # one recipe per diffusers family (docs/models.md)

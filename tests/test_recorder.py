@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
-from digenrl.recorder import SUMMARY_KEYS, RunRecorder, step_line
-from digenrl.trainer import Trainer
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
+from digenrl.io.recorder import SUMMARY_KEYS, RunRecorder, step_line
+from digenrl.train.trainer import Trainer
 
 
 def _recorder(tmp_path, *extra, progress=False):

@@ -11,12 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digenrl.cli import main
-from digenrl.config import load_config
+from digenrl.tools.cli import main
+from digenrl.config.schema import load_config
 from digenrl.models.lora import trainable_state_dict
-from digenrl.posthoc import Inputs, sample_images
-from digenrl.runs import load_policy, resolve_snapshot
-from digenrl.trainer import Trainer
+from digenrl.tools.posthoc import Inputs, sample_images
+from digenrl.io.runs import load_policy, resolve_snapshot
+from digenrl.train.trainer import Trainer
 
 PROMPTS = ["a red triangle on the top", "two green squares on the top"]  # toy-held-out's first two
 
@@ -93,7 +93,7 @@ def test_sampling_is_deterministic_and_seeded(run):
 
 
 def test_sharded_checkpoint_loads_the_same_weights(run, tmp_path):
-    from digenrl.checkpoint import save_sharded
+    from digenrl.io.checkpoint import save_sharded
 
     copy = tmp_path / "run"
     shutil.copytree(run.dir, copy)
@@ -199,7 +199,7 @@ def test_set_overrides_the_run_config(run):
 def test_videos_become_animated_gifs_and_grid_shows_first_frames(tmp_path):
     from PIL import Image
 
-    from digenrl.media import save_prompt_grid, save_sample
+    from digenrl.io.media import save_prompt_grid, save_sample
 
     # (B=2, F=3, 3, H=8, W=8): frame f of video b is flat gray (b * 3 + f) / 6
     videos = torch.arange(6.0).div(6).view(2, 3, 1, 1, 1).expand(2, 3, 3, 8, 8).contiguous()

@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digenrl.config import load_config
-from digenrl.outputs import REQUIRED_KEYS, read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
 from digenrl.rollout import generate
-from digenrl.trainer import Trainer, assign_advantages, plan_step
+from digenrl.train.trainer import Trainer, assign_advantages, plan_step
 
 
 @pytest.mark.parametrize("lora", [False, True])

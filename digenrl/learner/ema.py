@@ -1,7 +1,7 @@
 """Exponential moving average of the trainable parameters (evaluation weights).
 
 On an FSDP2-sharded module the parameters are DTensors, so the shadows are too: each rank
-averages its own shards, and `digenrl.checkpoint.save_sharded` / `load_sharded` write and
+averages its own shards, and `digenrl.io.checkpoint.save_sharded` / `load_sharded` write and
 read `shadow` in place through DCP (any gang size). `state_dict` then holds DTensors;
 `digenrl.learner.sharded.full_tensors(ema.shadow)` gathers whole CPU copies.
 """

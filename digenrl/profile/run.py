@@ -26,13 +26,13 @@ from digenrl.profile.targets import Target, diffusers_target, tiny_dit_target
 from digenrl.profile.workload import Workload
 
 if TYPE_CHECKING:
-    from digenrl.config import Config
+    from digenrl.config.schema import Config
 
 
 def run_workload(cfg: "Config") -> Workload:
     """RL step 0's SampleSpec as the trainer plans it; the timed step is its first trained step."""
     from digenrl.data import PromptSource, load_prompts
-    from digenrl.trainer import plan_step
+    from digenrl.train.trainer import plan_step
 
     source = PromptSource(load_prompts(cfg.data.prompts), cfg.run.seed, cfg.data.groups_per_step)
     plan = plan_step(cfg, source, 0)
@@ -59,7 +59,7 @@ def profile_run(cfg: "Config", *, batches: Sequence[int] = (1, 2, 4, 8), repeats
     trained on by the measurements: do not reuse it.
     """
     from digenrl.models import build_policy
-    from digenrl.trainer import build_rewarder, learner_config
+    from digenrl.train.trainer import build_rewarder, learner_config
 
     if not batches or min(batches) < 1:
         raise ValueError(f"batches must be sizes >= 1, got {tuple(batches)}")

@@ -1,6 +1,6 @@
 """runtime: the only package that imports Ray. Actors, pools, placement, weight sync, traces.
 
-    driver.py       RayTrainer(cfg).train(resume=) -- the Flow-GRPO run on Ray pools, any mode
+    driver.py       RayDriver(cfg).train(resume=) -- the Flow-GRPO run on Ray pools, any mode
     actors.py       Actors: the run's gangs (start, replace, add, retire), the relay, evaluation
     backend.py      RealBackend: each unit kind's actor call and what its result feeds; step records
     loop.py         EventLoop: Scheduler <-> Ray completions (shared by real and emulated compute)
@@ -18,9 +18,9 @@
     scale.py        scale requests and the driver's pools.json in the run directory (no Ray: the CLI's side)
     serving/        the reward server on Ray Serve (`digenrl reward-server`): deployment, options, start/stop
 
-`digenrl bench` (digenrl/bench.py) sits above this package and digenrl.sim: the runtime
-never imports the simulator's reports; both take their schedule from digenrl.contract.
+`digenrl bench` (digenrl/tools/bench.py) sits above this package and digenrl.sim: the runtime
+never imports the simulator's reports; both take their schedule from digenrl.config.contract.
 
-Submodules are imported explicitly (`from digenrl.runtime.driver import RayTrainer`), so
+Submodules are imported explicitly (`from digenrl.runtime.driver import RayDriver`), so
 `import digenrl.runtime` stays cheap. See docs/runtime.md.
 """

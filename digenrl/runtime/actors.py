@@ -23,7 +23,7 @@ from typing import Optional
 
 import ray
 
-from digenrl.config import Config
+from digenrl.config.schema import Config
 from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options
 from digenrl.runtime.gang import Gang
 from digenrl.runtime.workers import EvalWorker, RewardWorker, RolloutRank, TrainerRank

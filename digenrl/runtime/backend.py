@@ -9,7 +9,7 @@
                              trainers, staleness, bubbles, weight-sync bytes and seconds), the
                              evaluation and checkpoint cadence; records are written in order
 
-The RayTrainer (runtime/driver.py) owns the run, runtime/actors.py the actors; this owns a
+The RayDriver (runtime/driver.py) owns the run, runtime/actors.py the actors; this owns a
 run's data flow, and talks to the actors and the recorder only.
 """
 
@@ -21,20 +21,20 @@ from typing import Callable, Optional
 import ray
 import torch
 
-from digenrl.config import Config
+from digenrl.config.schema import Config
 from digenrl.math import group_advantages
-from digenrl.recorder import RunRecorder
+from digenrl.io.recorder import RunRecorder
 from digenrl.runtime.actors import Actors
 from digenrl.runtime.gang import row_share
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
-from digenrl.trace import Trace, bubble_ratio
-from digenrl.trainer import StepPlan, plan_step, prompt_source, step_metrics
+from digenrl.io.trace import Trace, bubble_ratio
+from digenrl.train.trainer import StepPlan, plan_step, prompt_source, step_metrics
 
 
 class StepPlans:
-    """`plans(step)`: RL step `step`'s StepPlan (digenrl.trainer.plan_step), kept while the
+    """`plans(step)`: RL step `step`'s StepPlan (digenrl.train.trainer.plan_step), kept while the
     steps around it run (under TCSS two steps are in flight)."""
 
     def __init__(self, cfg: Config):

@@ -18,7 +18,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from digenrl.config import PoolConfig
+from digenrl.config.schema import PoolConfig
 
 PLACEMENT_TIMEOUT_S = 120.0
 

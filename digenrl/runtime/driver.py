@@ -1,4 +1,4 @@
-"""RayTrainer: the Flow-GRPO run of `digenrl.trainer.Trainer`, on Ray pools, in any mode.
+"""RayTrainer: the Flow-GRPO run of `digenrl.train.trainer.Trainer`, on Ray pools, in any mode.
 
     driver (this process)                      Ray actors (digenrl.runtime.workers)
     ---------------------                      ------------------------------------
@@ -35,16 +35,16 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from digenrl.config import Config
-from digenrl.contract import RunContract, contract
-from digenrl.recorder import RunRecorder
+from digenrl.config.schema import Config
+from digenrl.config.contract import RunContract, contract
+from digenrl.io.recorder import RunRecorder
 from digenrl.runtime.actors import Actors
 from digenrl.runtime.backend import RealBackend, StepPlans
 from digenrl.runtime.cluster import actor_options, connect
 from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.loop import EventLoop
 from digenrl.sched import Scheduler, Unit
-from digenrl.trace import Trace, plot_gantt, write_chrome_trace
+from digenrl.io.trace import Trace, plot_gantt, write_chrome_trace
 
 
 class RayTrainer:
@@ -78,7 +78,7 @@ class RayTrainer:
         return self.actors.rank_pids
 
     def contract(self, plans: "StepPlans") -> RunContract:
-        """The scheduler config and pools of this run, from RL step `base` on (digenrl.contract)."""
+        """The scheduler config and pools of this run, from RL step `base` on (digenrl.config.contract)."""
         return contract(self.cfg, start_step=self.base, trained=lambda step: plans(step).trained_steps)
 
     # -- the run -----------------------------------------------------------------------------
@@ -167,7 +167,7 @@ class RayTrainer:
     def _plan_here(self) -> Config:
         """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
         pick the knobs the config leaves open on the simulator (digenrl.sim.here)."""
-        from digenrl.config import with_overrides
+        from digenrl.config.schema import with_overrides
         from digenrl.sim.here import plan_here
 
         cfg, rt = self.cfg, self.cfg.runtime
@@ -189,7 +189,7 @@ class RayTrainer:
         from digenrl.sim.costs import default_cost_model
         from digenrl.sim.testbed import load_testbed
         from digenrl.sim.workload import duration_fn
-        from digenrl.trace import bubble_ratios, staleness
+        from digenrl.io.trace import bubble_ratios, staleness
 
         rt = self.cfg.runtime
         run = contract(self.cfg)
@@ -228,7 +228,7 @@ class RayTrainer:
 
 def _planned(cfg: Config, checkpoint) -> Config:
     """`cfg` with the planned knobs of the run that wrote `checkpoint` (its state.json)."""
-    from digenrl.config import dotted_get, with_overrides
+    from digenrl.config.schema import dotted_get, with_overrides
     from digenrl.sim.here import KNOBS
 
     ran = json.loads((checkpoint / "state.json").read_text())["config"]

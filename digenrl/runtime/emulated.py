@@ -10,7 +10,7 @@ GPUs on a laptop. No torch is imported here: 32 actors fit in a few GB. Any pick
 Trace times are divided by `time_scale`, so they read in modelled seconds and compare
 directly with `digenrl.sim.engine.run_virtual`. What builds the scheduler and the
 durations is elsewhere: `digenrl train runtime.compute=emulated` (the Config's contract on
-its testbed's cost model, runtime/driver.py) and `digenrl.bench.emulate_spec` (a simulated
+its testbed's cost model, runtime/driver.py) and `digenrl.tools.bench.emulate_spec` (a simulated
 run's spec, measured as the simulator measures it).
 
 Latency. `time_scale` compresses compute, not Ray: a unit's round trip (its enabling
@@ -53,7 +53,7 @@ import ray
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.results import Slept
 from digenrl.sched import Scheduler, Unit, Worker
-from digenrl.trace import Trace
+from digenrl.io.trace import Trace
 
 LATENCY = ("real", "hidden", "scaled")
 

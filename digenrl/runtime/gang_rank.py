@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
-from digenrl.config import Config, with_overrides
+from digenrl.config.schema import Config, with_overrides
 from digenrl.learner import Learner
 from digenrl.learner.comm import CommCounter, count_fsdp, fsdp_units
 from digenrl.math.grad_sum import GradSum, local

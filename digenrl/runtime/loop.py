@@ -29,7 +29,7 @@ from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 from digenrl.runtime.results import Done, merge
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
 from digenrl.sched.units import Train, WeightSync
-from digenrl.trace import Span, Trace
+from digenrl.io.trace import Span, Trace
 
 
 class Backend(Protocol):

@@ -22,7 +22,7 @@ Every unit method returns a small typed record (`digenrl.runtime.results`) with 
 wall times (`start`, `end`: time.time()); the driver waits on that record's ref and passes
 the big results (Trajectories, weights) between actors as ObjectRefs.
 
-Composition, not inheritance: the trainer actor holds a `digenrl.trainer.Trainer`, so the
+Composition, not inheritance: the trainer actor holds a `digenrl.train.trainer.Trainer`, so the
 distributed run uses the very code the single-device reference runs (single-device first;
 distribution wraps it); the weight relay's two ends (runtime/relay.py) are parts the ranks hold.
 
@@ -42,7 +42,7 @@ from typing import Any, Optional
 
 import torch
 
-from digenrl.config import Config
+from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
 from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
 from digenrl.runtime import weight_sync
@@ -84,7 +84,7 @@ class RewardWorker(_Rank):
     """The reward pool: scores finished micro-batches (decoded images) only."""
 
     def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
-        from digenrl.trainer import build_rewarder
+        from digenrl.train.trainer import build_rewarder
 
         super().__init__(cfg, worker_id, rank)
         self.rewarder = build_rewarder(cfg)
@@ -181,7 +181,7 @@ class RolloutRank(_PolicyRank):
 
     def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
         from digenrl.models import build_policy
-        from digenrl.trainer import build_rewarder
+        from digenrl.train.trainer import build_rewarder
 
         super().__init__(cfg, worker_id, rank)
         self.relay_client = None  # weight_sync=nccl: rank 0's RelayClient (relay_connect)
@@ -232,7 +232,7 @@ class TrainerRank(_PolicyRank):
 
     def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
         from digenrl.runtime.gang_rank import master_config
-        from digenrl.trainer import Trainer
+        from digenrl.train.trainer import Trainer
 
         super().__init__(cfg, worker_id, rank)
         self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
@@ -377,7 +377,7 @@ class TrainerRank(_PolicyRank):
         self.trainer.step, self.trainer.wall_s = step, wall_s
         if self.gang is None:
             return str(self.trainer.save())
-        from digenrl import checkpoint as ckpt
+        from digenrl.io import checkpoint as ckpt
 
         t = self.trainer
         return str(ckpt.save_sharded_checkpoint(
@@ -412,9 +412,9 @@ class EvalWorker:
     for it. Niced: on a shared CPU it takes the cycles the pools leave idle."""
 
     def __init__(self, cfg: Config, worker_id: str = "eval-0"):
-        from digenrl.evaluation import Evaluator
+        from digenrl.train.evaluation import Evaluator
         from digenrl.models import build_policy
-        from digenrl.trainer import build_rewarder
+        from digenrl.train.trainer import build_rewarder
 
         os.nice(10)
         torch.set_num_threads(cfg.runtime.worker_threads)
@@ -442,7 +442,7 @@ def _row_source(cfg: Config):
 
     if cfg.model.name not in CONDITIONING:
         return None
-    from digenrl.trainer import prompt_source
+    from digenrl.train.trainer import prompt_source
 
     return prompt_source(cfg)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from digenrl.config import WEIGHT_SYNC_METHODS  # noqa: F401 (priced by CostModel.weight_sync_s)
+from digenrl.config.schema import WEIGHT_SYNC_METHODS  # noqa: F401 (priced by CostModel.weight_sync_s)
 
 GIB = 2.0**30
 MS = 1e-3

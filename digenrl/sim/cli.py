@@ -1,4 +1,4 @@
-"""`digenrl simulate` and `digenrl plan` (wired into digenrl/cli.py by the lead).
+"""`digenrl simulate` and `digenrl plan` (wired into digenrl/tools/cli.py by the lead).
 
     digenrl simulate --testbed FILE|PRESET [--steps N] [--modes a,b] [--json OUT] [--out DIR]
     digenrl plan --testbed FILE|PRESET --gpus N [--mode digenrl] [--exhaustive] [--out plan.yaml]
@@ -152,7 +152,7 @@ def plan_main(argv=None) -> int:
               f"{p.prog}: no single change tried makes one fit ({', '.join(k for k, _ in CHANGES)})",
               file=sys.stderr)
         return 2
-    from digenrl.config import ConfigError, dump_config
+    from digenrl.config.schema import ConfigError, dump_config
     from digenrl.sim.testbed import resize
     from digenrl.sim.workload import config_for
 

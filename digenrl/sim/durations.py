@@ -72,7 +72,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from digenrl.contract import RunContract
+from digenrl.config.contract import RunContract
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
@@ -723,7 +723,7 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     """
     t = run.pool("trainer") or run.pool("colocated")
     if run.sched.mode == "colocated" and t is not None and t.resources.sp > 1:
-        from digenrl.config import ConfigError
+        from digenrl.config.schema import ConfigError
 
         raise ConfigError("runtime.trainer.sp: the simulator prices sequence-parallel gangs on disaggregated "
                           "pools only (run.mode=colocated samples and trains on the baselines' memory plans); "

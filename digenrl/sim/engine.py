@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Optional
 
 from digenrl.sched import Scheduler, Unit, Worker, kind
 from digenrl.sched.units import OptimizerStep, Train
-from digenrl.trace import Span, Trace
+from digenrl.io.trace import Span, Trace
 
 _DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
 

@@ -40,8 +40,8 @@ from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.sim.catalogue import get_model, lora_params_B
 
 if TYPE_CHECKING:
-    from digenrl.config import Config, ModelConfig
-    from digenrl.trace import Trace
+    from digenrl.config.schema import Config, ModelConfig
+    from digenrl.io.trace import Trace
 
 REDUCE_BYTES = 4  # gradients are reduced in fp32 (MixedPrecisionPolicy reduce_dtype)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -319,7 +319,7 @@ def predict_comm(cfg: "Config", trace: "Trace", layout: Optional[ModelLayout] = 
     step). Relay sends (weight_sync=nccl) belong to the step of the publisher's window the
     WeightSync starts in. Every key of PHASES x KINDS is present (0 when nothing moved).
     """
-    from digenrl.contract import contract
+    from digenrl.config.contract import contract
 
     layout = layout or layout_for(cfg, model)
     comm = GangComm.from_config(cfg, layout)

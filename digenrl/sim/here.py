@@ -24,8 +24,8 @@ import copy
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from digenrl.config import Config, dotted_get, with_overrides
-from digenrl.contract import RunContract, contract, trained_steps
+from digenrl.config.schema import Config, dotted_get, with_overrides
+from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.sched import (BATCH_MODES, TAG_MODES, TSP_MODES, Generate, OptimizerStep, Reward, Scheduler,
                            Train, WeightSync, Worker, by_kind)
 from digenrl.sched.units import n_samples

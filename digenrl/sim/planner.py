@@ -18,7 +18,7 @@ Knobs (axes):
                         as flow_grpo spreads a group's samples over GPUs.
     tsp_chunk           trained steps per Train unit (TSP), values giving distinct chunk counts.
                         Batch-level modes use it for an even data-parallel share per trainer
-                        (digenrl.contract: an explicit train.tsp_chunk acts in every mode).
+                        (digenrl.config.contract: an explicit train.tsp_chunk acts in every mode).
     tag_segment         denoising steps per trainer Generate segment (TAG's give-back
                         granularity, the "TAG threshold"), divisors of denoise_steps
     gen_shard           GAP modes: Generate shards per micro-batch along the sample axis
@@ -240,7 +240,7 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
         p["micro_batch_groups"] = _nearest(axes["micro_batch_groups"], tb.samples_per_step / gens)
     else:
         p["micro_batch_groups"] = 1
-    if "tsp_chunk" in axes:  # batch-level: the even data-parallel share (digenrl.contract)
+    if "tsp_chunk" in axes:  # batch-level: the even data-parallel share (digenrl.config.contract)
         p["tsp_chunk"] = axes["tsp_chunk"][0]
     if "tag_segment" in axes:
         p["tag_segment"] = axes["tag_segment"][0]

@@ -45,7 +45,7 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from digenrl.contract import contract
+from digenrl.config.contract import contract
 from digenrl.sched import Scheduler
 from digenrl.sim.catalogue import get_model
 from digenrl.sim.costs import CostModel, default_cost_model
@@ -53,7 +53,7 @@ from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.testbed import Testbed
-from digenrl.trace import Trace, bubble_ratio, staleness
+from digenrl.io.trace import Trace, bubble_ratio, staleness
 
 KINDS = ("generate", "reward", "train", "optimizer", "sync")
 
@@ -149,7 +149,7 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
 
 def spec_duration_fn(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, check_memory: bool = True):
     """(Config, contract, DurationFn) of `spec` on `tb`: what the simulator and the emulated
-    runtime (digenrl.bench.emulate_spec) both run."""
+    runtime (digenrl.tools.bench.emulate_spec) both run."""
     from digenrl.sim.workload import duration_fn
 
     cfg, run = _config_and_contract(tb, spec, steps)
@@ -572,7 +572,7 @@ class Report:
         which rows get one: matplotlib takes ~1-2 s per figure) into out_dir."""
         from pathlib import Path
         import json
-        from digenrl.trace import plot_gantt
+        from digenrl.io.trace import plot_gantt
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         step = self.steps // 2

@@ -5,7 +5,7 @@
                                                Config's pools and workload)
     Config + Testbed  --duration_fn-> DurationFn on the Config's contract workers
 
-The schedule of a simulated, emulated or real run is always `digenrl.contract.contract(cfg)`:
+The schedule of a simulated, emulated or real run is always `digenrl.config.contract.contract(cfg)`:
 the simulator never builds a SchedConfig of its own. A testbed the runtime cannot express
 (e.g. every denoising step trained, which no SDE window allows) is refused here with the
 Config key that cannot hold it.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Optional
 
-from digenrl.config import Config, ConfigError, load_config
-from digenrl.contract import RunContract, contract, trained_steps
+from digenrl.config.schema import Config, ConfigError, load_config
+from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.rewards import REWARD_NAMES
 from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
 from digenrl.sim.costs import CostModel

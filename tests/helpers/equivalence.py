@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from digenrl.config import load_config
+from digenrl.config.schema import load_config
 from digenrl.models import build_policy
 from digenrl.models.lora import trainable_state_dict
-from digenrl.runs import run_config
+from digenrl.io.runs import run_config
 
 # The tolerance, relative to how far training moved the weights (see the docstring below):
 # the run's passes batch the reference's rows / they batch other rows.

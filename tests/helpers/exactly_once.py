@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from digenrl.config import Config
-from digenrl.trainer import plan_step, prompt_source
+from digenrl.config.schema import Config
+from digenrl.train.trainer import plan_step, prompt_source
 
 
 def planned_units(cfg: Config, steps: int, start: int = 0) -> Counter:
     """(step, group, sample, t) for every trained slot of RL steps [start, start + steps), as
-    `plan_step` cuts them (the scheduler's own cut, digenrl.contract)."""
+    `plan_step` cuts them (the scheduler's own cut, digenrl.config.contract)."""
     source = prompt_source(cfg)
     out: Counter = Counter()
     for s in range(start, start + steps):

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from digenrl import checkpoint as ckpt
+from digenrl.io import checkpoint as ckpt
 from digenrl.learner import Learner
 from digenrl.learner.sharded import full_tensors
 from digenrl.models.lora import trainable_state_dict
@@ -167,10 +167,10 @@ def _gang_trainer(rank: int, tmp: str, overrides: list[str]) -> None:
     """
     from torch.distributed.device_mesh import init_device_mesh
 
-    from digenrl.config import load_config
+    from digenrl.config.schema import load_config
     from digenrl.learner.sharded import shard_policy
     from digenrl.runtime.shards import select_rows
-    from digenrl.trainer import Trainer, assign_advantages, plan_step
+    from digenrl.train.trainer import Trainer, assign_advantages, plan_step
     from digenrl.rollout import generate
 
     torch.set_num_threads(1)
@@ -215,8 +215,8 @@ def test_local_trainer_resumes_from_gang_checkpoint(tiny_overrides, tmp_path, lo
     # reaches the weights of an uninterrupted run
     from safetensors.torch import load_file
 
-    from digenrl.config import load_config
-    from digenrl.trainer import Trainer
+    from digenrl.config.schema import load_config
+    from digenrl.train.trainer import Trainer
 
     base = tiny_overrides + [f"model.lora_rank={lora_rank}", "train.steps=2", "run.checkpoint_every=1",
                              "run.eval_every=0", "train.ema_decay=0.9"]
@@ -246,7 +246,7 @@ def test_local_trainer_resumes_from_gang_checkpoint(tiny_overrides, tmp_path, lo
 
 
 def _fresh(overrides: list[str]) -> torch.nn.Module:
-    from digenrl.config import load_config
+    from digenrl.config.schema import load_config
     from digenrl.models import build_policy
 
     return build_policy(load_config(None, overrides).model, progress=False).module

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.math.grad_sum import AUTO_FLOAT64_PARAMS, GradSum, grad_sum_bytes, resolve_grad_sum
 
 

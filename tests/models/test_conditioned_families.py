@@ -154,7 +154,7 @@ def test_diffusers_grid_is_the_pipelines_own(family, folders, tmp_path, monkeypa
     shift from the sample's tokens, not the reference's; Wan: UniPC flow sigmas)."""
     import diffusers
 
-    from digenrl.config import ModelConfig, SamplingConfig
+    from digenrl.config.schema import ModelConfig, SamplingConfig
     from digenrl.models import sampling_sigmas
     from digenrl.models.diffusers_adapters.sigmas import BASE_FAMILY, PUBLISHED_SCHEDULERS
 
@@ -258,7 +258,7 @@ def test_qwen_image_edit_negative_is_the_rows_own(folders, tmp_path):
 
 
 def test_images_are_required_exactly_for_conditioned_policies(folders, tmp_path):
-    from digenrl.config import ModelConfig
+    from digenrl.config.schema import ModelConfig
     from digenrl.models import build_policy
 
     kontext = load(folders, "flux-kontext", tmp_path / "c", train="frozen")

@@ -200,7 +200,7 @@ def test_load_policy_errors(tmp_path):
 def test_model_config_text_length_and_guidance_reach_the_adapter(folders, tmp_path_factory, tmp_path):
     """model.max_sequence_length and model.guidance act through build_policy: the T5 sequence
     is that long, the prompt cache keys on it, and the embedded scale is the one set."""
-    from digenrl.config import ModelConfig
+    from digenrl.config.schema import ModelConfig
     from digenrl.models import build_policy
     from tests.models.tiny_diffusers import build_flux
 

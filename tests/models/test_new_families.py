@@ -223,7 +223,7 @@ def test_wan22_refusals(folders, tmp_path_factory, tmp_path):
 def test_wan22_model_config_experts(folders, tmp_path_factory, tmp_path):
     """model.experts reaches the adapter through build_policy (LoRA in the chosen expert only),
     and is refused, key named, for a bad value, another family, and FSDP."""
-    from digenrl.config import ConfigError, ModelConfig, load_config
+    from digenrl.config.schema import ConfigError, ModelConfig, load_config
     from digenrl.models import build_policy
 
     path = str(folder(folders, tmp_path_factory, "wan2.2"))
@@ -247,7 +247,7 @@ def test_wan22_model_config_experts(folders, tmp_path_factory, tmp_path):
 
 @pytest.mark.parametrize("family", NEW)
 def test_diffusers_sigma_grid_is_refused_where_not_built(family, tmp_path):
-    from digenrl.config import ConfigError, load_config
+    from digenrl.config.schema import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=rf"sampling\.sigmas: the diffusers grid is not built for {family}"):
         load_config(None, [f"model.name={family}", f"model.path={tmp_path}", "sampling.sigmas=diffusers"])

@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from digenrl.config import ModelConfig, SamplingConfig  # noqa: E402
+from digenrl.config.schema import ModelConfig, SamplingConfig  # noqa: E402
 from digenrl.math import sigma_schedule  # noqa: E402
 from digenrl.models import sampling_sigmas  # noqa: E402
 from digenrl.models.diffusers_adapters import CONDITIONING  # noqa: E402

@@ -136,9 +136,9 @@ def test_rollout_and_learner_step_ratio_one_with_two_scales(draw_levels, folders
 
 
 def test_cfg_scale_low_reaches_the_step_spec_and_is_refused_elsewhere(folders, tmp_path_factory, tmp_path):
-    from digenrl.config import ConfigError, SamplingConfig, load_config
+    from digenrl.config.schema import ConfigError, SamplingConfig, load_config
     from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig, TinyDiTPolicy
-    from digenrl.trainer import plan_step, prompt_source
+    from digenrl.train.trainer import plan_step, prompt_source
 
     path = str(folder(folders, tmp_path_factory, "wan2.2"))
     cfg = load_config(None, ["model.name=wan2.2", f"model.path={path}", "sampling.cfg_scale=4",

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.rewards import build_reward
 from digenrl.rewards.preference_models import HPSv3Score, ImageRewardScore
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from digenrl.config import ConfigError, load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.rewards import build_reward
 from digenrl.rewards.clip_models import ClipScore
 

@@ -3,8 +3,8 @@
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.trainer import Trainer
+from digenrl.config.schema import load_config
+from digenrl.train.trainer import Trainer
 
 ray = pytest.importorskip("ray")
 

@@ -4,10 +4,10 @@ the single-device trainer."""
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
-from digenrl.trainer import Trainer
+from digenrl.train.trainer import Trainer
 
 from tests.helpers.equivalence import assert_matches_single_device
 

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 import ray
 
-from digenrl.cli import main as cli
-from digenrl.config import load_config
+from digenrl.tools.cli import main as cli
+from digenrl.config.schema import load_config
 from digenrl.runtime.driver import RayTrainer
 from digenrl.runtime import scale
 from digenrl.runtime.emulated import EmulatedBackend

@@ -2,11 +2,11 @@
 
 import pytest
 
-from digenrl.config import load_config
+from digenrl.config.schema import load_config
 from digenrl.runtime.emulated import run_scheduler_emulated
 from digenrl.sched import SchedConfig, Scheduler, Worker, kind
 from digenrl.sim.engine import run_virtual
-from digenrl.trace import staleness
+from digenrl.io.trace import staleness
 
 
 SECONDS = {"generate": 1.0, "reward": 0.2, "train": 0.6, "optimizer": 0.3, "sync": 0.2}

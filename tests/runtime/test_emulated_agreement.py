@@ -15,7 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from digenrl.bench import emulate_spec  # noqa: E402
+from digenrl.tools.bench import emulate_spec  # noqa: E402
 from digenrl.runtime.emulated import ActorCache  # noqa: E402
 from digenrl.sim.planner import PLAN_STEPS, plan  # noqa: E402
 from digenrl.sim.costs import default_cost_model  # noqa: E402

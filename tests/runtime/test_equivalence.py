@@ -12,11 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digenrl.config import load_config
-from digenrl.outputs import REQUIRED_KEYS, read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.sim.gangs import predict_comm
-from digenrl.trainer import Trainer
+from digenrl.train.trainer import Trainer
 
 from tests.helpers.equivalence import assert_matches_single_device, final_weights
 from tests.helpers.exactly_once import assert_trained_exactly_once
@@ -152,7 +152,7 @@ def test_generate_shards_concatenate_to_the_micro_batch(tmp_path):
     from digenrl.models import build_policy
     from digenrl.rollout import generate
     from digenrl.runtime.shards import concat_trajectories, select_rows
-    from digenrl.trainer import plan_step
+    from digenrl.train.trainer import plan_step
 
     cfg = load_config(None, tiny(tmp_path, "gap", "data.micro_batch_groups=2"))
     policy = build_policy(cfg.model, progress=False)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime import actors, driver
 from digenrl.runtime.workers import EvalWorker
 from digenrl.sched import OptimizerStep

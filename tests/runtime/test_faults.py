@@ -3,8 +3,8 @@ a dead trainer stops the run with a pointer to --resume, and --resume finishes i
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.runtime.loop import WorkerLostError
 from digenrl.sched import Generate, Train

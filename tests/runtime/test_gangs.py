@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.sim.gangs import predict_comm
-from digenrl.trainer import Trainer
+from digenrl.train.trainer import Trainer
 
 from tests.helpers.equivalence import assert_matches_single_device, final_weights
 from tests.helpers.exactly_once import assert_trained_exactly_once

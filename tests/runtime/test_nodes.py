@@ -8,8 +8,8 @@ Tier `nodes` (deselected by default): `pytest -m nodes tests/runtime/test_nodes.
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.runtime.loop import WorkerLostError
 from digenrl.sched import Generate, Train

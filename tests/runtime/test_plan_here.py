@@ -2,7 +2,7 @@
 
 import json
 
-from digenrl.config import load_config
+from digenrl.config.schema import load_config
 from digenrl.runtime.driver import RayTrainer
 
 from .conftest import tiny
@@ -41,7 +41,7 @@ def test_given_pools_are_not_planned(tmp_path):
 
 
 def test_a_config_built_in_code_runs_as_built():
-    from digenrl.config import Config, PoolConfig, RuntimeConfig
+    from digenrl.config.schema import Config, PoolConfig, RuntimeConfig
 
     cfg = Config(runtime=RuntimeConfig(rollout=PoolConfig(workers=4), trainer=PoolConfig(workers=2)))
     assert cfg.given is None and not cfg.wants_plan()

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.config import load_config
+from digenrl.config.schema import load_config
 from digenrl.models import build_policy
 from digenrl.models.lora import trainable_state_dict
-from digenrl.outputs import read_metrics
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.sim.gangs import module_layout, predict_comm
 from digenrl.sim.sp import SpDims
-from digenrl.trainer import Trainer
+from digenrl.train.trainer import Trainer
 
 from tests.helpers.equivalence import assert_matches_single_device
 from tests.helpers.exactly_once import assert_trained_exactly_once

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.outputs import read_metrics
+from digenrl.config.schema import load_config
+from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayTrainer
 from digenrl.sim.gangs import predict_comm
 

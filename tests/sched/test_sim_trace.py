@@ -6,7 +6,7 @@ import json
 import pytest
 from digenrl.sched import MODES, Scheduler, SchedConfig, Worker
 from digenrl.sim.engine import run_virtual
-from digenrl.trace import (bubble_ratio, bubble_ratios, plot_gantt, staleness, step_breakdown,
+from digenrl.io.trace import (bubble_ratio, bubble_ratios, plot_gantt, staleness, step_breakdown,
                            write_chrome_trace)
 
 from .sched_helpers import const_cost, run

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from digenrl.cli import build_parser, main, serve_options
+from digenrl.tools.cli import build_parser, main, serve_options
 from digenrl.rewards.client import RemoteReward
 from digenrl.rewards.toy import JpegCompressibility
 from digenrl.rewards.wire import encode_request
@@ -139,7 +139,7 @@ class Command:
     def __init__(self, tmp_path, spec: str, *args: str):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "digenrl.cli", "reward-server", spec, "--port", str(self.port), *args]
+        command = [sys.executable, "-m", "digenrl.tools.cli", "reward-server", spec, "--port", str(self.port), *args]
         # Started as a terminal starts a foreground job: SIGINT at its default. A test run started
         # in the background by a non-interactive shell inherits SIGINT ignored, exec keeps it
         # ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C would never arrive.

@@ -19,8 +19,8 @@ import yaml
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from digenrl.config import dump_config, load_config
-from digenrl.contract import contract
+from digenrl.config.schema import dump_config, load_config
+from digenrl.config.contract import contract
 from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.models.lora import LoraSpec, apply_lora, trainable_state_dict
 from digenrl.models.tiny_dit import LORA_TARGETS, TinyDiT, TinyDiTConfig, TinyDiTPolicy

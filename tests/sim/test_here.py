@@ -2,8 +2,8 @@
 
 import pytest
 
-from digenrl.config import load_config
-from digenrl.contract import contract
+from digenrl.config.schema import load_config
+from digenrl.config.contract import contract
 from digenrl.sched import Generate, Train
 from digenrl.sim.here import MeasuredCosts, MeasuredDurations, plan_here
 
@@ -63,7 +63,7 @@ def test_pools_that_reserve_differently_keep_their_split():
 
 
 def test_a_config_built_in_code_is_planned_as_all_given():
-    from digenrl.config import Config
+    from digenrl.config.schema import Config
 
     cfg = Config()
     cfg.sampling.num_steps = 4

@@ -128,7 +128,7 @@ def test_cli_plan_prints_a_runnable_plan_where_no_replica_fits(capsys, tmp_path)
     config `digenrl train` loads."""
     from pathlib import Path
 
-    from digenrl.config import load_config
+    from digenrl.config.schema import load_config
     from digenrl.sim.cli import plan_main
 
     tb = Path(__file__).parent / "testbeds" / "qwen-full-h200x4.yaml"

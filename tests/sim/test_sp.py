@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 import yaml
 
-from digenrl.config import ConfigError, dump_config, load_config
-from digenrl.contract import contract
+from digenrl.config.schema import ConfigError, dump_config, load_config
+from digenrl.config.contract import contract
 from digenrl.sched import Scheduler
 from digenrl.sim.catalogue import GIB, MODELS, Shape, get_model
 from digenrl.sim.costs import default_cost_model as cost_model

@@ -58,7 +58,7 @@ def policy_class(family: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-# ModelConfig's names for two options (digenrl/config.py), accepted as aliases
+# ModelConfig's names for two options (digenrl/config/schema.py), accepted as aliases
 _ALIASES = {"frames": "num_frames", "prompt_cache": "prompt_cache_dir"}
 
 

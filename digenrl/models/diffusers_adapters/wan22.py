@@ -18,7 +18,7 @@ is Wan2.1's (wan.py: timestep sigma * 1000, output eps - x0, UMT5 text, decode):
 weight sync, EMA and checkpoints see one parameter tree ("high.blocks.0...", "low...").
 `experts` (model.experts) picks what trains: both, or one with the other frozen (no
 LoRA, requires_grad False). FSDP is not built for it (ranks would run different experts
-on their own rows and their collectives would not pair up): digenrl.config refuses
+on their own rows and their collectives would not pair up): digenrl.config.schema refuses
 wan2.2 with runtime.trainer.shard=fsdp, and sequence parallelism (wan only).
 """
 

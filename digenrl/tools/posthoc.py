@@ -5,7 +5,7 @@
     digenrl eval   --run-dir DIR [--step N|final] --prompts SPEC [--rewards a,b] [--samples K]
                    [--steps S] [--seed X] [--ema] [--set key=value ...] --out DIR
 
-Both sample as the run's held-out evaluation does (digenrl.evaluation.Evaluator): the
+Both sample as the run's held-out evaluation does (digenrl.train.evaluation.Evaluator): the
 deterministic ODE sampler, from noise fixed by (seed, prompt index, sample index), so
 sample j of prompt i gets the same noise under every set of weights and every call.
 `eval` samples the base model and the chosen weights on that same noise and compares
@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from digenrl.config import Config, ConfigError
-from digenrl.runs import BASE, RunError, Snapshot, resolve_snapshot, run_config
+from digenrl.config.schema import Config, ConfigError
+from digenrl.io.runs import BASE, RunError, Snapshot, resolve_snapshot, run_config
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -76,7 +76,7 @@ class Inputs:
 
 
 def _check_ema(snap: Snapshot) -> None:
-    from digenrl.checkpoint import is_sharded
+    from digenrl.io.checkpoint import is_sharded
 
     if snap.path is None:
         raise RunError("--ema: the base model (step 0) has no EMA weights")
@@ -86,7 +86,7 @@ def _check_ema(snap: Snapshot) -> None:
 
 def sample_images(inputs: Inputs, policy, snap: Snapshot, rewarder=None, bar=None):
     """Run the Evaluator on `inputs.prompts` with `policy`: (its Evaluator, after evaluate)."""
-    from digenrl.evaluation import Evaluator
+    from digenrl.train.evaluation import Evaluator
 
     ev = Evaluator(inputs.cfg, policy, rewarder, prompts=inputs.prompts, images=inputs.images)
     ev.evaluate(snap.step, save_images=False, keep_images=rewarder is None, bar=bar)
@@ -110,7 +110,7 @@ def sample_main(argv: Optional[list[str]] = None) -> int:
     except (RunError, ConfigError) as e:
         print(f"digenrl sample: {e}", file=sys.stderr)
         return 2
-    from digenrl.runs import load_policy
+    from digenrl.io.runs import load_policy
 
     snap, k = inputs.snap, inputs.cfg.data.eval_samples
     policy = load_policy(inputs.cfg, snap, ema=inputs.ema, progress=inputs.progress)
@@ -123,7 +123,7 @@ def sample_main(argv: Optional[list[str]] = None) -> int:
 
 def write_samples(images, inputs: Inputs, k: int) -> list[str]:
     """One file per sample (p<prompt>_s<sample>.png / .gif), grid.png and samples.json."""
-    from digenrl.media import save_prompt_grid, save_sample
+    from digenrl.io.media import save_prompt_grid, save_sample
 
     inputs.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -185,7 +185,7 @@ def run_eval(inputs: Inputs, names: list[str]) -> dict[str, Any]:
     and eval.md under inputs.out and returns the report."""
     from digenrl.math.paired import paired_stats
     from digenrl.rewards import AsyncRewarder, build_reward
-    from digenrl.runs import load_policy, load_snapshot
+    from digenrl.io.runs import load_policy, load_snapshot
 
     cfg, snap, k = inputs.cfg, inputs.snap, inputs.cfg.data.eval_samples
     rewarder = AsyncRewarder({n: build_reward(n, cfg.reward.paths, cfg.model.device) for n in names},

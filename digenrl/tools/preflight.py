@@ -23,7 +23,7 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from digenrl.config import Config, ConfigError
+from digenrl.config.schema import Config, ConfigError
 
 # 'org/name' as the Hugging Face hub spells repo ids: resolved through the local HF cache
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -131,7 +131,7 @@ def _check_reward_paths(cfg: Config) -> None:
 
 def _check_loggers(cfg: Config) -> None:
     if "wandb" in cfg.run.loggers:  # the package is an optional extra
-        from digenrl.loggers import require_wandb
+        from digenrl.io.loggers import require_wandb
 
         require_wandb()
 

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from digenrl.config import ConfigError, load_config
-from digenrl.preflight import check_inputs
+from digenrl.config.schema import ConfigError, load_config
+from digenrl.tools.preflight import check_inputs
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def _train(args: argparse.Namespace) -> int:
         return 2
     lost: tuple[type[Exception], ...] = ()
     if cfg.run.mode == "local":
-        from digenrl.trainer import Trainer as trainer_cls
+        from digenrl.train.trainer import Trainer as trainer_cls
     else:
         from digenrl.runtime.driver import RayTrainer as trainer_cls
         from digenrl.runtime.loop import WorkerLostError
@@ -83,7 +83,7 @@ def _train(args: argparse.Namespace) -> int:
 def _interrupted(run_dir: Path, argv: Optional[list[str]]) -> int:
     """Say which checkpoint a --resume would continue from, and the command; exit code 130
     (128 + SIGINT, what a shell reports for a Ctrl-C'd program)."""
-    from digenrl.checkpoint import latest_checkpoint
+    from digenrl.io.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(run_dir, verify=False)  # quick on Ctrl-C; --resume verifies it
     if latest is None:
@@ -193,7 +193,7 @@ class _HelpConfig(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from digenrl.config import config_help
+        from digenrl.config.schema import config_help
 
         print(config_help(), end="")
         parser.exit()
@@ -282,10 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
 DELEGATED = [
     ("simulate", "digenrl.sim.cli", "simulate_main", "simulate every mode on a testbed on a virtual clock"),
     ("plan", "digenrl.sim.cli", "plan_main", "choose the rollout/trainer split and knobs for a testbed"),
-    ("bench", "digenrl.bench", "bench_main", "run every mode side by side (--real tiny model or --emulated)"),
+    ("bench", "digenrl.tools.bench", "bench_main", "run every mode side by side (--real tiny model or --emulated)"),
     ("profile", "digenrl.profile", "profile_main", "measure per-step costs on this machine (calibration JSONL)"),
-    ("sample", "digenrl.posthoc", "sample_main", "images of a run's saved weights (ODE, fixed noise), with a grid"),
-    ("eval", "digenrl.posthoc", "eval_main", "base vs trained weights per reward, paired on the same noise"),
+    ("sample", "digenrl.tools.posthoc", "sample_main", "images of a run's saved weights (ODE, fixed noise), with a grid"),
+    ("eval", "digenrl.tools.posthoc", "eval_main", "base vs trained weights per reward, paired on the same noise"),
 ]
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from digenrl.config import Config, PoolConfig
+from digenrl.config.schema import Config, PoolConfig
 from digenrl.sched import TSP_MODES, SchedConfig, Worker, partition
 
 

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from digenrl.config import Config, ConfigError
+from digenrl.config.schema import Config, ConfigError
 
 EXTRA = "digenrl[wandb]"
 

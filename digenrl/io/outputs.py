@@ -18,7 +18,7 @@ TIMING_KEYS = ("wall_s", "samples_per_s", "step_s")  # differ between otherwise 
 
 class MetricsLog:
     """Appends one JSON line per optimizer step (and eval), mirrored to TensorBoard and to
-    `sinks`: more loggers, each with log(record) and close() (digenrl/loggers.py)."""
+    `sinks`: more loggers, each with log(record) and close() (digenrl/io/loggers.py)."""
 
     def __init__(self, run_dir: Path, *, tensorboard: bool, resume_after: Optional[int] = None,
                  sinks: Sequence[Any] = ()):

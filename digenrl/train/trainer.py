@@ -20,16 +20,16 @@ from typing import Any, Optional
 
 import torch
 
-from digenrl import checkpoint as ckpt
-from digenrl.config import Config
-from digenrl.contract import step_shape, tsp_chunk
+from digenrl.io import checkpoint as ckpt
+from digenrl.config.schema import Config
+from digenrl.config.contract import step_shape, tsp_chunk
 from digenrl.data import PromptSource, check_conditioning, load_images, load_rows
-from digenrl.evaluation import Evaluator
+from digenrl.train.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import group_advantages
 from digenrl.models import build_policy, sampling_sigmas
 from digenrl.models.lora import trainable_state_dict
-from digenrl.recorder import RunRecorder
+from digenrl.io.recorder import RunRecorder
 from digenrl.rewards import AsyncRewarder, build_reward
 from digenrl.rollout import SampleSpec, Trajectories, generate
 
@@ -37,7 +37,7 @@ from digenrl.rollout import SampleSpec, Trajectories, generate
 @dataclass(frozen=True)
 class MicroBatch:
     index: int
-    groups: tuple[int, ...]  # scheduler groups (digenrl.contract.StepShape)
+    groups: tuple[int, ...]  # scheduler groups (digenrl.config.contract.StepShape)
     prompts: list[str]  # one per sample
     coords: list[tuple[int, int, int]]  # (step, prompt group, sample)
     images: Optional[list[str]] = None  # conditioned models: each sample's image file (its row's)
@@ -60,7 +60,7 @@ class StepPlan:
 
 def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     """The step's prompts, noise coordinates, SDE window and micro-batches, cut exactly as
-    the scheduler cuts them (digenrl.contract), so a micro-batch index means one thing."""
+    the scheduler cuts them (digenrl.config.contract), so a micro-batch index means one thing."""
     s = cfg.sampling
     sigmas = sampling_sigmas(cfg.model, s, s.num_steps)
     sde_steps, trained = s.sde_window().select(s.num_steps, cfg.run.seed, step)

@@ -59,7 +59,7 @@ class ModelConfig:
     name: str = "tiny-dit"  # the policy: tiny-dit (the toy world's small DiT, CPU) or a diffusers family
     # tiny-dit: None = the shipped toy base, else a .safetensors file; other families: a local
     # pipeline folder or a hub id ('org/name') already in the HF cache. `digenrl train` refuses
-    # a path that does not exist before any work (digenrl/preflight.py).
+    # a path that does not exist before any work (digenrl/tools/preflight.py).
     path: Optional[str] = None
     dtype: str = "float32"  # float32 | bfloat16 | float16 (SDE math is float32 regardless)
     device: str = "cpu"  # torch device of the policy (cpu, cuda, cuda:1); Ray workers each see their own GPUs
@@ -214,7 +214,7 @@ class DataConfig:
                "data.micro_batch_samples",
                f"must be in [0, samples per step={self.groups_per_step * self.group_size}] (0 = whole groups)")
         # a named set's name and split are checked here, before any file is read; files (and
-        # whether a set is fetched) are checked by digenrl/preflight.py
+        # whether a set is fetched) are checked by digenrl/tools/preflight.py
         for key, spec, held_out in (("data.prompts", self.prompts, False),
                                     ("data.eval_prompts", self.eval_prompts, True)):
             try:
@@ -283,7 +283,7 @@ class TrainConfig:
     ema_decay: float = 0.0  # 0 = off
     # Trained denoising steps per training unit, in every mode (batch-level modes: an even
     # data-parallel share). 0 = the mode's default: 1 under TSP (gap+tsp, gap+tsp+tag,
-    # digenrl), else all trained steps in one unit. See digenrl.contract.tsp_chunk.
+    # digenrl), else all trained steps in one unit. See digenrl.config.contract.tsp_chunk.
     tsp_chunk: int = 0
     backward_batch: int = 0  # samples per forward/backward (activation memory); 0 = whole micro-batch
     # grpo: Flow-GRPO's clipped ratio; grpo-guard: GRPO-Guard's RatioNorm + 1/dt reweighting
@@ -327,8 +327,8 @@ class RunConfig:
     # torch intra-op threads of the run.mode=local process; 0 = torch's default. Ray modes
     # refuse it: each worker process takes runtime.worker_threads instead.
     threads: int = 0
-    # where step metrics go besides metrics.jsonl: any of LOGGERS (digenrl/outputs.py,
-    # digenrl/loggers.py); [] = metrics.jsonl only
+    # where step metrics go besides metrics.jsonl: any of LOGGERS (digenrl/io/outputs.py,
+    # digenrl/io/loggers.py); [] = metrics.jsonl only
     loggers: list[str] = field(default_factory=lambda: ["tensorboard"])
     # the older switch, kept for configs that set it: false drops tensorboard from
     # run.loggers, true requires it there; folded into run.loggers at construction (-> None)
@@ -610,7 +610,7 @@ class Config:
     def _check_conditioning(self) -> None:
         """A conditioned family reads a conditioning image per prompt: both prompt lists are
         .jsonl rows (whether their rows carry images, and whether an unconditioned family's
-        rows do not, is read from the files by digenrl/preflight.py and the trainer); a reward
+        rows do not, is read from the files by digenrl/tools/preflight.py and the trainer); a reward
         that compares with the source needs one."""
         from digenrl.data import ROWS_SUFFIX
         from digenrl.rewards import SOURCE_REWARDS

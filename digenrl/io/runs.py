@@ -4,7 +4,7 @@
     cfg = run_config(run_dir, ["model.path=/new/place/base.safetensors"])
     policy = load_policy(cfg, snap)               # base model + the snapshot's weights
 
-The weights a run saves are its trainable ones (digenrl.checkpoint): under LoRA only the
+The weights a run saves are its trainable ones (digenrl.io.checkpoint): under LoRA only the
 adapters, which go onto the base built from the run's own model config; a full fine-tune
 saves every weight. Both checkpoint layouts load (unsharded policy.safetensors, or the
 dcp/ folder of an FSDP gang), and final/policy.safetensors.
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from digenrl import checkpoint as ckpt
-from digenrl.config import Config, load_config
+from digenrl.io import checkpoint as ckpt
+from digenrl.config.schema import Config, load_config
 
 BASE = "0"  # the step label of the base model: no weights loaded
 

@@ -28,9 +28,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from digenrl import checkpoint as ckpt
-from digenrl.config import Config
-from digenrl.outputs import MetricsLog, plot_rewards, read_metrics
+from digenrl.io import checkpoint as ckpt
+from digenrl.config.schema import Config
+from digenrl.io.outputs import MetricsLog, plot_rewards, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class RunRecorder:
         (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1))
         sinks = []
         if "wandb" in cfg.run.loggers:
-            from digenrl.loggers import WandbLogger
+            from digenrl.io.loggers import WandbLogger
 
             sinks.append(WandbLogger(cfg))
         self._metrics = MetricsLog(self.run_dir, tensorboard="tensorboard" in cfg.run.loggers,

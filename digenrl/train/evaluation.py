@@ -2,7 +2,7 @@
 
     Evaluator(cfg, policy, rewarder).evaluate(step)  -> {"eval/reward_mean", "eval/<part>", ...}
 
-`digenrl sample` and `digenrl eval` (digenrl/posthoc.py) sample through it too, on prompts
+`digenrl sample` and `digenrl eval` (digenrl/tools/posthoc.py) sample through it too, on prompts
 of their own, so a run's evaluation and a later one draw the same noise.
 
 The single-device Trainer calls it between steps; the Ray runtime runs it on an actor of
@@ -19,10 +19,10 @@ from typing import Any, Optional
 
 import torch
 
-from digenrl.config import Config
+from digenrl.config.schema import Config
 from digenrl.data import check_conditioning, load_images, load_rows
 from digenrl.models import sampling_sigmas
-from digenrl.outputs import save_grid
+from digenrl.io.outputs import save_grid
 from digenrl.rollout import SampleSpec, generate
 
 EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from digenrl.config import MODES as RUN_MODES, PLAN, Config, ConfigError, load_config
+from digenrl.config.schema import MODES as RUN_MODES, PLAN, Config, ConfigError, load_config
 
 MODES = tuple(m for m in RUN_MODES if m != "local")
 
@@ -36,10 +36,10 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
                out: Optional[str] = None, plans: Sequence[Optional[str]] = (None,)) -> list[dict]:
     """Run each mode (x each runtime.plan value in `plans`; None = the config's) for `steps`
     RL steps on the tiny model; returns one row per run."""
-    from digenrl.outputs import read_metrics
+    from digenrl.io.outputs import read_metrics
     from digenrl.runtime.cluster import session
     from digenrl.runtime.driver import RayTrainer
-    from digenrl.trainer import Trainer
+    from digenrl.train.trainer import Trainer
 
     root = Path(out or Path(cfg.run.run_dir) / "bench")
     rt = cfg.runtime
