@@ -57,14 +57,14 @@ def main(argv=None) -> int:
     import ray
 
     from digenrl.config.schema import load_config
-    from digenrl.runtime.driver import RayTrainer
+    from digenrl.runtime.driver import RayDriver
 
     run_dir = tempfile.mkdtemp(prefix="overlap-")
     cfg = load_config(None, DEFAULTS + [f"train.steps={args.steps}", f"run.run_dir={run_dir}"]
                       + list(args.overrides))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        rt = RayTrainer(cfg, progress=False, evaluate=False)
+        rt = RayDriver(cfg, progress=False, evaluate=False)
         rt.train()
     finally:
         ray.shutdown()

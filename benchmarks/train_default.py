@@ -34,9 +34,9 @@ def main() -> None:
 
             summary = Trainer(cfg, progress=False).train()
         else:
-            from digenrl.runtime.driver import RayTrainer
+            from digenrl.runtime.driver import RayDriver
 
-            summary = RayTrainer(cfg, progress=False).train()
+            summary = RayDriver(cfg, progress=False).train()
         total = time.perf_counter() - t0
         records = [r for r in read_metrics(f"{tmp}/run") if r["step"] > 0]
     samples = sum(r["samples"] for r in records)

@@ -40,7 +40,7 @@ def no_work(monkeypatch):
         raise AssertionError("bad input reached a trainer: work started")
 
     monkeypatch.setattr(digenrl.train.trainer, "Trainer", refuse)
-    monkeypatch.setattr(digenrl.runtime.driver, "RayTrainer", refuse)
+    monkeypatch.setattr(digenrl.runtime.driver, "RayDriver", refuse)
 
 
 @pytest.mark.parametrize("argv, key", [
@@ -152,7 +152,7 @@ def test_a_lost_trainer_rank_exits_3_with_the_resume_hint(tmp_path, monkeypatch,
         def train(self, resume=False):
             raise WorkerLostError("trainer-1", "trainer", RuntimeError("rank 1 died"))
 
-    monkeypatch.setattr(digenrl.runtime.driver, "RayTrainer", Lost)
+    monkeypatch.setattr(digenrl.runtime.driver, "RayDriver", Lost)
     code = main(["train", "--run-dir", str(tmp_path), "run.mode=gap+tsp", "runtime.trainer.workers=2",
                  "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp"])
     err = capsys.readouterr().err

@@ -30,10 +30,10 @@ def test_local_mode_refuses_the_keys_only_a_ray_run_reads(overrides, key):
 
 def test_the_ray_runtime_and_the_contract_refuse_local_mode_through_the_scheduler():
     from digenrl.config.contract import contract
-    from digenrl.runtime.driver import RayTrainer
+    from digenrl.runtime.driver import RayDriver
 
     cfg = load_config(None, ["run.mode=local"])
-    for build in (contract, RayTrainer):
+    for build in (contract, RayDriver):
         with pytest.raises(ValueError, match="local.*scheduler"):
             build(cfg)
 

@@ -89,13 +89,13 @@ LINE = re.compile(r"^step +(\d+)  reward \d\.\d{4} \+- \d\.\d{4}  loss [+-]\d\.\
 
 
 def test_local_and_ray_runs_write_the_same_summary(ray_cluster, tmp_path, capsys):
-    from digenrl.runtime.driver import RayTrainer
+    from digenrl.runtime.driver import RayDriver
 
     local = Trainer(load_config(None, ["run.mode=local", *TINY, f"run.run_dir={tmp_path / 'local'}"])).train()
     local_out = capsys.readouterr().out
     ray_cfg = load_config(None, ["run.mode=gap", *TINY, f"run.run_dir={tmp_path / 'gap'}",
                                  "runtime.rollout.workers=1", "runtime.trainer.workers=1"])
-    ray = RayTrainer(ray_cfg).train()
+    ray = RayDriver(ray_cfg).train()
     ray_out = capsys.readouterr().out
 
     for summary, run in ((local, tmp_path / "local"), (ray, tmp_path / "gap")):

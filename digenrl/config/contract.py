@@ -7,7 +7,7 @@
                               RunContract(sched: SchedConfig, pools: PoolSpec per role)
                    +------------------------+------------------------+
                    v                        v                        v
-          RayTrainer (real compute)   emulated runtime          simulator
+          RayDriver (real compute)   emulated runtime          simulator
           one actor per worker,       sleeping actors,          virtual clock,
           the Config's models         cost-model durations      cost-model durations
 

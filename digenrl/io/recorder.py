@@ -1,4 +1,4 @@
-"""One run recorder for the single-device Trainer and the Ray RayTrainer.
+"""One run recorder for the single-device Trainer and the Ray RayDriver.
 
 Both trainers leave the same things behind and keep the same rhythm; this class owns it:
 
@@ -34,13 +34,13 @@ from digenrl.io.outputs import MetricsLog, plot_rewards, read_metrics
 
 log = logging.getLogger(__name__)
 
-# Keys every summary.json has, local and Ray alike (RayTrainer adds its own `extra` keys).
+# Keys every summary.json has, local and Ray alike (RayDriver adds its own `extra` keys).
 SUMMARY_KEYS = ("steps", "mode", "eval_reward_before", "eval_reward_after", "wall_s", "run_dir",
                 "final_policy", "reward_plot")
 
 
 class RunRecorder:
-    """What a training run writes and when, shared by `Trainer` and `RayTrainer`.
+    """What a training run writes and when, shared by `Trainer` and `RayDriver`.
 
     `progress=False` silences the bar and the per-step lines (files are written either way).
     """

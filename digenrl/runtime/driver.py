@@ -1,4 +1,4 @@
-"""RayTrainer: the Flow-GRPO run of `digenrl.train.trainer.Trainer`, on Ray pools, in any mode.
+"""RayDriver: the Flow-GRPO run of `digenrl.train.trainer.Trainer`, on Ray pools, in any mode.
 
     driver (this process)                      Ray actors (digenrl.runtime.workers)
     ---------------------                      ------------------------------------
@@ -47,15 +47,15 @@ from digenrl.sched import Scheduler, Unit
 from digenrl.io.trace import Trace, plot_gantt, write_chrome_trace
 
 
-class RayTrainer:
-    """`RayTrainer(cfg).train(resume=False) -> summary`, for every run.mode except local.
+class RayDriver:
+    """`RayDriver(cfg).train(resume=False) -> summary`, for every run.mode except local.
 
     evaluate=False skips held-out evaluation (benchmarks). `on_dispatch(trainer, worker_id,
     unit)` is called before each unit is sent (tests inject faults with it).
     """
 
     def __init__(self, cfg: Config, *, progress: bool = True, evaluate: bool = True,
-                 on_dispatch: Optional[Callable[["RayTrainer", str, Unit], None]] = None):
+                 on_dispatch: Optional[Callable[["RayDriver", str, Unit], None]] = None):
         contract(cfg)  # refuses run.mode=local (the scheduler's one check) before any file is written
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
         self.on_dispatch = on_dispatch

@@ -38,7 +38,7 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
     RL steps on the tiny model; returns one row per run."""
     from digenrl.io.outputs import read_metrics
     from digenrl.runtime.cluster import session
-    from digenrl.runtime.driver import RayTrainer
+    from digenrl.runtime.driver import RayDriver
     from digenrl.train.trainer import Trainer
 
     root = Path(out or Path(cfg.run.run_dir) / "bench")
@@ -62,7 +62,7 @@ def bench_real(cfg: Config, modes: Sequence[str] = MODES, steps: int = 3,
             if mode == "local":
                 Trainer(c, progress=False).train()
             else:
-                summary = RayTrainer(c, progress=False, evaluate=False).train()
+                summary = RayDriver(c, progress=False, evaluate=False).train()
             rows.append(_row(label, [r for r in read_metrics(Path(c.run.run_dir)) if r["step"] > 0]))
             rows[-1]["plan"] = summary.get("plan")
             print(f"  {label:22s} {rows[-1]['samples_per_s']:7.2f} samples/s"

@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.run.mode == "local":
         from digenrl.train.trainer import Trainer as trainer_cls
     else:
-        from digenrl.runtime.driver import RayTrainer as trainer_cls
+        from digenrl.runtime.driver import RayDriver as trainer_cls
         from digenrl.runtime.loop import WorkerLostError
 
         lost = (WorkerLostError,)

@@ -1,6 +1,6 @@
 """One claim, one assertion: every (step, group, sample, trained step) is trained exactly once.
 
-A run reports what its trainers trained as (step, group, sample, t) tuples (`RayTrainer.trained`:
+A run reports what its trainers trained as (step, group, sample, t) tuples (`RayDriver.trained`:
 the lead rank of every trainer reports its rows of each Train unit). Under faults, replacements,
 drains and hand-overs, the claim is that this list is exactly the plan's: nothing lost, nothing
 twice, nothing that was not asked for.

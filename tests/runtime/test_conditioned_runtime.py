@@ -6,7 +6,7 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.train.trainer import Trainer
 
 from tests.helpers.equivalence import assert_matches_single_device
@@ -30,7 +30,7 @@ def test_edit_model_matches_single_device(ray_cluster, tmp_path, mode):
              "model.max_sequence_length=8", "model.lora_rank=4", f"data.prompts={train}",
              f"data.eval_prompts={held}", "reward.weights={source-similarity: 1.0}"]
     Trainer(load_config(None, tiny(tmp_path / "local", "local", *extra)), progress=False).train()
-    RayTrainer(load_config(None, tiny(tmp_path / "ray", mode, *extra)), progress=False).train()
+    RayDriver(load_config(None, tiny(tmp_path / "ray", mode, *extra)), progress=False).train()
 
     ours, ref = read_metrics(tmp_path / "ray"), read_metrics(tmp_path / "local")
     steps = [r for r in ours if r["step"] > 0]

@@ -12,7 +12,7 @@ import ray
 
 from digenrl.tools.cli import main as cli
 from digenrl.config.schema import load_config
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.runtime import scale
 from digenrl.runtime.emulated import EmulatedBackend
 from digenrl.runtime.loop import EventLoop
@@ -141,7 +141,7 @@ def test_scale_up_and_drain_mid_run(ray_cluster, local_run, tmp_path, capsys):
             asked.append("-1")
             busy.append((wid, unit))
 
-    rt = RayTrainer(cfg, progress=False, evaluate=False, on_dispatch=requests)
+    rt = RayDriver(cfg, progress=False, evaluate=False, on_dispatch=requests)
     summary = rt.train()
     assert asked == ["+2", "-1"]
     assert "adding 2; rollout workers 1 -> 3;" in capsys.readouterr().out

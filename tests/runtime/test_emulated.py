@@ -50,7 +50,7 @@ def test_any_duration_fn_matches_virtual_clock_in_wall_time(ray_cluster):
 def test_emulated_compute_runs_the_configs_own_schedule(ray_cluster, tmp_path):
     """runtime.compute=emulated: the pools, data shape, shards and segments of the config act
     (the testbed gives only hardware and model costs)."""
-    from digenrl.runtime.driver import RayTrainer
+    from digenrl.runtime.driver import RayDriver
 
     cfg = load_config(None, [
         f"run.run_dir={tmp_path}", "run.mode=gap", "model.name=flux", "train.steps=2",
@@ -58,7 +58,7 @@ def test_emulated_compute_runs_the_configs_own_schedule(ray_cluster, tmp_path):
         "runtime.rollout.workers=3", "runtime.trainer.workers=1", "runtime.gen_shard=2",
         "data.groups_per_step=3", "data.group_size=4", "data.micro_batch_groups=1",
         "sampling.num_steps=6", "sampling.window=contiguous", "sampling.window_size=2"])
-    trainer = RayTrainer(cfg, progress=False)
+    trainer = RayDriver(cfg, progress=False)
     summary = trainer.train()
     trace = trainer.trace
     assert summary["compute"] == "emulated" and (tmp_path / "gantt.png").exists()

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
 from digenrl.train.trainer import Trainer
 
@@ -52,7 +52,7 @@ DEFAULT_TIER = {"gap+tsp+tag"}
 def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, mode):
     run = tmp_path / mode.replace(" ", "_")
     cfg = load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode]))
-    rt = RayTrainer(cfg, progress=False)
+    rt = RayDriver(cfg, progress=False)
     summary = rt.train()
     assert_matches_single_device(run, local_run)
     ours = [r for r in read_metrics(run) if r["step"] > 0]
@@ -83,9 +83,9 @@ def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
     ref = tmp_path / "local3"
     Trainer(load_config(None, tiny(ref, "local", steps=3)), progress=False).train()
     run = tmp_path / "ray"
-    RayTrainer(load_config(None, tiny(run, "gap", "run.checkpoint_every=1")), progress=False,
+    RayDriver(load_config(None, tiny(run, "gap", "run.checkpoint_every=1")), progress=False,
                evaluate=False).train()
-    RayTrainer(load_config(None, tiny(run, "gap", steps=3)), progress=False, evaluate=False).train(resume=True)
+    RayDriver(load_config(None, tiny(run, "gap", steps=3)), progress=False, evaluate=False).train(resume=True)
     assert_matches_single_device(run, ref)
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
 
@@ -94,7 +94,7 @@ def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
 def test_off_policy_lag_at_most_one(ray_cluster, tmp_path, mode):
     run = tmp_path / mode
     cfg = load_config(None, tiny(run, mode, "model.lora_rank=4", "runtime.weight_sync=lora-only", steps=4))
-    rt = RayTrainer(cfg, progress=False, evaluate=False)
+    rt = RayDriver(cfg, progress=False, evaluate=False)
     rt.train()
     records = read_metrics(run)
     assert [r["staleness_max"] for r in records][0] == 0
@@ -127,7 +127,7 @@ def test_sample_shards_match_single_device(ray_cluster, local_run, tmp_path):
     straddling the Generate shards) on 2 rollout workers and 2 trainers. Per-sample
     randomness makes the shards reproduce the unsharded trajectories, so the weights match."""
     run = tmp_path / "shards"
-    rt = RayTrainer(load_config(None, tiny(run, "gap+tsp", "data.micro_batch_groups=2",
+    rt = RayDriver(load_config(None, tiny(run, "gap+tsp", "data.micro_batch_groups=2",
                                            "runtime.rollout.workers=2", "runtime.trainer.workers=2",
                                            "train.tsp_chunk=1", "runtime.gen_shard=3",
                                            "runtime.train_shard=2")),
@@ -183,7 +183,7 @@ def test_grpo_guard_gap_tsp_matches_single_device(ray_cluster, local_run, tmp_pa
     ref = tmp_path / "local_guard"
     Trainer(load_config(None, tiny(ref, "local", *guard)), progress=False).train()
     run = tmp_path / "gap_tsp_guard"
-    RayTrainer(load_config(None, tiny(run, "gap+tsp", *ON_POLICY["gap+tsp"], *guard)), progress=False).train()
+    RayDriver(load_config(None, tiny(run, "gap+tsp", *ON_POLICY["gap+tsp"], *guard)), progress=False).train()
     assert_matches_single_device(run, ref)
     ours = [r for r in read_metrics(run) if r["step"] > 0]
     theirs = [r for r in read_metrics(ref) if r["step"] > 0]
@@ -208,7 +208,7 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
     ref = tmp_path / "local"
     Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
     run = tmp_path / "ray"
-    RayTrainer(load_config(None, tiny(run, mode, *ON_POLICY[mode], *extra)), progress=False).train()
+    RayDriver(load_config(None, tiny(run, mode, *ON_POLICY[mode], *extra)), progress=False).train()
     assert_matches_single_device(run, ref)
     ours = [r for r in read_metrics(run) if r["step"] > 0]
     theirs = [r for r in read_metrics(ref) if r["step"] > 0]
@@ -231,14 +231,14 @@ def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp
     ref = tmp_path / "local"
     Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
     run = tmp_path / "ray"
-    RayTrainer(load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode], *extra)), progress=False).train()
+    RayDriver(load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode], *extra)), progress=False).train()
     assert_matches_single_device(run, ref)
 
 
 @pytest.mark.slow
 def test_nft_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path):
     run = tmp_path / "digenrl"
-    rt = RayTrainer(load_config(None, tiny(run, "digenrl", *NFT, steps=4)), progress=False, evaluate=False)
+    rt = RayDriver(load_config(None, tiny(run, "digenrl", *NFT, steps=4)), progress=False, evaluate=False)
     rt.train()
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
     assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")

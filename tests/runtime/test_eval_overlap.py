@@ -32,7 +32,7 @@ def test_training_steps_do_not_wait_for_evaluation(ray_cluster, tmp_path, monkey
 
     monkeypatch.setattr(actors, "EvalWorker", HeldEval)  # runtime/actors.py starts the evaluation actor
     cfg = load_config(None, tiny(tmp_path / "run", "gap", "run.eval_every=1", steps=STEPS))
-    summary = driver.RayTrainer(cfg, progress=False, on_dispatch=last_step).train()
+    summary = driver.RayDriver(cfg, progress=False, on_dispatch=last_step).train()
     assert gate.is_open()
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records] == [0, 1, 2, 3]  # written in order, once each

@@ -5,7 +5,7 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.runtime.loop import WorkerLostError
 from digenrl.sched import Generate, Train
 from tests.helpers.equivalence import assert_matches_single_device
@@ -32,7 +32,7 @@ def test_rollout_worker_killed_mid_step(ray_cluster, local_run, tmp_path):
             killed.append(unit)
             _kill(rt, wid)
 
-    rt = RayTrainer(cfg, progress=False, evaluate=False, on_dispatch=fault)
+    rt = RayDriver(cfg, progress=False, evaluate=False, on_dispatch=fault)
     summary = rt.train()
     assert killed, "the fault was never injected"
     assert summary["scheduler"]["requeued"] >= 1
@@ -52,7 +52,7 @@ def test_trainer_death_points_to_resume(ray_cluster, local_run, tmp_path):
             _kill(rt, wid)
 
     with pytest.raises(WorkerLostError, match="--resume"):
-        RayTrainer(load_config(None, overrides), progress=False, evaluate=False, on_dispatch=fault).train()
-    RayTrainer(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
+        RayDriver(load_config(None, overrides), progress=False, evaluate=False, on_dispatch=fault).train()
+    RayDriver(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
     assert_matches_single_device(tmp_path / "run", local_run)

@@ -14,7 +14,7 @@ import torch
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
 from digenrl.train.trainer import Trainer
 
@@ -45,7 +45,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     Trainer(load_config(None, tiny(local, "local", *extra)), progress=False).train()
     run = tmp_path / "gangs"
     overrides = tiny(run, MODE[case], "train.tsp_chunk=1", *GANGS, *extra)
-    rt = RayTrainer(load_config(None, overrides), progress=False, evaluate=False)
+    rt = RayDriver(load_config(None, overrides), progress=False, evaluate=False)
     rt.train()
     assert_matches_single_device(run, local)
     records = [r for r in read_metrics(run) if r["step"] > 0]
@@ -77,7 +77,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
 def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path, case):
     run = tmp_path / "digenrl"
     cfg = load_config(None, tiny(run, "digenrl", *GANGS, *CASES[case], steps=3))
-    rt = RayTrainer(cfg, progress=False, evaluate=False)
+    rt = RayDriver(cfg, progress=False, evaluate=False)
     rt.train()
     trains = [s.unit for s in rt.trace.spans if s.kind == "train"]
     assert trains and all(0 <= u.step - u.traj_version <= 1 for u in trains)
@@ -103,14 +103,14 @@ def test_lost_rank_stops_the_run_and_resume_reshards(ray_cluster, tmp_path):
             killed.append(unit)
             kill_and_wait(rt.rank_pids[wid][1])
 
-    rt = RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *gangs, *FULL, steps=3)),
+    rt = RayDriver(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *gangs, *FULL, steps=3)),
                     progress=False, evaluate=False, on_dispatch=fault)
     with pytest.raises(WorkerLostError, match="rank 1 of trainer gang 'trainer-1'.*--resume"):
         rt.train()
     assert killed
     assert [r["step"] for r in read_metrics(run)] == [1, 2]
     one = [g.replace("gang=2", "gang=1") for g in gangs]
-    RayTrainer(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *one, *FULL, steps=3)),
+    RayDriver(load_config(None, tiny(run, "gap+tsp", "train.tsp_chunk=1", *one, *FULL, steps=3)),
                progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     assert_matches_single_device(run, local)
@@ -123,7 +123,7 @@ def test_bf16_gangs_with_offload_train_and_count_as_predicted(ray_cluster, tmp_p
     run = tmp_path / "bf16"
     overrides = tiny(run, "gap+tsp", "train.tsp_chunk=1", *GANGS, "model.dtype=bfloat16",
                      "runtime.trainer.offload=true")
-    rt = RayTrainer(load_config(None, overrides), progress=False, evaluate=False)
+    rt = RayDriver(load_config(None, overrides), progress=False, evaluate=False)
     rt.train()
     records = [r for r in read_metrics(run) if r["step"] > 0]
     assert all(torch.isfinite(torch.tensor(r["train/grad_norm"])) and r["train/grad_norm"] > 0 for r in records)

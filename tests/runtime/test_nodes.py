@@ -10,7 +10,7 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.runtime.loop import WorkerLostError
 from digenrl.sched import Generate, Train
 
@@ -60,7 +60,7 @@ def test_rollout_node_lost_mid_step(cluster, local_run, tmp_path):
             c.add_node(num_cpus=2, resources=ROLLOUT)  # where the replacements go
             c.remove_node(nodes["rollout"], allow_graceful=False)
 
-    rt = RayTrainer(cfg, progress=False, evaluate=False, on_dispatch=fault)
+    rt = RayDriver(cfg, progress=False, evaluate=False, on_dispatch=fault)
     summary = rt.train()
     assert killed, "the fault was never injected"
     lost = [s for s in rt.trace.spans if s.extra and s.extra.get("lost")]
@@ -89,9 +89,9 @@ def test_trainer_node_lost_then_resume(cluster, local_run, tmp_path):
             c.remove_node(nodes.pop("trainer"), allow_graceful=False)
 
     with pytest.raises(WorkerLostError, match="--resume"):
-        RayTrainer(load_config(None, overrides), progress=False, evaluate=False, on_dispatch=fault).train()
+        RayDriver(load_config(None, overrides), progress=False, evaluate=False, on_dispatch=fault).train()
     assert "trainer" not in nodes, "the fault was never injected"
     c.add_node(num_cpus=1, resources=TRAINER)  # the trainer pool's new node
-    RayTrainer(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
+    RayDriver(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
     assert_matches_single_device(tmp_path / "run", local_run)

@@ -3,7 +3,7 @@
 import json
 
 from digenrl.config.schema import load_config
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 
 from .conftest import tiny
 
@@ -14,7 +14,7 @@ def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path):
     overrides = [o for o in tiny(tmp_path, "gap+tsp", steps=1) if o not in POOLS]  # pools: 2 + 1, not given
     cfg = load_config(None, overrides)
     assert cfg.wants_plan()
-    trainer = RayTrainer(cfg, progress=False, evaluate=False)
+    trainer = RayDriver(cfg, progress=False, evaluate=False)
     summary = trainer.train()
     plan = trainer.here
     assert plan is not None and summary["plan"] == plan.describe()

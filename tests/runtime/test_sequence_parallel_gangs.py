@@ -15,7 +15,7 @@ from digenrl.config.schema import load_config
 from digenrl.models import build_policy
 from digenrl.models.lora import trainable_state_dict
 from digenrl.io.outputs import read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import module_layout, predict_comm
 from digenrl.sim.sp import SpDims
 from digenrl.train.trainer import Trainer
@@ -58,7 +58,7 @@ def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan,
     local = tmp_path / "local"
     Trainer(load_config(None, _overrides(local, "local", wan)), progress=False).train()
     run = tmp_path / "sp"
-    rt = RayTrainer(load_config(None, _overrides(run, mode, wan, "train.tsp_chunk=1", *SP, *CASES[case])),
+    rt = RayDriver(load_config(None, _overrides(run, mode, wan, "train.tsp_chunk=1", *SP, *CASES[case])),
                     progress=False, evaluate=False)
     rt.train()
 

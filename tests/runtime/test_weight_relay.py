@@ -7,7 +7,7 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
-from digenrl.runtime.driver import RayTrainer
+from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
 
 from .conftest import tiny
@@ -17,7 +17,7 @@ GANG = ["runtime.trainer.gang=2", "runtime.trainer.shard=fsdp", "runtime.trainer
 
 def _run(tmp_path, name, mode, *extra, steps=2):
     run = tmp_path / name
-    rt = RayTrainer(load_config(None, tiny(run, mode, "run.checkpoint_every=0", *extra, steps=steps)),
+    rt = RayDriver(load_config(None, tiny(run, mode, "run.checkpoint_every=0", *extra, steps=steps)),
                     progress=False, evaluate=False)
     rt.train()
     return rt, [r for r in read_metrics(run) if r["step"] > 0]
