@@ -28,7 +28,8 @@ def _trace_key(trace) -> list:
 
 
 def row_figures(tb, label: str, cm) -> dict:
-    from digenrl.sim.report import RunSpec, run_spec
+    from digenrl.sim.report import run_spec
+    from digenrl.sim.workload import RunSpec
     from digenrl.sim.simulate import ROWS
 
     mode, style = ROWS[label]

@@ -18,7 +18,7 @@ from digenrl.sched import Scheduler
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.planner import analytic_split
-from digenrl.sim.report import RunSpec
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.testbed import load_testbed, resize
 from digenrl.sim.workload import config_for, duration_fn
 

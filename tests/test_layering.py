@@ -229,11 +229,6 @@ def names_path(module: str) -> str:
     return str(rel / "__init__.py") if (ROOT / rel).is_dir() else str(rel.with_suffix(".py"))
 
 
-# A cycle inside digenrl/sim that the simulator's own work removes; listed so that this test
-# holds meanwhile, and fails as soon as the cycle is gone (then delete the entry).
-KNOWN_CYCLES = [["digenrl.sim.planner", "digenrl.sim.report", "digenrl.sim.simulate", "digenrl.sim.workload"]]
-
-
 def test_every_part_has_a_layer():
     parts = {part_of(module_name(p)) for p in MODULES} - {""}
     listed = [part for layer in LAYERS for part in layer]
@@ -249,10 +244,7 @@ def test_parts_import_only_lower_layers():
 
 def test_no_module_cycles():
     found = cycles(module_graph())
-    new = [c for c in found if c not in KNOWN_CYCLES]
-    assert not new, "import cycles among modules:\n" + "\n".join(" <-> ".join(c) for c in new)
-    gone = [c for c in KNOWN_CYCLES if c not in found]
-    assert not gone, f"KNOWN_CYCLES lists cycles that are gone: delete them from the list: {gone}"
+    assert not found, "import cycles among modules:\n" + "\n".join(" <-> ".join(c) for c in found)
 
 
 def test_cycle_and_order_checks_catch_what_they_forbid():

@@ -68,7 +68,8 @@ from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.baselines import IDEAL
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
-from digenrl.sim.report import ON_POLICY, RunSpec, ideal_step_s, point_bound, run_spec, run_spec_within
+from digenrl.sim.report import ON_POLICY, ideal_step_s, point_bound, run_spec, run_spec_within
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 

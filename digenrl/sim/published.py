@@ -105,7 +105,8 @@ FIGURES = (
 
 def predict(fig: Figure, steps: int = 6, cm=None) -> dict:
     """The shipped row's steady-state step time on the figure's recipe, and its breakdown."""
-    from digenrl.sim.report import RunSpec, run_spec
+    from digenrl.sim.report import run_spec
+    from digenrl.sim.workload import RunSpec
 
     from digenrl.sim.costs import default_cost_model
     from digenrl.sim.shipped import SYSTEMS, fit

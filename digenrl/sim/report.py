@@ -9,8 +9,10 @@ scheduler config and pools the runtime would use) on the virtual clock -> metric
       --Scheduler + workload.duration_fn--> run_virtual --> Trace
       --measure--> RunResult (steady-state throughput, bubbles, staleness, breakdown)
 
-RunSpec is the planner's search point; `RunSpec.overrides` names each knob by the Config
-key that holds it, which is what `digenrl plan` prints and writes.
+RunSpec (digenrl/sim/workload.py, beside config_for) is the planner's search point;
+`RunSpec.overrides` names each knob by the Config key that holds it, which is what `digenrl
+plan` prints and writes. The modules import one way: workload <- report <- planner <-
+simulate (ROWS, the report's rows in their order, live here).
 
 Steady state. An RL run is long; a simulated one is a few steps, so its ends would
 dominate: the first steps fill the pipeline (the modes that generate ahead, one-step-off and
@@ -54,61 +56,24 @@ from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.testbed import Testbed
 from digenrl.io.trace import Trace, bubble_ratio, staleness
+from digenrl.sim.workload import RunSpec, config_for, duration_fn
 
 KINDS = ("generate", "reward", "train", "optimizer", "sync")
 
-
-@dataclass(frozen=True)
-class RunSpec:
-    """The knobs of one run (None = not used by this mode)."""
-
-    mode: str
-    n_rollout: Optional[int] = None  # rollout GPUs when the testbed's pool is split (role any)
-    micro_batch_groups: int = 1  # scheduler groups per micro-batch
-    samples_per_group: Optional[int] = None  # samples per scheduler group (None: group_size)
-    tsp_chunk: Optional[int] = None  # TSP chunk; batch-level modes: trainers share the batch evenly
-    tag_segment: Optional[int] = None
-    gen_shard: Optional[int] = None  # Generate sample shards per micro-batch (SchedConfig.gen_shard)
-    train_shard: Optional[int] = None  # Train sample shards per (micro-batch, chunk)
-    gang: Optional[int] = None  # GPUs per trainer gang (None: the smallest that fits, workload.fitting_gang)
-    rollout_gang: Optional[int] = None  # GPUs per rollout worker, sequence-parallel (None: the testbed's or 1)
-    trainer_sp: Optional[int] = None  # sequence-parallel degree inside a trainer gang (None: the testbed's or 1)
-    reshard: Optional[str] = None  # after-forward (None) | after-step
-    offload: Optional[bool] = None  # runtime.trainer.offload: AdamW state on the host (None: off)
-    memory: Optional[str] = None  # colocated rows: the memory plan (baselines.LAYOUTS; None: the cheapest that fits)
-    style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
-    zero_baseline: bool = False
-
-    def knobs(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
-
-    def overrides(self, tb: Testbed) -> dict:
-        """The knobs as the Config keys that hold them (what `digenrl plan` prints)."""
-        from digenrl.sim.workload import config_for
-
-        cfg = config_for(tb, self, 1)
-        rt, d = cfg.runtime, cfg.data
-        out = {"run.mode": self.mode, "runtime.rollout.workers": rt.rollout.workers,
-               "runtime.trainer.workers": rt.trainer.workers}
-        if rt.rollout.gang > 1:
-            out["runtime.rollout.gang"] = rt.rollout.gang
-        if d.micro_batch_samples:
-            out["data.micro_batch_samples"] = d.micro_batch_samples
-        else:
-            out["data.micro_batch_groups"] = d.micro_batch_groups
-        t = rt.trainer
-        if t.gang > 1:
-            out.update({"runtime.trainer.gang": t.gang, "runtime.trainer.shard": t.shard,
-                        "runtime.trainer.reshard": t.reshard})
-        if t.offload:
-            out["runtime.trainer.offload"] = True
-        if t.sp > 1:
-            out["runtime.trainer.sp"] = t.sp
-        for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
-                           ("runtime.gen_shard", self.gen_shard), ("runtime.train_shard", self.train_shard)):
-            if value:
-                out[key] = value
-        return out
+# row -> (scheduler mode, colocated style)
+ROWS = {
+    "colocated-ideal": ("colocated", "colocated-ideal"),
+    "verl-omni": ("colocated", "verl-omni"),
+    "genrl": ("colocated", "genrl"),
+    "flow_grpo": ("colocated", "flow_grpo"),
+    "disagg-sync": ("disagg-sync", None),
+    "one-step-off": ("one-step-off", None),
+    "gap": ("gap", None),
+    "gap+tsp": ("gap+tsp", None),
+    "gap+tsp+tag": ("gap+tsp+tag", None),
+    "digenrl": ("digenrl", None),
+}
+ALL = tuple(ROWS)
 
 
 @dataclass
@@ -150,8 +115,6 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
 def spec_duration_fn(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, check_memory: bool = True):
     """(Config, contract, DurationFn) of `spec` on `tb`: what the simulator and the emulated
     runtime (digenrl.tools.bench.emulate_spec) both run."""
-    from digenrl.sim.workload import duration_fn
-
     cfg, run = _config_and_contract(tb, spec, steps)
     fn = duration_fn(cfg, tb, cm, run, style=spec.style, zero_baseline=spec.zero_baseline, memory=spec.memory,
                      check_memory=check_memory)
@@ -163,8 +126,6 @@ def _config_and_contract(tb: Testbed, spec: RunSpec, steps: int):
     """config_for and its contract, once per point: the planner asks for a point's bound and then
     its run, and building a Config (typed, validated) costs as much as simulating a small one.
     Callers only read them (a new DurationFn and Scheduler are made per run)."""
-    from digenrl.sim.workload import config_for
-
     cfg = config_for(tb, spec, steps)
     return cfg, contract(cfg)
 
@@ -556,8 +517,6 @@ class Report:
 
     def order(self) -> list[str]:
         """Row labels in the order they were asked for, rows that do not fit in their place."""
-        from digenrl.sim.simulate import ALL
-
         return [k for k in ALL if k in self.rows or k in self.unfit]
 
     def plan_line(self, label: str) -> str:

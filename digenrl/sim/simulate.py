@@ -35,23 +35,9 @@ from digenrl.sim.devices import get_device
 from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, snap
 from digenrl.sim.shipped import SYSTEMS, layout_of
 from digenrl.sim.costs import default_cost_model
-from digenrl.sim.report import Report, ideal_step_s, run_spec
+from digenrl.sim.report import ALL, ROWS, Report, ideal_step_s, run_spec
 from digenrl.sim.testbed import Pool, Testbed, load_testbed, resize
 
-# row -> (scheduler mode, colocated style)
-ROWS = {
-    "colocated-ideal": ("colocated", "colocated-ideal"),
-    "verl-omni": ("colocated", "verl-omni"),
-    "genrl": ("colocated", "genrl"),
-    "flow_grpo": ("colocated", "flow_grpo"),
-    "disagg-sync": ("disagg-sync", None),
-    "one-step-off": ("one-step-off", None),
-    "gap": ("gap", None),
-    "gap+tsp": ("gap+tsp", None),
-    "gap+tsp+tag": ("gap+tsp+tag", None),
-    "digenrl": ("digenrl", None),
-}
-ALL = tuple(ROWS)
 
 
 def mode_and_style(name: str) -> tuple[str, str | None]:

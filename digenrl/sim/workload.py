@@ -13,8 +13,8 @@ Config key that cannot hold it.
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING, Optional
+from dataclasses import asdict, dataclass, replace
+from typing import Optional
 
 from digenrl.config.schema import Config, ConfigError, load_config
 from digenrl.config.contract import RunContract, contract, trained_steps
@@ -25,11 +25,59 @@ from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.sp import check_degree, degrees
 from digenrl.sim.testbed import Testbed, resize
 
-if TYPE_CHECKING:
-    from digenrl.sim.report import RunSpec
-
 CFG_SCALE = 4.5  # a guidance scale > 1 (the testbed only says "CFG on"); flow_grpo's SD3 default
 KL_BETA = 0.04  # likewise for "KL on": flow_grpo's default beta
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The knobs of one run (None = not used by this mode)."""
+
+    mode: str
+    n_rollout: Optional[int] = None  # rollout GPUs when the testbed's pool is split (role any)
+    micro_batch_groups: int = 1  # scheduler groups per micro-batch
+    samples_per_group: Optional[int] = None  # samples per scheduler group (None: group_size)
+    tsp_chunk: Optional[int] = None  # TSP chunk; batch-level modes: trainers share the batch evenly
+    tag_segment: Optional[int] = None
+    gen_shard: Optional[int] = None  # Generate sample shards per micro-batch (SchedConfig.gen_shard)
+    train_shard: Optional[int] = None  # Train sample shards per (micro-batch, chunk)
+    gang: Optional[int] = None  # GPUs per trainer gang (None: the smallest that fits, workload.fitting_gang)
+    rollout_gang: Optional[int] = None  # GPUs per rollout worker, sequence-parallel (None: the testbed's or 1)
+    trainer_sp: Optional[int] = None  # sequence-parallel degree inside a trainer gang (None: the testbed's or 1)
+    reshard: Optional[str] = None  # after-forward (None) | after-step
+    offload: Optional[bool] = None  # runtime.trainer.offload: AdamW state on the host (None: off)
+    memory: Optional[str] = None  # colocated rows: the memory plan (baselines.LAYOUTS; None: the cheapest that fits)
+    style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
+    zero_baseline: bool = False
+
+    def knobs(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
+
+    def overrides(self, tb: Testbed) -> dict:
+        """The knobs as the Config keys that hold them (what `digenrl plan` prints)."""
+        cfg = config_for(tb, self, 1)
+        rt, d = cfg.runtime, cfg.data
+        out = {"run.mode": self.mode, "runtime.rollout.workers": rt.rollout.workers,
+               "runtime.trainer.workers": rt.trainer.workers}
+        if rt.rollout.gang > 1:
+            out["runtime.rollout.gang"] = rt.rollout.gang
+        if d.micro_batch_samples:
+            out["data.micro_batch_samples"] = d.micro_batch_samples
+        else:
+            out["data.micro_batch_groups"] = d.micro_batch_groups
+        t = rt.trainer
+        if t.gang > 1:
+            out.update({"runtime.trainer.gang": t.gang, "runtime.trainer.shard": t.shard,
+                        "runtime.trainer.reshard": t.reshard})
+        if t.offload:
+            out["runtime.trainer.offload"] = True
+        if t.sp > 1:
+            out["runtime.trainer.sp"] = t.sp
+        for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
+                           ("runtime.gen_shard", self.gen_shard), ("runtime.train_shard", self.train_shard)):
+            if value:
+                out[key] = value
+        return out
 
 
 def family(model: str) -> str:
@@ -41,7 +89,7 @@ def family(model: str) -> str:
                       f"known families: {', '.join(FAMILY_PREFIX)}")
 
 
-def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[str] = None) -> Config:
+def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str] = None) -> Config:
     """The Config that runs `spec` on `tb` for `steps` RL steps (emulated compute on the
     testbed's cost model; set runtime.compute=real and model.path for the real thing).
 
@@ -120,7 +168,7 @@ def config_for(tb: Testbed, spec: "RunSpec", steps: int, testbed_ref: Optional[s
     return load_config(None, tree=tree)
 
 
-def degrees_of(tb: Testbed, spec: "RunSpec") -> tuple[int, int]:
+def degrees_of(tb: Testbed, spec: RunSpec) -> tuple[int, int]:
     """(runtime.rollout.gang, runtime.trainer.sp) of `spec` on `tb`: the spec's, else the
     testbed's fixed ones, else 1."""
     return (spec.rollout_gang or tb.rollout_gang or 1, spec.trainer_sp or tb.trainer_sp or 1)
@@ -167,8 +215,6 @@ def refusal(tb: Testbed, cm: Optional[CostModel] = None, memory: bool = False) -
     not the testbed's; with `memory=True` also refuse when even DigenRL's most memory-frugal plan
     cannot hold the training state: one trainer gang over every trainer-capable GPU, AdamW state
     on the host, generating under TAG (no rollout pool when the pool is split)."""
-    from digenrl.sim.report import RunSpec
-
     split = tb.split_pool
     trainers = tb.n_gpus if split else sum(p.count for p in tb.pool("trainer"))
     try:

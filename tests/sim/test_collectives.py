@@ -7,7 +7,7 @@ from digenrl.sim.catalogue import LINKS, lora_params_B
 from digenrl.sim.collectives import (allgather_traffic, allreduce_s, allreduce_traffic, broadcast_traffic,
                                      object_store_fanout_s, object_store_hops, object_store_send_s, pcie_s)
 from digenrl.sim.costs import CostModel
-from digenrl.sim.report import RunSpec
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.testbed import load_testbed
 from digenrl.sim.workload import config_for, duration_fn
 

@@ -30,7 +30,8 @@ from digenrl.sim.costs import default_cost_model as cost_model
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.gangs import (GangComm, ModelLayout, catalogue_layout, key, layout_for, module_layout,
                                predict_comm)
-from digenrl.sim.report import RunSpec, run_spec
+from digenrl.sim.report import run_spec
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.simulate import simulate
 from digenrl.sim.testbed import list_presets, load_testbed
 from digenrl.sim.workload import config_for, fitting_gang, refusal, trainer_fit

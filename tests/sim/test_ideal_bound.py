@@ -26,7 +26,8 @@ from digenrl.sim.catalogue import MODELS, WEIGHT_SYNC_METHODS
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import DEVICES
 from digenrl.sim.planner import default_point, grid, snap
-from digenrl.sim.report import RunSpec, ideal_step_s, run_spec
+from digenrl.sim.report import ideal_step_s, run_spec
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.simulate import ROWS, homogeneous_reference
 from digenrl.sim.testbed import Testbed, TestbedError
 from digenrl.sim.workload import fitting_gang, refusal

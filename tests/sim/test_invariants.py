@@ -27,7 +27,8 @@ from digenrl.sim.catalogue import MODELS, forward_flops, get_model, tokens_for
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
 from digenrl.sim.planner import grid, snap
-from digenrl.sim.report import RunSpec, ideal_step_s, run_spec
+from digenrl.sim.report import ideal_step_s, run_spec
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.shipped import SYSTEMS, layout_of
 from digenrl.sim.simulate import ROWS
 from digenrl.sim.testbed import Testbed, TestbedError

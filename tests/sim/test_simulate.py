@@ -9,7 +9,8 @@ import pytest
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
 from digenrl.sim.costs import CostModel
 from digenrl.sim.workload import config_for, duration_fn
-from digenrl.sim.report import RunSpec, ideal_step_s, run_spec, useful_work
+from digenrl.sim.report import ideal_step_s, run_spec, useful_work
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.planner import plan
 from digenrl.sim.simulate import ALL, BASELINES, homogeneous_reference, simulate
 from digenrl.sim.testbed import load_testbed

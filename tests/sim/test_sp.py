@@ -20,7 +20,8 @@ from digenrl.sim.costs import default_cost_model as cost_model
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.gangs import catalogue_layout, key, predict_comm
 from digenrl.sim.planner import plan, snap
-from digenrl.sim.report import RunSpec, ideal_step_s, run_spec
+from digenrl.sim.report import ideal_step_s, run_spec
+from digenrl.sim.workload import RunSpec
 from digenrl.sim.simulate import simulate
 from digenrl.sim.sp import (CATALOGUE, SpDims, forward_bytes, gang_generate_bytes, image_tokens_for,
                             rank_flops_fraction, train_unit_bytes)
