@@ -79,7 +79,7 @@ def main(argv=None) -> None:
     import ray
 
     from digenrl.config.schema import load_config
-    from digenrl.runtime.driver import RayTrainer
+    from digenrl.runtime.driver import RayDriver
 
     folder = Path(tempfile.mkdtemp(prefix="step_modules_"))
     os.environ["STEP_MODULES_DIR"] = str(folder)
@@ -101,7 +101,7 @@ def main(argv=None) -> None:
         "sampling.num_steps=4", "reward.threads=1", "runtime.rollout.workers=1", "runtime.trainer.workers=1"])
     install()
     try:
-        RayTrainer(cfg, progress=False, evaluate=False, on_dispatch=on_dispatch).train()
+        RayDriver(cfg, progress=False, evaluate=False, on_dispatch=on_dispatch).train()
     finally:
         sys.setprofile(None)
         threading.setprofile(None)
