@@ -100,7 +100,7 @@ def expected_trains(c: SchedConfig) -> Counter:
         ts = c.trained(k)
         chunks = [ts[i:i + c.tsp_chunk] for i in range(0, len(ts), c.tsp_chunk)] if c.tsp else [ts]
         for m, groups in enumerate(mbs):
-            for rows in split_rows(len(groups) * c.group_size, c.train_shard):
+            for rows in split_rows(len(groups) * c.samples_per_group, c.train_shard):
                 out.update((k, m, chunk, rows) for chunk in chunks)
     return out
 

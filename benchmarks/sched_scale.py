@@ -46,7 +46,7 @@ def main():
     p.add_argument("--train-shard", type=int, default=1, help="Train sample shards per unit")
     a = p.parse_args()
     cfg = SchedConfig(mode=a.mode, rl_steps=a.steps, groups_per_step=a.groups or a.rollout,
-                      group_size=GROUP_SIZE, micro_batch_groups=1, num_steps=10, tsp_chunk=3,
+                      samples_per_group=GROUP_SIZE, micro_batch_groups=1, num_steps=10, tsp_chunk=3,
                       tag_segment=2, gen_shard=a.gen_shard, train_shard=a.train_shard)
     workers = [Worker(f"r{i}", "rollout") for i in range(a.rollout)]
     workers += [Worker(f"t{i}", "trainer") for i in range(a.trainer)]

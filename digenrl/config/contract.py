@@ -134,7 +134,7 @@ def contract(cfg: Config, *, start_step: int = 0,
     n_trained = len(window(start_step))
     sched = SchedConfig(
         mode=cfg.run.mode, rl_steps=cfg.train.steps - start_step, first_step=start_step,
-        groups_per_step=sh.groups_per_step, group_size=sh.samples_per_group,
+        groups_per_step=sh.groups_per_step, samples_per_group=sh.samples_per_group,
         num_steps=cfg.sampling.num_steps,
         trained_steps=window,
         micro_batch_groups=sh.micro_batch_groups,

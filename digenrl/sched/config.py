@@ -69,7 +69,9 @@ class SchedConfig:
                         first_step + rl_steps - 1, versions from first_step (step s is
                         trained by version s), so nobody converts between two numberings
     groups_per_step     prompt groups per RL step
-    group_size          samples per prompt group (metrics; the row count of sample shards)
+    samples_per_group   samples per scheduler group: data.group_size, or 1 when
+                        data.micro_batch_samples cuts prompt groups into samples (the row
+                        count of sample shards; not the GRPO group, which is data.group_size)
     num_steps           denoising steps per trajectory
     trained_steps       trained denoising-step indices (the SDE window): a fixed sequence,
                         a function step -> sequence, or None = all but the last (Flow-GRPO)
@@ -93,7 +95,7 @@ class SchedConfig:
     mode: str = "digenrl"
     rl_steps: int = 1
     groups_per_step: int = 8
-    group_size: int = 8
+    samples_per_group: int = 8
     num_steps: int = 10
     trained_steps: TrainedSteps = None
     micro_batch_groups: int = 1
@@ -115,7 +117,7 @@ class SchedConfig:
                              "(single-device trainer); pick one of: " + ", ".join(MODES))
         if self.mode not in MODES:
             raise ValueError(f"SchedConfig.mode={self.mode!r} is not one of: {', '.join(MODES)}")
-        for key in ("rl_steps", "groups_per_step", "group_size", "num_steps",
+        for key in ("rl_steps", "groups_per_step", "samples_per_group", "num_steps",
                     "micro_batch_groups", "tsp_chunk", "tag_segment", "gen_shard", "train_shard"):
             _positive_int(key, getattr(self, key))
         if self.rollout_segment is not None:

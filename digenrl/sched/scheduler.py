@@ -551,7 +551,7 @@ class Scheduler:
     def _open_steps(self) -> None:
         """Create every step some worker may now generate: s <= version + lag."""
         cfg = self.cfg
-        gs = cfg.group_size
+        gs = cfg.samples_per_group
         while self._next_step < cfg.end_step and self._next_step <= self.version + cfg.lag:
             s = self._next_step
             mbs = [_MB(groups, split_rows(len(groups) * gs, cfg.gen_shard),

@@ -9,7 +9,7 @@ simulator can put them in heaps. Coordinates:
     t         denoising-step index, 0 (noise) .. num_steps (data); [t_start, t_end)
     version   policy version: 0 = initial weights; OptimizerStep(k) produces k + 1
     samples   sample shard: rows [first, last) of the micro-batch, whose rows are its groups'
-              samples in order (row r = sample r % group_size of groups[r // group_size]);
+              samples in order (row r = sample r % samples_per_group of groups[r // samples_per_group]);
               None = every row (unsharded, the default). See SchedConfig.gen_shard /
               train_shard and `rows`.
 """
@@ -73,7 +73,12 @@ class Reward:
 
 @dataclass(frozen=True, slots=True)
 class Train:
-    """Loss + backward on trained denoising steps `t_steps` of a micro-batch (grads accumulate).
+    """Loss + backward on trained slots `t_steps` of a micro-batch (grads accumulate).
+
+    A trained slot is the denoising step itself unless the samples draw their own steps
+    (`sampling.window_draw=sample`): then sample c trains its own step in slot t
+    (`rollout.sampler.trained_steps`). The name stays `t_steps`: units' reprs are part of
+    the simulator's fingerprint (benchmarks/sim_fingerprint.py).
 
     `traj_version` is the behaviour policy that generated it; the trainer's own version is
     always `step` (step k is trained by version k), so staleness = step - traj_version.
@@ -130,16 +135,16 @@ def kind(unit: Unit) -> str:
     return KINDS[type(unit)]
 
 
-def rows(unit: Union[Generate, Reward, Train], group_size: int) -> tuple[int, int]:
-    """[first, last) rows of its micro-batch that `unit` covers (group_size samples per group)."""
+def rows(unit: Union[Generate, Reward, Train], samples_per_group: int) -> tuple[int, int]:
+    """[first, last) rows of its micro-batch that `unit` covers (samples_per_group samples per group)."""
     r = getattr(unit, "samples", None)
-    return (0, len(unit.groups) * group_size) if r is None else r
+    return (0, len(unit.groups) * samples_per_group) if r is None else r
 
 
-def n_samples(unit: Union[Generate, Reward, Train], group_size: int) -> int:
+def n_samples(unit: Union[Generate, Reward, Train], samples_per_group: int) -> int:
     """Samples `unit` covers: its shard's rows, else the whole micro-batch."""
     r = getattr(unit, "samples", None)
-    return len(unit.groups) * group_size if r is None else r[1] - r[0]
+    return len(unit.groups) * samples_per_group if r is None else r[1] - r[0]
 
 
 def split_rows(n_rows: int, shards: int) -> tuple[Rows, ...]:

@@ -729,7 +729,7 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
                           "pools only (run.mode=colocated samples and trains on the baselines' memory plans); "
                           "set 1, or a disaggregated mode")
     lay = layout(testbed, run)
-    mode, spg = run.sched.mode, run.sched.group_size
+    mode, spg = run.sched.mode, run.sched.samples_per_group
     if testbed.group_size % spg:
         raise ValueError(f"samples_per_group={spg} must divide group_size={testbed.group_size}")
     if mode == "colocated" and style is None:  # a run's own config: what the runtime runs

@@ -74,7 +74,7 @@ class MeasuredDurations:
 
     def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0):
         self.c, self.run, self.k = costs, run, slowdown
-        self.spg = run.sched.group_size
+        self.spg = run.sched.samples_per_group
         # trainer 0 publishes only when rollout workers pull (runtime/backend.py: publisher)
         self._publishes = any(w.role == "rollout" for w in run.workers())
 

@@ -247,10 +247,10 @@ def _chain_s(fn: DurationFn, run, trainers: list, rollout: list, generate: bool)
                 costs.append(fn(w, unit))
         return min(costs)
 
-    rows = min(split_rows(len(small) * c.group_size, c.train_shard), key=lambda r: (r[1] - r[0]) if r else 1e9)
+    rows = min(split_rows(len(small) * c.samples_per_group, c.train_shard), key=lambda r: (r[1] - r[0]) if r else 1e9)
     t = cheapest(Train(0, 0, small, tuple(trained[:min(chunk, last)]), 0, rows), trainers[:1])
     if generate:
-        gen_rows = min(split_rows(len(small) * c.group_size, c.gen_shard),
+        gen_rows = min(split_rows(len(small) * c.samples_per_group, c.gen_shard),
                        key=lambda r: (r[1] - r[0]) if r else 1e9)
         gens = rollout[:1] + (trainers[:1] if c.tag or c.colocated else [])
         t += cheapest(Generate(0, 0, small, 0, 0, c.num_steps, gen_rows), gens)
@@ -269,7 +269,7 @@ def _step_generation_max(fn: DurationFn, run, trainers: list, rollout: list) -> 
     total = 0.0
     for mb, groups in enumerate(partition(c.groups_per_step, c.micro_batch_groups)):
         units = [Generate(0, mb, groups, 0, 0, c.num_steps, rows)
-                 for rows in split_rows(len(groups) * c.group_size, c.gen_shard)] + [Reward(0, mb, groups)]
+                 for rows in split_rows(len(groups) * c.samples_per_group, c.gen_shard)] + [Reward(0, mb, groups)]
         for u in units:
             costs = []
             for w in workers:

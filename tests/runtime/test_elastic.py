@@ -81,11 +81,11 @@ def _dead_pid() -> int:
 @pytest.mark.parametrize("mode", ["gap", "digenrl"])
 def test_event_loop_joins_and_drains_on_ray(ray_cluster, mode):
     # emulated workers (sleeps, no torch): the loop's poll joins a worker and drains two mid-run
-    cfg = SchedConfig(mode=mode, rl_steps=3, groups_per_step=4, group_size=2, micro_batch_groups=1,
+    cfg = SchedConfig(mode=mode, rl_steps=3, groups_per_step=4, samples_per_group=2, micro_batch_groups=1,
                       num_steps=4, tsp_chunk=2, rollout_segment=1)
     sched = Scheduler(cfg, [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")])
     # const_cost: a closure over digenrl.sched only, so the actors do not import this module (torch)
-    backend = EmulatedBackend(sched.workers, const_cost(COST, cfg.group_size), time_scale=0.02)
+    backend = EmulatedBackend(sched.workers, const_cost(COST, cfg.samples_per_group), time_scale=0.02)
     done = []
 
     def poll(loop):

@@ -20,7 +20,7 @@ def _fixed(worker, unit):
 
 def _sched():
     workers = [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")]
-    return Scheduler(SchedConfig(mode="digenrl", rl_steps=3, groups_per_step=4, group_size=2, num_steps=2), workers)
+    return Scheduler(SchedConfig(mode="digenrl", rl_steps=3, groups_per_step=4, samples_per_group=2, num_steps=2), workers)
 
 
 def _schedule(trace):

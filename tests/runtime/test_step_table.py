@@ -14,7 +14,7 @@ def test_every_unit_kind_has_one_route():
 
 
 def test_each_event_is_the_scheduler_handler_of_that_kind():
-    sched = Scheduler(SchedConfig(mode="digenrl", rl_steps=1, groups_per_step=2, group_size=2, num_steps=2,
+    sched = Scheduler(SchedConfig(mode="digenrl", rl_steps=1, groups_per_step=2, samples_per_group=2, num_steps=2,
                                   micro_batch_groups=1),
                       [Worker("rollout-0", "rollout"), Worker("trainer-0", "trainer")])
     for kind, route in STEP_TABLE.items():

@@ -21,14 +21,14 @@ def pools(mode: str, n_rollout: int = 3, n_trainer: int = 3, n_reward: int = 0) 
     return ws + [Worker(f"w{i}", "reward") for i in range(n_reward)]
 
 
-def const_cost(cost: dict = COST, group_size: int = 8):
+def const_cost(cost: dict = COST, samples_per_group: int = 8):
     """Generate scales with denoising steps, Train with (trained steps x groups); a sample
     shard (unit.samples) costs its share of the micro-batch's rows."""
     def duration(worker, unit):
         k = kind(unit)
         share = 1.0
         if getattr(unit, "samples", None) is not None:
-            share = (unit.samples[1] - unit.samples[0]) / (len(unit.groups) * group_size)
+            share = (unit.samples[1] - unit.samples[0]) / (len(unit.groups) * samples_per_group)
         if k == "generate":
             return cost[k] * (unit.t_end - unit.t_start) * share
         if k == "train":
@@ -42,7 +42,7 @@ def run(mode: str, n_rollout=3, n_trainer=3, n_reward=0, cost=COST, failures=(),
     kw.update(cfg)
     c = SchedConfig(mode=mode, **kw)
     s = Scheduler(c, pools(mode, n_rollout, n_trainer, n_reward))
-    return s, run_virtual(s, const_cost(cost, c.group_size), failures=failures, joins=joins)
+    return s, run_virtual(s, const_cost(cost, c.samples_per_group), failures=failures, joins=joins)
 
 
 def random_losses(rng) -> tuple[list, list]:

@@ -17,28 +17,28 @@ MODES = ("gap", "gap+tsp", "digenrl")
 
 def expected(c: SchedConfig) -> Counter:
     return Counter((k, g, i, t) for k in range(c.rl_steps) for g in range(c.groups_per_step)
-                   for i in range(c.group_size) for t in c.trained(k))
+                   for i in range(c.samples_per_group) for t in c.trained(k))
 
 
-def trained(trace, group_size: int) -> Counter:
+def trained(trace, samples_per_group: int) -> Counter:
     """(step, group, sample, t) of every completed Train span; row r of a micro-batch is
-    sample r % group_size of its group r // group_size."""
+    sample r % samples_per_group of its group r // samples_per_group."""
     out = Counter()
     for x in done(trace, "train"):
         u = x.unit
-        a, b = rows(u, group_size)
+        a, b = rows(u, samples_per_group)
         for r in range(a, b):
-            out.update((u.step, u.groups[r // group_size], r % group_size, t) for t in u.t_steps)
+            out.update((u.step, u.groups[r // samples_per_group], r % samples_per_group, t) for t in u.t_steps)
     return out
 
 
 def elastic_run(mode, drains, joins=(), failures=(), n_rollout=3, n_trainer=2, **cfg):
     kw = dict(rl_steps=3, groups_per_step=12, micro_batch_groups=2, num_steps=6, tsp_chunk=2,
-              group_size=4)
+              samples_per_group=4)
     kw.update(cfg)
     c = SchedConfig(mode=mode, **kw)
     s = Scheduler(c, pools(mode, n_rollout, n_trainer))
-    tr = run_virtual(s, const_cost(COST, c.group_size), drains=drains, joins=joins, failures=failures)
+    tr = run_virtual(s, const_cost(COST, c.samples_per_group), drains=drains, joins=joins, failures=failures)
     return s, tr
 
 
@@ -77,7 +77,7 @@ def test_adds_and_drains_mid_step_train_each_sample_once(mode, segment, shard):
     drains = [(1.3, "r0"), (9.1, "r1"), (17.3, "new0")]
     s, tr = elastic_run(mode, drains, joins, rollout_segment=segment, gen_shard=shard, train_shard=shard)
     assert s.done
-    assert trained(tr, s.cfg.group_size) == expected(s.cfg)
+    assert trained(tr, s.cfg.samples_per_group) == expected(s.cfg)
     check_drained(s, tr, drains)
     assert [w.id for w in s.workers if w.role == "rollout"] == ["r2", "new1"]
     assert s.draining == [] and s.pop_drained() == []  # the engine took them
@@ -102,7 +102,7 @@ def test_random_adds_drains_and_losses(mode, seed):
     failures = [(joins[0][0] + rng.uniform(0.1, 10), "new0")] if seed % 2 else []
     s, tr = elastic_run(mode, drains, joins, failures, n_rollout=n,
                         rollout_segment=rng.choice([None, 1, 2]), gen_shard=rng.choice([1, 2]))
-    assert trained(tr, s.cfg.group_size) == expected(s.cfg)
+    assert trained(tr, s.cfg.samples_per_group) == expected(s.cfg)
     check_drained(s, tr, [d for d in drains])
 
 
@@ -111,7 +111,7 @@ def test_old_version_kept_by_the_draining_worker():
     # trainers publish version 1 and r1 syncs to it. Drained then, r0 is the only holder of
     # version 0: a hand-over would restart the trajectory from t=0 on a version-1 worker, so
     # r0 finishes it itself, then leaves.
-    cfg = dict(rl_steps=3, groups_per_step=4, micro_batch_groups=1, num_steps=4, group_size=2,
+    cfg = dict(rl_steps=3, groups_per_step=4, micro_batch_groups=1, num_steps=4, samples_per_group=2,
                rollout_segment=1)
 
     def slow_r0(worker, unit):
@@ -171,14 +171,14 @@ def test_tag_may_drain_every_rollout_worker(mode, segment, when):
     s, tr = elastic_run(mode, drains, n_rollout=2, rollout_segment=segment)
     assert s.done and not [w for w in s.workers if w.role == "rollout"]
     assert s.stats["restarts"] == 0  # nobody else holds their version: they finish, then leave
-    assert trained(tr, s.cfg.group_size) == expected(s.cfg)
+    assert trained(tr, s.cfg.samples_per_group) == expected(s.cfg)
     check_drained(s, tr, drains)
 
 
 def test_draining_worker_lost():
     # the loss wins: its unit is re-queued as for any lost worker, and it is not reported as drained
     s, tr = elastic_run("gap", drains=[(2.5, "r0")], failures=[(3.0, "r0")], rollout_segment=None)
-    assert trained(tr, s.cfg.group_size) == expected(s.cfg)
+    assert trained(tr, s.cfg.samples_per_group) == expected(s.cfg)
     assert s.stats["requeued"] == 1 and "r0" not in {w.id for w in s.workers}
 
 
@@ -186,10 +186,10 @@ def test_draining_worker_lost():
 def test_reward_workers_drain(mode):
     # two reward workers, both drained mid-run: Rewards then run on the generating workers
     c = SchedConfig(mode=mode, rl_steps=3, groups_per_step=12, micro_batch_groups=2, num_steps=6,
-                    tsp_chunk=2, group_size=4, rollout_segment=2)
+                    tsp_chunk=2, samples_per_group=4, rollout_segment=2)
     s = Scheduler(c, pools(mode, 3, 2, n_reward=2))
-    tr = run_virtual(s, const_cost(COST, c.group_size), drains=[(5.9, "w0"), (12.9, "w1")])
-    assert trained(tr, c.group_size) == expected(c)
+    tr = run_virtual(s, const_cost(COST, c.samples_per_group), drains=[(5.9, "w0"), (12.9, "w1")])
+    assert trained(tr, c.samples_per_group) == expected(c)
     assert not [w for w in s.workers if w.role == "reward"]
     assert all(x.start < tr.alive[x.worker][1] for x in done(tr, "reward") if x.worker in ("w0", "w1"))
     late = [x for x in done(tr, "reward") if x.start > 13]

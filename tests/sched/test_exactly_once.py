@@ -94,5 +94,5 @@ def test_exactly_once_when_inputs_are_lost(mode, seed):
     got = Counter((u.step, u.mb, t, u.samples) for u in units for t in u.t_steps)
     mbs = partition(c.groups_per_step, c.micro_batch_groups)
     want = Counter((k, m, t, rows) for k in range(c.rl_steps) for m, groups in enumerate(mbs)
-                   for t in c.trained(k) for rows in split_rows(len(groups) * c.group_size, c.train_shard))
+                   for t in c.trained(k) for rows in split_rows(len(groups) * c.samples_per_group, c.train_shard))
     assert got == want

@@ -18,7 +18,7 @@ GS = 3  # samples per group: shard boundaries fall inside groups
 def expected(s):
     c = s.cfg
     return Counter((k, g, i, t) for k in range(c.rl_steps) for g in range(c.groups_per_step)
-                   for i in range(c.group_size) for t in c.trained(k))
+                   for i in range(c.samples_per_group) for t in c.trained(k))
 
 
 def trained(trace, gs=GS):
@@ -75,7 +75,7 @@ def test_split_rows():
 def test_exactly_once_per_sample(mode, gen_shard, train_shard):
     # 7 groups of 3 in micro-batches of 2: a ragged last micro-batch (3 rows), shards that
     # do not divide the rows and cut groups
-    s, tr = run(mode, groups_per_step=7, micro_batch_groups=2, group_size=GS,
+    s, tr = run(mode, groups_per_step=7, micro_batch_groups=2, samples_per_group=GS,
                 gen_shard=gen_shard, train_shard=train_shard, rollout_segment=2)
     assert s.done and trained(tr) == expected(s)
     by_mb = check_generation(s, tr)
@@ -94,7 +94,7 @@ def test_exactly_once_per_sample_with_random_loss(mode, seed):
     rng = random.Random(seed)
     failures, joins = random_losses(rng)
     s, tr = run(mode, n_rollout=4, n_trainer=2, n_reward=2, failures=failures, joins=joins,
-                rollout_segment=rng.choice([None, 1, 2]), rl_steps=3, group_size=GS,
+                rollout_segment=rng.choice([None, 1, 2]), rl_steps=3, samples_per_group=GS,
                 gen_shard=rng.choice([2, 3]), train_shard=rng.choice([1, 2]))
     assert trained(tr) == expected(s)
     check_generation(s, tr)
@@ -102,7 +102,7 @@ def test_exactly_once_per_sample_with_random_loss(mode, seed):
 
 
 def test_lost_shard_keeps_the_micro_batch_version():
-    s = Scheduler(SchedConfig(mode="gap", groups_per_step=1, group_size=4, num_steps=4, gen_shard=2),
+    s = Scheduler(SchedConfig(mode="gap", groups_per_step=1, samples_per_group=4, num_steps=4, gen_shard=2),
                   [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")])
     a = {x.worker_id: x.unit for x in s.assign()}
     assert {a["r0"].samples, a["r1"].samples} == {(0, 2), (2, 4)}  # both shards start at once
@@ -121,10 +121,10 @@ def test_stranded_shard_restarts_the_whole_micro_batch():
     # digenrl: rollout workers generate step 1 with version 0 while step 0 trains. Both
     # holders of version 0 die mid-step-1; once version 1 is out, nobody can finish the
     # micro-batch with version 0, so all its shards restart with version 1.
-    cfg = SchedConfig(mode="digenrl", rl_steps=2, groups_per_step=1, group_size=4, num_steps=4,
+    cfg = SchedConfig(mode="digenrl", rl_steps=2, groups_per_step=1, samples_per_group=4, num_steps=4,
                       gen_shard=2, tag=False)
     s = Scheduler(cfg, [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")])
-    tr = run_virtual(s, const_cost(group_size=4), failures=[(4.2, "r0"), (4.3, "r1")],
+    tr = run_virtual(s, const_cost(samples_per_group=4), failures=[(4.2, "r0"), (4.3, "r1")],
                      joins=[(10.0, Worker("r2", "rollout"))])
     assert s.done and s.stats["restarts"] == 1
     lost = [x.unit for x in tr.spans if x.extra and x.extra.get("lost")]
