@@ -14,7 +14,7 @@ import heapq
 from typing import Callable, Iterable, Optional
 
 from digenrl.sched import Scheduler, Unit, Worker, kind
-from digenrl.sched.units import OptimizerStep, Train
+from digenrl.sched.units import OptimizerStep, Train, WeightSync
 from digenrl.io.trace import Span, Trace
 
 _DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
@@ -26,7 +26,8 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 drains: Iterable[tuple[float, str]] = (),
                 record: bool = True,
                 max_events: Optional[int] = None,
-                on_version: Optional[Callable[[int, float], bool]] = None) -> Trace:
+                on_version: Optional[Callable[[int, float], bool]] = None,
+                quiet_syncs: bool = True) -> Trace:
     """Run `scheduler` to completion on a virtual clock and return its Trace.
 
     duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
@@ -35,10 +36,20 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     very large runs). `on_version(version, now)`: called when the trainers' version advances (an
     optimizer step ended); True stops the run there (`trace.stopped`; the planner's early stop,
     report.run_spec_within). Raises RuntimeError on deadlock (nothing running, not done).
+
+    `quiet_syncs` (exact; False is the reference, tests/sim/test_engine_fast.py): a weight sync
+    that ends right after another one of the same version whose assign() started nothing does
+    not call assign(). All that sync's completion changed is one more idle rollout worker at
+    that version (and one sync fewer in flight, which leaves TAG's reserve, syncing + idle
+    rollout workers, as it was): any work such a worker could take, the first one already
+    would have. A large rollout pool's syncs (one per worker and version) are most events.
     """
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
     trace = Trace(workers={wid: w.role for wid, w in workers.items()},
                   alive={wid: [0.0, None] for wid in workers})
+    failures, joins, drains = list(failures), list(joins), list(drains)
+    quiet_syncs = quiet_syncs and not (failures or joins or drains)  # no losses, arrivals, drains
+    quiet = None  # version of the last event, a WeightSync whose assign() started nothing
     heap: list = []
     seq = 0
     running: dict[str, tuple[float, Unit, int, int]] = {}  # wid -> (start, unit, version, token)
@@ -56,16 +67,18 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
 
     assign, complete = scheduler.assign, scheduler.complete
 
-    def launch():
+    def launch() -> int:
         nonlocal seq
         v = scheduler.version
-        for wid, unit in assign():
+        started = assign()
+        for wid, unit in started:
             dt = duration_fn(workers[wid], unit)
             if dt < 0:
                 raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wid}")
             running[wid] = (now, unit, v, seq)
             push(heap, (now + dt, seq, _DONE, (wid, unit, seq)))
             seq += 1
+        return len(started)
 
     launch()
     while not scheduler.done:
@@ -74,6 +87,7 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                                f"{scheduler.describe()}")
         now, _, what, payload = pop(heap)
         n_events += 1
+        synced = None  # the version a rollout worker's WeightSync just ended with
         if what == _DONE:
             wid, unit, token = payload
             cur = running.get(wid)
@@ -89,6 +103,10 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 if on_version(version, now):
                     trace.stopped = True
                     break
+            if quiet_syncs and type(unit) is WeightSync and workers[wid].role == "rollout":
+                if quiet == unit.version and (max_events is None or n_events <= max_events):
+                    continue  # nothing to assign (see the docstring)
+                synced = unit.version
         elif what == _LOST:
             cur = running.pop(payload, None)
             scheduler.worker_lost(payload)
@@ -107,7 +125,7 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
             trace.alive[w.id][1] = now
         if max_events is not None and n_events > max_events:
             raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
-        launch()
+        quiet = synced if launch() == 0 else None
     trace.end = now
     trace.n_events = n_events
     return trace
