@@ -49,6 +49,7 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                   alive={wid: [0.0, None] for wid in workers})
     failures, joins, drains = list(failures), list(joins), list(drains)
     quiet_syncs = quiet_syncs and not (failures or joins or drains)  # no losses, arrivals, drains
+    quiet_ids = {wid for wid, w in workers.items() if w.role == "rollout"} if quiet_syncs else set()
     quiet = None  # version of the last event, a WeightSync whose assign() started nothing
     heap: list = []
     seq = 0
@@ -95,18 +96,23 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 continue  # the worker was lost while running this unit
             del running[wid]
             complete(wid, unit)
-            if record:
-                spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
-                                  _step(unit), unit=unit))
-            if on_version is not None and scheduler.version != version and type(unit) is OptimizerStep:
-                version = scheduler.version
-                if on_version(version, now):
-                    trace.stopped = True
-                    break
-            if quiet_syncs and type(unit) is WeightSync and workers[wid].role == "rollout":
-                if quiet == unit.version and (max_events is None or n_events <= max_events):
-                    continue  # nothing to assign (see the docstring)
-                synced = unit.version
+            if type(unit) is WeightSync:  # most events at scale: the span inline (_version, _step)
+                v = unit.version
+                if record:
+                    spans.append(Span(wid, "sync", cur[0], now, v, v - 1, None, unit))
+                if wid in quiet_ids:
+                    if quiet == v and (max_events is None or n_events <= max_events):
+                        continue  # nothing to assign (see the docstring)
+                    synced = v
+            else:
+                if record:
+                    spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
+                                      _step(unit), None, unit))
+                if on_version is not None and scheduler.version != version and type(unit) is OptimizerStep:
+                    version = scheduler.version
+                    if on_version(version, now):
+                        trace.stopped = True
+                        break
         elif what == _LOST:
             cur = running.pop(payload, None)
             scheduler.worker_lost(payload)
