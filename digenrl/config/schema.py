@@ -9,6 +9,7 @@ allowed.
 from __future__ import annotations
 
 import copy
+import functools
 import dataclasses
 import typing
 from dataclasses import dataclass, field, fields
@@ -800,11 +801,18 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict:
+    """typing.get_type_hints of a config dataclass, once per class (the simulator's planner builds
+    a Config per candidate point: 19,286 calls, 4.7 s of a 64-GPU `digenrl simulate`)."""
+    return typing.get_type_hints(cls)
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
     _check(isinstance(data, dict), prefix or "config", f"expected a mapping, got {data!r}")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = [f.name for f in fields(cls)]
     kwargs = {}
     for k, v in data.items():
