@@ -103,6 +103,7 @@ class Scheduler:
         # workers running a unit of a micro-batch regenerated since it was sent (inputs_lost):
         # a Generate or Reward result of theirs is dropped; a Train counts (it did train)
         self._stale: set[str] = set()
+        self._regenerated = False  # some micro-batch was regenerated (_regenerate) at least once
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -297,9 +298,12 @@ class Scheduler:
             chunks = [st.trained]
         m = st.mbs[r.mb]
         m.rewarded = True
-        # after a regeneration (inputs_lost): not the units already trained or still running
+        # after a regeneration (inputs_lost): not the units already trained or still running.
+        # Without one, no Train of this micro-batch exists yet (they are made here, once per
+        # Reward, and a micro-batch is rewarded twice only after _regenerate): skip the scan
+        # of every worker, O(workers) per Reward (large rollout pools)
         running = {(u.t_steps, u.samples) for u in self.in_flight.values()
-                   if type(u) is Train and (u.step, u.mb) == (r.step, r.mb)}
+                   if type(u) is Train and (u.step, u.mb) == (r.step, r.mb)} if self._regenerated else ()
         units = [Train(r.step, r.mb, r.groups, ts, version, rows)
                  for ts in chunks for rows in m.train_rows
                  if (ts, rows) not in (m.trained or ()) and (ts, rows) not in running]
@@ -404,6 +408,7 @@ class Scheduler:
     def _regenerate(self, step: int, mb: int) -> None:
         """Micro-batch (step, mb) starts over from t=0: drop its queued units, mark its
         running Generate / Reward / Train units stale (see `inputs_lost`)."""
+        self._regenerated = True
         st = self._steps[step]
         m = st.mbs[mb]
         if m.rewarded:
