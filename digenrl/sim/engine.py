@@ -27,7 +27,8 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 record: bool = True,
                 max_events: Optional[int] = None,
                 on_version: Optional[Callable[[int, float], bool]] = None,
-                quiet_syncs: bool = True) -> Trace:
+                quiet_syncs: bool = True,
+                batched: bool = True) -> Trace:
     """Run `scheduler` to completion on a virtual clock and return its Trace.
 
     duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
@@ -43,6 +44,12 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     that version (and one sync fewer in flight, which leaves TAG's reserve, syncing + idle
     rollout workers, as it was): any work such a worker could take, the first one already
     would have. A large rollout pool's syncs (one per worker and version) are most events.
+
+    `batched` (exact; False is the reference): units launched together that end at the same
+    time share one heap entry, processed in launch order. Their entries (end, seq) would have
+    had consecutive seqs, so nothing else could pop between them (whatever is pushed meanwhile
+    has a later seq): the same events in the same order, fewer heap operations (a sync wave of
+    a large rollout pool, the optimizer barrier of many trainer gangs).
     """
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
     trace = Trace(workers={wid: w.role for wid, w in workers.items()},
@@ -72,66 +79,77 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
         nonlocal seq
         v = scheduler.version
         started = assign()
+        batch, t_batch = None, None
         for wid, unit in started:
             dt = duration_fn(workers[wid], unit)
             if dt < 0:
                 raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wid}")
             running[wid] = (now, unit, v, seq)
-            push(heap, (now + dt, seq, _DONE, (wid, unit, seq)))
+            t = now + dt
+            if batched and t == t_batch:  # same end as the previous unit: the same heap entry
+                batch.append((wid, unit, seq))
+            else:
+                batch, t_batch = [(wid, unit, seq)], t
+                push(heap, (t, seq, _DONE, batch))
             seq += 1
         return len(started)
 
     launch()
-    while not scheduler.done:
+    stop = False
+    while not scheduler.done and not stop:
         if not heap:
             raise RuntimeError(f"deadlock at t={now}: nothing running, not done; "
                                f"{scheduler.describe()}")
         now, _, what, payload = pop(heap)
-        n_events += 1
-        synced = None  # the version a rollout worker's WeightSync just ended with
-        if what == _DONE:
-            wid, unit, token = payload
-            cur = running.get(wid)
-            if cur is None or cur[3] != token:
-                continue  # the worker was lost while running this unit
-            del running[wid]
-            complete(wid, unit)
-            if type(unit) is WeightSync:  # most events at scale: the span inline (_version, _step)
-                v = unit.version
-                if record:
-                    spans.append(Span(wid, "sync", cur[0], now, v, v - 1, None, unit))
-                if wid in quiet_ids:
-                    if quiet == v and (max_events is None or n_events <= max_events):
-                        continue  # nothing to assign (see the docstring)
-                    synced = v
+        for item in (payload if what == _DONE else (payload,)):
+            if item is not payload and scheduler.done:  # the rest of a batch ends after the run
+                break
+            n_events += 1
+            synced = None  # the version a rollout worker's WeightSync just ended with
+            if what == _DONE:
+                wid, unit, token = item
+                cur = running.get(wid)
+                if cur is None or cur[3] != token:
+                    continue  # the worker was lost while running this unit
+                del running[wid]
+                complete(wid, unit)
+                if type(unit) is WeightSync:  # most events at scale: the span inline (_version, _step)
+                    v = unit.version
+                    if record:
+                        spans.append(Span(wid, "sync", cur[0], now, v, v - 1, None, unit))
+                    if wid in quiet_ids:
+                        if quiet == v and (max_events is None or n_events <= max_events):
+                            continue  # nothing to assign (see the docstring)
+                        synced = v
+                else:
+                    if record:
+                        spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
+                                          _step(unit), None, unit))
+                    if on_version is not None and scheduler.version != version and type(unit) is OptimizerStep:
+                        version = scheduler.version
+                        if on_version(version, now):
+                            trace.stopped = True
+                            stop = True
+                            break
+            elif what == _LOST:
+                cur = running.pop(payload, None)
+                scheduler.worker_lost(payload)
+                trace.alive[payload][1] = now
+                if cur is not None and record:
+                    spans.append(Span(payload, kind(cur[1]), cur[0], now, _version(cur[1], cur[2]),
+                                      _step(cur[1]), extra={"lost": True}, unit=cur[1]))
+            elif what == _JOIN:
+                scheduler.add_worker(payload)
+                workers[payload.id] = payload
+                trace.workers[payload.id] = payload.role
+                trace.alive[payload.id] = [now, None]
             else:
-                if record:
-                    spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
-                                      _step(unit), None, unit))
-                if on_version is not None and scheduler.version != version and type(unit) is OptimizerStep:
-                    version = scheduler.version
-                    if on_version(version, now):
-                        trace.stopped = True
-                        break
-        elif what == _LOST:
-            cur = running.pop(payload, None)
-            scheduler.worker_lost(payload)
-            trace.alive[payload][1] = now
-            if cur is not None and record:
-                spans.append(Span(payload, kind(cur[1]), cur[0], now, _version(cur[1], cur[2]),
-                                  _step(cur[1]), extra={"lost": True}, unit=cur[1]))
-        elif what == _JOIN:
-            scheduler.add_worker(payload)
-            workers[payload.id] = payload
-            trace.workers[payload.id] = payload.role
-            trace.alive[payload.id] = [now, None]
-        else:
-            scheduler.drain(payload)
-        for w in scheduler.pop_drained():  # drained workers leave once free
-            trace.alive[w.id][1] = now
-        if max_events is not None and n_events > max_events:
-            raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
-        quiet = synced if launch() == 0 else None
+                scheduler.drain(payload)
+            for w in scheduler.pop_drained():  # drained workers leave once free
+                trace.alive[w.id][1] = now
+            if max_events is not None and n_events > max_events:
+                raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
+            quiet = synced if launch() == 0 else None
     trace.end = now
     trace.n_events = n_events
     return trace

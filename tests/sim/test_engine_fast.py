@@ -32,3 +32,25 @@ def test_quiet_syncs_same_trace(gpus, spec):
     fast, ref = _trace(tb, spec, True), _trace(tb, spec, False)
     assert fast.spans == ref.spans and fast.end == ref.end and fast.alive == ref.alive
     assert sum(s.kind == "sync" for s in ref.spans) > 0
+
+
+def _trace_batched(tb, spec, batched):
+    _, run, fn = spec_duration_fn(tb, spec, 6, default_cost_model())
+    return run_virtual(Scheduler(run.sched, run.workers()), fn, batched=batched)
+
+
+@pytest.mark.parametrize("gpus,spec", [
+    (64, RunSpec("digenrl", n_rollout=56, gen_shard=4, train_shard=4)),
+    (64, RunSpec("digenrl", n_rollout=8, micro_batch_groups=2, tag_segment=1)),
+    (16, RunSpec("gap+tsp+tag", n_rollout=10, tag_segment=2)),
+    (32, RunSpec("one-step-off", n_rollout=24, samples_per_group=1)),
+    (32, RunSpec("disagg-sync", n_rollout=20, samples_per_group=1)),
+    (16, RunSpec("colocated", micro_batch_groups=2)),
+])
+def test_batched_same_trace(gpus, spec):
+    """Units launched together that end together share one heap entry (run_virtual batched):
+    the same trace, span for span, as one entry each."""
+    tb = resize(load_testbed(SMALL), gpus)
+    fast, ref = _trace_batched(tb, spec, True), _trace_batched(tb, spec, False)
+    assert fast.spans == ref.spans and fast.end == ref.end and fast.alive == ref.alive
+    assert fast.n_events == ref.n_events
