@@ -15,7 +15,7 @@ import heapq
 from typing import Callable, Iterable, Optional
 
 from digenrl.sched import Scheduler, Unit, Worker, kind
-from digenrl.sched.units import OptimizerStep, Train, WeightSync
+from digenrl.sched.units import KINDS as _KINDS, OptimizerStep, Reward, Train, WeightSync
 from digenrl.io.trace import Span, Trace
 
 _DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
@@ -112,13 +112,16 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
 
     launch()
     stop = False
-    while not scheduler.done and not stop:
+    rl_steps = scheduler.cfg.rl_steps  # scheduler.done, inline (the loop asks after every event)
+    leaving = bool(drains)  # only drain() makes workers leave (pop_drained)
+    KINDS = _KINDS
+    while scheduler.version < rl_steps and not stop:
         if not heap:
             raise RuntimeError(f"deadlock at t={now}: nothing running, not done; "
                                f"{scheduler.describe()}")
         now, _, what, payload = pop(heap)
         for item in (payload if what == _DONE else (payload,)):
-            if item is not payload and scheduler.done:  # the rest of a batch ends after the run
+            if item is not payload and scheduler.version >= rl_steps:  # the rest of a batch ends after the run
                 break
             n_events += 1
             synced = None  # the version a rollout worker's WeightSync just ended with
@@ -138,10 +141,11 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
                             continue  # nothing to assign (see the docstring)
                         synced = v
                 else:
-                    if record:
-                        spans.append(Span(wid, kind(unit), cur[0], now, _version(unit, cur[2]),
-                                          _step(unit), None, unit))
-                    if on_version is not None and scheduler.version != version and type(unit) is OptimizerStep:
+                    t = type(unit)
+                    if record:  # kind, _version and _step, inline
+                        spans.append(Span(wid, KINDS[t], cur[0], now, cur[2] if t is Train else (None if t is Reward else unit.version),
+                                          unit.step, None, unit))
+                    if on_version is not None and scheduler.version != version and t is OptimizerStep:
                         version = scheduler.version
                         if on_version(version, now):
                             trace.stopped = True
@@ -161,8 +165,9 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
                 trace.alive[payload.id] = [now, None]
             else:
                 scheduler.drain(payload)
-            for w in scheduler.pop_drained():  # drained workers leave once free
-                trace.alive[w.id][1] = now
+            if leaving:
+                for w in scheduler.pop_drained():  # drained workers leave once free
+                    trace.alive[w.id][1] = now
             if max_events is not None and n_events > max_events:
                 raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
             quiet = synced if launch() == 0 else None
