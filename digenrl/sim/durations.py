@@ -102,8 +102,12 @@ class Layout:
         return sum(self.gpus.get(w.id, 1) for w in self.workers)
 
 
+_LAYOUTS: dict = {}  # layout()'s memo: what it reads of (tb, run) -> Layout
+
+
 def layout(tb: Testbed, run: RunContract) -> Layout:
-    """The contract's workers placed on `tb`'s GPUs.
+    """The contract's workers placed on `tb`'s GPUs (memoised on what it reads: the planner
+    asks for thousands of points, a few layouts, each of thousands of workers at scale).
 
     Pools with role `any` are one pool to split: colocated workers take every GPU; otherwise
     rollout workers take the first GPUs and trainers the rest, packed at the end so that
@@ -111,12 +115,23 @@ def layout(tb: Testbed, run: RunContract) -> Layout:
     workers of their role, in order. Counts must match (`digenrl.sim.workload.testbed_for`
     sizes the testbed to the config).
     """
-    gpus = [(p, i) for p in tb.pools for i in range(p.count)]
-    workers = [w for w in run.workers() if w.role != "reward"]
-    if len(workers) < len(run.workers()):
-        raise ValueError("runtime.reward.workers: the simulator models rewards on the generating worker; set 0")
     gang = run.pool("trainer").resources.gang if run.pool("trainer") else 1
     rgang = run.pool("rollout").resources.gang if run.pool("rollout") else 1
+    key = (tb.name, tb.pools, tuple((p.role, p.workers) for p in run.pools), gang, rgang)
+    lay = _LAYOUTS.get(key)
+    if lay is None:
+        if len(_LAYOUTS) >= 4096:
+            _LAYOUTS.clear()
+        lay = _LAYOUTS[key] = _layout(tb, run, gang, rgang)
+    return lay
+
+
+def _layout(tb: Testbed, run: RunContract, gang: int, rgang: int) -> Layout:
+    gpus = [(p, i) for p in tb.pools for i in range(p.count)]
+    every = run.workers()
+    workers = [w for w in every if w.role != "reward"]
+    if len(workers) < len(every):
+        raise ValueError("runtime.reward.workers: the simulator models rewards on the generating worker; set 0")
     # a trainer gang holds `gang` GPUs, a rollout gang (sequence parallel) `rgang`
     size = {w.id: gang if w.role == "trainer" else rgang if w.role == "rollout" else 1 for w in workers}
     if tb.split_pool:

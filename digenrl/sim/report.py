@@ -108,7 +108,7 @@ def run_spec(tb: Testbed, spec: RunSpec, steps: int = 4, cm: CostModel | None = 
     published recipe is simulated anyway, durations.DurationFn.check_memory)."""
     cm = cm or default_cost_model()
     cfg, run, fn = spec_duration_fn(tb, spec, steps, cm, check_memory)
-    trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
+    trace = run_virtual(Scheduler(run.sched, fn.layout.workers), fn)  # run.workers(), made once (durations.layout)
     return measure(tb, spec, trace, fn, steps, keep_trace)
 
 
@@ -220,7 +220,7 @@ def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incum
             return True
         return False
 
-    trace = run_virtual(Scheduler(run.sched, run.workers()), fn, on_version=on_version)
+    trace = run_virtual(Scheduler(run.sched, fn.layout.workers), fn, on_version=on_version)
     if reached[0] is not None:
         return reached[0]
     return measure(tb, spec, trace, fn, steps)
