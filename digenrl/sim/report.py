@@ -55,8 +55,7 @@ from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.testbed import Testbed
-from digenrl.io.trace import Trace, bubble_ratio, staleness
-from digenrl.sim.workload import RunSpec, config_for, duration_fn
+from digenrl.io.trace import Trace, staleness
 
 KINDS = ("generate", "reward", "train", "optimizer", "sync")
 
@@ -313,12 +312,25 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     for w in fn.layout.workers:
         n_dev[device[w.id]] = n_dev.get(device[w.id], 0) + gpus.get(w.id, 1)
         lead.setdefault(device[w.id], 0.0)
-    for s in trace.spans:  # GPU-seconds: a gang's span occupies all its GPUs
-        g, d = gpus.get(s.worker, 1), device[s.worker]
-        lead[d] -= max(0.0, min(s.end, t1) - max(s.start, t0)) * g
-        if s.step is not None and a < s.step <= b:
-            busy[s.kind] += (s.end - s.start) * g
-            lead[d] += (s.end - s.start) * g
+    # One pass over the spans (a 4096-GPU run holds ~40,000): GPU-seconds (a gang's span
+    # occupies all its GPUs), and each pool's busy time inside the window (bubble_ratio's sum,
+    # in the same order). min/max written out: the same values (first of equals, as min/max).
+    pool_of = trace.workers
+    inside: dict[str, list] = {}
+    for s in trace.spans:
+        w, start, end, step = s.worker, s.start, s.end, s.step
+        g, d = gpus.get(w, 1), device[w]
+        o = (t1 if t1 < end else end) - (t0 if t0 > start else start)
+        o = o if o > 0.0 else 0.0  # max(0.0, o)
+        lead[d] -= o * g
+        p = pool_of[w]
+        ins = inside.get(p)
+        if ins is None:
+            ins = inside[p] = []
+        ins.append(o)
+        if step is not None and a < step <= b:
+            busy[s.kind] += (end - start) * g
+            lead[d] += (end - start) * g
     step_s = max(t1 - t0 + lead[d] / n_dev[d] for d in n_dev) / n_steps  # see the module doc
     over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
     bd = {k: v / n_steps / n for k, v in busy.items()}
@@ -345,8 +357,21 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     thr = tb.samples_per_step / step_s
     st = staleness(trace)
     return RunResult(spec, tb.name, n, step_s, thr, thr / n, usd, thr * 3600 / usd,
-                     {p: bubble_ratio(trace, p, t0, t1) for p in pools}, max(st.values(), default=0),
+                     {p: _bubble(trace, p, t0, t1, inside.get(p, ())) for p in pools}, max(st.values(), default=0),
                      bd, over, fn.colocated_config, trace if keep_trace else None, fn if keep_trace else None)
+
+
+def _bubble(trace: Trace, pool: str, t0: float, t1: float, busy: list) -> float:
+    """trace.bubble_ratio(trace, pool, t0, t1), given the overlaps of the pool's spans with
+    [t0, t1] in span order (measure's one pass; t0 <= t1 <= trace.end)."""
+    total = 0.0
+    for wid, role in trace.workers.items():
+        if role == pool:
+            join, leave = trace.alive[wid]
+            total += max(0.0, min(t1, trace.end if leave is None else leave) - max(t0, join))
+    if total <= 0:
+        return 0.0
+    return max(0.0, 1.0 - sum(busy) / total)
 
 
 # ----------------------------------------------------------------------------- ideal bound
