@@ -235,7 +235,7 @@ class Scheduler:
         ws = self._w.get(worker_id)
         if ws is None:
             raise SchedulerError(f"complete(): unknown or removed worker {worker_id!r}")
-        if ws.unit != unit:
+        if ws.unit is not unit and ws.unit != unit:  # (identity first: != compares every field)
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
