@@ -21,6 +21,11 @@ from .units import (ROLES, Assignment, Generate, OptimizerStep, Reward, Rows, Tr
                     WeightSync, Worker, by_kind, partition, split_rows)
 
 
+# Assignment(worker_id, unit) without the namedtuple's Python-level __new__ (half the cost;
+# the same object): the hot path makes one per unit started
+_assignment = tuple.__new__
+
+
 class SchedulerError(RuntimeError):
     """An event the scheduler cannot handle (unknown worker, lost trainer, bad completion)."""
 
@@ -213,7 +218,7 @@ class Scheduler:
                 ws = w[wid]
                 unit = ws.unit = WeightSync(P)
                 ws.version = P
-                out.append(Assignment(wid, unit))
+                out.append(_assignment(Assignment, (wid, unit)))
             k = len(wids)
             self._n_syncing += k
             self._n_at[v] -= k
@@ -623,7 +628,7 @@ class Scheduler:
             self._n_at[unit.version] = self._n_at.get(unit.version, 0) + 1
             ws.version = unit.version
             self._rescue(old)
-        out.append(Assignment(ws.id, unit))
+        out.append(_assignment(Assignment, (ws.id, unit)))
 
     def _push_cont(self, version: int, step: int, mb: int, rows: Rows, t: int) -> None:
         self._cont_q.setdefault(version, deque()).append((step, mb, rows, t))
