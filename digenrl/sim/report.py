@@ -315,19 +315,15 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     # One pass over the spans (a 4096-GPU run holds ~40,000): GPU-seconds (a gang's span
     # occupies all its GPUs), and each pool's busy time inside the window (bubble_ratio's sum,
     # in the same order). min/max written out: the same values (first of equals, as min/max).
-    pool_of = trace.workers
-    inside: dict[str, list] = {}
+    inside: dict[str, list] = {p: [] for p in set(trace.workers.values())}
+    per = {w: (gpus.get(w, 1), device.get(w), inside[p].append) for w, p in trace.workers.items()}
     for s in trace.spans:
-        w, start, end, step = s.worker, s.start, s.end, s.step
-        g, d = gpus.get(w, 1), device[w]
+        start, end, step = s.start, s.end, s.step
+        g, d, add = per[s.worker]
         o = (t1 if t1 < end else end) - (t0 if t0 > start else start)
         o = o if o > 0.0 else 0.0  # max(0.0, o)
         lead[d] -= o * g
-        p = pool_of[w]
-        ins = inside.get(p)
-        if ins is None:
-            ins = inside[p] = []
-        ins.append(o)
+        add(o)
         if step is not None and a < step <= b:
             busy[s.kind] += (end - start) * g
             lead[d] += (end - start) * g
