@@ -15,7 +15,8 @@ import heapq
 from typing import Callable, Iterable, Optional
 
 from digenrl.sched import Scheduler, Unit, Worker, kind
-from digenrl.sched.units import KINDS as _KINDS, OptimizerStep, Reward, Train, WeightSync
+from digenrl.sched.units import KINDS as _KINDS
+from digenrl.sched.units import OptimizerStep, Reward, Train, WeightSync
 from digenrl.io.trace import Span, Trace
 
 _DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
@@ -113,7 +114,6 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
     launch()
     stop = False
     rl_steps = scheduler.cfg.rl_steps  # scheduler.done, inline (the loop asks after every event)
-    leaving = bool(drains)  # only drain() makes workers leave (pop_drained)
     KINDS = _KINDS
     while scheduler.version < rl_steps and not stop:
         if not heap:
@@ -143,7 +143,8 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
                 else:
                     t = type(unit)
                     if record:  # kind, _version and _step, inline
-                        spans.append(Span(wid, KINDS[t], cur[0], now, cur[2] if t is Train else (None if t is Reward else unit.version),
+                        spans.append(Span(wid, KINDS[t], cur[0], now,
+                                          cur[2] if t is Train else None if t is Reward else unit.version,
                                           unit.step, None, unit))
                     if on_version is not None and scheduler.version != version and t is OptimizerStep:
                         version = scheduler.version
@@ -165,9 +166,8 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
                 trace.alive[payload.id] = [now, None]
             else:
                 scheduler.drain(payload)
-            if leaving:
-                for w in scheduler.pop_drained():  # drained workers leave once free
-                    trace.alive[w.id][1] = now
+            for w in scheduler.pop_drained():  # drained workers leave once free
+                trace.alive[w.id][1] = now
             if max_events is not None and n_events > max_events:
                 raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
             quiet = synced if launch() == 0 else None
