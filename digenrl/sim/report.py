@@ -56,6 +56,7 @@ from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.testbed import Testbed
 from digenrl.io.trace import Trace, staleness
+from digenrl.sim.workload import RunSpec, config_for, duration_fn
 
 KINDS = ("generate", "reward", "train", "optimizer", "sync")
 
