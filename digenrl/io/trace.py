@@ -49,14 +49,20 @@ class Trace:
     n_events: int = 0
 
 
-def bubble_ratio(trace: Trace, pool: str, t0: float = 0.0, t1: Optional[float] = None) -> float:
-    """Idle worker-time / total worker-time of `pool` over [t0, t1] (default: whole run)."""
-    t1 = trace.end if t1 is None else t1
+def pool_time(trace: Trace, pool: str, t0: float, t1: float) -> float:
+    """Worker-time of `pool` over [t0, t1]: each worker from its join to its leave (or the end)."""
     total = 0.0
     for wid, role in trace.workers.items():
         if role == pool:
             join, leave = trace.alive[wid]
             total += max(0.0, min(t1, trace.end if leave is None else leave) - max(t0, join))
+    return total
+
+
+def bubble_ratio(trace: Trace, pool: str, t0: float = 0.0, t1: Optional[float] = None) -> float:
+    """Idle worker-time / total worker-time of `pool` over [t0, t1] (default: whole run)."""
+    t1 = trace.end if t1 is None else t1
+    total = pool_time(trace, pool, t0, t1)
     if total <= 0:
         return 0.0
     busy = sum(max(0.0, min(s.end, t1) - max(s.start, t0))

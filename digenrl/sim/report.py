@@ -55,7 +55,7 @@ from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.testbed import Testbed
-from digenrl.io.trace import Trace, staleness
+from digenrl.io.trace import Trace, pool_time, staleness
 from digenrl.sim.workload import RunSpec, config_for, duration_fn
 
 KINDS = ("generate", "reward", "train", "optimizer", "sync")
@@ -361,11 +361,7 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
 def _bubble(trace: Trace, pool: str, t0: float, t1: float, busy: list) -> float:
     """trace.bubble_ratio(trace, pool, t0, t1), given the overlaps of the pool's spans with
     [t0, t1] in span order (measure's one pass; t0 <= t1 <= trace.end)."""
-    total = 0.0
-    for wid, role in trace.workers.items():
-        if role == pool:
-            join, leave = trace.alive[wid]
-            total += max(0.0, min(t1, trace.end if leave is None else leave) - max(t0, join))
+    total = pool_time(trace, pool, t0, t1)
     if total <= 0:
         return 0.0
     return max(0.0, 1.0 - sum(busy) / total)
