@@ -209,21 +209,8 @@ class Scheduler:
         P = self.version
         idle_r = self._idle["rollout"]
         for v in [v for v in idle_r if v < P]:
-            wids = idle_r.pop(v)
-            # _start(worker, WeightSync(P)) for each, its counts once for the wave (a large
-            # rollout pool's waves are most of a run): every one of them holds v, so v's count
-            # stays above 0 until the last, and only then can _rescue(v) act
-            w = self._w
-            for wid in wids:
-                ws = w[wid]
-                unit = ws.unit = WeightSync(P)
-                ws.version = P
-                out.append(_assignment(Assignment, (wid, unit)))
-            k = len(wids)
-            self._n_syncing += k
-            self._n_at[v] -= k
-            self._n_at[P] = self._n_at.get(P, 0) + k
-            self._rescue(v)
+            for wid in idle_r.pop(v):
+                self._start(self._w[wid], WeightSync(P), out)
 
     def _match_fresh(self, out, barrier):
         cfg, P = self.cfg, self.version

@@ -113,15 +113,14 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
 
     launch()
     stop = False
-    end_step = scheduler.cfg.end_step  # scheduler.done, inline (the loop asks after every event)
     KINDS = _KINDS
-    while scheduler.version < end_step and not stop:
+    while not scheduler.done and not stop:
         if not heap:
             raise RuntimeError(f"deadlock at t={now}: nothing running, not done; "
                                f"{scheduler.describe()}")
         now, _, what, payload = pop(heap)
         for item in (payload if what == _DONE else (payload,)):
-            if item is not payload and scheduler.version >= end_step:  # the rest of a batch ends after the run
+            if item is not payload and scheduler.done:  # the rest of a batch ends after the run
                 break
             n_events += 1
             synced = None  # the version a rollout worker's WeightSync just ended with
