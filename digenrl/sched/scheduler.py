@@ -209,8 +209,7 @@ class Scheduler:
         P = self.version
         idle_r = self._idle["rollout"]
         for v in [v for v in idle_r if v < P]:
-            for wid in idle_r.pop(v):
-                self._start(self._w[wid], WeightSync(P), out)
+            self._start_syncs(idle_r.pop(v), v, out)
 
     def _match_fresh(self, out, barrier):
         cfg, P = self.cfg, self.version
@@ -606,16 +605,25 @@ class Scheduler:
 
     def _start(self, ws: _W, unit: Unit, out) -> None:
         ws.unit = unit
-        if type(unit) is WeightSync:
-            # The worker holds the new weights from now on for matching purposes: it is
-            # busy until the sync completes, and its old version must not attract work.
-            old = ws.version
-            self._n_syncing += 1
-            self._n_at[old] -= 1
-            self._n_at[unit.version] = self._n_at.get(unit.version, 0) + 1
-            ws.version = unit.version
-            self._rescue(old)
         out.append(_assignment(Assignment, (ws.id, unit)))
+
+    def _start_syncs(self, wids, old: int, out) -> None:
+        """A WeightSync to the current version on each of the idle rollout workers `wids`, all
+        at version `old` (the only place a WeightSync starts). Each holds the new weights from
+        now on for matching purposes: busy until its sync completes, its old version no longer
+        attracting work. The counts move once for the wave (a large pool's waves are most
+        events of a run): every worker of it holds `old`, so old's count stays above 0 until
+        the last, and only then can _rescue(old) act."""
+        P = self.version
+        for wid in wids:
+            ws = self._w[wid]
+            ws.unit, ws.version = WeightSync(P), P
+            out.append(_assignment(Assignment, (wid, ws.unit)))
+        k = len(wids)
+        self._n_syncing += k
+        self._n_at[old] -= k
+        self._n_at[P] = self._n_at.get(P, 0) + k
+        self._rescue(old)
 
     def _push_cont(self, version: int, step: int, mb: int, rows: Rows, t: int) -> None:
         self._cont_q.setdefault(version, deque()).append((step, mb, rows, t))
