@@ -12,6 +12,7 @@ import copy
 import functools
 import dataclasses
 import typing
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -444,6 +445,11 @@ class RuntimeConfig:
     # object-store | lora-only (adapters only) | nccl: trainer 0's relay sends each rollout pull
     # point-to-point over a process group (NCCL on GPU, gloo on CPU; runtime/relay.py)
     weight_sync: str = "object-store"
+    # the network interface (e.g. eth0, ib0, bond0) that gloo and NCCL collectives and the weight
+    # relay use on every node: each actor gets GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, and
+    # process-group and relay addresses are that interface's IPv4 address. None = Ray's node IP
+    # and the libraries' own choice (docs/runtime.md "Networks")
+    network_interface: Optional[str] = None
     # real: workers load the model and compute; emulated: real Ray actors that sleep for the
     # cost model's time of each unit (no model or reward is loaded); the
     # schedule (pools, data shape, shards, segments) is this config's, the hardware and the
@@ -480,6 +486,9 @@ class RuntimeConfig:
         _check(self.gen_shard >= 1, "runtime.gen_shard", "must be >= 1 (1 = unsharded)")
         _check(self.train_shard >= 1, "runtime.train_shard", "must be >= 1 (1 = unsharded)")
         _check(self.worker_threads >= 1, "runtime.worker_threads", "must be >= 1")
+        _check(self.network_interface is None or bool(re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", str(self.network_interface))),
+               "runtime.network_interface", f"an interface name as `ip link` lists it (e.g. eth0, ib0), "
+               f"got {self.network_interface!r}")
 
 
 @dataclass
@@ -545,6 +554,8 @@ class Config:
         if rt.compute == "emulated":
             _check(rt.reward.workers == 0, "runtime.reward.workers",
                    "emulated compute models rewards on the generating worker; set 0")
+            _check(rt.network_interface is None, "runtime.network_interface",
+                   "emulated workers sleep and run no collectives or relay; leave it unset")
         # model.device=cuda on Ray: every pool that loads the policy must reserve a GPU. A Ray
         # actor with num_gpus 0 sees no GPU (CUDA_VISIBLE_DEVICES is empty) and would fail on
         # its first CUDA call, after Ray and the other workers started. Emulated compute loads
@@ -605,6 +616,8 @@ class Config:
             ("runtime.compute", rt.compute == "emulated", "emulated compute sleeps on Ray actors"),
             ("runtime.rollout.gang", rt.rollout.gang > 1, "sequence-parallel gangs are Ray workers"),
             ("runtime.trainer.sp", rt.trainer.sp > 1, "sequence-parallel gangs are Ray workers"),
+            ("runtime.network_interface", rt.network_interface is not None,
+             "names the interface of the Ray actors' collectives and relay"),
         ):
             _check(not is_set, key, f"{what}; run.mode=local runs one process without Ray: pick a Ray mode")
 

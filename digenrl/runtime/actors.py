@@ -2,7 +2,9 @@
 
     Actors(cfg)
       .start(pools)          a gang per worker of each pool (placement groups for trainers and
-                             multi-device gangs), their process groups, the relay's pair groups
+                             multi-device gangs, node-aligned: runtime/cluster.py), their
+                             process groups, the relay's pair groups
+      .nodes()               the Ray node of each rank of each worker
       .gang(wid)             the gang that runs worker `wid`'s units (runtime/gang.py)
       .replace(old)          a fresh gang for a lost rollout / reward worker
       .add_rollout()         one more rollout worker, starting (elastic pools); `admit` once up
@@ -24,7 +26,8 @@ from typing import Optional
 import ray
 
 from digenrl.config.schema import Config
-from digenrl.runtime.cluster import PLACEMENT_TIMEOUT_S, PoolPlacement, actor_options
+from digenrl.runtime.cluster import (PLACEMENT_TIMEOUT_S, GangPlacement, PoolPlacement, actor_options,
+                                     network_options)
 from digenrl.runtime.gang import Gang
 from digenrl.runtime.workers import EvalWorker, RewardWorker, RolloutRank, TrainerRank
 from digenrl.sched import Worker
@@ -48,7 +51,7 @@ class Actors:
         self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
         self.serving: list = []  # weight_sync=nccl: refs of the relay's sends in flight
         self.evaluator = None  # the EvalWorker actor, started at the first evaluation
-        self._placements: list[PoolPlacement] = []
+        self._placements: dict[str, PoolPlacement] = {}  # a pool's or a gang's worker id -> its group
         self._n_replaced = 0
 
     # -- who is who -----------------------------------------------------------------------
@@ -70,21 +73,32 @@ class Actors:
     # -- start -----------------------------------------------------------------------------
     def start(self, pools) -> None:
         """One Gang per scheduler worker: runtime.trainer.gang actors per trainer and
-        runtime.rollout.gang per rollout worker (one placement group for the pool, a bundle
-        per device), one actor per reward worker. A rollout gang forms its own process group
-        and runs sequence-parallel (`_init_sp`)."""
+        runtime.rollout.gang per rollout worker, one actor per reward worker. A worker of
+        several devices gets its own placement group, on one node wherever a node holds it
+        (cluster.GangPlacement); single-device trainers share one packed group (their gradient
+        all-reduce). Every group is placed before any loose actor starts, the largest gangs
+        first, so that loose workers fill what the gangs leave. A rollout gang forms its own
+        process group and runs sequence-parallel (`_init_sp`)."""
+        pools = [p for p in pools if p.workers]
+        opts: dict[str, list[dict]] = {}  # worker id -> its ranks' actor options
+        for p in sorted(pools, key=lambda p: -self._gang(p.role)):
+            gang = self._gang(p.role)
+            ids = [f"{p.role}-{i}" for i in range(p.workers)]
+            if gang > 1:
+                for wid in ids:
+                    pg = self._placements[wid] = GangPlacement(p.resources, gang, wid)
+                    opts[wid] = [pg.options(p.resources, r) for r in range(gang)]
+            elif p.role in ("trainer", "colocated"):
+                pg = self._placements[p.role] = PoolPlacement(p.resources, p.workers, p.role)
+                opts.update({wid: [pg.options(p.resources, i)] for i, wid in enumerate(ids)})
+            else:
+                opts.update({wid: [actor_options(p.resources)] for wid in ids})
+        straddling = [w for w, pg in self._placements.items() if getattr(pg, "straddles", False)]
+        if straddling:
+            log.warning("no node holds a whole gang of %s: their collectives cross nodes", ", ".join(straddling))
         for p in pools:
-            if p.workers == 0:
-                continue
-            gang = p.resources.gang if p.role != "reward" else 1
-            pg = None
-            if gang > 1 or p.role in ("trainer", "colocated"):  # collectives: packed on few nodes
-                pg = PoolPlacement(p.resources, p.workers * gang, name=p.role)
-                self._placements.append(pg)
             for i in range(p.workers):
-                opts = [pg.options(p.resources, i * gang + r) if pg is not None else actor_options(p.resources)
-                        for r in range(gang)]
-                self._spawn(Worker(f"{p.role}-{i}", p.role), opts)
+                self._spawn(Worker(f"{p.role}-{i}", p.role), opts[f"{p.role}-{i}"])
         pids = [ray.get(h.ready()) for h in self.handles.values()]
         self.rank_pids.update(zip(self.handles, pids))
         self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
@@ -98,8 +112,14 @@ class Actors:
             addr = ray.get(ranks[0].dist_address.remote())
             ray.get([a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang) for r, a in enumerate(ranks)])
 
+    def _gang(self, role: str) -> int:
+        """Ranks per worker of `role`."""
+        rt = self.cfg.runtime
+        return {"rollout": rt.rollout.gang, "reward": 1}.get(role, rt.trainer.gang)
+
     def _spawn(self, worker: Worker, opts: list[dict]) -> None:
         cls = ROLE_CLASS[worker.role]
+        opts = [{**o, **network_options(self.cfg.runtime.network_interface)} for o in opts]
         if self.cfg.runtime.weight_sync == "nccl" and cls is TrainerRank:
             actor = ray.remote(concurrency_groups={"relay": 1})(cls)  # the relay's own thread
         else:
@@ -121,8 +141,16 @@ class Actors:
         self._n_replaced += 1
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
-        self._spawn(new, [actor_options(pool)] * (pool.gang if old.role == "rollout" else 1))
+        pg = self._placements.pop(old.id, None)
+        if pg is not None:
+            pg.remove()
         try:  # a lost node may have been the only one with room for this pool: say so, not hang
+            gang = self._gang(old.role)
+            if gang > 1:
+                pg = self._placements[new.id] = GangPlacement(pool, gang, new.id)
+                self._spawn(new, [pg.options(pool, r) for r in range(gang)])
+            else:
+                self._spawn(new, [actor_options(pool)])
             ray.get(self.handles[new.id].ready(), timeout=PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise RuntimeError(
@@ -159,6 +187,9 @@ class Actors:
         h = self.handles.pop(worker.id, None)
         if h is not None:
             h.kill()
+        pg = self._placements.pop(worker.id, None)
+        if pg is not None:
+            pg.remove()
         self.pids.pop(worker.id, None)
         self.rank_pids.pop(worker.id, None)
         if self.cfg.runtime.weight_sync == "nccl" and worker.role == "rollout":
@@ -189,6 +220,11 @@ class Actors:
         if self.serving:
             done, self.serving = ray.wait(self.serving, num_returns=len(self.serving), timeout=0)
             ray.get(done)
+
+    def nodes(self) -> dict[str, list[str]]:
+        """The Ray node id of each rank of each live worker."""
+        refs = {wid: [a.node_id.remote() for a in h.ranks] for wid, h in self.handles.items()}
+        return {wid: ray.get(r, timeout=PLACEMENT_TIMEOUT_S) for wid, r in refs.items()}
 
     # -- evaluation ------------------------------------------------------------------------
     def _eval_pool(self):
@@ -231,7 +267,7 @@ class Actors:
             ray.kill(self.evaluator)
         self.evaluator = None
         self.handles.clear()
-        for pg in self._placements:
+        for pg in self._placements.values():
             pg.remove()
         self._placements.clear()
 

@@ -46,6 +46,7 @@ from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
 from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
 from digenrl.runtime import weight_sync
+from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
 from digenrl.runtime.gang_rank import all_reduce_grads
 from digenrl.runtime.results import Generated, Rewarded, Stepped, Synced, Trained
@@ -69,6 +70,12 @@ class _Rank:
     @on_ranks(ALL, ALL)  # every rank reports its pid
     def ready(self) -> int:
         return os.getpid()
+
+    def node_id(self) -> str:
+        """The Ray node this rank runs on (Actors.nodes)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     @on_ranks(ALL, ALL)  # a unit: every rank scores its shards (a sequence-parallel group: see backend)
     def reward(self, unit: Reward, *shards: Trajectories) -> Rewarded:
@@ -154,7 +161,7 @@ class _PolicyRank(_Rank):
         with socket.socket() as s:
             s.bind(("", 0))
             port = s.getsockname()[1]
-        return f"tcp://{_node_ip()}:{port}"
+        return f"tcp://{interface_ip(self.cfg.runtime.network_interface)}:{port}"
 
     def _join(self, address: str, rank: int, world: int) -> None:
         """This process's default process group: gloo on CPU, NCCL on GPU."""
@@ -244,7 +251,7 @@ class TrainerRank(_PolicyRank):
         if self.engine == "nccl" and rank == 0:  # only the publisher's (trainer 0's) is used
             from digenrl.runtime.relay import Relay
 
-            self.relay = Relay(device=cfg.model.device, host=_node_ip())
+            self.relay = Relay(device=cfg.model.device, host=interface_ip(cfg.runtime.network_interface))
 
     def _generate_comm(self) -> dict:
         return {}  # (TAG) read at the optimizer step, with the training collectives
@@ -463,8 +470,3 @@ def _score(rewarder, shards: tuple[Trajectories, ...], source=None) -> Rewarded:
     rewards, parts = rewarder.score(traj.images, traj.prompts, traj.group_ids, sources)
     return Rewarded(**_times(t0), rewards=rewards, parts=parts, group_ids=traj.group_ids)
 
-
-def _node_ip() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()

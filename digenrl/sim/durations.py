@@ -230,7 +230,7 @@ class DurationFn:
             self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, tb.micro_batch,
                                  tb.kl and tb.lora, self.trainer_sp,
                                  tb.weight_sync == "lora-only" or (tb.weight_sync == "nccl" and tb.lora))
-            self.gang_link = tb.link(self.trainer_pool, self.gang)
+            self.gang_link = tb.gang_link(self.trainer_pool, self.gang, self.n_trainers)
 
     # ---- colocated baseline costs --------------------------------------------
     def _colocated_costs(self) -> None:

@@ -121,6 +121,17 @@ class Testbed:
             return pool.intra_link or self.links.intra_node
         return pool.inter_link or self.links.inter_node
 
+    def gang_link(self, pool: Pool, gang: int, gangs: int) -> str:
+        """The link the collectives inside each of `gangs` gangs of `gang` GPUs of `pool` run on,
+        under the runtime's node-aligned placement (runtime/cluster.py, GangPlacement): gangs are
+        placed before single-device workers, each on one node wherever a node still holds it, so
+        a node takes gpus_per_node // gang of them. A gang larger than a node, or more gangs than
+        the pool's nodes take that way, straddle nodes: every gang is then charged the
+        inter-node link (a step waits for its slowest gang at the gradient all-reduce)."""
+        if gang <= pool.gpus_per_node and gangs <= pool.nodes * (pool.gpus_per_node // gang):
+            return pool.intra_link or self.links.intra_node
+        return pool.inter_link or self.links.inter_node
+
     # ---- I/O -----------------------------------------------------------------
 
     @classmethod

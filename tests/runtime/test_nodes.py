@@ -95,3 +95,63 @@ def test_trainer_node_lost_then_resume(cluster, local_run, tmp_path):
     RayDriver(load_config(None, overrides), progress=False, evaluate=False).train(resume=True)
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1, 2]
     assert_matches_single_device(tmp_path / "run", local_run)
+
+
+GANGS = ("runtime.trainer.workers=2", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
+         "runtime.rollout.workers=2", "runtime.weight_sync=nccl", "runtime.network_interface=lo")
+
+
+@pytest.fixture
+def nodes_of(request):
+    """A head node with no CPU for the driver and `request.param` worker nodes of that many CPUs."""
+    n_nodes, cpus = request.param
+    leave_shared_ray_cluster()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for _ in range(n_nodes):
+        c.add_node(num_cpus=cpus)
+    own_ray_cluster(address=c.address)
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+@pytest.mark.parametrize("nodes_of", [(2, 3)], indirect=True)
+def test_gangs_node_aligned_and_relay_across_nodes(nodes_of, local_run, tmp_path):
+    # Two trainer gangs of 2 and two rollout workers on two nodes of 3 CPUs. One packed group of
+    # the 4 trainer ranks (the placement before node alignment) puts ranks 0-2 on one node and
+    # rank 3 on the other, so trainer-1's gang straddles; node-aligned, each gang gets a node and
+    # the rollout workers take the CPU each node has left: one of them pulls from the relay on
+    # trainer-0's node over the other node's loopback interface (runtime.network_interface=lo).
+    cfg = load_config(None, tiny(tmp_path / "run", "gap", *GANGS))
+    seen = {}
+
+    def look(rt, wid, unit):
+        if not seen:
+            seen.update(rt.actors.nodes())
+
+    rt = RayDriver(cfg, progress=False, evaluate=False, on_dispatch=look)
+    rt.train()
+    trainer_nodes = [set(seen[w]) for w in ("trainer-0", "trainer-1")]
+    assert all(len(n) == 1 for n in trainer_nodes), f"a trainer gang straddles nodes: {seen}"
+    assert trainer_nodes[0] != trainer_nodes[1], seen
+    rollout_nodes = {seen[w][0] for w in ("rollout-0", "rollout-1")}
+    assert rollout_nodes == trainer_nodes[0] | trainer_nodes[1], f"the relay does not cross nodes: {seen}"
+    assert_matches_single_device(tmp_path / "run", local_run)  # gap is on-policy
+
+
+@pytest.mark.parametrize("nodes_of", [(2, 1)], indirect=True)
+def test_gang_larger_than_a_node_spans_nodes(nodes_of, local_run, tmp_path, caplog):
+    # No node holds a gang of 2: it is packed across both, with a warning, and trains as one.
+    cfg = load_config(None, tiny(tmp_path / "run", "gap", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
+                                 "runtime.rollout.workers=1", "runtime.rollout.num_cpus=0"))
+    seen = {}
+
+    def look(rt, wid, unit):
+        if not seen:
+            seen.update(rt.actors.nodes())
+
+    with caplog.at_level("WARNING", logger="digenrl.runtime.actors"):
+        RayDriver(cfg, progress=False, evaluate=False, on_dispatch=look).train()
+    assert len(set(seen["trainer-0"])) == 2, seen
+    assert "no node holds a whole gang of trainer-0" in caplog.text
+    assert_matches_single_device(tmp_path / "run", local_run)
