@@ -44,7 +44,7 @@ def _freeze_heap() -> None:
 
 
 def simulate_main(argv=None) -> int:
-    from digenrl.sim.planner import PLAN_STEPS
+    from digenrl.sim.planner import PLAN_STEPS, jobs
     from digenrl.sim.simulate import ALL, simulate
 
     _freeze_heap()
@@ -56,6 +56,9 @@ def simulate_main(argv=None) -> int:
     p.add_argument("--modes", default=",".join(ALL), help=f"comma-separated, from: {','.join(ALL)}")
     p.add_argument("--json", help="write the report as JSON to this file")
     p.add_argument("--out", help="directory for report JSON and one Gantt PNG per mode")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes the planner runs a search line's points on (default: one per core); "
+                        "the plan and every figure are the same for any value")
     a = p.parse_args(argv)
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
@@ -71,8 +74,12 @@ def simulate_main(argv=None) -> int:
     if a.steps < 3:
         print(f"{p.prog}: --steps must be >= 3 (one fill, one measured, one drain step)", file=sys.stderr)
         return 2
+    if a.jobs is not None and a.jobs < 1:
+        print(f"{p.prog}: --jobs must be >= 1", file=sys.stderr)
+        return 2
     try:
-        rep = simulate(tb, modes, a.steps, out_dir=a.out)
+        with jobs(a.jobs):
+            rep = simulate(tb, modes, a.steps, out_dir=a.out)
     except ValueError as e:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2
@@ -126,7 +133,7 @@ def smallest_change(tb, gpus=None) -> str | None:
 
 
 def plan_main(argv=None) -> int:
-    from digenrl.sim.planner import PLAN_STEPS, exhaustive, plan
+    from digenrl.sim.planner import PLAN_STEPS, exhaustive, jobs, plan
     from digenrl.sim.simulate import ROWS
 
     _freeze_heap()
@@ -141,6 +148,9 @@ def plan_main(argv=None) -> int:
     p.add_argument("--exhaustive", action="store_true", help="also brute-force the same grid and compare")
     p.add_argument("--steps", type=int, default=None, help="train.steps written into the config (default 12)")
     p.add_argument("--out", help="write the planned run as a config YAML for `digenrl train --config`")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes the planner runs a search line's points on (default: one per core); "
+                        "the plan and every figure are the same for any value")
     a = p.parse_args(argv)
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
@@ -158,8 +168,12 @@ def plan_main(argv=None) -> int:
                  if a.mode == "colocated-ideal" else "a peer as it ships")
               + "); --mode colocated plans the runtime's colocated mode", file=sys.stderr)
         return 2
+    if a.jobs is not None and a.jobs < 1:
+        print(f"{p.prog}: --jobs must be >= 1", file=sys.stderr)
+        return 2
     try:
-        pl = digenrl_plan(tb, a.gpus) if a.mode == "digenrl" else plan(tb, a.gpus, mode, style=style)
+        with jobs(a.jobs):
+            pl = digenrl_plan(tb, a.gpus) if a.mode == "digenrl" else plan(tb, a.gpus, mode, style=style)
     except ValueError as e:
         print(f"{p.prog}: no {a.mode} plan fits: {e}", file=sys.stderr)
         change = smallest_change(tb, a.gpus)

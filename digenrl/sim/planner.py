@@ -60,9 +60,13 @@ syncs, tails and TAG (which moves generation onto trainers, so the best R is usu
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import os
 import time
 from dataclasses import dataclass, field, replace
 from itertools import product
+from typing import Iterator, NamedTuple
 
 from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.baselines import IDEAL
@@ -274,13 +278,67 @@ def _descend(ev, axes: dict, best: dict):
                 idx = range(len(values))
             else:  # long axis (n_rollout on big clusters): neighbours and doubling jumps
                 idx = [i + s * 2 ** e for e in range(12) for s in (-1, 1)]
-            for j in idx:
-                if 0 <= j < len(values):
-                    cand = {**best, axis: values[j]}
-                    r = ev(cand, incumbent=best_r.step_s)
-                    if r.throughput > best_r.throughput * (1 + 1e-9):
-                        best, best_r, improved = cand, r, True
+            # a move changes `best` on this axis only, so the line's candidates are known
+            # before the first is tried: the evaluator may run them side by side (jobs)
+            line = [{**best, axis: values[j]} for j in idx if 0 <= j < len(values)]
+            ev.prefetch(line, incumbent=best_r.step_s)
+            for cand in line:
+                r = ev(cand, incumbent=best_r.step_s)
+                if r.throughput > best_r.throughput * (1 + 1e-9):
+                    best, best_r, improved = cand, r, True
     return best, best_r
+
+
+# -- evaluating points side by side --------------------------------------------------------
+_JOBS = 1  # processes plan() evaluates a search line's points in (`jobs`)
+_CTX = None  # the search a pool's processes evaluate for (set before they fork)
+
+
+@contextlib.contextmanager
+def jobs(n: int | None) -> Iterator[None]:
+    """plan() calls inside evaluate each line of the search on `n` processes (None: one per
+    core). The search takes the same path and returns the same plan for any n (_Evaluator.prefetch)."""
+    global _JOBS
+    before, _JOBS = _JOBS, max(1, n or os.cpu_count() or 1)
+    try:
+        yield
+    finally:
+        _JOBS = before
+
+
+class _Context(NamedTuple):
+    """What evaluating a point reads: one plan() call's testbed, mode and settings."""
+
+    tb: Testbed
+    mode: str
+    style: str | None
+    steps: int
+    cm: CostModel
+    check_memory: bool
+    prune: bool
+    ideal: float | None
+
+
+def _evaluate(ctx: _Context, spec: RunSpec, incumbent: float | None):
+    """One point: (RunResult | _Pruned | _Infeasible, simulations run). With pruning, a point
+    whose bound cannot beat `incumbent` is not simulated, and a simulation stops once it cannot."""
+    tb, steps, cm = ctx.tb, ctx.steps, ctx.cm
+    try:
+        if ctx.prune and incumbent is not None and incumbent < float("inf") and ctx.check_memory:
+            b = point_bound(tb, spec, steps, cm, ctx.ideal)
+            if b.step_s >= incumbent * (1 + 1e-9):
+                return _pruned(tb, spec, b.step_s), 0
+            if not EARLY_STOP:
+                return run_spec(tb, spec, steps, cm), 1
+            r = run_spec_within(tb, spec, steps, cm, incumbent, b)
+            return (_pruned(tb, spec, r) if isinstance(r, float) else r), 1
+        return run_spec(tb, spec, steps, cm, check_memory=ctx.check_memory), 1
+    except ValueError as e:  # e.g. no trainer gang on this split holds the training state
+        return _Infeasible(spec, str(e)), 0
+
+
+def _pool_evaluate(job: tuple):
+    return _evaluate(_CTX, *job)
 
 
 class _Evaluator:
@@ -290,46 +348,59 @@ class _Evaluator:
     every step of theirs starts from the same idle state, so 4 steps measure what 12 do (equal
     to ~1e-13, tests/sim/test_planner.py)."""
 
-    def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True):
-        self.tb, self.mode, self.style, self.cm = tb, mode, style, cm
+    def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True, pool=None):
         fast = prune and mode in ON_POLICY and steps >= ON_POLICY_STEPS
-        self.steps = ON_POLICY_STEPS if fast else steps
-        self.check_memory, self.prune = check_memory, prune
+        self.ctx = _Context(tb, mode, style, ON_POLICY_STEPS if fast else steps, cm, check_memory, prune,
+                            ideal_step_s(tb, cm)["step_s"] if prune else None)
+        self.tb, self.steps = tb, self.ctx.steps
+        self.pool = pool  # a process pool forked with _CTX = self.ctx (prefetch), or None
         self.cache: dict = {}
         self.simulated = self.pruned = 0
-        self.ideal = ideal_step_s(tb, cm)["step_s"] if prune else None
 
-    def __call__(self, point: dict, incumbent: float | None = None):
+    def _key(self, point: dict) -> tuple[dict, tuple]:
         point = snap(self.tb, point)
-        key = tuple(sorted(point.items()))
+        return point, tuple(sorted(point.items()))
+
+    def _known(self, key: tuple, incumbent: float | None) -> bool:
+        """The cached answer stands: a result, or a bound the incumbent still cannot beat."""
         r = self.cache.get(key)
-        if r is not None and not (isinstance(r, _Pruned) and (incumbent is None or r.bound < incumbent * (1 + 1e-9))):
-            return r
-        spec = _spec(self.mode, point, self.style)
-        try:
-            if self.prune and incumbent is not None and incumbent < float("inf") and self.check_memory:
-                b = point_bound(self.tb, spec, self.steps, self.cm, self.ideal)
-                bound = b.step_s
-                if bound < incumbent * (1 + 1e-9) and not EARLY_STOP:
-                    r = run_spec(self.tb, spec, self.steps, self.cm)
-                    self.simulated += 1
-                    self.cache[key] = r
-                    return r
-                if bound < incumbent * (1 + 1e-9):  # simulate, stopping once it cannot win
-                    r = run_spec_within(self.tb, spec, self.steps, self.cm, incumbent, b)
-                    self.simulated += 1
-                    bound = r if isinstance(r, float) else None
-                if bound is not None:
-                    self.pruned += 1
-                    self.cache[key] = _Pruned(spec, bound, self.tb.samples_per_step / bound / (1 + 1e-6))
-                    return self.cache[key]
-            else:
-                r = run_spec(self.tb, spec, self.steps, self.cm, check_memory=self.check_memory)
-                self.simulated += 1
-        except ValueError as e:  # e.g. no trainer gang on this split holds the training state
-            r = _Infeasible(spec, str(e))
+        return r is not None and not (isinstance(r, _Pruned) and (incumbent is None or r.bound < incumbent * (1 + 1e-9)))
+
+    def _store(self, key: tuple, r, sims: int):
+        self.simulated += sims
+        self.pruned += isinstance(r, _Pruned)
         self.cache[key] = r
         return r
+
+    def __call__(self, point: dict, incumbent: float | None = None):
+        point, key = self._key(point)
+        if self._known(key, incumbent):
+            return self.cache[key]
+        return self._store(key, *_evaluate(self.ctx, _spec(self.ctx.mode, point, self.ctx.style), incumbent))
+
+    def prefetch(self, points: list[dict], incumbent: float | None) -> None:
+        """Evaluate the points not yet known on the pool, against `incumbent`, before the
+        serial sweep asks for them one by one (it then finds them cached). The sweep's
+        incumbent only improves while it goes: a point cut short or pruned against this one
+        would be against the sweep's too, and a point run to its end here cannot beat an
+        incumbent its run would have been stopped at. Either way the sweep moves as it would
+        without the prefetch."""
+        if self.pool is None:
+            return
+        todo: dict[tuple, dict] = {}
+        for p in points:
+            p, key = self._key(p)
+            if key not in todo and not self._known(key, incumbent):
+                todo[key] = p
+        if len(todo) < 2:
+            return
+        jobs_ = [(_spec(self.ctx.mode, p, self.ctx.style), incumbent) for p in todo.values()]
+        for key, (r, sims) in zip(todo, self.pool.map(_pool_evaluate, jobs_, chunksize=1)):
+            self._store(key, r, sims)
+
+
+def _pruned(tb: Testbed, spec: RunSpec, bound: float) -> "_Pruned":
+    return _Pruned(spec, bound, tb.samples_per_step / bound / (1 + 1e-6))
 
 
 @dataclass
@@ -364,7 +435,28 @@ def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, st
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
     axes = grid(tb, mode, style, cm)
+    with _pool(tb, mode, style, steps, cm, check_memory, prune) as ev:
+        return _plan(ev, tb, mode, style, cm, axes, start, extra_starts, t0)
+
+
+@contextlib.contextmanager
+def _pool(tb, mode, style, steps, cm, check_memory, prune) -> Iterator[_Evaluator]:
+    """The search's evaluator, with a pool of _JOBS forked processes when jobs() asks for more than one."""
+    global _CTX
     ev = _Evaluator(tb, mode, style, steps, cm, check_memory, prune)
+    if _JOBS <= 1:
+        yield ev
+        return
+    _CTX = ev.ctx
+    try:
+        with multiprocessing.get_context("fork").Pool(_JOBS) as pool:
+            ev.pool = pool
+            yield ev
+    finally:
+        _CTX = None
+
+
+def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) -> Plan:
     first = dict(start or default_point(tb, mode, axes, cm))
     # Multi-start: the default, and the default with a few micro-batch sizes (the split and
     # the unit size interact: a unit count that divides both pools evenly is a narrow ridge).

@@ -137,3 +137,19 @@ def test_cli_plan_prints_a_runnable_plan_where_no_replica_fits(capsys, tmp_path)
     assert "run.mode=digenrl" in out and "runtime.trainer.shard=fsdp" in out
     cfg = load_config(str(tmp_path / "plan.yaml"), [])
     assert cfg.run.mode == "digenrl" and cfg.runtime.trainer.gang >= 2
+
+
+@pytest.mark.slow
+def test_a_search_on_two_processes_chooses_what_one_process_does():
+    """jobs(2) runs each search line's points side by side, against the line's first incumbent:
+    the same plan, the same figures, whatever each process pruned or cut short."""
+    from digenrl.sim.planner import jobs
+
+    tb = load_testbed(SMALL)
+    for label in ("digenrl", "one-step-off"):
+        mode, style = ROWS[label]
+        one = plan(tb, mode=mode, style=style)
+        with jobs(2):
+            two = plan(tb, mode=mode, style=style)
+        assert two.spec == one.spec, (label, two.spec, one.spec)
+        assert two.step_s == one.step_s and two.throughput == one.throughput
