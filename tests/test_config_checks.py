@@ -191,3 +191,12 @@ def test_sequence_parallel_keys_are_accepted_for_video_families_or_refused():
     _refused(wan + ["runtime.reward.gang=2"], "runtime.reward.gang", "one device")
     _refused(["model.name=wan", "model.path=/m", "run.mode=local", "runtime.rollout.gang=2"],
              "runtime.rollout.gang", "run.mode=local")
+
+
+# -- the driver's deadlines (docs/runtime.md, "Waits and their deadlines") -----------------------
+@pytest.mark.parametrize("key", ["runtime.placement_timeout_s", "runtime.start_timeout_s",
+                                 "runtime.stall_timeout_s"])
+def test_a_deadline_must_be_positive(key):
+    for bad in ("0", "-1"):
+        _refused([f"{key}={bad}"], key, "must be > 0")
+    assert load_config(None, [f"{key}=0.5"]).runtime.__dict__[key.split(".")[1]] == 0.5

@@ -1,5 +1,6 @@
 """The run recorder: cadence rules, the per-step line, and one summary for both trainers."""
 
+import io
 import json
 import re
 
@@ -56,15 +57,59 @@ def test_step_line_fields():
                               "  staleness 1  bubble r/t 0.12/0.50  eval 0.7000")
 
 
+class Terminal(io.StringIO):
+    """A captured stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_log_writes_every_record_and_prints_step_records_only(tmp_path, capsys):
     rec = _recorder(tmp_path, "train.steps=4", progress=True)
     rec.open(None)
     rec.log({"step": 0, "eval/reward_mean": 0.5})  # the base model's evaluation: no step line
     rec.log(RECORD)
-    assert rec._bar.n == 3  # the bar follows the record's step
     rec.close()
     assert [r["step"] for r in read_metrics(tmp_path)] == [0, 3]
     assert capsys.readouterr().out.splitlines() == [step_line(RECORD)]
+
+
+def test_in_a_file_one_line_per_step_and_no_bar_frames(tmp_path):
+    """`digenrl train > log 2>&1`: stdout and stderr are files; the log holds the step lines,
+    one per step, and no carriage-return frame of the bar."""
+    log = io.StringIO()  # both streams go to one file
+    rec = RunRecorder(load_config(None, [f"run.run_dir={tmp_path}", "run.mode=local", "run.tensorboard=false",
+                                         "train.steps=4"]), progress=True, out=log, err=log)
+    rec.open(None)
+    for step in (1, 2, 3):
+        rec.log({**RECORD, "step": step})
+    rec.close()
+    assert "\r" not in log.getvalue()
+    assert log.getvalue().splitlines() == [step_line({**RECORD, "step": s}) for s in (1, 2, 3)]
+
+
+@pytest.mark.parametrize("terminal", ["out", "err"])
+def test_the_bar_needs_both_streams_to_be_terminals(tmp_path, terminal):
+    out, err = (Terminal(), io.StringIO()) if terminal == "out" else (io.StringIO(), Terminal())
+    rec = RunRecorder(load_config(None, [f"run.run_dir={tmp_path}", "run.mode=local", "run.tensorboard=false",
+                                         "train.steps=4"]), progress=True, out=out, err=err)
+    rec.open(None)
+    rec.log(RECORD)
+    rec.close()
+    assert "\r" not in out.getvalue() + err.getvalue()
+    assert out.getvalue() == step_line(RECORD) + "\n"
+
+
+def test_on_a_terminal_the_bar_stays(tmp_path):
+    out, err = Terminal(), Terminal()
+    rec = RunRecorder(load_config(None, [f"run.run_dir={tmp_path}", "run.mode=local", "run.tensorboard=false",
+                                         "train.steps=4"]), progress=True, out=out, err=err)
+    rec.open(None)
+    rec.log(RECORD)
+    assert rec._bar.n == 3  # the bar follows the record's step
+    rec.close()
+    assert "\r" in err.getvalue() and "3/4" in err.getvalue()  # the bar's frames, on stderr
+    assert step_line(RECORD) in out.getvalue().splitlines()
 
 
 def test_quiet_recorder_prints_nothing(tmp_path, capsys):

@@ -470,6 +470,18 @@ class RuntimeConfig:
     # always: also when they do (then the split stays); never. A Config built in code counts
     # as all given.
     plan: str = "auto"
+    # Deadlines of the driver's waits (docs/runtime.md, "Waits and their deadlines"): a passed
+    # one stops the run naming what it waited for. This one: seconds a worker (first placement,
+    # replacement, elastic addition, the planning profile) may wait for the resources it asks
+    # for; the message names those the cluster lacks
+    placement_timeout_s: float = 120.0
+    # seconds placed workers may take to come up and get ready (model and rewarder load,
+    # process groups, checkpoint load, initial weights), and for the final weights
+    start_timeout_s: float = 1800.0
+    # seconds the event loop may go without any unit finishing before it stops the run
+    # with the scheduler's state (a watchdog: raise it for units longer than that); also
+    # the end-of-run wait for evaluations and checkpoint saves
+    stall_timeout_s: float = 3600.0
 
     def __post_init__(self) -> None:
         self.rollout.check_rollout("runtime.rollout")
@@ -489,6 +501,8 @@ class RuntimeConfig:
         _check(self.network_interface is None or bool(re.fullmatch(r"[A-Za-z0-9_.:@-]{1,15}", str(self.network_interface))),
                "runtime.network_interface", f"an interface name as `ip link` lists it (e.g. eth0, ib0), "
                f"got {self.network_interface!r}")
+        for key in ("placement_timeout_s", "start_timeout_s", "stall_timeout_s"):
+            _check(getattr(self, key) > 0, f"runtime.{key}", "must be > 0 (seconds)")
 
 
 @dataclass

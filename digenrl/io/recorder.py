@@ -4,13 +4,17 @@ Both trainers leave the same things behind and keep the same rhythm; this class 
 
     resume_checkpoint()   latest checkpoint under run_dir (or a warning: start from scratch)
     open(resumed_from)    run_dir, config.json, metrics.jsonl (cut back to the resumed step),
-                          progress bar over RL steps
+                          progress bar over RL steps (on a terminal only, see below)
     eval_due(step)        held-out evaluation after RL step `step`?
     checkpoint_due(step)  checkpoint after RL step `step`?
     log(record)           one metrics.jsonl line; step records also move the bar and print
                           the per-step line
     finish(...)           final/policy.safetensors (+ ema), reward_curve.png, summary.json
     close()
+
+Console: one `step_line` per RL step on stdout. The tqdm bar (on stderr) is drawn only when
+both streams are terminals: in a file its carriage-return frames would interleave with the
+step lines (`digenrl train > log 2>&1`), so a log holds the step lines alone.
 
 `step` is always the number of RL steps done (== policy version): step 0 is the base
 model, step k the weights after k optimizer steps. The recorder never touches models or
@@ -21,8 +25,9 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 import torch
 from safetensors.torch import save_file
@@ -43,15 +48,19 @@ class RunRecorder:
     """What a training run writes and when, shared by `Trainer` and `RayDriver`.
 
     `progress=False` silences the bar and the per-step lines (files are written either way).
+    `out`, `err`: where the step lines and the bar go (default: sys.stdout, sys.stderr at open()).
     """
 
-    def __init__(self, cfg: Config, *, progress: bool = True):
+    def __init__(self, cfg: Config, *, progress: bool = True, out: Optional[TextIO] = None,
+                 err: Optional[TextIO] = None):
         self.cfg = cfg
         self.run_dir = Path(cfg.run.run_dir)
         self.progress = progress
         self.start = 0  # RL step the run starts from (the resumed step, else 0)
+        self._streams = (out, err)
+        self._out: Optional[TextIO] = None
         self._metrics: Optional[MetricsLog] = None
-        self._bar: Optional[tqdm] = None
+        self._bar: Optional[tqdm] = None  # only on a terminal
 
     # -- resume and open --------------------------------------------------------------------
     def resume_checkpoint(self) -> Optional[Path]:
@@ -79,8 +88,11 @@ class RunRecorder:
             sinks.append(WandbLogger(cfg))
         self._metrics = MetricsLog(self.run_dir, tensorboard="tensorboard" in cfg.run.loggers,
                                    resume_after=resumed_from, sinks=sinks)
-        self._bar = tqdm(desc=f"GRPO [{cfg.run.mode}]", initial=self.start, total=cfg.train.steps,
-                         unit="step", disable=not self.progress)
+        out, err = self._streams
+        self._out, err = out or sys.stdout, err or sys.stderr
+        if self.progress and _is_terminal(self._out) and _is_terminal(err):
+            self._bar = tqdm(desc=f"GRPO [{cfg.run.mode}]", initial=self.start, total=cfg.train.steps,
+                             unit="step", file=err)
 
     # -- cadence ----------------------------------------------------------------------------
     def eval_due(self, step: int) -> bool:
@@ -106,16 +118,18 @@ class RunRecorder:
     # -- per-step records -------------------------------------------------------------------
     def log(self, record: dict[str, Any]) -> None:
         """Append `record` to metrics.jsonl. An RL step record (one with `reward_mean`; the
-        step-0 evaluation has none) also moves the bar to its step and prints one line."""
+        step-0 evaluation has none) also prints one line and moves the bar (if any) to its step."""
         if self._metrics is None:
             raise RuntimeError("RunRecorder.log before open(): nothing to write to")
         self._metrics.log(record)
-        if "reward_mean" not in record:
+        if "reward_mean" not in record or not self.progress:
+            return
+        if self._bar is None:
+            print(step_line(record), file=self._out, flush=True)
             return
         self._bar.update(record["step"] - self._bar.n)
         self._bar.set_postfix(reward=f"{record['reward_mean']:.3f}")
-        if self.progress:
-            tqdm.write(step_line(record))  # above the bar, not through it
+        tqdm.write(step_line(record), file=self._out)  # above the bar, not through it
 
     def close(self) -> None:
         """Flush and close metrics and the bar (idempotent; finish() works after it)."""
@@ -179,6 +193,13 @@ def step_line(record: dict[str, Any]) -> str:
     if "eval/reward_mean" in record:
         line += f"  eval {record['eval/reward_mean']:.4f}"
     return line
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
 
 
 def _cpu(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -84,7 +84,7 @@ def _download(url: str, size: Optional[int], progress: bool, label: str) -> byte
 
     chunks = []
     with urlopen(url, timeout=60) as r, tqdm(total=size, unit="B", unit_scale=True, desc=label,
-                                            disable=not progress) as bar:
+                                            disable=None if progress else True) as bar:  # None: off in a file
         while block := r.read(CHUNK):
             chunks.append(block)
             bar.update(len(block))

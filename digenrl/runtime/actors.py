@@ -15,6 +15,10 @@
 
 The driver (runtime/driver.py) builds it; the backend (runtime/backend.py) and the elastic
 pools (runtime/elastic.py) use it, and neither sees the driver.
+
+Every wait here has a deadline: placement runtime.placement_timeout_s (the resources a worker
+asks for: runtime/cluster.py), start-up runtime.start_timeout_s (constructors, process groups,
+the relay's pair groups); past it, WaitTimeout (runtime/waits.py) names the workers late.
 """
 
 from __future__ import annotations
@@ -24,15 +28,19 @@ from dataclasses import replace as dc_replace
 from typing import Optional
 
 import ray
+from ray.util.placement_group import remove_placement_group
 
 from digenrl.config.schema import Config
-from digenrl.runtime.cluster import (PLACEMENT_TIMEOUT_S, GangPlacement, PoolPlacement, actor_options,
+from digenrl.runtime.cluster import (GangPlacement, PoolPlacement, actor_options, await_room, fits_now,
                                      network_options)
 from digenrl.runtime.gang import Gang
+from digenrl.runtime.waits import wait_all
 from digenrl.runtime.workers import EvalWorker, RewardWorker, RolloutRank, TrainerRank
 from digenrl.sched import Worker
 
 log = logging.getLogger(__name__)
+
+SHUTDOWN_S = 10.0  # at the end of a run (or after a failure): how long ranks get to close
 
 # The actor class of each rank of a worker, by the worker's role (runtime/workers.py): a
 # colocated worker is a trainer rank that also generates.
@@ -51,7 +59,7 @@ class Actors:
         self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
         self.serving: list = []  # weight_sync=nccl: refs of the relay's sends in flight
         self.evaluator = None  # the EvalWorker actor, started at the first evaluation
-        self._placements: dict[str, PoolPlacement] = {}  # a pool's or a gang's worker id -> its group
+        self._placements: dict[str, PoolPlacement] = {}  # a pool's role or a gang's worker id -> its group
         self._n_replaced = 0
 
     # -- who is who -----------------------------------------------------------------------
@@ -76,41 +84,64 @@ class Actors:
         runtime.rollout.gang per rollout worker, one actor per reward worker. A worker of
         several devices gets its own placement group, on one node wherever a node holds it
         (cluster.GangPlacement); single-device trainers share one packed group (their gradient
-        all-reduce). Every group is placed before any loose actor starts, the largest gangs
-        first, so that loose workers fill what the gangs leave. A rollout gang forms its own
-        process group and runs sequence-parallel (`_init_sp`)."""
+        all-reduce). Every pool has room before any worker process starts (a failure costs no
+        model load): the groups are placed first, the largest gangs first, then the pools placed
+        one by one are probed for the room left (held together, let go before the spawn). A
+        rollout gang forms its own process group and runs sequence-parallel (`_init_sp`)."""
+        rt = self.cfg.runtime
         pools = [p for p in pools if p.workers]
         opts: dict[str, list[dict]] = {}  # worker id -> its ranks' actor options
-        for p in sorted(pools, key=lambda p: -self._gang(p.role)):
-            gang = self._gang(p.role)
-            ids = [f"{p.role}-{i}" for i in range(p.workers)]
-            if gang > 1:
-                for wid in ids:
-                    pg = self._placements[wid] = GangPlacement(p.resources, gang, wid)
-                    opts[wid] = [pg.options(p.resources, r) for r in range(gang)]
-            elif p.role in ("trainer", "colocated"):
-                pg = self._placements[p.role] = PoolPlacement(p.resources, p.workers, p.role)
-                opts.update({wid: [pg.options(p.resources, i)] for i, wid in enumerate(ids)})
-            else:
-                opts.update({wid: [actor_options(p.resources)] for wid in ids})
+        probes = []
+        try:
+            for p in sorted(pools, key=lambda p: -self._gang(p.role)):
+                gang, ids = self._gang(p.role), [f"{p.role}-{i}" for i in range(p.workers)]
+                if gang > 1:
+                    for wid in ids:
+                        pg = self._placements[wid] = GangPlacement(p.resources, gang, f"{p.role} (gang {wid})",
+                                                                   rt.placement_timeout_s)
+                        opts[wid] = [pg.options(p.resources, r) for r in range(gang)]
+                elif p.role in ("trainer", "colocated"):  # the gradient all-reduce: packed on few nodes
+                    pg = self._placements[p.role] = PoolPlacement(p.resources, p.workers, p.role,
+                                                                  rt.placement_timeout_s)
+                    opts.update({wid: [pg.options(p.resources, i)] for i, wid in enumerate(ids)})
+                else:  # placed one by one (replaceable)
+                    probes.append(await_room(p.resources, p.workers, p.role, rt.placement_timeout_s, keep=True))
+                    opts.update({wid: [actor_options(p.resources)] for wid in ids})
+        finally:
+            for probe in probes:
+                if probe is not None:
+                    remove_placement_group(probe)
         straddling = [w for w, pg in self._placements.items() if getattr(pg, "straddles", False)]
         if straddling:
             log.warning("no node holds a whole gang of %s: their collectives cross nodes", ", ".join(straddling))
         for p in pools:
             for i in range(p.workers):
                 self._spawn(Worker(f"{p.role}-{i}", p.role), opts[f"{p.role}-{i}"])
-        pids = [ray.get(h.ready()) for h in self.handles.values()]
-        self.rank_pids.update(zip(self.handles, pids))
+        self.rank_pids.update(self._await_ready(list(self.handles)))
         self.pids.update({w: ranks[0] for w, ranks in self.rank_pids.items()})
         for w in self.workers:
-            if w.role == "rollout" and self.cfg.runtime.rollout.gang > 1:
+            if w.role == "rollout" and rt.rollout.gang > 1:
                 self._init_sp(w.id)
         trainers = self.train_ids
-        tc = self.cfg.runtime.trainer
+        tc = rt.trainer
         if len(trainers) > 1 or tc.shard == "fsdp":
             ranks = [a for w in trainers for a in self.handles[w].ranks]
-            addr = ray.get(ranks[0].dist_address.remote())
-            ray.get([a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang) for r, a in enumerate(ranks)])
+            addr = self._started({"trainer rank 0 (address)": ranks[0].dist_address.remote()},
+                                 "trainer gangs: process group address")["trainer rank 0 (address)"]
+            self._started({f"trainer rank {r}": a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang)
+                           for r, a in enumerate(ranks)}, "trainer gangs: joining their process group")
+
+    def _started(self, named: dict, what: str) -> dict:
+        """wait_all with the start-up deadline (runtime.start_timeout_s)."""
+        return wait_all(named, timeout_s=self.cfg.runtime.start_timeout_s, what=what,
+                        key="runtime.start_timeout_s")
+
+    def _await_ready(self, wids: list[str]) -> dict[str, list[int]]:
+        """The process of each rank of workers `wids` once every one is up (constructors done:
+        model and rewarder loaded), or WaitTimeout naming the late ones."""
+        return wait_all({w: self.handles[w].ready() for w in wids}, timeout_s=self.cfg.runtime.start_timeout_s,
+                        what="workers starting (placed; loading model and rewarder)", key="runtime.start_timeout_s",
+                        hint=lambda: f"free now: {ray.available_resources()}")
 
     def _gang(self, role: str) -> int:
         """Ranks per worker of `role`."""
@@ -131,8 +162,10 @@ class Actors:
     def _init_sp(self, wid: str) -> None:
         """Rollout gang `wid`'s ranks join their own process group (sequence parallelism)."""
         ranks = self.handles[wid].ranks
-        addr = ray.get(ranks[0].dist_address.remote())
-        ray.get([a.init_sp.remote(addr, r, len(ranks)) for r, a in enumerate(ranks)])
+        addr = self._started({f"{wid} rank 0 (address)": ranks[0].dist_address.remote()},
+                             f"{wid}: sequence-parallel group address")[f"{wid} rank 0 (address)"]
+        self._started({f"{wid} rank {r}": a.init_sp.remote(addr, r, len(ranks)) for r, a in enumerate(ranks)},
+                      f"{wid}: joining its sequence-parallel group")
 
     # -- membership ------------------------------------------------------------------------
     def replace(self, old: Worker) -> Worker:
@@ -141,22 +174,20 @@ class Actors:
         self._n_replaced += 1
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
+        gang, timeout_s = self._gang(old.role), self.cfg.runtime.placement_timeout_s
         pg = self._placements.pop(old.id, None)
         if pg is not None:
             pg.remove()
-        try:  # a lost node may have been the only one with room for this pool: say so, not hang
-            gang = self._gang(old.role)
-            if gang > 1:
-                pg = self._placements[new.id] = GangPlacement(pool, gang, new.id)
-                self._spawn(new, [pg.options(pool, r) for r in range(gang)])
-            else:
-                self._spawn(new, [actor_options(pool)])
-            ray.get(self.handles[new.id].ready(), timeout=PLACEMENT_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise RuntimeError(
-                f"replacing lost worker {old.id}: no node can host a {old.role} worker "
-                f"(num_cpus={pool.num_cpus}, num_gpus={pool.num_gpus}, resources={pool.resources}) "
-                f"within {PLACEMENT_TIMEOUT_S:.0f}s; available: {ray.available_resources()}") from None
+        # a lost node may have been the only one with room for this pool: say so, not hang
+        what = f"{old.role} (replacing lost worker {old.id})"
+        if gang > 1:  # node-aligned, as at the start
+            pg = self._placements[new.id] = GangPlacement(pool, gang, what, timeout_s)
+            self._spawn(new, [pg.options(pool, r) for r in range(gang)])
+        else:
+            await_room(pool, 1, what, timeout_s)
+            self._spawn(new, [actor_options(pool)])
+        self.rank_pids.update(self._await_ready([new.id]))
+        self.pids[new.id] = self.rank_pids[new.id][0]
         if old.role == "rollout" and pool.gang > 1:
             self._init_sp(new.id)
         if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":
@@ -203,11 +234,13 @@ class Actors:
 
     def join_relay(self, wid: str) -> None:
         """Form rollout worker `wid`'s pair group with the relay (at start, and for a replacement)."""
-        relay = self._relay()
-        address = ray.get(relay.relay_open.options(concurrency_group="relay").remote(wid))
+        relay, me = self._relay(), "the relay (trainer 0)"
+        address = self._started({me: relay.relay_open.options(concurrency_group="relay").remote(wid)},
+                                f"opening {wid}'s pair group with the relay")[me]
         accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
         # rank 0 of a rollout gang: it broadcasts each version to the others (receive_weights)
-        ray.get([self.handles[wid].relay_connect(address), accepted])
+        self._started({wid: self.handles[wid].relay_connect(address), me: accepted},
+                      f"forming {wid}'s pair group with the relay")
 
     def pull(self, wid: str, unit, version: int) -> list:
         """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the
@@ -223,8 +256,8 @@ class Actors:
 
     def nodes(self) -> dict[str, list[str]]:
         """The Ray node id of each rank of each live worker."""
-        refs = {wid: [a.node_id.remote() for a in h.ranks] for wid, h in self.handles.items()}
-        return {wid: ray.get(r, timeout=PLACEMENT_TIMEOUT_S) for wid, r in refs.items()}
+        return self._started({wid: [a.node_id.remote() for a in h.ranks] for wid, h in self.handles.items()},
+                             "ranks reporting their node")
 
     # -- evaluation ------------------------------------------------------------------------
     def _eval_pool(self):
@@ -245,9 +278,9 @@ class Actors:
         t0 = self.trainer0
         if self.evaluator is None:
             pool = self._eval_pool()
-            if pool.num_gpus > ray.available_resources().get("GPU", 0.0):
-                log.warning("no free GPU for the evaluation actor: trainer 0 evaluates between steps, "
-                            "and training waits for it")
+            if not fits_now(pool):  # an actor that cannot be placed would hold back every record
+                log.warning("no free device (or resource %s) for the evaluation actor: trainer 0 evaluates "
+                            "between steps, and training waits for it", dict(pool.resources) or "")
                 self.evaluator = t0
             else:
                 self.evaluator = ray.remote(EvalWorker).options(**actor_options(pool)).remote(self.cfg)
@@ -257,11 +290,17 @@ class Actors:
 
     # -- stop ------------------------------------------------------------------------------
     def shutdown(self) -> None:
+        """Ask every rank to close its rewarder, wait SHUTDOWN_S for all of them together (a rank
+        still loading its model would only answer after it), then kill every actor."""
+        closing = []
         for h in self.handles.values():
             try:
-                ray.get(h.shutdown(), timeout=10)
-            except Exception:
+                closing += h.shutdown()
+            except Exception:  # already gone
                 pass
+        if closing:
+            ray.wait(closing, num_returns=len(closing), timeout=SHUTDOWN_S, fetch_local=False)
+        for h in self.handles.values():
             h.kill()
         if self.evaluator is not None and self.evaluator not in self.handles.values():
             ray.kill(self.evaluator)

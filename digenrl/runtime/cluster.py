@@ -1,17 +1,24 @@
 """Connecting to Ray and placing pools: PoolConfig -> actor options (+ placement groups).
 
     connect(cfg)               runtime.address, else $RAY_ADDRESS, else a local cluster sized
-                               for the pools (an already-initialised Ray is used as is)
+                               for the pools (an already-initialised Ray is used as is); an
+                               address where nothing answers is refused within CONNECT_TIMEOUT_S
     session(address, pools)    the same as a context: shuts down a cluster it started
     actor_options(pool)        num_cpus / num_gpus / accelerator_type / custom resources
     PoolPlacement(pool, n)     the trainer pool's single-device workers in one PACK placement
                                group (gradient all-reduce stays on as few nodes as possible)
     GangPlacement(pool, gang)  one multi-device worker: its ranks on one node (STRICT_PACK)
                                wherever a node holds the gang, across nodes (PACK) only when none
-                               does; created before any single-device actor, so that loose
-                               workers fill what the gangs leave rather than split them
+                               does; placed before the pools of single-device workers, so that
+                               those fill what the gangs leave rather than split them
+    await_room(pool, n)        wait until the cluster can place n workers of a pool that are
+                               placed one by one (rollout, reward), then let go
+    shortfall(pool, n)         which resources of a worker the cluster lacks, or has too few free
     network_options(name)      runtime_env pointing gloo and NCCL at interface `name`
     interface_ip(name)         this node's IPv4 address on `name` (Ray's node IP when None)
+
+Every wait here has a deadline (runtime.placement_timeout_s) and gives up with WaitTimeout
+(runtime/waits.py) naming the resources asked for and those missing.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from digenrl.config.schema import PoolConfig
+from digenrl.runtime.waits import WaitTimeout
 
-PLACEMENT_TIMEOUT_S = 120.0
+# ray.init at an address where nothing listens retries for minutes with only log lines; a
+# TCP connection to the head's port first says so at once (refused) or after this many seconds.
+CONNECT_TIMEOUT_S = 30.0
 
 
 def connect(address: Optional[str], pools: list[tuple[PoolConfig, int]]) -> bool:
@@ -36,6 +46,7 @@ def connect(address: Optional[str], pools: list[tuple[PoolConfig, int]]) -> bool
         return False
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
+        _check_reachable(address)
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
         return False
     cpus = sum(p.num_cpus * n for p, n in pools)
@@ -51,6 +62,20 @@ def connect(address: Optional[str], pools: list[tuple[PoolConfig, int]]) -> bool
              num_gpus=int(-(-gpus // 1)) if gpus else None, resources=custom or None,
              include_dashboard=False, log_to_driver=True)
     return True
+
+
+def _check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raise WaitTimeout when nothing accepts a TCP connection at `address` ("host:port" or
+    "ray://host:port"; "auto", "local" and addresses without a port are left to ray.init)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise WaitTimeout(f"Ray cluster at {address!r} (runtime.address, else $RAY_ADDRESS): nothing "
+                          f"answers at {host}:{port} ({e}); start it (`ray start --head --port={port}`), "
+                          "fix the address, or unset both to start a local cluster") from None
 
 
 @contextmanager
@@ -75,6 +100,7 @@ def actor_options(pool: PoolConfig) -> dict:
 
 
 def _bundle(pool: PoolConfig) -> dict:
+    """The resources one worker (one rank) of `pool` asks for, as a placement-group bundle."""
     b = {"CPU": pool.num_cpus}
     if pool.num_gpus:
         b["GPU"] = pool.num_gpus
@@ -106,26 +132,90 @@ def interface_ip(interface: Optional[str]) -> str:
                        f"address on it; its interfaces: {', '.join(sorted(addrs))}")
 
 
-def _wait_placed(pg, what: str, bundles: list[dict]) -> None:
-    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)
-    if not ready:
+def shortfall(pool: PoolConfig, n: int) -> str:
+    """Why the cluster cannot place `n` workers of `pool` now: each resource that no alive node
+    has enough of for one worker, and each that the nodes have but not `n` times free."""
+    bundle = _bundle(pool)
+    nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+    free = ray.available_resources()
+    missing, busy = [], []
+    for k, v in bundle.items():
+        most = max((r.get(k, 0.0) for r in nodes), default=0.0)
+        if most < v:
+            missing.append(f"{k} (one worker asks {v:g}; " + (f"the largest node has {most:g})" if most
+                                                              else "no node has it)"))
+        elif free.get(k, 0.0) < n * v:
+            busy.append(f"{k} ({n} x {v:g} asked, {free.get(k, 0.0):g} free)")
+    if missing:
+        return "the cluster lacks " + ", ".join(missing)
+    if busy:
+        return "in use by other workers or jobs: " + ", ".join(busy)
+    return f"no node has all of one worker's resources free at once (free: {_rounded(free)})"
+
+
+def _rounded(resources: dict) -> dict:
+    """The resources a pool can ask for (no node ids, placement-group shares or memory bytes)."""
+    return {k: round(v, 3) for k, v in sorted(resources.items())
+            if not k.startswith("node:") and "_group_" not in k and k not in ("memory", "object_store_memory")}
+
+
+def _placement_error(name: str, pool: PoolConfig, n: int, timeout_s: float, how: str) -> WaitTimeout:
+    bundle = _bundle(pool)
+    return WaitTimeout(
+        f"pool {name!r}: the cluster cannot place {n} worker{'s' * (n != 1)} of {bundle} ({how}) within "
+        f"{timeout_s:g} s (runtime.placement_timeout_s); {shortfall(pool, n)}. Cluster: "
+        f"{_rounded(ray.cluster_resources())}. Ask for less ({_pool_key(name)}.workers / num_cpus / num_gpus / "
+        "accelerator / resources), or add nodes that have it")
+
+
+def _pool_key(name: str) -> str:
+    """The config section of the pool a placement is for ("rollout", "colocated", "reward (...)")."""
+    role = name.split(" ")[0]
+    return "runtime.trainer" if role == "colocated" else f"runtime.{role}"
+
+
+def await_room(pool: PoolConfig, n: int, name: str, timeout_s: float, keep: bool = False):
+    """Wait until the cluster can place `n` workers of `pool`, each on any node (SPREAD), or raise
+    WaitTimeout naming what is missing. The probe is a placement group: the workers themselves
+    are placed one by one, so that each can be replaced on its own. It is removed at once, or
+    with `keep` returned (None if there was nothing to place), so that the room stays taken
+    while other pools are placed; the caller removes it (`remove_placement_group`)."""
+    bundle = _bundle(pool)
+    if not bundle or n == 0:  # a worker that asks for nothing is placed anywhere
+        return None
+    pg = placement_group([bundle] * n, strategy="SPREAD", name=f"{name}-probe")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready or not keep:
         remove_placement_group(pg)
-        raise RuntimeError(
-            f"{what}: the cluster cannot place {len(bundles)} x {bundles[0]} within "
-            f"{PLACEMENT_TIMEOUT_S:.0f}s; available: {ray.available_resources()}")
+    if not ready:
+        raise _placement_error(name, pool, n, timeout_s, "each on any node")
+    return pg if keep else None
+
+
+def fits_now(pool: PoolConfig) -> bool:
+    """Are the resources one worker of `pool` asks for free now, cluster-wide (not per node)?"""
+    free = ray.available_resources()
+    return all(free.get(k, 0.0) >= v for k, v in _bundle(pool).items())
 
 
 class PoolPlacement:
-    """One bundle per worker of `pool`, PACK strategy; `options(i)` places worker i."""
+    """One bundle per worker of `pool`, PACK strategy; `options(i)` places worker i. Waits up to
+    `timeout_s` for the group, then raises WaitTimeout naming the missing resources."""
 
-    def __init__(self, pool: PoolConfig, n: int, name: str):
+    def __init__(self, pool: PoolConfig, n: int, name: str, timeout_s: float):
         bundles = [_bundle(pool) for _ in range(n)]
         self.pg = None
         if not all(bundles):  # zero-resource workers cannot be placed in bundles
             return
-        self.pg = placement_group(bundles, strategy="PACK", name=name)
-        _wait_placed(self.pg, f"pool {name!r} (lower runtime.{name}.workers / num_cpus / num_gpus or add "
-                     "nodes)", bundles)
+        self._place(bundles, "PACK", pool, name, timeout_s, "one placement group, packed")
+
+    def _place(self, bundles: list[dict], strategy: str, pool: PoolConfig, name: str, timeout_s: float,
+               how: str) -> None:
+        self.pg = placement_group(bundles, strategy=strategy, name=name)
+        ready, _ = ray.wait([self.pg.ready()], timeout=timeout_s)
+        if not ready:
+            remove_placement_group(self.pg)
+            raise _placement_error(name, pool, len(bundles), timeout_s, how)
 
     def options(self, pool: PoolConfig, i: int) -> dict:
         opts = actor_options(pool)
@@ -154,15 +244,13 @@ def node_holds(bundle: dict) -> int:
 class GangPlacement(PoolPlacement):
     """One worker's `gang` ranks: on one node where some node holds them all (STRICT_PACK: a
     gang's FSDP gathers or sequence-parallel all-to-alls stay on the intra-node link), packed on
-    as few nodes as possible otherwise. `options(pool, r)` places rank r."""
+    as few nodes as possible otherwise (`straddles`). `options(pool, r)` places rank r."""
 
-    def __init__(self, pool: PoolConfig, gang: int, name: str):
+    def __init__(self, pool: PoolConfig, gang: int, name: str, timeout_s: float):
         bundle = _bundle(pool)
         self.pg, self.straddles = None, False
         if not bundle:
             return
         self.straddles = node_holds(bundle) < gang
-        bundles = [bundle] * gang
-        self.pg = placement_group(bundles, strategy="PACK" if self.straddles else "STRICT_PACK", name=name)
-        _wait_placed(self.pg, f"gang {name!r} ({'across nodes' if self.straddles else 'on one node'}; "
-                     "lower the pool's gang / num_cpus / num_gpus or add nodes)", bundles)
+        self._place([bundle] * gang, "PACK" if self.straddles else "STRICT_PACK", pool, name, timeout_s,
+                    "across nodes, packed" if self.straddles else "on one node")

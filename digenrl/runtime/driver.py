@@ -25,6 +25,11 @@ summary.json) plus `trace.json` (Perfetto) and `gantt.png`. Per-step metrics add
 
 The run directory must be on storage every node sees (trainer 0 writes checkpoints and
 eval samples there; the driver writes the rest).
+
+No wait here is open-ended: placement runtime.placement_timeout_s, start-up and the final
+weights runtime.start_timeout_s, the event loop and the end-of-run records
+runtime.stall_timeout_s; a passed deadline raises WaitTimeout (runtime/waits.py) naming what
+it waited for (docs/runtime.md, "Waits and their deadlines").
 """
 
 from __future__ import annotations
@@ -40,9 +45,10 @@ from digenrl.config.contract import RunContract, contract
 from digenrl.io.recorder import RunRecorder
 from digenrl.runtime.actors import Actors
 from digenrl.runtime.backend import RealBackend, StepPlans
-from digenrl.runtime.cluster import actor_options, connect
+from digenrl.runtime.cluster import actor_options, await_room, connect
 from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit
 from digenrl.io.trace import Trace, plot_gantt, write_chrome_trace
 
@@ -106,7 +112,7 @@ class RayDriver:
                     self._run(weights0, wall0, first)
                 else:
                     if first is not None:
-                        rec.log({"step": self.base, **ray.get(first)})
+                        rec.log({"step": self.base, **self._get("trainer 0's evaluation", first, "stall")})
                     self.stats, self.wall_s = {}, wall0
             finally:
                 rec.close()
@@ -120,8 +126,10 @@ class RayDriver:
     def _load(self, latest: Path) -> float:
         """Every trainer rank resumes from checkpoint `latest`; returns the run's wall seconds so far."""
         trainers = self.actors.train_ids
-        steps = ray.get([r for w in trainers for r in self.actors.gang(w).load(str(latest))])
-        self.base = steps[0]
+        steps = wait_all({w: self.actors.gang(w).load(str(latest)) for w in trainers},
+                         timeout_s=self.cfg.runtime.start_timeout_s, what=f"trainers loading {latest}",
+                         key="runtime.start_timeout_s")
+        self.base = steps[trainers[0]][0]
         return json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
 
     def _sync_initial(self):
@@ -135,13 +143,17 @@ class RayDriver:
         loading = [w for w in actors.workers
                    if w.role not in ("reward", "rollout" if relay else "") and w.id != first_trainer
                    and not (sharded and w.id in actors.train_ids)]
-        ray.get([r for w in loading for r in actors.gang(w.id).load_weights(None, self.base, weights0)])
+        start = dict(timeout_s=cfg.runtime.start_timeout_s, key="runtime.start_timeout_s")
+        wait_all({w.id: actors.gang(w.id).load_weights(None, self.base, weights0) for w in loading},
+                 what=f"loading the initial weights (version {self.base})", **start)
         if relay:
-            ray.get(weights0)  # the relay holds version `base` once the publish is done
+            # the relay holds version `base` once the publish is done (its result is small then)
+            wait_all({f"{first_trainer} (publish)": weights0}, what="publishing to the relay", **start)
             for w in actors.workers:
                 if w.role == "rollout":
                     actors.join_relay(w.id)
-                    ray.get(actors.pull(w.id, None, self.base))
+                    self._get(f"{w.id} pulling version {self.base} from the relay",
+                              actors.pull(w.id, None, self.base), "start")
         return weights0
 
     def _run(self, weights0, wall0: float, first: Optional[ray.ObjectRef]) -> None:
@@ -153,7 +165,8 @@ class RayDriver:
             backend.records.append(({"step": self.base}, first))
         sched = Scheduler(self.contract(plans).sched, self.actors.workers)
         self.elastic = Elastic(self.actors, self.run_dir)  # `digenrl scale` requests
-        loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll, on_leave=self.elastic.left)
+        loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll, on_leave=self.elastic.left,
+                         stall_s=self.cfg.runtime.stall_timeout_s)
         self.elastic.start(loop)
         try:
             self.trace = loop.run()
@@ -172,7 +185,9 @@ class RayDriver:
 
         cfg, rt = self.cfg, self.cfg.runtime
         opts = {k: v for k, v in actor_options(rt.trainer).items() if k not in ("max_restarts", "max_task_retries")}
-        lines, cores = ray.get(ray.remote(_profile_here).options(**opts).remote(cfg))
+        await_room(rt.trainer, 1, "trainer (runtime.plan's profile)", rt.placement_timeout_s)
+        lines, cores = self._get("runtime.plan's profile of the units (one trainer-pool slot)",
+                                 ray.remote(_profile_here).options(**opts).remote(cfg), "start")
         # GPU workers share no cores; CPU workers share the node's
         gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
         self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
@@ -195,7 +210,8 @@ class RayDriver:
         run = contract(self.cfg)
         fn = duration_fn(self.cfg, load_testbed(rt.testbed), default_cost_model(), run)
         with session(rt.address):
-            self.trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, rt.time_scale)
+            self.trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, rt.time_scale,
+                                                stall_s=rt.stall_timeout_s)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(self.trace, str(self.run_dir / "trace.json"))
         plot_gantt(self.trace, str(self.run_dir / "gantt.png"))
@@ -207,13 +223,19 @@ class RayDriver:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
+    def _get(self, what: str, ref, deadline: str):
+        """ray.get(ref) within runtime.<deadline>_timeout_s ("start" or "stall"), else WaitTimeout."""
+        key = f"runtime.{deadline}_timeout_s"
+        return wait_all({what: ref}, timeout_s=getattr(self.cfg.runtime, f"{deadline}_timeout_s"),
+                        what=what, key=key)[what]
+
     def _hook(self, wid: str, unit: Unit) -> None:
         if self.on_dispatch is not None:
             self.on_dispatch(self, wid, unit)
 
     def _finish(self) -> dict[str, Any]:
         run = self.run_dir
-        state, ema = ray.get(self.actors.trainer0.final_state())
+        state, ema = self._get("trainer 0's final weights", self.actors.trainer0.final_state(), "start")
         extra: dict[str, Any] = {"scheduler": self.stats}
         if self.trace is not None:
             write_chrome_trace(self.trace, str(run / "trace.json"))

@@ -2,7 +2,9 @@
 
     EventLoop.run -- every iteration (ray.wait wakes at least every poll_s) --> Elastic.poll(loop)
         admit   rollout actors whose start-up finished join the scheduler (add_worker: their
-                first unit is a WeightSync to the current version, then they generate)
+                first unit is a WeightSync to the current version, then they generate); one
+                not up within runtime.placement_timeout_s + start_timeout_s is stopped, and
+                its join answered with an error: what each rank asks, what is free
         take    each request in DIR/scale/ once (at most every `every_s` seconds):
                   +N  start N actors (Actors.add_rollout: the options replace() uses);
                       they join when ready, so a model load never stalls the loop
@@ -24,6 +26,7 @@ import ray
 
 from digenrl.runtime import scale
 from digenrl.runtime.actors import Actors
+from digenrl.runtime.cluster import actor_options
 from digenrl.sched import SchedulerError, Worker
 
 if TYPE_CHECKING:
@@ -39,7 +42,9 @@ class Elastic:
     def __init__(self, actors: Actors, run_dir: Path, every_s: float = 0.5):
         self.actors, self.run_dir, self.every_s = actors, Path(run_dir), every_s
         self.can_add = any(w.role == "rollout" for w in actors.workers)  # trainer 0 publishes for them
-        self.joining: dict[str, tuple[Worker, list]] = {}  # id -> (worker, its ranks' ready refs)
+        self.joining: dict[str, tuple[Worker, list, float]] = {}  # id -> (worker, its ranks' ready refs, deadline)
+        rt = actors.cfg.runtime
+        self.join_s = rt.placement_timeout_s + rt.start_timeout_s  # placed, then started
         self.loop: "EventLoop | None" = None
         self._last = 0.0
 
@@ -54,7 +59,7 @@ class Elastic:
     def close(self) -> None:
         """The run is over: no pools.json (the CLI refuses), actors still starting stopped."""
         self.loop = None
-        for w, _ in self.joining.values():
+        for w, *_ in self.joining.values():
             self._stop(w)
         self.joining.clear()
         scale.clear_state(self.run_dir)
@@ -91,13 +96,13 @@ class Elastic:
         added, drained, errors = [], [], []
         for _ in range(after - now):
             w, ready = self.actors.add_rollout()
-            self.joining[w.id] = (w, ready)
+            self.joining[w.id] = (w, ready, time.monotonic() + self.join_s)
             added.append(w.id)
         if after < now:
             # workers still starting first (nothing to hand over), then idle ones (they leave
             # at once), then the newest
             for wid in list(self.joining)[::-1][: now - after]:
-                w, _ = self.joining.pop(wid)
+                w, *_ = self.joining.pop(wid)
                 self._stop(w)
                 drained.append(wid)
             busy = loop.sched.in_flight
@@ -114,9 +119,19 @@ class Elastic:
         self._write_state()
 
     def _admit(self, loop) -> None:
-        """Actors whose every rank is up join the scheduler (WeightSync first)."""
-        for wid, (w, refs) in list(self.joining.items()):
+        """Actors whose every rank is up join the scheduler (WeightSync first); those past their
+        deadline are stopped, and the request's join is answered with why."""
+        for wid, (w, refs, deadline) in list(self.joining.items()):
             if len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
+                if time.monotonic() > deadline:
+                    del self.joining[wid]
+                    pool = self.actors.cfg.runtime.rollout
+                    asks = {k: v for k, v in actor_options(pool).items() if k.startswith(("num_", "acc", "res"))}
+                    scale.answer(self.run_dir, {"joined": wid, "ok": False, "error": (
+                        f"not up within {self.join_s:g} s (runtime.placement_timeout_s + start_timeout_s): "
+                        f"never placed, or still loading; each rank asks {asks}, free now: "
+                        f"{ray.available_resources()}")})
+                    self._stop(w)
                 continue
             del self.joining[wid]
             try:

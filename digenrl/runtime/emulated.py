@@ -52,9 +52,15 @@ import ray
 
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.results import Slept
+from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit, Worker
 from digenrl.io.trace import Trace
 
+# Deadlines of the waits here (runtime/waits.py): emulated workers ask for no device and load
+# no model, so they are up in seconds; a unit sleeps its modelled time x time_scale, and the
+# watchdog stops a run in which none finishes for STALL_S wall seconds (pass stall_s for more).
+START_S = 120.0
+STALL_S = 600.0
 LATENCY = ("real", "hidden", "scaled")
 
 
@@ -120,7 +126,8 @@ class ActorCache:
 
     def warm(self, n: int) -> None:
         """Start `n` actors now and wait until they are up (actor start-up costs seconds each)."""
-        ray.get([h.ready.remote() for h in self.get(n)])
+        wait_all({f"emulated worker {i}": h.ready.remote() for i, h in enumerate(self.get(n))},
+                 timeout_s=START_S, what="emulated workers starting", key="digenrl.runtime.emulated.START_S")
 
     def close(self) -> None:
         for h in self.handles:
@@ -141,7 +148,8 @@ class EmulatedBackend:
         workers = list(workers)
         self._fn_ref = ray.put(duration_fn)
         self.handles = dict(zip((w.id for w in workers), self.cache.get(len(workers))))
-        ray.get([self.handles[w.id].configure.remote(w, self._fn_ref, time_scale, latency) for w in workers])
+        wait_all({w.id: self.handles[w.id].configure.remote(w, self._fn_ref, time_scale, latency) for w in workers},
+                 timeout_s=START_S, what="emulated workers starting", key="digenrl.runtime.emulated.START_S")
         self.info: dict[int, Slept] = {}  # id(unit) -> what its worker reported
         # latency="hidden": the modelled timeline is kept here, in modelled seconds from the
         # first dispatch (the virtual clock's arithmetic: a unit starts at the modelled end of
@@ -267,15 +275,16 @@ def _modelled_end(ref) -> float:
 
 
 def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.0, *, latency: str = "real",
-                           cache: Optional[ActorCache] = None) -> Trace:
+                           cache: Optional[ActorCache] = None, stall_s: float = STALL_S) -> Trace:
     """Drive `sched` with EmulatedWorker actors (Ray must be initialised); modelled-seconds Trace.
+    `stall_s`: the event loop's watchdog (wall seconds without a unit finishing).
 
     Baseline overheads the actors' copies of a DurationFn paid are added to
     `duration_fn.overhead_ws` (as a simulated run would have them).
     """
     backend = EmulatedBackend(sched.workers, duration_fn, time_scale, latency=latency, cache=cache)
     try:
-        trace = EmulatedLoop(sched, backend).run()
+        trace = EmulatedLoop(sched, backend, stall_s=stall_s).run()
     finally:
         backend.close()
     over = getattr(duration_fn, "overhead_ws", None)

@@ -27,6 +27,7 @@ import ray
 from ray.exceptions import ObjectLostError, RayActorError, RayTaskError
 
 from digenrl.runtime.results import Done, merge
+from digenrl.runtime.waits import WaitTimeout
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
 from digenrl.sched.units import Train, WeightSync
 from digenrl.io.trace import Span, Trace
@@ -62,9 +63,9 @@ class EventLoop:
     checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
     `poll(loop)` runs after every batch of events and at least every `poll_s` seconds (it
     may `join` and `drain` workers: elastic pools); `on_leave(worker, lost)` after a drained
-    worker has left and its actors are stopped. `stall_s`: a watchdog, raise (with the
-    scheduler's state) when no unit has finished for that long; None waits forever (a real
-    unit may take minutes).
+    worker has left and its actors are stopped. `stall_s`: a watchdog, raise WaitTimeout (with
+    the units in flight and the scheduler's state) when no unit has finished for that long;
+    None waits forever (the driver passes runtime.stall_timeout_s).
     """
 
     def __init__(self, scheduler: Scheduler, backend: Backend, *,
@@ -110,8 +111,8 @@ class EventLoop:
             if ready:
                 last = time.time()
             elif self.stall_s is not None and time.time() - last >= self.stall_s:
-                raise RuntimeError(f"runtime stalled: no unit finished for {self.stall_s:.0f}s; "
-                                   f"{sched.describe()}")
+                raise WaitTimeout(f"runtime stalled: no unit finished for {self.stall_s:g} s "
+                                  f"(runtime.stall_timeout_s); running: {self._running()}; {sched.describe()}")
             rest = [r for r in waiting if r not in ready]
             more = ray.wait(rest, num_returns=len(rest), timeout=0)[0] if rest and ready else []
             self._take(ready + more)
@@ -121,6 +122,13 @@ class EventLoop:
                 self._launch()
         self.trace.end = self.now()
         return self.trace
+
+    def _running(self) -> str:
+        """The units in flight, longest-running first: "worker kind (N s)", at most 8."""
+        now = self.now()
+        calls = sorted({id(c): c for c in self.pending.values()}.values(), key=lambda c: c.t)
+        named = [f"{c.wid} {kind(c.unit)} ({now - c.t:.0f} s)" for c in calls[:8]]
+        return ", ".join(named) + (f" and {len(calls) - 8} more" if len(calls) > 8 else "")
 
     def _waiting(self) -> list:
         """The refs still to wait for: every pending one (a subclass may hold some back)."""

@@ -45,13 +45,15 @@ def _train(args: argparse.Namespace) -> int:
         print(f"digenrl train: invalid configuration: {e}", file=sys.stderr)
         return 2
     lost: tuple[type[Exception], ...] = ()
+    late: tuple[type[Exception], ...] = ()
     if cfg.run.mode == "local":
         from digenrl.train.trainer import Trainer as trainer_cls
     else:
         from digenrl.runtime.driver import RayDriver as trainer_cls
         from digenrl.runtime.loop import WorkerLostError
+        from digenrl.runtime.waits import WaitTimeout
 
-        lost = (WorkerLostError,)
+        lost, late = (WorkerLostError,), (WaitTimeout,)
 
     print(f"digenrl train: model={cfg.model.name} mode={cfg.run.mode} steps={cfg.train.steps} "
           f"samples/step={cfg.data.groups_per_step * cfg.data.group_size} run_dir={cfg.run.run_dir}")
@@ -60,6 +62,9 @@ def _train(args: argparse.Namespace) -> int:
     except lost as e:  # a lost trainer: the message says how to continue (--resume)
         print(f"digenrl train: {e}", file=sys.stderr)
         return 3
+    except late as e:  # a wait past its deadline: the message names what it waited for
+        print(f"digenrl train: gave up waiting: {e}", file=sys.stderr)
+        return 4
     except KeyboardInterrupt:  # Ctrl-C: where the run stands and how to continue, no traceback
         return _interrupted(Path(cfg.run.run_dir), args.argv)
     if "modelled_s" in summary:  # runtime.compute=emulated: no model, no rewards

@@ -96,7 +96,7 @@ def sample_images(inputs: Inputs, policy, snap: Snapshot, rewarder=None, bar=Non
 def _bar(total: int, desc: str, progress: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="sample", disable=not progress)
+    return tqdm(total=total, desc=desc, unit="sample", disable=None if progress else True)  # None: off in a file
 
 
 # -- digenrl sample ---------------------------------------------------------------------------

@@ -74,7 +74,7 @@ def _pretrain(steps: int, batch: int, lr: float, seed: int, config: TinyDiTConfi
 
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor)
     gen = torch.Generator().manual_seed(seed)
-    bar = tqdm(range(steps), desc="pretrain toy base", disable=not progress)
+    bar = tqdm(range(steps), desc="pretrain toy base", disable=None if progress else True)  # None: off in a file
     for i in bar:
         x0, texts = sample_batch(batch, config.image_size, seed, i, caption_noise=caption_noise)
         x0 = x0 * 2 - 1  # [0,1] -> [-1,1]
