@@ -21,7 +21,7 @@ class _Recording(EmulatedBackend):
     so reading it now gives every span yet) plus the same units in flight."""
 
     def __init__(self, workers, path):
-        super().__init__(workers, _fixed, time_scale=0.05)
+        super().__init__(workers, _fixed, time_scale=0.02)
         self.path, self.rows, self.last_end = path, [], 0.0
 
     def step_done(self, step, now, trace):

@@ -1,6 +1,6 @@
 """Nothing the scheduler keeps grows with the run's length: a run of many RL steps (a month of
 them on a real cluster) leaves it holding what a short one does. Checked on every container
-the Scheduler holds (and one level inside: the idle pools per version), after 4 and after 24
+the Scheduler holds (and one level inside: the idle pools per version), after 4 and after 16
 RL steps of a digenrl run with workers lost and joining."""
 
 import random
@@ -33,7 +33,7 @@ def _after(rl_steps: int) -> dict[str, int]:
 
 
 def test_scheduler_state_does_not_grow_with_the_run():
-    short, long = _after(4), _after(24)
+    short, long = _after(4), _after(16)
     assert "traj_version" in short and "_n_at" in short  # the two that once grew per step
     grew = {k: (short[k], long[k]) for k in short if long[k] > short[k]}
     assert not grew, f"containers that grow with the run's length (4 steps, 24 steps): {grew}"
