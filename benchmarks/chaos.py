@@ -1,7 +1,7 @@
 """Chaos: many RL steps of emulated compute while rollout and reward workers are SIGKILLed.
 
     python benchmarks/chaos.py [--steps 1000] [--ms 10] [--kill-every 30] [--kill-at random|dispatch|mixed]
-                               [--stall 60] [--json chaos.json] [--plot rss.png]
+                               [--stall 60] [--json chaos.json] [--plot rss.png] [--trace trace.jsonl]
 
 The real driver loop (`EmulatedLoop`, the scheduler, Ray actors and their failures) with a
 tiny constant `duration_fn` (`--ms` milliseconds per unit), so a step takes well under a second.
@@ -15,7 +15,9 @@ Checks, printed and written to the JSON report (exit status 1 when one fails):
     no deadlock     the loop's watchdog (EventLoop stall_s): no unit finished for --stall s
                     fails with the scheduler's describe()
     exactly-once    every Train unit (step, micro-batch, trained steps, rows) completed once
-                    (from the trace; a lost unit's span is marked and not counted)
+                    (from the trace, which the loop streams to --trace as the real driver does
+                    (io/trace.py TraceLog), read back after the run; a lost unit's span is
+                    marked and not counted)
     flat memory     the driver's RSS (/proc/self/statm), sampled every --rss-every s: the
                     mean of the run's last quarter within --flat-pct % of its second
                     quarter's (the first quarter is warm-up: Ray's and the actors' start)
@@ -30,6 +32,7 @@ import random
 import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -37,6 +40,7 @@ from typing import Optional
 
 import ray
 
+from digenrl.io.trace import TraceLog, iter_spans
 from digenrl.runtime.emulated import EmulatedBackend, EmulatedLoop
 from digenrl.sched import Scheduler, SchedConfig, Worker, kind
 from digenrl.sched.units import partition, split_rows
@@ -121,7 +125,7 @@ def memory_summary(samples: list[tuple[float, float, int]], flat_pct: float) -> 
             "flat": abs(growth) <= flat_pct, "n_samples": len(mb)}
 
 
-def run(args) -> dict:
+def run(args, trace_path: str) -> dict:
     c = SchedConfig(mode=args.mode, rl_steps=args.steps, groups_per_step=4, micro_batch_groups=1,
                     num_steps=4, rollout_segment=2, tsp_chunk=2)
     workers = ([Worker(f"r{i}", "rollout") for i in range(args.rollout)]
@@ -166,9 +170,10 @@ def run(args) -> dict:
     threads = [threading.Thread(target=f, daemon=True) for f in (killer, sampler)]
     for th in threads:
         th.start()
-    error, trace = None, None
+    error = None
+    log = TraceLog(trace_path)
     try:
-        trace = EmulatedLoop(sched, backend, on_dispatch=at_dispatch, stall_s=args.stall).run()
+        EmulatedLoop(sched, backend, on_dispatch=at_dispatch, stall_s=args.stall, trace=log).run()
     except RuntimeError as e:  # the watchdog (or the scheduler) gave up
         error = str(e)
     finally:
@@ -176,20 +181,25 @@ def run(args) -> dict:
         for th in threads:
             th.join()
         backend.close()
+        log.close()
     wall = time.time() - t0
     report = {"mode": args.mode, "unit_ms": args.ms, "steps_planned": args.steps, "steps_done": sched.version,
               "wall_s": wall, "steps_per_s": sched.version / wall, "kill_every_s": args.kill_every,
               "kill_at": args.kill_at, "kills": len(kills), "kill_log": kills, "stall_s": args.stall,
               "deadlock": error, "scheduler": dict(sched.stats),
               "pools": {"rollout": args.rollout, "trainer": args.trainer, "reward": args.reward}}
-    if trace is not None:
-        trains = Counter((s.unit.step, s.unit.mb, s.unit.t_steps, s.unit.samples) for s in trace.spans
-                         if s.kind == "train" and not (s.extra and s.extra.get("lost")))
+    if error is None:  # after the RSS samples: what is read back here is not the run's memory
+        trains, units, lost = Counter(), 0, 0
+        for s in iter_spans(trace_path):
+            units += 1
+            if s.extra and s.extra.get("lost"):
+                lost += 1
+            elif s.kind == "train":
+                trains[(s.unit.step, s.unit.mb, s.unit.t_steps, s.unit.samples)] += 1
         want = expected_trains(c)
         report.update(
-            train_units=sum(trains.values()), units=len(trace.spans),
-            lost_units=sum(1 for s in trace.spans if s.extra and s.extra.get("lost")),
-            replacements=len(trace.workers) - len(workers),
+            train_units=sum(trains.values()), units=units, lost_units=lost,
+            replacements=len(log.workers) - len(workers),
             trained_twice=sum(1 for k, n in trains.items() if n > 1),
             never_trained=sum(1 for k in want if k not in trains),
             exactly_once=trains == want)
@@ -235,11 +245,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the report here")
     p.add_argument("--plot", help="write the RSS plot (PNG) here")
+    p.add_argument("--trace", help="keep the run's trace.jsonl here (default: a temporary file)")
     args = p.parse_args(argv)
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        report = run(args)
+        with tempfile.TemporaryDirectory() as tmp:
+            report = run(args, args.trace or os.path.join(tmp, "trace.jsonl"))
     finally:
         ray.shutdown()
     m = report["rss_mb"]

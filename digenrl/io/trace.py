@@ -15,13 +15,30 @@ WeightSync(v) is v - 1, the step whose optimizer produced v.
 
 Exports: `write_chrome_trace` (Perfetto / chrome://tracing; one process per pool, one
 thread per worker) and `plot_gantt` (matplotlib, imported lazily).
+
+On disk (`TraceLog`, the Ray driver's trace): `trace.jsonl`, one JSON object per line in
+the order things happened, each line flushed as it is written, so a run that dies leaves
+every span that finished:
+
+    {"join": wid, "pool": role, "t": s}      a worker joined (t 0: there from the start)
+    {"leave": wid, "t": s}                    it left the pools (drained) or died
+    {"worker": .., "kind": .., "start": .., "end": .., "version": .., "step": ..,
+     "unit": {fields}, "extra": {..}}        a span ("unit" and "extra" when it has them)
+    {"end": s, "n_events": n}                 the run's end (absent: it stopped mid-way)
+
+`read_trace` turns it back into a Trace (the units rebuilt); `build_outputs` writes
+trace.json and gantt.png from it with memory for the workers, not the spans.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from digenrl.sched.units import KINDS
 
 POOLS = ("rollout", "trainer", "reward", "colocated")
 COLORS = {"generate": "#4C72B0", "reward": "#DD8452", "train": "#55A868",
@@ -47,6 +64,127 @@ class Trace:
     alive: dict[str, list] = field(default_factory=dict)  # worker id -> [join, leave or None]
     end: float = 0.0
     n_events: int = 0
+
+    # What the event loop records, through these so a TraceLog can write it as it comes.
+    def add(self, span: Span) -> None:
+        self.spans.append(span)
+
+    def join(self, wid: str, pool: str, t: float) -> None:
+        self.workers[wid] = pool
+        self.alive[wid] = [t, None]
+
+    def leave(self, wid: str, t: float) -> None:
+        self.alive[wid][1] = t
+
+    def release(self, before: float) -> None:
+        """No window starting before `before` will be asked for (a TraceLog forgets the spans
+        that ended by then); an in-memory Trace keeps every span."""
+
+    def finish(self, end: float) -> None:
+        self.end = end
+
+
+class TraceLog(Trace):
+    """A Trace streamed to `path` (trace.jsonl, format in the module doc) as it is made.
+
+    In memory: the workers, their alive intervals, and in `spans` only the window, the spans
+    that end after the latest `release(before)`: the event loop releases at each RL step's
+    end, so bubble ratios over [previous step end, now] (RealBackend.step_done) are the
+    same numbers an in-memory Trace gives (a dropped span overlaps that window by 0 s).
+    """
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = Path(path)
+        self._file = open(self.path, "w", buffering=1)  # line-buffered: each record reaches the OS whole
+
+    def _write(self, record: dict) -> None:
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def add(self, span: Span) -> None:
+        self._write(span_record(span))
+        self.spans.append(span)
+
+    def join(self, wid: str, pool: str, t: float) -> None:
+        super().join(wid, pool, t)
+        self._write({"join": wid, "pool": pool, "t": t})
+
+    def leave(self, wid: str, t: float) -> None:
+        super().leave(wid, t)
+        self._write({"leave": wid, "t": t})
+
+    def release(self, before: float) -> None:
+        self.spans = [s for s in self.spans if s.end > before]
+
+    def finish(self, end: float) -> None:
+        super().finish(end)
+        self._write({"end": end, "n_events": self.n_events})
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "TraceLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_UNIT_TYPES = {name: cls for cls, name in KINDS.items()}
+
+
+def span_record(s: Span) -> dict:
+    """One trace.jsonl line of span `s` (its unit as its fields: tuples become lists)."""
+    rec = {"worker": s.worker, "kind": s.kind, "start": s.start, "end": s.end, "version": s.version,
+           "step": s.step}
+    if s.unit is not None:
+        rec["unit"] = {f.name: getattr(s.unit, f.name) for f in dataclasses.fields(s.unit)}
+    if s.extra:
+        rec["extra"] = s.extra
+    return rec
+
+
+def span_from_record(rec: dict) -> Span:
+    unit = rec.get("unit")
+    if unit is not None:  # every list-valued unit field is a tuple (groups, t_steps, samples)
+        unit = _UNIT_TYPES[rec["kind"]](**{k: tuple(v) if isinstance(v, list) else v for k, v in unit.items()})
+    return Span(rec["worker"], rec["kind"], rec["start"], rec["end"], rec["version"], rec["step"],
+                rec.get("extra"), unit)
+
+
+def _records(path) -> Iterator[dict]:
+    with open(path) as f:
+        for line in f:
+            if line.endswith("\n"):  # a run killed mid-write leaves a last line cut short
+                yield json.loads(line)
+
+
+def read_trace(path, steps: Optional[tuple[int, int]] = None, spans: bool = True) -> Trace:
+    """The Trace in trace.jsonl `path`: every span, or those of RL steps [a, b) (`steps`), or
+    none (`spans=False`: workers, alive intervals and the end only). A run that stopped
+    mid-way (no end record) ends at its last span's end."""
+    tr, last, ended = Trace(), 0.0, False
+    for rec in _records(path):
+        if "join" in rec:
+            tr.join(rec["join"], rec["pool"], rec["t"])
+        elif "leave" in rec:
+            tr.leave(rec["leave"], rec["t"])
+        elif "n_events" in rec:  # the end record
+            tr.end, tr.n_events, ended = rec["end"], rec["n_events"], True
+        else:
+            last = max(last, rec["end"])
+            if spans and (steps is None or (rec["step"] is not None and steps[0] <= rec["step"] < steps[1])):
+                tr.spans.append(span_from_record(rec))
+    if not ended:
+        tr.end = last
+    return tr
+
+
+def iter_spans(path) -> Iterator[Span]:
+    """The spans of trace.jsonl `path`, one at a time (nothing kept)."""
+    for rec in _records(path):
+        if "worker" in rec:
+            yield span_from_record(rec)
 
 
 def pool_time(trace: Trace, pool: str, t0: float, t1: float) -> float:
@@ -125,31 +263,40 @@ def step_breakdown(trace: Trace) -> dict[int, dict[str, float]]:
 def write_chrome_trace(trace: Trace, path: str) -> None:
     """Chrome trace-event JSON: one process per pool, one thread per worker (seconds -> us);
     instant events `join` / `leave` mark each worker's alive interval (join at 0 omitted)."""
+    _write_chrome(trace.workers, trace.alive, trace.spans, path)
+
+
+def _write_chrome(workers: dict[str, str], alive: dict[str, list], spans: Iterable[Span], path) -> None:
+    """write_chrome_trace's file, its events written one at a time (`spans` may be a stream):
+    the same bytes as json.dump of the whole {"traceEvents": [...], ...} object."""
+    with open(path, "w") as f:
+        f.write('{"traceEvents": [')
+        for i, e in enumerate(_chrome_events(workers, alive, spans)):
+            f.write((", " if i else "") + json.dumps(e))
+        f.write('], "displayTimeUnit": "ms"}')
+
+
+def _chrome_events(workers: dict[str, str], alive: dict[str, list], spans: Iterable[Span]) -> Iterator[dict]:
     pid = {p: i + 1 for i, p in enumerate(POOLS)}
-    tid = {wid: i + 1 for i, wid in enumerate(trace.workers)}
-    events = []
+    tid = {wid: i + 1 for i, wid in enumerate(workers)}
     for p in POOLS:
-        if p in trace.workers.values():
-            events.append({"ph": "M", "name": "process_name", "pid": pid[p], "args": {"name": p}})
-    for wid, role in trace.workers.items():
-        events.append({"ph": "M", "name": "thread_name", "pid": pid[role], "tid": tid[wid],
-                       "args": {"name": wid}})
-    for wid, (join, leave) in trace.alive.items():  # elastic pools and replacements: when each was there
+        if p in workers.values():
+            yield {"ph": "M", "name": "process_name", "pid": pid[p], "args": {"name": p}}
+    for wid, role in workers.items():
+        yield {"ph": "M", "name": "thread_name", "pid": pid[role], "tid": tid[wid], "args": {"name": wid}}
+    for wid, (join, leave) in alive.items():  # elastic pools and replacements: when each was there
         for name, t in (("join", join if join else None), ("leave", leave)):
             if t is not None and wid in tid:
-                events.append({"ph": "i", "s": "t", "name": name, "cat": "pool", "pid": pid[trace.workers[wid]],
-                               "tid": tid[wid], "ts": t * 1e6})
-    for s in trace.spans:
+                yield {"ph": "i", "s": "t", "name": name, "cat": "pool", "pid": pid[workers[wid]],
+                       "tid": tid[wid], "ts": t * 1e6}
+    for s in spans:
         args = {"step": s.step, "version": s.version}
         if s.unit is not None:
             args["unit"] = repr(s.unit)
         if s.extra:
             args.update(s.extra)
-        events.append({"ph": "X", "name": s.kind, "cat": s.kind,
-                       "pid": pid[trace.workers[s.worker]], "tid": tid[s.worker], "ts": s.start * 1e6, "dur": (s.end - s.start) * 1e6,
-                       "args": args})
-    with open(path, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        yield {"ph": "X", "name": s.kind, "cat": s.kind, "pid": pid[workers[s.worker]], "tid": tid[s.worker],
+               "ts": s.start * 1e6, "dur": (s.end - s.start) * 1e6, "args": args}
 
 
 def plot_gantt(trace: Trace, path: str, step: Optional[int] = None) -> None:
@@ -178,3 +325,24 @@ def plot_gantt(trace: Trace, path: str, step: Optional[int] = None) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# Gantt charts of more steps than this are unreadable (and would hold every bar in memory).
+GANTT_STEPS = 100
+
+
+def build_outputs(log: str | Path, out_dir: str | Path, steps: Optional[tuple[int, int]] = None) -> dict[str, str]:
+    """trace.json and gantt.png in `out_dir` from trace.jsonl `log`, holding the workers in
+    memory, not the spans. trace.json: every span, or those of RL steps [a, b); gantt.png:
+    those steps, or the last GANTT_STEPS of the run. Returns {"trace": path, "gantt": path}."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    head = read_trace(log, spans=False)
+    keep = (lambda s: True) if steps is None else (lambda s: s.step is not None and steps[0] <= s.step < steps[1])
+    trace_json, gantt = out_dir / "trace.json", out_dir / "gantt.png"
+    _write_chrome(head.workers, head.alive, (s for s in iter_spans(log) if keep(s)), trace_json)
+    if steps is None:
+        last = max((s.step for s in iter_spans(log) if s.step is not None), default=0)
+        steps = (last + 1 - GANTT_STEPS, last + 1)
+    plot_gantt(read_trace(log, steps=steps), str(gantt))
+    return {"trace": str(trace_json), "gantt": str(gantt)}

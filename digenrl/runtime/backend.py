@@ -3,7 +3,7 @@
     dispatch(worker, unit)   one actor call per unit kind (STEP_TABLE's `call`), inputs passed
                              as ObjectRefs: Trajectories and weights move actor to actor
     completed(worker, unit)  what each kind's typed result feeds (STEP_TABLE's `done`):
-                             trajectories, rewards -> advantages, trained coordinates,
+                             trajectories, rewards -> advantages, staleness,
                              published weights, sync bytes
     step_done(step)          one metrics record per RL step (rewards, learner metrics over all
                              trainers, staleness, bubbles, weight-sync bytes and seconds), the
@@ -56,7 +56,6 @@ class RealBackend:
     def __init__(self, actors: Actors, recorder: RunRecorder, plans: StepPlans, base: int, weights0,
                  wall0: float):
         self.actors, self.recorder, self.plans, self.cfg = actors, recorder, plans, actors.cfg
-        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
         # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
         # of it) -> its latest segment
@@ -182,7 +181,6 @@ class RealBackend:
         self.rewards[(unit.step, unit.mb)] = done
 
     def _trained(self, wid: str, unit: Train, done: Trained) -> None:
-        self.trained.extend(done.trained)
         lag = unit.step - unit.traj_version
         self.stale[unit.step] = max(self.stale.get(unit.step, lag), lag)
 
@@ -275,6 +273,9 @@ class RealBackend:
         if block:
             wait_all({f"checkpoint save {i + 1} of {len(self.saves)} (trainer 0)": ref
                       for i, ref in enumerate(self.saves)}, what="checkpoint saves", **late)
+        elif self.saves:  # saves done: their errors now, their refs dropped (else one per checkpoint)
+            done, self.saves = ray.wait(self.saves, num_returns=len(self.saves), timeout=0)
+            ray.get(done)
 
 
 class _Rewarded:
@@ -321,7 +322,7 @@ STEP_TABLE: dict[type, Route] = by_kind(
                  RealBackend._rewarded),  # rewards -> advantages when its Train units start
     train=Route("_on_trained", RealBackend._call_train,
                 ("TrainerRank.train",),  # every rank of the trainer gang: loss + backward, grads accumulate
-                RealBackend._trained),  # trained coordinates, staleness
+                RealBackend._trained),  # staleness (its coordinates: the span's extra, trace.jsonl)
     optimizer=Route("_on_optimizer_step", RealBackend._call_optimizer,
                     ("TrainerRank.optimizer_step",),  # all-reduce, clip, step; the publisher publishes
                     RealBackend._stepped),  # the new version's payload; the step's metrics once all are in

@@ -19,7 +19,9 @@ unit means.
 Outputs mirror the single-device trainer (metrics.jsonl with the same required keys, eval
 on held-out prompts by the evaluation actor, checkpoints by trainer 0 in the same format, so
 `--resume` works across local and Ray runs, final/policy.safetensors, reward plot,
-summary.json) plus `trace.json` (Perfetto) and `gantt.png`. Per-step metrics add `mode`,
+summary.json) plus `trace.jsonl` (the trace, a line per span, written as the run goes: the
+driver keeps only the current step's window), and from it at the end `trace.json` (Perfetto)
+and `gantt.png` (io/trace.py: `build_outputs`). Per-step metrics add `mode`,
 `staleness_max`, `bubble_ratio_rollout`, `bubble_ratio_trainer`, `weight_sync_s`,
 `weight_sync_bytes`.
 
@@ -50,7 +52,7 @@ from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit
-from digenrl.io.trace import Trace, plot_gantt, write_chrome_trace
+from digenrl.io.trace import Trace, TraceLog, build_outputs, iter_spans, plot_gantt, read_trace, write_chrome_trace
 
 
 class RayDriver:
@@ -67,11 +69,30 @@ class RayDriver:
         self.on_dispatch = on_dispatch
         self.run_dir = Path(cfg.run.run_dir)
         self.actors: Optional[Actors] = None  # the run's Ray actors, from the start of train()
-        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t), as trainers report
-        self.trace: Optional[Trace] = None
+        self.trace_log: Optional[Path] = None  # trace.jsonl, once the event loop has started
+        self._trace: Optional[Trace] = None  # `trace`, read back from trace_log (or emulated: kept)
         self.base = 0  # RL step the run starts from (resume)
         self.here = None  # digenrl.sim.here.HerePlan when runtime.plan planned this run
         self.elastic = None  # runtime/elastic.Elastic while the event loop runs (digenrl scale)
+
+    @property
+    def trace(self) -> Optional[Trace]:
+        """The run's whole trace, read back from trace.jsonl when first asked for (after a run
+        that stopped: every span that finished); None before the event loop started. The run
+        itself holds only a step's window of it (io/trace.py TraceLog): the whole grows with
+        every unit."""
+        if self._trace is None and self.trace_log is not None:
+            self._trace = read_trace(self.trace_log)
+        return self._trace
+
+    @property
+    def trained(self) -> list[tuple[int, int, int, int]]:
+        """(step, group, sample, t) as the trainers reported them, from trace.jsonl's Train
+        spans (after a run that stopped too: tests check exactly-once after a fault)."""
+        if self.trace_log is None:
+            return []
+        return [tuple(c) for s in iter_spans(self.trace_log) if s.kind == "train" and s.extra
+                for c in s.extra.get("trained", ())]
 
     @property
     def pids(self) -> dict[str, int]:
@@ -160,19 +181,23 @@ class RayDriver:
         """The scheduler's units on the actors until the last RL step (runtime/loop.py)."""
         plans = StepPlans(self.cfg)
         backend = RealBackend(self.actors, self.recorder, plans, self.base, weights0, wall0)
-        self.trained = backend.trained  # filled as trainers report (tests read it after a fault too)
         if first is not None:
             backend.records.append(({"step": self.base}, first))
         sched = Scheduler(self.contract(plans).sched, self.actors.workers)
         self.elastic = Elastic(self.actors, self.run_dir)  # `digenrl scale` requests
-        loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll, on_leave=self.elastic.left,
-                         stall_s=self.cfg.runtime.stall_timeout_s)
-        self.elastic.start(loop)
-        try:
-            self.trace = loop.run()
-        finally:
-            self.elastic.close()
-            self.elastic = None
+        # a resumed run starts a new trace.jsonl: its clock starts again at 0
+        self.trace_log, self._trace = self.run_dir / "trace.jsonl", None
+        with TraceLog(self.trace_log) as log:
+            loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll,
+                             on_leave=self.elastic.left, trace=log,
+                             stall_s=self.cfg.runtime.stall_timeout_s)
+            self.elastic.start(loop)
+            try:
+                loop.run()
+            finally:
+                self.elastic.close()
+                self.elastic = None
+                self._trace = None  # a read during the run (a hook) cached only part of the file
         backend.flush(block=True)
         self.stats = dict(sched.stats)
         self.wall_s = backend.wall_s
@@ -210,8 +235,8 @@ class RayDriver:
         run = contract(self.cfg)
         fn = duration_fn(self.cfg, load_testbed(rt.testbed), default_cost_model(), run)
         with session(rt.address):
-            self.trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, rt.time_scale,
-                                                stall_s=rt.stall_timeout_s)
+            self._trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, rt.time_scale,
+                                                 stall_s=rt.stall_timeout_s)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(self.trace, str(self.run_dir / "trace.json"))
         plot_gantt(self.trace, str(self.run_dir / "gantt.png"))
@@ -237,10 +262,8 @@ class RayDriver:
         run = self.run_dir
         state, ema = self._get("trainer 0's final weights", self.actors.trainer0.final_state(), "start")
         extra: dict[str, Any] = {"scheduler": self.stats}
-        if self.trace is not None:
-            write_chrome_trace(self.trace, str(run / "trace.json"))
-            plot_gantt(self.trace, str(run / "gantt.png"))
-            extra.update(trace=str(run / "trace.json"), gantt=str(run / "gantt.png"))
+        if self.trace_log is not None:
+            extra.update(trace_log=str(self.trace_log), **build_outputs(self.trace_log, run))
         if self.here is not None:
             extra["plan"] = self.here.describe()
         # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)

@@ -150,7 +150,6 @@ class EmulatedBackend:
         self.handles = dict(zip((w.id for w in workers), self.cache.get(len(workers))))
         wait_all({w.id: self.handles[w.id].configure.remote(w, self._fn_ref, time_scale, latency) for w in workers},
                  timeout_s=START_S, what="emulated workers starting", key="digenrl.runtime.emulated.START_S")
-        self.info: dict[int, Slept] = {}  # id(unit) -> what its worker reported
         # latency="hidden": the modelled timeline is kept here, in modelled seconds from the
         # first dispatch (the virtual clock's arithmetic: a unit starts at the modelled end of
         # the completion that enabled it and lasts d). `expected`: each call's (modelled end,
@@ -198,7 +197,6 @@ class EmulatedBackend:
         if id(unit) in self.modelled:  # hidden: delivered in modelled order, one at a time
             self._now = self.modelled[id(unit)][1]
         self._new_batch = False
-        self.info[id(unit)] = info
         for k, v in info.overhead.items():
             self.overhead_ws[k] = self.overhead_ws.get(k, 0.0) + v
 
@@ -291,12 +289,9 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
     if isinstance(over, dict):
         for k, v in backend.overhead_ws.items():
             over[k] = over.get(k, 0.0) + v
-    for s in trace.spans:
+    for s in trace.spans:  # (latency_ms, behind_ms: Slept.trace_extra, as each span was made)
         modelled = backend.modelled.get(id(s.unit)) if s.unit is not None and not (s.extra or {}).get("lost") else None
         s.start, s.end = modelled or (s.start / time_scale, s.end / time_scale)
-        info = backend.info.get(id(s.unit)) if s.unit is not None else None
-        if info is not None:
-            s.extra = {**(s.extra or {}), "latency_ms": 1e3 * info.latency, "behind_ms": 1e3 * info.behind}
     trace.end = trace.end / time_scale if latency == "scaled" else max((s.end for s in trace.spans), default=0.0)
     trace.alive = {w: [a / time_scale, None if b is None else b / time_scale] for w, (a, b) in trace.alive.items()}
     return trace

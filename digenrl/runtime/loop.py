@@ -52,12 +52,14 @@ class Backend(Protocol):
         """Stop the actors of `worker`, which left the pools (drained; `lost`: died draining)."""
 
     def step_done(self, step: int, now: float, trace: Trace) -> None:
-        """RL step `step`'s optimizer steps are all in; `trace` holds every span so far, units in
-        flight included (up to `now`)."""
+        """RL step `step`'s optimizer steps are all in; `trace` holds the units in flight (as
+        spans up to `now`) and every span that ended after the previous step_done's `now` (a
+        TraceLog keeps no older ones: windows start at a step's end)."""
 
 
 class EventLoop:
-    """Runs `scheduler` to completion on Ray; spans go into `self.trace` (seconds from t0).
+    """Runs `scheduler` to completion on Ray; spans go into `self.trace` (seconds from t0): an
+    in-memory Trace, or the `trace` given (a TraceLog: streamed to disk, a window in memory).
 
     Steps and versions in the trace are the scheduler's (a resumed run counts from the
     checkpoint). `on_dispatch(worker_id, unit)` is a test hook (fault injection).
@@ -72,14 +74,15 @@ class EventLoop:
                  on_dispatch: Optional[Callable[[str, Unit], None]] = None,
                  poll: Optional[Callable[["EventLoop"], None]] = None, poll_s: float = 0.5,
                  on_leave: Optional[Callable[[Worker, bool], None]] = None,
-                 stall_s: Optional[float] = None):
+                 stall_s: Optional[float] = None, trace: Optional[Trace] = None):
         self.sched, self.backend = scheduler, backend
         self.on_dispatch = on_dispatch
         self.poll, self.poll_s = poll, poll_s
         self.on_leave = on_leave
         self.stall_s = stall_s
-        self.trace = Trace(workers={w.id: w.role for w in scheduler.workers},
-                           alive={w.id: [0.0, None] for w in scheduler.workers})
+        self.trace = Trace() if trace is None else trace
+        for w in scheduler.workers:
+            self.trace.join(w.id, w.role, 0.0)
         # a unit runs on every rank of its worker's gang: one ref per rank, all in `pending`
         self.pending: dict[ray.ObjectRef, _Call] = {}
         self.t0 = time.time()
@@ -120,7 +123,7 @@ class EventLoop:
                 self.poll(self)
                 self._retire()
                 self._launch()
-        self.trace.end = self.now()
+        self.trace.finish(self.now())
         return self.trace
 
     def _running(self) -> str:
@@ -183,19 +186,20 @@ class EventLoop:
         version_before = self.sched.version
         taken = self.sched.complete(wid, unit)
         self.trace.n_events += 1
-        self.trace.spans.append(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0,
-                                     _version(unit), _step(unit), unit=unit,
-                                     extra=None if taken else {"dropped": True}))
+        self.trace.add(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0, _version(unit),
+                            _step(unit), unit=unit, extra=info.trace_extra() if taken else {"dropped": True}))
         if taken:  # else its micro-batch was regenerated meanwhile (inputs_lost)
             self.backend.completed(wid, unit, info)
         if self.sched.version != version_before:
-            self.backend.step_done(version_before, self.now(), self.live_trace())
+            now = self.now()
+            self.backend.step_done(version_before, now, self.live_trace())
+            self.trace.release(now)  # the next step's window starts here
 
     def _lost(self, wid: str, unit: Unit, t_disp: float, err: Exception, rank: Optional[int] = None) -> None:
         now = self.now()
-        self.trace.spans.append(Span(wid, kind(unit), t_disp, now, _version(unit), _step(unit),
-                                     extra={"lost": True, "error": type(err).__name__}, unit=unit))
-        self.trace.alive[wid][1] = now
+        self.trace.add(Span(wid, kind(unit), t_disp, now, _version(unit), _step(unit),
+                            extra={"lost": True, "error": type(err).__name__}, unit=unit))
+        self.trace.leave(wid, now)
         old = next(w for w in self.sched.workers if w.id == wid)
         leaving = wid in self.sched.draining
         try:
@@ -211,8 +215,7 @@ class EventLoop:
     def join(self, worker: Worker) -> None:
         """`worker` (its actors ready) joins the scheduler's pools."""
         self.sched.add_worker(worker)
-        self.trace.workers[worker.id] = worker.role
-        self.trace.alive[worker.id] = [self.now(), None]
+        self.trace.join(worker.id, worker.role, self.now())
 
     def drain(self, wid: str) -> None:
         """Worker `wid` takes no new unit and leaves when free (Scheduler.drain; may raise
@@ -222,7 +225,7 @@ class EventLoop:
 
     def _retire(self) -> None:
         for w in self.sched.pop_drained():
-            self.trace.alive[w.id][1] = self.now()
+            self.trace.leave(w.id, self.now())
             self._left(w)
 
     def _left(self, worker: Worker, lost: bool = False) -> None:
@@ -238,8 +241,8 @@ class EventLoop:
         if type(unit) is WeightSync:
             t0 = next(w for w in self.sched.workers if w.role in ("trainer", "colocated"))
             raise WorkerLostError(t0.id, t0.role, err) from err
-        self.trace.spans.append(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
-                                     extra={"lost": True, "inputs_lost": True, "error": type(err).__name__}, unit=unit))
+        self.trace.add(Span(wid, kind(unit), t_disp, self.now(), _version(unit), _step(unit),
+                            extra={"lost": True, "inputs_lost": True, "error": type(err).__name__}, unit=unit))
         self.sched.inputs_lost(wid, unit)
         self.backend.inputs_lost(wid, unit)
 

@@ -9,7 +9,7 @@ No torch import: emulated workers return `Slept` from a torch-free process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:
     import torch
@@ -20,6 +20,10 @@ class Done:
     start: float
     end: float
     pid: int = 0
+
+    def trace_extra(self) -> Optional[dict]:
+        """What the unit's trace span records beyond its times (Span.extra), or None."""
+        return None
 
 
 @dataclass
@@ -39,6 +43,9 @@ class Rewarded(Done):
 @dataclass
 class Trained(Done):
     trained: list = field(default_factory=list)  # (step, group, sample, t) trained here
+
+    def trace_extra(self) -> dict:
+        return {"trained": self.trained}  # the run's record of what was trained (RayDriver.trained)
 
 
 @dataclass
@@ -66,6 +73,9 @@ class Slept(Done):
     latency: float = 0.0
     behind: float = 0.0
     overhead: dict[str, Any] = field(default_factory=dict)
+
+    def trace_extra(self) -> dict:
+        return {"latency_ms": 1e3 * self.latency, "behind_ms": 1e3 * self.behind}
 
 
 def merge(records: Sequence[Done]) -> Done:

@@ -242,7 +242,6 @@ class TrainerRank(_PolicyRank):
         from digenrl.train.trainer import Trainer
 
         super().__init__(cfg, worker_id, rank)
-        self.trained: list[tuple[int, int, int, int]] = []  # (step, group, sample, t) trained here
         self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
         self.trainer = Trainer(master_config(cfg), progress=False)
         self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
@@ -276,7 +275,6 @@ class TrainerRank(_PolicyRank):
                                 total_steps=total_steps, rows=mine, passes=passes)
         # the ranks of a sequence-parallel group train the same rows: the first one reports them
         done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps] if self._sp_lead else []
-        self.trained.extend(done)
         return Trained(**_times(t0), trained=done)
 
     @on_ranks(ALL, ALL)  # a unit: every rank reduces and steps (collectives)

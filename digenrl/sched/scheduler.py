@@ -76,14 +76,14 @@ class Scheduler:
     def __init__(self, cfg: SchedConfig, workers: Iterable[Worker]):
         self.cfg = cfg
         self.version = cfg.first_step  # trainer policy version = the RL step it trains next
-        self.traj_version: dict[tuple[int, int], int] = {}  # (step, mb) -> behaviour version
+        self.traj_version: dict[tuple[int, int], int] = {}  # (step, mb) -> behaviour version (steps not done)
         self.stats = {"handovers": 0, "restarts": 0, "requeued": 0, "drain_handovers": 0}
         self._w: dict[str, _W] = {}
         # role -> version key -> ordered set of parked worker ids (dict for determinism;
         # popitem() is O(1) LIFO, unlike popping the front of a dict).
         self._idle: dict[str, dict[int, dict[str, None]]] = {r: {} for r in ROLES}
         self._pinned: dict[str, Unit] = {}  # work that must run on that worker next
-        self._n_at: dict[int, int] = {}  # rollout workers holding each version
+        self._n_at: dict[int, int] = {}  # rollout workers holding each version (held ones only)
         self._train_role = "colocated" if cfg.colocated else "trainer"
         self._trainers: dict[str, None] = {}
         self._steps: dict[int, _Step] = {}
@@ -340,6 +340,8 @@ class Scheduler:
         old = self.version
         self.version = o.version
         self._opt_step = None
+        for mb in range(len(self._steps[o.step].mbs)):  # nothing grows with the run's length
+            self.traj_version.pop((o.step, mb), None)
         del self._steps[o.step]
         self._train_q.pop(o.step, None)
         self._open_steps()
@@ -367,7 +369,7 @@ class Scheduler:
         self._draining.pop(worker_id, None)
         del self._w[worker_id]
         if ws.worker.role == "rollout":
-            self._n_at[ws.version] -= 1
+            self._unhold(ws.version, 1)
         else:
             self._n_reward -= 1
         if type(ws.unit) is WeightSync:
@@ -514,7 +516,7 @@ class Scheduler:
         del self._draining[wid]
         del self._w[wid]
         if ws.role == "rollout":
-            self._n_at[ws.version] -= 1
+            self._unhold(ws.version, 1)
         else:
             self._n_reward -= 1
         self._drained.append(ws.worker)
@@ -621,9 +623,17 @@ class Scheduler:
             out.append(_assignment(Assignment, (wid, ws.unit)))
         k = len(wids)
         self._n_syncing += k
-        self._n_at[old] -= k
+        self._unhold(old, k)
         self._n_at[P] = self._n_at.get(P, 0) + k
         self._rescue(old)
+
+    def _unhold(self, version: int, k: int) -> None:
+        """`k` fewer rollout workers hold `version`; a version nobody holds leaves `_n_at`."""
+        n = self._n_at[version] - k
+        if n:
+            self._n_at[version] = n
+        else:
+            del self._n_at[version]
 
     def _push_cont(self, version: int, step: int, mb: int, rows: Rows, t: int) -> None:
         self._cont_q.setdefault(version, deque()).append((step, mb, rows, t))

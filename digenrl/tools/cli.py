@@ -13,6 +13,7 @@
     digenrl sample --run-dir DIR [--step N|final|--base] --prompts SPEC --out DIR
     digenrl eval --run-dir DIR [--step N|final] --prompts SPEC [--rewards a,b] --out DIR
     digenrl scale --run-dir DIR rollout=+N|-N|N [--allow-empty]   (a running Ray run's rollout pool)
+    digenrl trace --run-dir DIR [--steps A:B] [--out DIR]   (trace.json, gantt.png from trace.jsonl)
 """
 
 from __future__ import annotations
@@ -188,6 +189,27 @@ def _scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trace(args: argparse.Namespace) -> int:
+    """trace.json and gantt.png from a Ray run's trace.jsonl, while it runs or after it stopped."""
+    from digenrl.io.trace import build_outputs
+
+    log = Path(args.run_dir) / "trace.jsonl"
+    steps = None
+    if args.steps is not None:
+        try:
+            a, b = (int(x) for x in args.steps.split(":"))
+        except ValueError:
+            print(f"digenrl trace: --steps {args.steps!r}: want A:B, RL steps A to B-1", file=sys.stderr)
+            return 2
+        steps = (a, b)
+    if not log.is_file():
+        print(f"digenrl trace: no {log} (Ray runs write it; run.mode=local has no trace)", file=sys.stderr)
+        return 2
+    out = build_outputs(log, args.out or args.run_dir, steps)
+    print(f"trace: {out['trace']}  gantt: {out['gantt']}")
+    return 0
+
+
 TRAIN_HELP = "RL post-training (GRPO) of a flow-matching generator"
 
 
@@ -277,6 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--allow-empty", action="store_true",
                     help="TAG modes only: may drain the last rollout worker (trainers generate)")
     sc.set_defaults(func=_scale)
+
+    tr = sub.add_parser("trace", help="trace.json (Perfetto) and gantt.png from a Ray run's trace.jsonl")
+    tr.add_argument("--run-dir", required=True, help="a Ray run's directory (running or stopped)")
+    tr.add_argument("--steps", help="A:B: only RL steps A to B-1 (default: trace.json every step, "
+                                    "gantt.png the last 100)")
+    tr.add_argument("--out", help="where to write them (default: the run directory)")
+    tr.set_defaults(func=_trace)
 
     for name, _, _, text in DELEGATED:  # listed for --help; main() hands them their argv
         sub.add_parser(name, help=text)
