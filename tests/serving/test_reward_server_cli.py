@@ -35,7 +35,7 @@ SPEC = "digenrl.rewards.toy:JpegCompressibility"
 
 # every ServeOptions field, its flag, and a value that is not the default
 NON_DEFAULT = {
-    "host": "0.0.0.0", "port": 9123, "replicas": 3, "max_batch": 16, "batch_wait_s": 0.05,
+    "host": "0.0.0.0", "port": 9123, "ingress": "proxy", "replicas": 3, "max_batch": 16, "batch_wait_s": 0.05,
     "max_request_mb": 8.0, "timeout_s": 30.0, "read_timeout_s": 5.0, "max_ongoing": 32, "max_queued": -1,
     "cpus_per_replica": 0.5, "gpus_per_replica": 1.0, "shutdown_grace_s": 7.5,
 }
@@ -61,6 +61,7 @@ def test_every_flag_reaches_its_option():
 
 @pytest.mark.parametrize("flag, value, message", [
     ("--port", "70000", "port must be in 0..65535"),
+    ("--ingress", "haproxy", "ingress must be one of replica, proxy"),
     ("--replicas", "0", "replicas must be an integer >= 1"),
     ("--max-batch", "0", "max_batch must be an integer >= 1"),
     ("--max-ongoing", "0", "max_ongoing must be an integer >= 1"),

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+import uvicorn
 from ray import serve
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -59,7 +61,7 @@ class RewardDeployment:
     """One replica: builds the reward from its spec (on the replica, so it loads on the
     replica's device) and answers /score and /health. Options come from `ServeOptions`."""
 
-    def __init__(self, reward: str | Reward, options: ServeOptions):
+    async def __init__(self, reward: str | Reward, options: ServeOptions):
         self.reward = resolve_reward(reward)
         self.options = options
         # One thread calls the reward, so rewards need not be thread-safe; the event loop
@@ -71,6 +73,34 @@ class RewardDeployment:
         self._waiting = 0  # chunks handed to score_chunk and not yet answered
         self._running = 0  # chunks in the reward call now running
         self.served = 0  # requests answered with scores
+        self._admitted = 0  # requests the replica's own listener is handling (ingress "replica")
+        # ingress "replica": this replica's own HTTP listener, on the event loop @serve.batch uses
+        self._listener = await start_listener(self._asgi, options) if options.ingress == "replica" else None
+
+    async def __del__(self) -> None:
+        """Serve calls this when the replica stops (after draining the requests Serve itself routed):
+        the listener stops accepting and its requests in flight get up to shutdown_grace_s."""
+        if getattr(self, "_listener", None) is not None:
+            await stop_listener(self._listener)
+
+    async def _asgi(self, scope: dict, receive, send) -> None:
+        """The replica listener's ASGI app: the handler Serve's proxy reaches, behind the replica's
+        own admission limit (Serve's max_ongoing / max_queued count only the requests Serve routes)."""
+        request = Request(scope, receive)
+        if (request.method, request.url.path.rstrip("/")) == ("GET", "/health"):  # answered even when full
+            response = JSONResponse(self.health())
+        elif self.options.max_queued != -1 and self._admitted >= self.options.max_ongoing + self.options.max_queued:
+            message = (f"this replica holds {self._admitted} requests (max_ongoing {self.options.max_ongoing} "
+                       f"+ max_queued {self.options.max_queued}); retry later")
+            response = JSONResponse({"error": "overloaded", "message": message}, status_code=503,
+                                    headers={"Connection": "close"})  # its body may be left unread
+        else:
+            self._admitted += 1
+            try:
+                response = await self(request)
+            finally:
+                self._admitted -= 1
+        await response(scope, receive, send)
 
     async def __call__(self, request: Request) -> Response:
         route = (request.method, request.url.path.rstrip("/"))
@@ -142,6 +172,40 @@ class RewardDeployment:
             return await loop.run_in_executor(self._scorer, score_requests, self.reward, chunks, self.options.max_batch)
         finally:
             self._running = 0
+
+
+async def start_listener(app, o: ServeOptions) -> uvicorn.Server:
+    """Serve `app` at o.host:o.port from this process's running event loop; returns once listening.
+
+    SO_REUSEPORT lets every replica on a node bind the same port; the kernel spreads new connections
+    over them. Requests in flight get up to shutdown_grace_s when the listener stops.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in o.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((o.host, o.port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"the reward replica could not listen at {o.host}:{o.port}: {e}") from None
+    config = uvicorn.Config(
+        app, interface="asgi3", lifespan="off", access_log=False, proxy_headers=False, log_config=None, log_level=logging.WARNING,
+        timeout_graceful_shutdown=o.shutdown_grace_s,  # type: ignore[arg-type] - asyncio.wait_for takes a float
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # signals belong to the Ray worker, not to uvicorn
+    server.task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))  # type: ignore[attr-defined]
+    while not server.started:
+        if server.task.done():  # type: ignore[attr-defined]
+            server.task.result()  # type: ignore[attr-defined] - raises what stopped it
+            raise RuntimeError(f"the reward replica's listener at {o.host}:{o.port} stopped while starting")
+        await asyncio.sleep(0.01)
+    return server
+
+
+async def stop_listener(server: uvicorn.Server) -> None:
+    """Stop accepting, let requests in flight finish for up to timeout_graceful_shutdown, then cancel them."""
+    server.should_exit = True
+    await server.task  # type: ignore[attr-defined]
 
 
 async def read_body(request: Request, limit: int, read_timeout_s: float) -> bytes:

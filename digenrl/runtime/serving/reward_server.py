@@ -26,6 +26,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 import ray
@@ -72,7 +73,8 @@ class RewardServer:
         try:
             self._started_ray = _connect(self.address, o)
             _check_resources(o)
-            self.port = self._start_proxy()
+            self.port = self._start_serve()
+            o = self.options = replace(o, port=self.port)  # the replicas' listeners bind the port chosen here
             app = RewardDeployment.options(
                 num_replicas=o.replicas,
                 max_ongoing_requests=o.max_ongoing,
@@ -145,10 +147,23 @@ class RewardServer:
         finally:
             conn.close()
 
-    def _start_proxy(self) -> int:
-        """Start Serve's HTTP proxy at host:port, or use the running one. Returns its port."""
+    def _start_serve(self) -> int:
+        """Start Serve (ingress "proxy": with its HTTP proxy at host:port) or use the running one.
+        Returns the port clients use."""
         running = _running_http_options()
+        if self.options.ingress == "replica":  # the replicas listen; Serve needs no proxy
+            port = self.options.port or _free_port(self.options.host)
+            if running is None:
+                serve.start(proxy_location="Disabled")
+                self._started_serve = True
+            elif running[1] == port:
+                raise ValueError(f"Ray Serve's HTTP proxy already listens at port {port} on this cluster; "
+                                 "pass another --port (or --port 0) for the reward replicas")
+            return port
         if running is not None:
+            if running[1] is None:
+                raise ValueError("Ray Serve already runs on this cluster without an HTTP proxy; "
+                                 "use --ingress replica, or stop that Serve instance")
             host, port = running
             if (self.options.port not in (0, port)) or self.options.host != host:
                 raise ValueError(
@@ -197,15 +212,18 @@ def _deployment_message(app_name: str) -> str:
         return ""
 
 
-def _running_http_options() -> Optional[tuple[str, int]]:
-    """(host, port) of the Serve HTTP proxy already running on this cluster, or None."""
+def _running_http_options() -> Optional[tuple[str, Optional[int]]]:
+    """(host, port) of the Serve HTTP proxy already running on this cluster ((host, None) when that
+    Serve runs no proxy), or None when Serve is not running."""
     # Serve has no public getter for its running HTTP options; its client object holds them.
+    from ray.serve.config import ProxyLocation
     from ray.serve.context import _get_global_client
 
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is None:
         return None
-    return client.http_config.host, client.http_config.port
+    http = client.http_config
+    return http.host, None if ProxyLocation._normalize(http.location) == ProxyLocation.Disabled else http.port
 
 
 def _free_port(host: str) -> int:
