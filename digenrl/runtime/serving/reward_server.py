@@ -7,8 +7,8 @@
                -> the app at route "/"; returns once every replica is up
       stop():  deletes the app (requests in flight get shutdown_grace_s to finish, then their
                replicas are killed); shuts Serve and Ray down if start() started them
-    serve_forever(spec, address, **options): `digenrl reward-server`, until Ctrl-C; it exits
-               within shutdown_grace_s + STOP_MARGIN_S of it, or says which step overran
+    serve_forever(spec, address, **options): `digenrl reward-server`, until Ctrl-C or SIGTERM; it
+               exits within shutdown_grace_s + STOP_MARGIN_S of it, or says which step overran
 
 A new local cluster is started with address="local", never by joining whatever cluster
 another process left running on this machine; pass address="auto" to join that one.
@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
@@ -233,20 +234,22 @@ def _free_port(host: str) -> int:
 
 
 def serve_forever(reward: str | Reward, address: Optional[str] = None, **options: Any) -> None:
-    """Start a RewardServer and keep it up until Ctrl-C (`digenrl reward-server`).
+    """Start a RewardServer and keep it up until Ctrl-C or SIGTERM (`digenrl reward-server`).
 
-    After Ctrl-C, requests in flight get shutdown_grace_s; the process is gone within
+    After either, requests in flight get shutdown_grace_s; the process is gone within
     shutdown_grace_s + STOP_MARGIN_S, or says which step of stop() overran and exits anyway.
     """
+    stop_on_signals()  # a signal while starting: start() cleans up
     server = RewardServer(reward, address, **options).start()
+    stop_on_signals()  # again: starting a local Ray cluster put Ray's own SIGTERM handler in place of ours
     try:
         h = server.health()
         print(f"serving reward {h['reward']!r} at {server.url} with {server.options.replicas} replica(s) "
-              "(POST /score, GET /health); Ctrl-C stops it", flush=True)
+              "(POST /score, GET /health); Ctrl-C or SIGTERM stops it", flush=True)
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
-        print(f"stopping: requests in flight get up to {server.options.shutdown_grace_s:g} s", flush=True)
+    except Stop as stop:
+        print(f"stopping: requests in flight get up to {server.options.shutdown_grace_s:g} s ({stop})", flush=True)
     finally:
         start = time.monotonic()
         stop_within(server, server.options.shutdown_grace_s + STOP_MARGIN_S)
@@ -254,6 +257,29 @@ def serve_forever(reward: str | Reward, address: Optional[str] = None, **options
         # The process exits next: without this, Python's last garbage collection walks every
         # object torch, Ray and Serve made (1-4 s measured on 2 loaded cores).
         gc.freeze()
+
+
+class Stop(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived (a KeyboardInterrupt, so RewardServer.start() cleans up on it too)."""
+
+
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)) -> None:
+    """The first SIGINT or SIGTERM raises Stop in the main thread; later ones only say it is stopping.
+
+    SIGINT is caught even when this process inherited it ignored: a shell starts `cmd &` that way
+    (and nohup keeps it), and Python then installs no KeyboardInterrupt, so `kill -INT` did nothing.
+    SIGTERM (`kill`, systemd, Kubernetes) used to end the process without stopping the app.
+    """
+    def first(signum, frame) -> None:
+        for s in signals:
+            signal.signal(s, again)
+        raise Stop(signal.Signals(signum).name)
+
+    def again(signum, frame) -> None:
+        print(f"{signal.Signals(signum).name}: already stopping", file=sys.stderr, flush=True)
+
+    for s in signals:
+        signal.signal(s, first)
 
 
 def stop_within(server: RewardServer, limit_s: float, exit_process=os._exit) -> None:
