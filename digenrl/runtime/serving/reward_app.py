@@ -1,6 +1,7 @@
 """The reward deployment on Ray Serve: one reward behind POST /score and GET /health.
 
-    client --POST /score (safetensors)--> Serve proxy (uvicorn) --> a replica's RewardDeployment
+    client --POST /score (safetensors)--> a replica's RewardDeployment: its own uvicorn listener
+                                          (ingress "replica"), or Serve's HTTP proxy and a Ray call ("proxy")
         read the body (<= max_request_mb, within read_timeout_s) -> decode_request
         -> chunks of <= max_batch samples -> score_chunk (@serve.batch: concurrent requests
            join one batch) -> one thread runs the reward (rewards.batching.score_requests)
@@ -9,9 +10,9 @@
 The wire format is `digenrl.rewards.wire` (safetensors in, never pickle). Errors are JSON
 {"error": kind, "message": text} with 400 (malformed, or the wrong reward), 404, 408 (body not
 received within read_timeout_s), 411 (no Content-Length), 413 (body over max_request_mb),
-500 (the reward raised), 504 (not scored within timeout_s). 503 is Serve's own answer when
-max_queued_requests are already waiting for a full replica: a text body, not JSON (Ray 2.60
-removed HTTPOptions.middlewares, the place to rewrite it); the client retries 5xx either way.
+500 (the reward raised), 504 (not scored within timeout_s), 503 (full: under "replica", JSON
+{"error": "overloaded"} past max_ongoing + max_queued requests in flight; under "proxy", Serve's own
+text body once max_queued_requests wait for a full replica); the client retries 5xx either way.
 GET /health -> {"status": "ok", "reward", "uploading", "queued", "busy", "served",
 "max_request_bytes", "max_batch", "timeout_s", "replica"}: the numbers of the replica that
 answered (uploading: request bodies being received; queued: chunks waiting for a reward call;
