@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--port", type=int, default=8000, help="0: a free port (or that of the Serve already running)")
     r.add_argument("--ingress", default="replica",
                    help="who listens for HTTP: each replica itself (fast; each node serves its own replicas) "
-                        "or Serve's HTTP proxy (balances over nodes, ~5x the CPU per request)")
+                        "or Serve's HTTP proxy (balances over nodes, 5-8x the CPU per request)")
     r.add_argument("--address", help="an existing Ray cluster ('auto', host:port; default $RAY_ADDRESS or a new local one)")
     r.add_argument("--replicas", type=int, default=1, help="deployment replicas, each with its own copy of the reward")
     r.add_argument("--max-batch", type=int, default=64, help="samples per reward call (and per batch)")

@@ -21,7 +21,7 @@ class ServeOptions:
                         kernel spreads connections over the replicas of one node) and Serve runs no
                         HTTP proxy. "proxy": Serve's HTTP proxy takes every request and hands it to a
                         replica (a Ray call there, the body fetched back from the proxy in another),
-                        which balances over nodes but costs ~5x the CPU per request (docs/runtime.md,
+                        which balances over nodes but costs 5-8x the CPU per request (docs/runtime.md,
                         "Reward serving speed"). "replica" serves each node's replicas at that node's
                         host:port; clients on other nodes must name a node that has replicas
     replicas            deployment replicas; Serve spreads requests over them
