@@ -3,8 +3,10 @@
     RewardServer(reward, address=None, **ServeOptions fields)
       start(): Ray (the cluster at `address` or $RAY_ADDRESS, else a new local one)
                -> resource check (replicas x cpus/gpus per replica fit the cluster, or ValueError)
-               -> Serve's HTTP proxy on host:port (or the one already running on the cluster)
-               -> the app at route "/"; returns once every replica is up
+               -> Serve (ingress "replica": no proxy, port 0 picked here; "proxy": its HTTP proxy on
+                  host:port, or the one already running on the cluster)
+               -> the app at route "/"; returns once every replica is up (and, under "replica",
+                  listening at host:port itself)
       stop():  deletes the app (requests in flight get shutdown_grace_s to finish, then their
                replicas are killed); shuts Serve and Ray down if start() started them
     serve_forever(spec, address, **options): `digenrl reward-server`, until Ctrl-C or SIGTERM; it
