@@ -94,6 +94,7 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], str | None]:
         raise bad(f"metadata 'prompts' is not valid JSON: {e}") from None
     if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
         raise bad("metadata 'prompts' must be a JSON list of strings")
+    quantised = images.dtype == torch.uint8  # pixel / 255: finite and in [0, 1] by construction
     images = dequantize(images)
     try:
         check_media(images, prompts)
@@ -101,6 +102,6 @@ def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], str | None]:
         raise bad(str(e)) from None
     if images.shape[0] == 0:
         raise bad("request has no samples")
-    if not torch.isfinite(images).all() or images.min() < 0 or images.max() > 1:
+    if not quantised and not (torch.isfinite(images).all() and images.min() >= 0 and images.max() <= 1):
         raise bad("float 'images' must be finite and in [0, 1]")
     return images, prompts, metadata.get("reward")

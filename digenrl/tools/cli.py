@@ -267,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("reward", help="e.g. 'pickscore?path=/models/PickScore_v1&device=cuda' or module.path:Factory")
     r.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
     r.add_argument("--port", type=int, default=8000, help="0: a free port (or that of the Serve already running)")
+    r.add_argument("--ingress", default="replica",
+                   help="who listens for HTTP: each replica itself (fast; each node serves its own replicas) "
+                        "or Serve's HTTP proxy (balances over nodes, 5-8x the CPU per request)")
     r.add_argument("--address", help="an existing Ray cluster ('auto', host:port; default $RAY_ADDRESS or a new local one)")
     r.add_argument("--replicas", type=int, default=1, help="deployment replicas, each with its own copy of the reward")
     r.add_argument("--max-batch", type=int, default=64, help="samples per reward call (and per batch)")
@@ -276,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--read-timeout-s", type=float, default=60.0, help="bodies not received within this get a 408")
     r.add_argument("--max-ongoing", type=int, default=128, help="requests one replica holds at once")
     r.add_argument("--max-queued", type=int, default=256,
-                   help="requests waiting for a full replica before Serve answers 503 (-1: no limit)")
+                   help="requests waiting beyond --max-ongoing before a 503 (-1: no limit)")
     r.add_argument("--cpus-per-replica", type=float, default=1.0)
     r.add_argument("--gpus-per-replica", type=float, default=0.0, help="e.g. 1 for a reward on device=cuda")
     r.add_argument("--shutdown-grace-s", type=float, default=3.0,

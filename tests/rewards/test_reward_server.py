@@ -386,18 +386,24 @@ def test_stalled_upload_gets_408(serve_cluster):
         assert_still_serving(s, client)
 
 
-def test_back_pressure_gets_503_and_the_client_retries(serve_cluster, tmp_path):
-    # One request held by the replica (max_ongoing 1) and one queued at the proxy (max_queued 1):
-    # while the gate is closed, every other request is refused with 503.
+# the 503's body: Serve's proxy answers text naming back-pressure; the replica's listener, JSON
+REFUSAL_TEXT = {"proxy": "backpressure", "replica": "max_ongoing 1 + max_queued 1"}
+
+
+@pytest.mark.parametrize("ingress", ["replica", "proxy"])
+def test_back_pressure_gets_503_and_the_client_retries(serve_cluster, tmp_path, ingress):
+    # One request held by the replica (max_ongoing 1) and one queued (max_queued 1; "proxy": at the
+    # proxy, "replica": the listener's second connection): while the gate is closed, every other
+    # request is refused with 503.
     gate = FileGate(tmp_path / "gate")
-    with RewardServer(Brightness(gate), port=0, max_ongoing=1, max_queued=1, timeout_s=60) as s:
+    with RewardServer(Brightness(gate), port=0, max_ongoing=1, max_queued=1, timeout_s=60, ingress=ingress) as s:
         held, held_threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["slow"])])
         gate.wait_inside(1)  # the replica's one slot is taken until the gate opens
         results, threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["a"]) for _ in range(4)])
         wait_until(lambda: sum(r is not None for r in results) >= 3, "3 of 4 requests answered while the replica is held")
         refused = [r for r in results if r is not None]
         assert [status for status, _ in refused] == [503, 503, 503], refused
-        assert all("backpressure" in p["text"] for _, p in refused)  # Serve's text body
+        assert all(REFUSAL_TEXT[ingress] in p.get("text", p.get("message")) for _, p in refused), refused
         # The client meets the same full queue (503), backs off, and its retry is scored: its
         # backoff opens the gate and returns once the held and the queued request are answered.
         waits = []
@@ -438,7 +444,9 @@ def test_unplaceable_replicas_and_a_second_port_are_refused(serve_cluster):
     with pytest.raises(ValueError, match=r"3 replicas x 1 CPU \(--cpus-per-replica\) need 3 CPUs; the Ray cluster has 2"):
         RewardServer(Brightness(), port=0, replicas=3).start()
     with pytest.raises(ValueError, match=f"already runs on this cluster with its HTTP proxy at 127.0.0.1:{serve_cluster}"):
-        RewardServer(Brightness(), port=serve_cluster + 1 if serve_cluster < 65535 else 1).start()
+        RewardServer(Brightness(), port=serve_cluster + 1 if serve_cluster < 65535 else 1, ingress="proxy").start()
+    with pytest.raises(ValueError, match=f"Serve's HTTP proxy already listens at port {serve_cluster} on this cluster"):
+        RewardServer(Brightness(), port=serve_cluster).start()  # the replicas cannot share the proxy's port
     with pytest.raises(ValueError, match="unknown reward 'nope'"):
         RewardServer("nope", port=0).start()
     assert serve.status().applications == {}  # nothing was deployed

@@ -35,7 +35,7 @@ SPEC = "digenrl.rewards.toy:JpegCompressibility"
 
 # every ServeOptions field, its flag, and a value that is not the default
 NON_DEFAULT = {
-    "host": "0.0.0.0", "port": 9123, "replicas": 3, "max_batch": 16, "batch_wait_s": 0.05,
+    "host": "0.0.0.0", "port": 9123, "ingress": "proxy", "replicas": 3, "max_batch": 16, "batch_wait_s": 0.05,
     "max_request_mb": 8.0, "timeout_s": 30.0, "read_timeout_s": 5.0, "max_ongoing": 32, "max_queued": -1,
     "cpus_per_replica": 0.5, "gpus_per_replica": 1.0, "shutdown_grace_s": 7.5,
 }
@@ -61,6 +61,7 @@ def test_every_flag_reaches_its_option():
 
 @pytest.mark.parametrize("flag, value, message", [
     ("--port", "70000", "port must be in 0..65535"),
+    ("--ingress", "haproxy", "ingress must be one of replica, proxy"),
     ("--replicas", "0", "replicas must be an integer >= 1"),
     ("--max-batch", "0", "max_batch must be an integer >= 1"),
     ("--max-ongoing", "0", "max_ongoing must be an integer >= 1"),
@@ -136,14 +137,14 @@ class Command:
     """`digenrl reward-server SPEC ARGS` in its own process group (as a terminal runs it), its
     output collected line by line in a thread so the test can wait on a line."""
 
-    def __init__(self, tmp_path, spec: str, *args: str):
+    def __init__(self, tmp_path, spec: str, *args: str, sigint: str = "SIG_DFL"):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "digenrl.tools.cli", "reward-server", spec, "--port", str(self.port), *args]
-        # Started as a terminal starts a foreground job: SIGINT at its default. A test run started
-        # in the background by a non-interactive shell inherits SIGINT ignored, exec keeps it
-        # ignored, and Python then installs no KeyboardInterrupt handler: Ctrl-C would never arrive.
-        argv = [sys.executable, "-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+        # Started as a terminal starts a foreground job: SIGINT at its default (a test run started in
+        # the background inherits it ignored, and exec keeps that). sigint="SIG_IGN" starts it as a
+        # shell starts `cmd &` or `nohup cmd &`: SIGINT ignored, which the command must override.
+        argv = [sys.executable, "-c", f"import os, signal, sys; signal.signal(signal.SIGINT, signal.{sigint}); "
                 "os.execv(sys.argv[1], sys.argv[1:])", *command]
         # Serve restarts a proxy not ready within 5 s, failing the start on a loaded machine
         env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"}
@@ -173,7 +174,13 @@ class Command:
         os.killpg(self.proc.pid, signal.SIGINT)
         return sent
 
-    def assert_exits_within(self, sent: float, limit_s: float) -> float:
+    def kill_with(self, sig: signal.Signals) -> float:
+        """`sig` to the command's process alone, as `kill -TERM PID` does; returns when it was sent."""
+        sent = time.monotonic()
+        os.kill(self.proc.pid, sig)
+        return sent
+
+    def assert_exits_within(self, sent: float, limit_s: float, what: str = "Ctrl-C") -> float:
         """The command exits 0 within limit_s of `sent`; else it is killed and the failure names the
         step it was in (its last line: 'stopping...', a stop() step that overran, or 'stopped in' =
         Python's own exit). Returns the seconds it took."""
@@ -182,11 +189,11 @@ class Command:
         except subprocess.TimeoutExpired:
             self.kill()
             last = [line.strip() for line in self.lines if line.strip()][-3:]
-            raise AssertionError(f"digenrl reward-server did not exit within {limit_s:g} s of Ctrl-C; it was at: "
+            raise AssertionError(f"digenrl reward-server did not exit within {limit_s:g} s of {what}; it was at: "
                                  f"{last}\nfull output:\n{self.output}") from None
         took = time.monotonic() - sent
         self._reader.join(timeout=10)
-        assert self.proc.returncode == 0, f"digenrl reward-server exited {self.proc.returncode} after Ctrl-C:\n{self.output}"
+        assert self.proc.returncode == 0, f"digenrl reward-server exited {self.proc.returncode} after {what}:\n{self.output}"
         assert "stopped in" in self.output, self.output
         with pytest.raises(OSError):  # Serve and its local cluster are gone
             socket.create_connection(("127.0.0.1", self.port), timeout=2).close()
@@ -224,6 +231,26 @@ def test_the_command_serves_then_stops_on_ctrl_c(tmp_path, limit_s):
         assert info.value.code == 413
         took = cmd.assert_exits_within(cmd.ctrl_c(), limit_s)
         print(f"exited {took:.1f} s after Ctrl-C")
+    finally:
+        cmd.kill()
+
+
+# A service manager's stop (SIGTERM), and `kill -INT` to a command started with SIGINT ignored
+# (`cmd &` from a script, `nohup cmd &`): before, the first ran Ray's own handler (a 30 s node
+# drain, then exit 1) and the second did nothing.
+@pytest.mark.parametrize("limit_s", EXIT_LIMITS)
+@pytest.mark.parametrize("sig, sigint", [(signal.SIGTERM, "SIG_DFL"), (signal.SIGINT, "SIG_IGN")],
+                         ids=["sigterm", "sigint-ignored-at-start"])
+@pytest.mark.timeout(400)
+def test_the_command_stops_on_sigterm_and_on_a_sigint_it_inherited_ignored(tmp_path, sig, sigint, limit_s):
+    cmd = Command(tmp_path, SPEC, "--replicas", "1", "--cpus-per-replica", "0.5", sigint=sigint)
+    try:
+        cmd.wait_for_line("serving reward")
+        client = RemoteReward(cmd.url, JpegCompressibility().name, retries=0)
+        assert client(torch.rand(2, 3, 16, 16), ["p", "q"]).shape == (2,)
+        took = cmd.assert_exits_within(cmd.kill_with(sig), limit_s, what=sig.name)
+        assert f"({sig.name})" in cmd.output  # it said which signal stopped it
+        print(f"exited {took:.1f} s after {sig.name}")
     finally:
         cmd.kill()
 

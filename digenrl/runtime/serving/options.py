@@ -8,12 +8,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+INGRESS = ("replica", "proxy")  # who listens for HTTP: each replica itself, or Serve's proxy
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     """How the reward server listens, batches, limits and places its replicas.
 
-    host, port          where Serve's HTTP proxy listens (port 0: a free port, or the port of
-                        the Serve instance already running on the cluster)
+    host, port          where the server listens (port 0: a free port; under ingress "proxy", the
+                        port of the Serve instance already running on the cluster)
+    ingress             "replica": each replica listens on host:port itself (SO_REUSEPORT: the
+                        kernel spreads connections over the replicas of one node) and Serve runs no
+                        HTTP proxy. "proxy": Serve's HTTP proxy takes every request and hands it to a
+                        replica (a Ray call there, the body fetched back from the proxy in another),
+                        which balances over nodes but costs 5-8x the CPU per request (docs/runtime.md,
+                        "Reward serving speed"). "replica" serves each node's replicas at that node's
+                        host:port; clients on other nodes must name a node that has replicas
     replicas            deployment replicas; Serve spreads requests over them
     max_batch           samples per reward call; also the most samples one `@serve.batch` batch
                         holds (a larger request is split into chunks that batch separately)
@@ -22,8 +32,9 @@ class ServeOptions:
     timeout_s           a request not scored within this gets a 504
     read_timeout_s      a body not received within this gets a 408 (a stalled client)
     max_ongoing         requests one replica holds at once: uploading, queued for a batch, or scored
-    max_queued          requests the proxy holds when every replica is full; past it a 503
-                        (-1: no limit)
+    max_queued          requests held beyond that before a 503 (-1: no limit): under "proxy", by the
+                        proxy while every replica is full; under "replica", each replica's listener
+                        answers 503 (JSON "overloaded") past max_ongoing + max_queued requests
     cpus_per_replica, gpus_per_replica   Ray resources each replica reserves
     shutdown_grace_s    on stop (Ctrl-C), how long requests in flight may still run; then their
                         replicas are killed and their clients see an error (RemoteReward retries it)
@@ -31,6 +42,7 @@ class ServeOptions:
 
     host: str = "127.0.0.1"
     port: int = 8000
+    ingress: str = "replica"
     replicas: int = 1
     max_batch: int = 64
     batch_wait_s: float = 0.01
@@ -49,6 +61,7 @@ class ServeOptions:
                 raise ValueError(f"reward server option {key} must be {allowed}, got {getattr(self, key)!r}")
 
         need(0 <= self.port <= 65535, "port", "in 0..65535")
+        need(self.ingress in INGRESS, "ingress", f"one of {', '.join(INGRESS)}")
         for key in ("replicas", "max_batch", "max_ongoing"):
             need(isinstance(getattr(self, key), int) and getattr(self, key) >= 1, key, "an integer >= 1")
         need(isinstance(self.max_queued, int) and (self.max_queued >= 1 or self.max_queued == -1),

@@ -1,6 +1,7 @@
 """The reward deployment on Ray Serve: one reward behind POST /score and GET /health.
 
-    client --POST /score (safetensors)--> Serve proxy (uvicorn) --> a replica's RewardDeployment
+    client --POST /score (safetensors)--> a replica's RewardDeployment: its own uvicorn listener
+                                          (ingress "replica"), or Serve's HTTP proxy and a Ray call ("proxy")
         read the body (<= max_request_mb, within read_timeout_s) -> decode_request
         -> chunks of <= max_batch samples -> score_chunk (@serve.batch: concurrent requests
            join one batch) -> one thread runs the reward (rewards.batching.score_requests)
@@ -9,9 +10,9 @@
 The wire format is `digenrl.rewards.wire` (safetensors in, never pickle). Errors are JSON
 {"error": kind, "message": text} with 400 (malformed, or the wrong reward), 404, 408 (body not
 received within read_timeout_s), 411 (no Content-Length), 413 (body over max_request_mb),
-500 (the reward raised), 504 (not scored within timeout_s). 503 is Serve's own answer when
-max_queued_requests are already waiting for a full replica: a text body, not JSON (Ray 2.60
-removed HTTPOptions.middlewares, the place to rewrite it); the client retries 5xx either way.
+500 (the reward raised), 504 (not scored within timeout_s), 503 (full: under "replica", JSON
+{"error": "overloaded"} past max_ongoing + max_queued requests in flight; under "proxy", Serve's own
+text body once max_queued_requests wait for a full replica); the client retries 5xx either way.
 GET /health -> {"status": "ok", "reward", "uploading", "queued", "busy", "served",
 "max_request_bytes", "max_batch", "timeout_s", "replica"}: the numbers of the replica that
 answered (uploading: request bodies being received; queued: chunks waiting for a reward call;
@@ -27,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+import uvicorn
 from ray import serve
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -44,6 +47,9 @@ from digenrl.runtime.serving.options import ServeOptions
 
 log = logging.getLogger(__name__)
 
+# Bodies up to this are decoded on the event loop: 4 uint8 64x64 images (48 KiB) take ~60 us, less than
+# the hop to a thread and back (and the GIL handoff to and from the reward thread) that it replaces
+INLINE_DECODE_BYTES = 2**20
 DRAIN_FACTOR = 8  # read and discard oversized bodies up to 8x the limit, so the client sees the 413
 
 Chunk = tuple[torch.Tensor, list[str]]  # (n, ...) float32 images in [0, 1], n prompts; n <= max_batch
@@ -59,7 +65,7 @@ class RewardDeployment:
     """One replica: builds the reward from its spec (on the replica, so it loads on the
     replica's device) and answers /score and /health. Options come from `ServeOptions`."""
 
-    def __init__(self, reward: str | Reward, options: ServeOptions):
+    async def __init__(self, reward: str | Reward, options: ServeOptions):
         self.reward = resolve_reward(reward)
         self.options = options
         # One thread calls the reward, so rewards need not be thread-safe; the event loop
@@ -71,6 +77,34 @@ class RewardDeployment:
         self._waiting = 0  # chunks handed to score_chunk and not yet answered
         self._running = 0  # chunks in the reward call now running
         self.served = 0  # requests answered with scores
+        self._admitted = 0  # requests the replica's own listener is handling (ingress "replica")
+        # ingress "replica": this replica's own HTTP listener, on the event loop @serve.batch uses
+        self._listener = await start_listener(self._asgi, options) if options.ingress == "replica" else None
+
+    async def __del__(self) -> None:
+        """Serve calls this when the replica stops (after draining the requests Serve itself routed):
+        the listener stops accepting and its requests in flight get up to shutdown_grace_s."""
+        if getattr(self, "_listener", None) is not None:
+            await stop_listener(self._listener)
+
+    async def _asgi(self, scope: dict, receive, send) -> None:
+        """The replica listener's ASGI app: the handler Serve's proxy reaches, behind the replica's
+        own admission limit (Serve's max_ongoing / max_queued count only the requests Serve routes)."""
+        request = Request(scope, receive)
+        if (request.method, request.url.path.rstrip("/")) == ("GET", "/health"):  # answered even when full
+            response = JSONResponse(self.health())
+        elif self.options.max_queued != -1 and self._admitted >= self.options.max_ongoing + self.options.max_queued:
+            message = (f"this replica holds {self._admitted} requests (max_ongoing {self.options.max_ongoing} "
+                       f"+ max_queued {self.options.max_queued}); retry later")
+            response = JSONResponse({"error": "overloaded", "message": message}, status_code=503,
+                                    headers={"Connection": "close"})  # its body may be left unread
+        else:
+            self._admitted += 1
+            try:
+                response = await self(request)
+            finally:
+                self._admitted -= 1
+        await response(scope, receive, send)
 
     async def __call__(self, request: Request) -> Response:
         route = (request.method, request.url.path.rstrip("/"))
@@ -109,7 +143,10 @@ class RewardDeployment:
             body = await read_body(request, self.options.max_request_bytes, self.options.read_timeout_s)
         finally:
             self._uploading -= 1
-        images, prompts, requested = await asyncio.to_thread(decode_request, body)  # CPU work, off the loop
+        if len(body) <= INLINE_DECODE_BYTES:
+            images, prompts, requested = decode_request(body)
+        else:  # CPU work, off the loop
+            images, prompts, requested = await asyncio.to_thread(decode_request, body)
         name = self.reward.name
         if requested is not None and requested != name:
             raise RequestError(400, "wrong_reward", f"this server serves reward {name!r}, the request asked for {requested!r}")
@@ -142,6 +179,40 @@ class RewardDeployment:
             return await loop.run_in_executor(self._scorer, score_requests, self.reward, chunks, self.options.max_batch)
         finally:
             self._running = 0
+
+
+async def start_listener(app, o: ServeOptions) -> uvicorn.Server:
+    """Serve `app` at o.host:o.port from this process's running event loop; returns once listening.
+
+    SO_REUSEPORT lets every replica on a node bind the same port; the kernel spreads new connections
+    over them. Requests in flight get up to shutdown_grace_s when the listener stops.
+    """
+    sock = socket.socket(socket.AF_INET6 if ":" in o.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((o.host, o.port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"the reward replica could not listen at {o.host}:{o.port}: {e}") from None
+    config = uvicorn.Config(
+        app, interface="asgi3", lifespan="off", access_log=False, proxy_headers=False, log_config=None, log_level=logging.WARNING,
+        timeout_graceful_shutdown=o.shutdown_grace_s,  # type: ignore[arg-type] - asyncio.wait_for takes a float
+    )  # fmt: skip
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # signals belong to the Ray worker, not to uvicorn
+    server.task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))  # type: ignore[attr-defined]
+    while not server.started:
+        if server.task.done():  # type: ignore[attr-defined]
+            server.task.result()  # type: ignore[attr-defined] - raises what stopped it
+            raise RuntimeError(f"the reward replica's listener at {o.host}:{o.port} stopped while starting")
+        await asyncio.sleep(0.01)
+    return server
+
+
+async def stop_listener(server: uvicorn.Server) -> None:
+    """Stop accepting, let requests in flight finish for up to timeout_graceful_shutdown, then cancel them."""
+    server.should_exit = True
+    await server.task  # type: ignore[attr-defined]
 
 
 async def read_body(request: Request, limit: int, read_timeout_s: float) -> bytes:

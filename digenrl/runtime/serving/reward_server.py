@@ -3,12 +3,14 @@
     RewardServer(reward, address=None, **ServeOptions fields)
       start(): Ray (the cluster at `address` or $RAY_ADDRESS, else a new local one)
                -> resource check (replicas x cpus/gpus per replica fit the cluster, or ValueError)
-               -> Serve's HTTP proxy on host:port (or the one already running on the cluster)
-               -> the app at route "/"; returns once every replica is up
+               -> Serve (ingress "replica": no proxy, port 0 picked here; "proxy": its HTTP proxy on
+                  host:port, or the one already running on the cluster)
+               -> the app at route "/"; returns once every replica is up (and, under "replica",
+                  listening at host:port itself)
       stop():  deletes the app (requests in flight get shutdown_grace_s to finish, then their
                replicas are killed); shuts Serve and Ray down if start() started them
-    serve_forever(spec, address, **options): `digenrl reward-server`, until Ctrl-C; it exits
-               within shutdown_grace_s + STOP_MARGIN_S of it, or says which step overran
+    serve_forever(spec, address, **options): `digenrl reward-server`, until Ctrl-C or SIGTERM; it
+               exits within shutdown_grace_s + STOP_MARGIN_S of it, or says which step overran
 
 A new local cluster is started with address="local", never by joining whatever cluster
 another process left running on this machine; pass address="auto" to join that one.
@@ -22,10 +24,12 @@ import json
 import logging
 import math
 import os
+import signal
 import socket
 import sys
 import threading
 import time
+from dataclasses import replace
 from typing import Any, Optional
 
 import ray
@@ -72,7 +76,8 @@ class RewardServer:
         try:
             self._started_ray = _connect(self.address, o)
             _check_resources(o)
-            self.port = self._start_proxy()
+            self.port = self._start_serve()
+            o = self.options = replace(o, port=self.port)  # the replicas' listeners bind the port chosen here
             app = RewardDeployment.options(
                 num_replicas=o.replicas,
                 max_ongoing_requests=o.max_ongoing,
@@ -145,10 +150,23 @@ class RewardServer:
         finally:
             conn.close()
 
-    def _start_proxy(self) -> int:
-        """Start Serve's HTTP proxy at host:port, or use the running one. Returns its port."""
+    def _start_serve(self) -> int:
+        """Start Serve (ingress "proxy": with its HTTP proxy at host:port) or use the running one.
+        Returns the port clients use."""
         running = _running_http_options()
+        if self.options.ingress == "replica":  # the replicas listen; Serve needs no proxy
+            port = self.options.port or _free_port(self.options.host)
+            if running is None:
+                serve.start(proxy_location="Disabled")
+                self._started_serve = True
+            elif running[1] == port:
+                raise ValueError(f"Ray Serve's HTTP proxy already listens at port {port} on this cluster; "
+                                 "pass another --port (or --port 0) for the reward replicas")
+            return port
         if running is not None:
+            if running[1] is None:
+                raise ValueError("Ray Serve already runs on this cluster without an HTTP proxy; "
+                                 "use --ingress replica, or stop that Serve instance")
             host, port = running
             if (self.options.port not in (0, port)) or self.options.host != host:
                 raise ValueError(
@@ -197,15 +215,18 @@ def _deployment_message(app_name: str) -> str:
         return ""
 
 
-def _running_http_options() -> Optional[tuple[str, int]]:
-    """(host, port) of the Serve HTTP proxy already running on this cluster, or None."""
+def _running_http_options() -> Optional[tuple[str, Optional[int]]]:
+    """(host, port) of the Serve HTTP proxy already running on this cluster ((host, None) when that
+    Serve runs no proxy), or None when Serve is not running."""
     # Serve has no public getter for its running HTTP options; its client object holds them.
+    from ray.serve.config import ProxyLocation
     from ray.serve.context import _get_global_client
 
     client = _get_global_client(raise_if_no_controller_running=False)
     if client is None:
         return None
-    return client.http_config.host, client.http_config.port
+    http = client.http_config
+    return http.host, None if ProxyLocation._normalize(http.location) == ProxyLocation.Disabled else http.port
 
 
 def _free_port(host: str) -> int:
@@ -215,20 +236,22 @@ def _free_port(host: str) -> int:
 
 
 def serve_forever(reward: str | Reward, address: Optional[str] = None, **options: Any) -> None:
-    """Start a RewardServer and keep it up until Ctrl-C (`digenrl reward-server`).
+    """Start a RewardServer and keep it up until Ctrl-C or SIGTERM (`digenrl reward-server`).
 
-    After Ctrl-C, requests in flight get shutdown_grace_s; the process is gone within
+    After either, requests in flight get shutdown_grace_s; the process is gone within
     shutdown_grace_s + STOP_MARGIN_S, or says which step of stop() overran and exits anyway.
     """
+    stop_on_signals()  # a signal while starting: start() cleans up
     server = RewardServer(reward, address, **options).start()
+    stop_on_signals()  # again: starting a local Ray cluster put Ray's own SIGTERM handler in place of ours
     try:
         h = server.health()
         print(f"serving reward {h['reward']!r} at {server.url} with {server.options.replicas} replica(s) "
-              "(POST /score, GET /health); Ctrl-C stops it", flush=True)
+              "(POST /score, GET /health); Ctrl-C or SIGTERM stops it", flush=True)
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
-        print(f"stopping: requests in flight get up to {server.options.shutdown_grace_s:g} s", flush=True)
+    except Stop as stop:
+        print(f"stopping: requests in flight get up to {server.options.shutdown_grace_s:g} s ({stop})", flush=True)
     finally:
         start = time.monotonic()
         stop_within(server, server.options.shutdown_grace_s + STOP_MARGIN_S)
@@ -236,6 +259,29 @@ def serve_forever(reward: str | Reward, address: Optional[str] = None, **options
         # The process exits next: without this, Python's last garbage collection walks every
         # object torch, Ray and Serve made (1-4 s measured on 2 loaded cores).
         gc.freeze()
+
+
+class Stop(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived (a KeyboardInterrupt, so RewardServer.start() cleans up on it too)."""
+
+
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)) -> None:
+    """The first SIGINT or SIGTERM raises Stop in the main thread; later ones only say it is stopping.
+
+    SIGINT is caught even when this process inherited it ignored: a shell starts `cmd &` that way
+    (and nohup keeps it), and Python then installs no KeyboardInterrupt, so `kill -INT` did nothing.
+    SIGTERM (`kill`, systemd, Kubernetes) used to end the process without stopping the app.
+    """
+    def first(signum, frame) -> None:
+        for s in signals:
+            signal.signal(s, again)
+        raise Stop(signal.Signals(signum).name)
+
+    def again(signum, frame) -> None:
+        print(f"{signal.Signals(signum).name}: already stopping", file=sys.stderr, flush=True)
+
+    for s in signals:
+        signal.signal(s, first)
 
 
 def stop_within(server: RewardServer, limit_s: float, exit_process=os._exit) -> None:
