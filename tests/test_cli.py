@@ -56,6 +56,9 @@ def no_work(monkeypatch):
 def test_bad_input_prints_only_the_message_and_exits_2_before_work(argv, key, no_work, capsys):
     import ray
 
+    from tests.helpers.ray_cluster import leave_shared_ray_cluster
+
+    leave_shared_ray_cluster()  # an earlier module's cluster (same process) would hide a start here
     assert main(["train", *argv]) == 2
     out = capsys.readouterr()
     assert out.err.startswith("digenrl train: invalid configuration: ") and key in out.err
