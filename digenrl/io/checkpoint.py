@@ -52,6 +52,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
+# CheckpointError lives with the checks; callers catch it as checkpoint.CheckpointError
 from digenrl.io.integrity import CheckpointError, Digests, check_written, manifest, verify
 
 if TYPE_CHECKING:
@@ -62,8 +63,6 @@ _GROUPS_FILE = "optimizer.json"
 MANIFEST = "manifest.json"
 
 log = logging.getLogger(__name__)
-
-__all__ = ["CheckpointError"]  # re-exported: callers catch it as checkpoint.CheckpointError
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
