@@ -29,16 +29,17 @@ What is and is not pickled:
 
 A checkpoint is written to a temporary folder and renamed into place, so a crash while
 saving never leaves a half-written "latest" checkpoint. Its `manifest.json` records every
-file's size and sha256 (state.json, written last, marks the folder complete); `--resume`
-picks the newest checkpoint that still matches its manifest, so a checkpoint truncated or
-damaged later (a full disk, a bad copy between machines) is refused with the reason, and the
-one before it is used.
+file's size and xxh3-128 hash (state.json, written last, marks the folder complete). The
+hashes are computed while the files are written, each rank hashing its own shards, and
+merged by the committing rank (`digenrl.io.integrity`: what is hashed, how, and why xxh3);
+`--resume` picks the newest checkpoint that still matches its manifest, checked one thread
+per file, so a checkpoint truncated or damaged later (a full disk, a bad copy between
+machines) is refused with the reason, and the one before it is used.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -49,7 +50,10 @@ from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+# CheckpointError lives with the checks; callers catch it as checkpoint.CheckpointError
+from digenrl.io.integrity import CheckpointError, Digests, check_written, manifest, verify
 
 if TYPE_CHECKING:
     from digenrl.learner.ema import EMA
@@ -57,13 +61,8 @@ if TYPE_CHECKING:
 DCP_DIR = "dcp"
 _GROUPS_FILE = "optimizer.json"
 MANIFEST = "manifest.json"
-_HASH_CHUNK = 1 << 22  # 4 MiB reads
 
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint folder that does not match its manifest (truncated, damaged, incomplete)."""
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -101,12 +100,13 @@ def save_checkpoint(
     tmp, final = _step_dirs(run_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().cpu().contiguous() for k, v in policy_state.items()}, str(tmp / "policy.safetensors"))
+    digests = Digests(tmp)  # each file hashed as it is written
+    digests.save_safetensors(policy_state, tmp / "policy.safetensors")
     tensors, meta = optimizer_tensors(optimizer)
-    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata=meta)
+    digests.save_safetensors(tensors, tmp / "optimizer.safetensors", metadata=meta)
     if ema_state is not None:
-        save_file({k: v.cpu().contiguous() for k, v in ema_state.items()}, str(tmp / "ema.safetensors"))
-    _commit(run_dir, tmp, final, state, keep)
+        digests.save_safetensors(ema_state, tmp / "ema.safetensors")
+    _commit(run_dir, tmp, final, state, keep, digests.files)
     return final
 
 
@@ -123,9 +123,10 @@ def save_sharded_checkpoint(
 ) -> Path:
     """Write the sharded layout: a collective, every rank of `group` (one gang) calls it.
 
-    Rank 0 of the group prepares the temporary folder, writes state.json and renames the
-    folder into place; the barriers keep the other ranks from writing before the folder
-    exists and from returning before the checkpoint is complete.
+    Rank 0 of the group prepares the temporary folder, merges every rank's hashes of its
+    own files into the manifest, writes state.json and renames the folder into place; the
+    barriers keep the other ranks from writing before the folder exists and from returning
+    before the checkpoint is complete (the gather of the hashes is a barrier too).
     """
     tmp, final = _step_dirs(run_dir, step)
     lead = _alone(group) or dist.get_rank(group) == 0
@@ -133,10 +134,11 @@ def save_sharded_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     _barrier(group)
-    save_sharded(tmp, module, optimizer, ema, group)
-    _barrier(group)
+    digests = Digests(tmp)
+    save_sharded(tmp, module, optimizer, ema, group, digests=digests)
+    files = _gather_files(digests.files, group)
     if lead:
-        _commit(run_dir, tmp, final, state, keep)
+        _commit(run_dir, tmp, final, state, keep, files)
     _barrier(group)
     return final
 
@@ -147,6 +149,7 @@ def save_sharded(
     optimizer: torch.optim.Optimizer,
     ema: Optional["EMA"],
     group: Optional[dist.ProcessGroup] = None,
+    digests: Optional[Digests] = None,
 ) -> None:
     """Write `step_dir/dcp/`: trainable weights, AdamW state and EMA, each rank its shards.
 
@@ -154,9 +157,11 @@ def save_sharded(
     this process alone when there is no default group: the local Trainer). The
     module may be FSDP2-sharded (DTensor parameters) or plain; tensors are keyed by
     parameter name, so any gang size, or an unsharded module, can load them.
+    `digests` (rooted at `step_dir`) receives the size and hash of the files this rank wrote.
     """
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
     from torch.distributed.checkpoint import save as dcp_save
+
+    from digenrl.io.dcp_hashing import HashingStorageWriter
 
     if not optimizer.state:
         # DCP's get_optimizer_state_dict would initialise the state with a zero-lr step,
@@ -164,12 +169,13 @@ def save_sharded(
         raise ValueError("save_sharded before the first optimizer step: there is no optimizer state to save")
     out = Path(step_dir) / DCP_DIR
     out.mkdir(parents=True, exist_ok=True)
+    digests = digests if digests is not None else Digests(step_dir)
     tensors, groups = _dcp_state(module, optimizer, ema)
     with _quiet_if_alone(group):
-        dcp_save(tensors, storage_writer=HuggingFaceStorageWriter(str(out), save_distributed=True),
+        dcp_save(tensors, storage_writer=HashingStorageWriter(str(out), digests, save_distributed=True),
                  process_group=group, no_dist=_alone(group))
     if _alone(group) or dist.get_rank(group) == 0:
-        (out / _GROUPS_FILE).write_text(json.dumps(groups, indent=1))
+        digests.write_bytes(out / _GROUPS_FILE, json.dumps(groups, indent=1).encode())
 
 
 def load_sharded(
@@ -301,23 +307,17 @@ def _step_dirs(run_dir: Path, step: int) -> tuple[Path, Path]:
     return root / f".tmp_step_{step:06d}", root / f"step_{step:06d}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(step_dir: Path) -> list[Path]:
     """Every file of a checkpoint folder but its manifest and state.json, sorted."""
     return sorted(p for p in step_dir.rglob("*") if p.is_file() and p.name not in (MANIFEST, "state.json"))
 
 
-def verify_checkpoint(step_dir: Path) -> None:
+def verify_checkpoint(step_dir: Path, threads: Optional[int] = None) -> None:
     """Raise CheckpointError naming what is wrong when `step_dir` does not match its manifest:
-    state.json missing or not JSON, a file missing, of another size, or with another sha256.
-    A folder written before manifests existed passes with a warning (nothing to check)."""
+    state.json missing or not JSON, a file missing, of another size, or with another hash
+    (xxh3-128; sha256 in a manifest written before format 2). Files are hashed in parallel,
+    at most `threads` at once (default: ThreadPoolExecutor's). A folder written before
+    manifests existed passes with a warning (nothing to check)."""
     step_dir = Path(step_dir)
     try:
         json.loads((step_dir / "state.json").read_text())
@@ -327,26 +327,34 @@ def verify_checkpoint(step_dir: Path) -> None:
         log.warning("%s has no %s (written before checkpoints were checksummed): not verified", step_dir, MANIFEST)
         return
     try:
-        files = json.loads((step_dir / MANIFEST).read_text())["files"]
-    except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{step_dir}: {MANIFEST} is unreadable ({e})") from None
-    for rel, want in files.items():
-        path = step_dir / rel
-        if not path.is_file():
-            raise CheckpointError(f"{step_dir}: {rel} is missing")
-        size = path.stat().st_size
-        if size != want["bytes"]:
-            raise CheckpointError(f"{step_dir}: {rel} has {size} bytes, the manifest says {want['bytes']} "
-                                  "(truncated or overwritten)")
-        if _sha256(path) != want["sha256"]:
-            raise CheckpointError(f"{step_dir}: {rel} does not match its sha256 in {MANIFEST} (damaged)")
+        tree = json.loads((step_dir / MANIFEST).read_text())
+        tree["files"].items()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{step_dir}: {MANIFEST} is unreadable ({e!r})") from None
+    verify(step_dir, tree, threads)
 
 
-def _commit(run_dir: Path, tmp: Path, final: Path, state: dict[str, Any], keep: int) -> None:
-    """manifest.json (size and sha256 of every file), state.json last, then rename into
+def _gather_files(files: dict[str, dict[str, Any]], group: Optional[dist.ProcessGroup]) -> dict[str, dict[str, Any]]:
+    """Every rank's {file: size and hash} of the files it wrote, merged (a collective)."""
+    if _alone(group):
+        return files
+    parts: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(parts, files, group=group)
+    merged: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        if twice := set(merged) & set(part):
+            raise RuntimeError(f"two ranks wrote {sorted(twice)}")
+        merged.update(part)
+    return merged
+
+
+def _commit(run_dir: Path, tmp: Path, final: Path, state: dict[str, Any], keep: int,
+            files: dict[str, dict[str, Any]]) -> None:
+    """manifest.json (size and hash of every file, as the writers hashed it; a stat per file
+    checks that every file was hashed and kept its size), state.json last, then rename into
     place and drop all but the newest `keep`."""
-    manifest = {str(p.relative_to(tmp)): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in _files(tmp)}
-    (tmp / MANIFEST).write_text(json.dumps({"files": manifest}, indent=1))
+    check_written(tmp, files, _files(tmp))
+    (tmp / MANIFEST).write_text(json.dumps(manifest(files), indent=1))
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)

@@ -100,6 +100,13 @@ def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     files = sorted(p.name for p in (step_dir / "dcp").iterdir())
     assert all(f.endswith((".safetensors", ".json")) for f in files), files  # no pickled .metadata / .distcp
     assert not (step_dir / "policy.safetensors").exists()
+    # each rank hashed its own shard while writing it; rank 0 merged both into the manifest
+    import xxhash
+
+    manifest = json.loads((step_dir / ckpt.MANIFEST).read_text())["files"]
+    assert sorted(manifest) == [f"dcp/{f}" for f in files] and len(files) == WORLD + 1  # + optimizer.json
+    for rel, entry in manifest.items():
+        assert entry["xxh3_128"] == xxhash.xxh3_128((step_dir / rel).read_bytes()).hexdigest(), rel
 
     # (a) one process, no process group: the gathered state, bit for bit
     policy = tiny_policy(2, lora_rank)
