@@ -22,6 +22,10 @@ def _refused(overrides: list[str], *words: str) -> str:
     (["model.name=wan", "model.path=/m", "runtime.rollout.gang=2"], "runtime.rollout.gang"),
     (["model.name=wan", "model.path=/m", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
       "runtime.trainer.sp=2"], "runtime.trainer.sp"),
+    (["runtime.network_interface=lo"], "runtime.network_interface"),
+    (["runtime.placement_timeout_s=5"], "runtime.placement_timeout_s"),
+    (["runtime.start_timeout_s=5"], "runtime.start_timeout_s"),
+    (["runtime.stall_timeout_s=5"], "runtime.stall_timeout_s"),
 ])
 def test_local_mode_refuses_the_keys_only_a_ray_run_reads(overrides, key):
     _refused(["run.mode=local", *overrides], key, "run.mode=local")

@@ -632,6 +632,8 @@ class Config:
             ("runtime.trainer.sp", rt.trainer.sp > 1, "sequence-parallel gangs are Ray workers"),
             ("runtime.network_interface", rt.network_interface is not None,
              "names the interface of the Ray actors' collectives and relay"),
+            *((f"runtime.{k}", getattr(rt, k) != getattr(RuntimeConfig, k), "bounds a wait of the Ray driver")
+              for k in ("placement_timeout_s", "start_timeout_s", "stall_timeout_s")),
         ):
             _check(not is_set, key, f"{what}; run.mode=local runs one process without Ray: pick a Ray mode")
 

@@ -28,8 +28,8 @@ def test_actors_get_the_interface_in_their_environment(ray_cluster):
     assert ray.get(env.options(**network_options("lo")).remote(names), timeout=120) == dict.fromkeys(names, "lo")
 
 
+# (under run.mode=local: tests/test_config_checks.py, with the other keys only a Ray run reads)
 @pytest.mark.parametrize("extra, key", [
-    (["run.mode=local", "runtime.network_interface=lo"], "runtime.network_interface"),
     (["runtime.network_interface=eth 0"], "runtime.network_interface"),
     (["runtime.compute=emulated", "runtime.testbed=small-h200x16-sd35", "runtime.network_interface=lo"],
      "runtime.network_interface"),
