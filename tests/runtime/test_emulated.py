@@ -4,9 +4,11 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.runtime.emulated import run_scheduler_emulated
-from digenrl.sched import SchedConfig, Scheduler, Worker, kind
+from digenrl.sched import kind
 from digenrl.sim.engine import run_virtual
 from digenrl.io.trace import staleness
+
+from tests.helpers.schedulers import small_digenrl_scheduler
 
 
 SECONDS = {"generate": 1.0, "reward": 0.2, "train": 0.6, "optimizer": 0.3, "sync": 0.2}
@@ -18,11 +20,6 @@ def _fixed(worker, unit):
     return SECONDS[kind(unit)] * steps
 
 
-def _sched():
-    workers = [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")]
-    return Scheduler(SchedConfig(mode="digenrl", rl_steps=3, groups_per_step=4, samples_per_group=2, num_steps=2), workers)
-
-
 def _schedule(trace):
     """What ran where, when, in modelled seconds, in order of completion."""
     return [(s.worker, s.kind, s.step, s.unit, s.start, s.end)
@@ -32,8 +29,8 @@ def _schedule(trace):
 def test_hidden_latency_runs_the_virtual_clocks_schedule(ray_cluster):
     """latency="hidden": completions are delivered in modelled order whatever the machine's
     load, so the emulated run makes the virtual clock's decisions at its times, exactly."""
-    virtual = run_virtual(_sched(), _fixed)
-    emulated = run_scheduler_emulated(_sched(), _fixed, time_scale=0.05, latency="hidden")
+    virtual = run_virtual(small_digenrl_scheduler(), _fixed)
+    emulated = run_scheduler_emulated(small_digenrl_scheduler(), _fixed, time_scale=0.05, latency="hidden")
     assert _schedule(emulated) == _schedule(virtual)
     assert max(staleness(emulated).values()) == max(staleness(virtual).values()) == 1  # TCSS overlapped
 
@@ -42,8 +39,8 @@ def test_hidden_latency_runs_the_virtual_clocks_schedule(ray_cluster):
 def test_any_duration_fn_matches_virtual_clock_in_wall_time(ray_cluster):
     # Wall clock: with latency="real" every Ray round trip counts (a few ms per unit); a busy
     # machine adds more, so this runs on request (-m timing).
-    virtual = run_virtual(_sched(), _fixed)
-    real = run_scheduler_emulated(_sched(), _fixed, time_scale=0.1)
+    virtual = run_virtual(small_digenrl_scheduler(), _fixed)
+    real = run_scheduler_emulated(small_digenrl_scheduler(), _fixed, time_scale=0.1)
     assert real.end == pytest.approx(virtual.end, rel=0.1)
 
 

@@ -16,6 +16,8 @@ from digenrl.runtime.driver import RayDriver
 from digenrl.runtime.waits import WaitTimeout, wait_all
 from digenrl.tools.cli import main
 
+from tests.helpers.schedulers import small_digenrl_scheduler
+
 from .conftest import tiny
 
 ray = pytest.importorskip("ray")
@@ -67,7 +69,6 @@ def test_digenrl_train_gives_up_with_exit_code_4_and_no_traceback(ray_cluster, t
 def test_the_event_loops_watchdog_names_the_units_in_flight(ray_cluster):
     # every unit is a task asking for a resource no node has: it never runs, never finishes
     from digenrl.runtime.loop import EventLoop
-    from tests.runtime.test_emulated import _sched
 
     @ray.remote(num_cpus=0, resources={"no_such_node": 1})
     def never():
@@ -83,7 +84,7 @@ def test_the_event_loops_watchdog_names_the_units_in_flight(ray_cluster):
     t0 = time.monotonic()
     try:
         with pytest.raises(WaitTimeout) as e:
-            EventLoop(_sched(), Stuck(), stall_s=0.5).run()
+            EventLoop(small_digenrl_scheduler(), Stuck(), stall_s=0.5).run()
     finally:
         for ref in Stuck.sent:
             ray.cancel(ref)
@@ -135,7 +136,6 @@ def test_an_elastic_addition_that_never_comes_up_is_stopped_and_its_join_answere
     from digenrl.runtime import scale
     from digenrl.runtime.elastic import Elastic
     from digenrl.sched import Worker
-    from tests.runtime.test_emulated import _sched
 
     @ray.remote(num_cpus=0, resources={"no_such_node": 1})
     def never():
@@ -155,7 +155,7 @@ def test_an_elastic_addition_that_never_comes_up_is_stopped_and_its_join_answere
             self.retired.append(worker.id)
 
     class Loop:
-        sched = _sched()
+        sched = small_digenrl_scheduler()
 
     actors, loop = Actors(), Loop()
     elastic = Elastic(actors, tmp_path, every_s=0.0)
