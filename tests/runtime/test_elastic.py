@@ -132,7 +132,7 @@ def test_scale_up_and_drain_mid_run(ray_cluster, local_run, tmp_path, capsys):
             # than an actor start-up: wait for the two new actors, and poll now (the loop polls
             # after this batch of dispatches, too late for this step) so they join mid-run.
             el = rt.elastic
-            ray.get([r for _, refs in el.joining.values() for r in refs])
+            ray.get([r for _, refs, _deadline in el.joining.values() for r in refs])
             el.poll(el.loop)
             assert cli(["scale", "--run-dir", str(run), "rollout=-1"]) == 0
             el._last = 0.0
