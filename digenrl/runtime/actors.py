@@ -111,7 +111,7 @@ class Actors:
             for probe in probes:
                 if probe is not None:
                     remove_placement_group(probe)
-        straddling = [w for w, pg in self._placements.items() if getattr(pg, "straddles", False)]
+        straddling = [w for w, pg in self._placements.items() if pg.straddles]
         if straddling:
             log.warning("no node holds a whole gang of %s: their collectives cross nodes", ", ".join(straddling))
         for p in pools:
@@ -142,6 +142,12 @@ class Actors:
         return wait_all({w: self.handles[w].ready() for w in wids}, timeout_s=self.cfg.runtime.start_timeout_s,
                         what="workers starting (placed; loading model and rewarder)", key="runtime.start_timeout_s",
                         hint=lambda: f"free now: {ray.available_resources()}")
+
+    def _release(self, wid: str) -> None:
+        """Remove the placement group of worker `wid`'s gang, if it has its own."""
+        pg = self._placements.pop(wid, None)
+        if pg is not None:
+            pg.remove()
 
     def _gang(self, role: str) -> int:
         """Ranks per worker of `role`."""
@@ -175,9 +181,7 @@ class Actors:
         new = Worker(f"{old.id.split('#')[0]}#{self._n_replaced}", old.role)
         pool = self.cfg.runtime.reward if old.role == "reward" else self.cfg.runtime.rollout
         gang, timeout_s = self._gang(old.role), self.cfg.runtime.placement_timeout_s
-        pg = self._placements.pop(old.id, None)
-        if pg is not None:
-            pg.remove()
+        self._release(old.id)
         # a lost node may have been the only one with room for this pool: say so, not hang
         what = f"{old.role} (replacing lost worker {old.id})"
         if gang > 1:  # node-aligned, as at the start
@@ -218,9 +222,7 @@ class Actors:
         h = self.handles.pop(worker.id, None)
         if h is not None:
             h.kill()
-        pg = self._placements.pop(worker.id, None)
-        if pg is not None:
-            pg.remove()
+        self._release(worker.id)
         self.pids.pop(worker.id, None)
         self.rank_pids.pop(worker.id, None)
         if self.cfg.runtime.weight_sync == "nccl" and worker.role == "rollout":

@@ -202,6 +202,8 @@ class PoolPlacement:
     """One bundle per worker of `pool`, PACK strategy; `options(i)` places worker i. Waits up to
     `timeout_s` for the group, then raises WaitTimeout naming the missing resources."""
 
+    straddles = False  # a gang spread over nodes (GangPlacement)
+
     def __init__(self, pool: PoolConfig, n: int, name: str, timeout_s: float):
         bundles = [_bundle(pool) for _ in range(n)]
         self.pg = None
@@ -248,7 +250,7 @@ class GangPlacement(PoolPlacement):
 
     def __init__(self, pool: PoolConfig, gang: int, name: str, timeout_s: float):
         bundle = _bundle(pool)
-        self.pg, self.straddles = None, False
+        self.pg = None
         if not bundle:
             return
         self.straddles = node_holds(bundle) < gang

@@ -352,13 +352,12 @@ class _Evaluator:
         fast = prune and mode in ON_POLICY and steps >= ON_POLICY_STEPS
         self.ctx = _Context(tb, mode, style, ON_POLICY_STEPS if fast else steps, cm, check_memory, prune,
                             ideal_step_s(tb, cm)["step_s"] if prune else None)
-        self.tb, self.steps = tb, self.ctx.steps
         self.pool = pool  # a process pool forked with _CTX = self.ctx (prefetch), or None
         self.cache: dict = {}
         self.simulated = self.pruned = 0
 
     def _key(self, point: dict) -> tuple[dict, tuple]:
-        point = snap(self.tb, point)
+        point = snap(self.ctx.tb, point)
         return point, tuple(sorted(point.items()))
 
     def _known(self, key: tuple, incumbent: float | None) -> bool:
