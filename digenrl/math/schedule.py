@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 
 import torch
@@ -70,26 +72,34 @@ class SdeWindow:
     def select(self, num_steps: int, seed: int, step: int) -> tuple[list[int], list[int]]:
         """(sde_steps, trained_steps) for RL step `step`: sorted denoising-step indices.
 
-        A pure function of (seed, step): every worker computes the same window.
+        A pure function of (seed, step): every worker computes the same window. Remembered
+        (_select): the simulator asks for the same windows in every run it plans.
         """
-        self.validate(num_steps)
-        usable = num_steps - 1
-        if self.kind == "all-but-last":
-            steps = list(range(usable))
-            return steps, steps
-        if self.kind == "first":
-            steps = list(range(self.size))
-            return steps, steps
-        if self.kind == "contiguous":
-            start = rng.randint(usable - self.size + 1, seed, rng.WINDOW, step)
-            steps = list(range(start, start + self.size))
-            return steps, steps
-        if self.kind == "sliding":
-            positions = usable - self.size + 1
-            start = ((step // self.every) * self.stride) % positions
-            steps = list(range(start, start + self.size))
-            return steps, steps
-        sde = list(range(usable))
-        count = max(1, round(self.fraction * usable))
-        trained = sorted(rng.permutation(usable, seed, rng.WINDOW, step)[:count])
-        return sde, trained
+        sde, trained = _select(self, num_steps, seed, step)
+        return list(sde), list(trained)
+
+
+@functools.lru_cache(maxsize=4096)
+def _select(window: SdeWindow, num_steps: int, seed: int, step: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """SdeWindow.select's windows, as tuples (a cached value must not be mutated)."""
+    window.validate(num_steps)
+    usable = num_steps - 1
+    if window.kind == "all-but-last":
+        steps = list(range(usable))
+        return tuple(steps), tuple(steps)
+    if window.kind == "first":
+        steps = list(range(window.size))
+        return tuple(steps), tuple(steps)
+    if window.kind == "contiguous":
+        start = rng.randint(usable - window.size + 1, seed, rng.WINDOW, step)
+        steps = list(range(start, start + window.size))
+        return tuple(steps), tuple(steps)
+    if window.kind == "sliding":
+        positions = usable - window.size + 1
+        start = ((step // window.every) * window.stride) % positions
+        steps = list(range(start, start + window.size))
+        return tuple(steps), tuple(steps)
+    sde = list(range(usable))
+    count = max(1, round(window.fraction * usable))
+    trained = sorted(rng.permutation(usable, seed, rng.WINDOW, step)[:count])
+    return tuple(sde), tuple(trained)

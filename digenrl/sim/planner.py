@@ -306,6 +306,30 @@ def jobs(n: int | None) -> Iterator[None]:
         _JOBS = before
 
 
+_TASK = None  # the function side_by_side's processes call (set before they fork)
+
+
+def side_by_side(fn, items: list) -> list:
+    """[fn(x) for x in items], on the processes jobs() asks for (forked; each takes the next item
+    once free, so put the longest first), results in the items' order. Inside them plan()
+    evaluates serially: a pool's processes cannot start pools of their own. fn's result must
+    pickle; an exception it raises is raised here."""
+    global _TASK
+    if _JOBS <= 1 or len(items) < 2:
+        return [fn(x) for x in items]
+    _TASK = fn
+    try:
+        with multiprocessing.get_context("fork").Pool(min(_JOBS, len(items))) as pool:
+            return pool.map(_run_task, items, chunksize=1)
+    finally:
+        _TASK = None
+
+
+def _run_task(item):
+    with jobs(1):
+        return _TASK(item)
+
+
 class _Context(NamedTuple):
     """What evaluating a point reads: one plan() call's testbed, mode and settings."""
 

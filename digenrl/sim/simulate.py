@@ -32,7 +32,7 @@ from pathlib import Path
 
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
-from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, snap
+from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, side_by_side, snap
 from digenrl.sim.shipped import SYSTEMS, layout_of
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import ALL, ROWS, Report, ideal_step_s, run_spec
@@ -113,24 +113,47 @@ def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: 
 
 
 def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, dict]:
-    """(label -> Plan, label -> why no plan of that row fits). The shipped peers are planned before
-    colocated-ideal, which starts its search from their points too (their layouts are among its
-    memory plans); the digenrl row is `digenrl_plan`."""
-    order = [m for m in modes if m in PEER_ROWS] + [m for m in modes if m not in PEER_ROWS]
+    """(label -> Plan, label -> why no plan of that row fits). Every row but colocated-ideal is
+    planned side by side (planner.side_by_side, on the processes `planner.jobs` gives; the same
+    plans on any number); colocated-ideal then starts its search from the shipped peers' points
+    too (their layouts are among its memory plans). The digenrl row is `digenrl_plan`."""
+    first = sorted((m for m in modes if m != "colocated-ideal"), key=lambda m: _cost_rank(tb, ref, m))
     plans, unfit = {}, {}
-    for label in order:
-        mode, style = ROWS[label]
-        where = ref if mode == "colocated" else tb
+    for label, (ok, got) in zip(first, side_by_side(lambda m: _plan_row(tb, ref, m, steps, cm), first)):
+        (plans if ok else unfit)[label] = got
+    if "colocated-ideal" in modes:
         extra = tuple({**p.spec.knobs(), "memory": layout_of(SYSTEMS[k]).name}
-                      for k, p in plans.items() if k in PEER_ROWS) if label == "colocated-ideal" else ()
-        try:
-            if label == "digenrl":
-                plans[label] = digenrl_plan(tb, steps=steps, cm=cm)
-            else:
-                plans[label] = plan(where, mode=mode, style=style, steps=steps, cm=cm, extra_starts=extra)
-        except ValueError as e:
-            unfit[label] = str(e)
-    return plans, unfit
+                      for k, p in plans.items() if k in PEER_ROWS)
+        ok, got = _plan_row(tb, ref, "colocated-ideal", steps, cm, extra)
+        (plans if ok else unfit)["colocated-ideal"] = got
+    order = [m for m in modes if m in PEER_ROWS] + [m for m in modes if m not in PEER_ROWS]  # as planned before
+    return {m: plans[m] for m in order if m in plans}, {m: unfit[m] for m in order if m in unfit}
+
+
+def _plan_row(tb: Testbed, ref: Testbed, label: str, steps: int, cm, extra: tuple = ()):
+    """(True, the row's Plan) or (False, why none of its plans fits)."""
+    mode, style = ROWS[label]
+    try:
+        if label == "digenrl":
+            return True, digenrl_plan(tb, steps=steps, cm=cm)
+        return True, plan(ref if mode == "colocated" else tb, mode=mode, style=style, steps=steps, cm=cm,
+                          extra_starts=extra)
+    except ValueError as e:
+        return False, str(e)
+
+
+def _cost_rank(tb: Testbed, ref: Testbed, label: str) -> tuple:
+    """Longest search first (side_by_side hands the next row to the first free process): modes
+    that generate ahead are simulated for every planned step, the others for report.ON_POLICY's
+    few; then the larger grid."""
+    from digenrl.sim.planner import grid
+    from digenrl.sim.report import ON_POLICY
+
+    mode, style = ROWS[label]
+    size = 1
+    for values in grid(ref if mode == "colocated" else tb, mode, style).values():
+        size *= len(values)
+    return (mode in ON_POLICY, -size, label)
 
 
 def digenrl_plan(tb: Testbed, gpus: int | None = None, steps: int = PLAN_STEPS, cm=None):

@@ -153,3 +153,37 @@ def test_a_search_on_two_processes_chooses_what_one_process_does():
             two = plan(tb, mode=mode, style=style)
         assert two.spec == one.spec, (label, two.spec, one.spec)
         assert two.step_s == one.step_s and two.throughput == one.throughput
+
+
+def _square_or_refuse(x: int) -> int:
+    if x < 0:
+        raise ValueError(f"negative: {x}")
+    return x * x
+
+
+def test_side_by_side_keeps_the_items_order_and_raises_what_a_task_raised():
+    """simulate() plans its rows with it: the results come back in the items' order whichever
+    process finished first, and a task's exception reaches the caller."""
+    from digenrl.sim.planner import jobs, side_by_side
+
+    with jobs(2):
+        assert side_by_side(_square_or_refuse, [5, 1, 4, 2, 3]) == [25, 1, 16, 4, 9]
+        with pytest.raises(ValueError, match="negative: -2"):
+            side_by_side(_square_or_refuse, [1, -2, 3])
+    assert side_by_side(_square_or_refuse, [3, 2]) == [9, 4]  # one process: in this one
+
+
+@pytest.mark.slow
+def test_simulate_on_two_processes_reports_what_one_process_does():
+    """simulate() plans its rows side by side under jobs(2): every row's plan and figures, and
+    the rows that do not fit, are those of the serial run."""
+    from digenrl.sim.planner import jobs
+    from digenrl.sim.simulate import simulate
+
+    one = simulate(load_testbed(SMALL))
+    with jobs(2):
+        two = simulate(load_testbed(SMALL))
+    def knobs(rep):  # a plan's dict, less the seconds it took
+        return {k: {f: v for f, v in p.items() if f != "wall_s"} for k, p in rep.plans.items()}
+    assert knobs(two) == knobs(one) and two.unfit == one.unfit
+    assert {k: (r.spec, r.step_s) for k, r in two.rows.items()} == {k: (r.spec, r.step_s) for k, r in one.rows.items()}
