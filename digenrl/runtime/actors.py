@@ -34,7 +34,7 @@ from digenrl.config.schema import Config
 from digenrl.runtime.cluster import (GangPlacement, PoolPlacement, actor_options, await_room, fits_now,
                                      network_options)
 from digenrl.runtime.gang import Gang
-from digenrl.runtime.waits import wait_all
+from digenrl.runtime.waits import within
 from digenrl.runtime.workers import EvalWorker, RewardWorker, RolloutRank, TrainerRank
 from digenrl.sched import Worker
 
@@ -131,17 +131,16 @@ class Actors:
             self._started({f"trainer rank {r}": a.init_dist.remote(addr, r, len(ranks), len(trainers), tc.gang)
                            for r, a in enumerate(ranks)}, "trainer gangs: joining their process group")
 
-    def _started(self, named: dict, what: str) -> dict:
-        """wait_all with the start-up deadline (runtime.start_timeout_s)."""
-        return wait_all(named, timeout_s=self.cfg.runtime.start_timeout_s, what=what,
-                        key="runtime.start_timeout_s")
+    def _started(self, named: dict, what: str, hint="") -> dict:
+        """within the start-up deadline (runtime.start_timeout_s)."""
+        return within(self.cfg.runtime, "start", named, what, hint)
 
     def _await_ready(self, wids: list[str]) -> dict[str, list[int]]:
         """The process of each rank of workers `wids` once every one is up (constructors done:
         model and rewarder loaded), or WaitTimeout naming the late ones."""
-        return wait_all({w: self.handles[w].ready() for w in wids}, timeout_s=self.cfg.runtime.start_timeout_s,
-                        what="workers starting (placed; loading model and rewarder)", key="runtime.start_timeout_s",
-                        hint=lambda: f"free now: {ray.available_resources()}")
+        return self._started({w: self.handles[w].ready() for w in wids},
+                             "workers starting (placed; loading model and rewarder)",
+                             hint=lambda: f"free now: {ray.available_resources()}")
 
     def _release(self, wid: str) -> None:
         """Remove the placement group of worker `wid`'s gang, if it has its own."""

@@ -28,7 +28,7 @@ from digenrl.runtime.actors import Actors
 from digenrl.runtime.gang import row_share
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
-from digenrl.runtime.waits import wait_all
+from digenrl.runtime.waits import within
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
 from digenrl.io.trace import Trace, bubble_ratio
 from digenrl.train.trainer import StepPlan, plan_step, prompt_source, step_metrics
@@ -260,19 +260,18 @@ class RealBackend:
         """Write step records in order, each once its evaluation (if any) is done. `block`: the
         run is over; wait for the evaluations and checkpoint saves, each within
         runtime.stall_timeout_s (as the event loop waits for a unit)."""
-        late = dict(timeout_s=self.cfg.runtime.stall_timeout_s, key="runtime.stall_timeout_s")
         while self.records:
             record, ref = self.records[0]
             if ref is not None:
                 if not block and not ray.wait([ref], timeout=0)[0]:
                     return
                 what = f"the evaluation after step {record['step']}"
-                record.update(wait_all({what: ref}, what=what, **late)[what])
+                record.update(within(self.cfg.runtime, "stall", {what: ref}, what)[what])
             self.records.pop(0)
             self.recorder.log(record)  # metrics.jsonl, progress bar, step line
         if block:
-            wait_all({f"checkpoint save {i + 1} of {len(self.saves)} (trainer 0)": ref
-                      for i, ref in enumerate(self.saves)}, what="checkpoint saves", **late)
+            within(self.cfg.runtime, "stall", {f"checkpoint save {i + 1} of {len(self.saves)} (trainer 0)": ref
+                                               for i, ref in enumerate(self.saves)}, "checkpoint saves")
         elif self.saves:  # saves done: their errors now, their refs dropped (else one per checkpoint)
             done, self.saves = ray.wait(self.saves, num_returns=len(self.saves), timeout=0)
             ray.get(done)

@@ -50,7 +50,7 @@ from digenrl.runtime.backend import RealBackend, StepPlans
 from digenrl.runtime.cluster import actor_options, await_room, connect
 from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.waits import wait_all
+from digenrl.runtime.waits import within
 from digenrl.sched import Scheduler, Unit
 from digenrl.io.trace import Trace, TraceLog, build_outputs, iter_spans, plot_gantt, read_trace, write_chrome_trace
 
@@ -147,9 +147,8 @@ class RayDriver:
     def _load(self, latest: Path) -> float:
         """Every trainer rank resumes from checkpoint `latest`; returns the run's wall seconds so far."""
         trainers = self.actors.train_ids
-        steps = wait_all({w: self.actors.gang(w).load(str(latest)) for w in trainers},
-                         timeout_s=self.cfg.runtime.start_timeout_s, what=f"trainers loading {latest}",
-                         key="runtime.start_timeout_s")
+        steps = within(self.cfg.runtime, "start", {w: self.actors.gang(w).load(str(latest)) for w in trainers},
+                       f"trainers loading {latest}")
         self.base = steps[trainers[0]][0]
         return json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
 
@@ -164,12 +163,11 @@ class RayDriver:
         loading = [w for w in actors.workers
                    if w.role not in ("reward", "rollout" if relay else "") and w.id != first_trainer
                    and not (sharded and w.id in actors.train_ids)]
-        start = dict(timeout_s=cfg.runtime.start_timeout_s, key="runtime.start_timeout_s")
-        wait_all({w.id: actors.gang(w.id).load_weights(None, self.base, weights0) for w in loading},
-                 what=f"loading the initial weights (version {self.base})", **start)
+        within(cfg.runtime, "start", {w.id: actors.gang(w.id).load_weights(None, self.base, weights0) for w in loading},
+               f"loading the initial weights (version {self.base})")
         if relay:
             # the relay holds version `base` once the publish is done (its result is small then)
-            wait_all({f"{first_trainer} (publish)": weights0}, what="publishing to the relay", **start)
+            within(cfg.runtime, "start", {f"{first_trainer} (publish)": weights0}, "publishing to the relay")
             for w in actors.workers:
                 if w.role == "rollout":
                     actors.join_relay(w.id)
@@ -250,9 +248,7 @@ class RayDriver:
 
     def _get(self, what: str, ref, deadline: str):
         """ray.get(ref) within runtime.<deadline>_timeout_s ("start" or "stall"), else WaitTimeout."""
-        key = f"runtime.{deadline}_timeout_s"
-        return wait_all({what: ref}, timeout_s=getattr(self.cfg.runtime, f"{deadline}_timeout_s"),
-                        what=what, key=key)[what]
+        return within(self.cfg.runtime, deadline, {what: ref}, what)[what]
 
     def _hook(self, wid: str, unit: Unit) -> None:
         if self.on_dispatch is not None:

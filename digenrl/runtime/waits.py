@@ -3,6 +3,7 @@ it waited for, who did not answer, and the config key (or constant) that sets th
 
     WaitTimeout                      the error (`digenrl train` prints it and exits 4)
     wait_all(named, timeout_s, ...)  ray.get of every named ref, or WaitTimeout naming the late ones
+    within(runtime, deadline, ...)   wait_all with runtime.<deadline>_timeout_s ("start", "stall")
 
 Which wait has which deadline: docs/runtime.md, "Waits and their deadlines". Placement waits
 (resources a worker asks for) live in runtime/cluster.py and raise the same error.
@@ -37,3 +38,12 @@ def wait_all(named: Mapping[str, Any], *, timeout_s: float, what: str, key: str,
             raise WaitTimeout(f"{what}: no answer from {', '.join(names)} within {timeout_s:g} s ({key})"
                               + (f"; {more}" if more else ""))
     return {name: ray.get(list(refs) if isinstance(refs, tuple) else refs) for name, refs in named.items()}
+
+
+def within(runtime, deadline: str, named: Mapping[str, Any], what: str,
+           hint: Union[str, Callable[[], str]] = "") -> dict[str, Any]:
+    """wait_all with the deadline `runtime.<deadline>_timeout_s` of the run's config section
+    `runtime` ("start": start-up and the final weights; "stall": the event loop and the
+    end-of-run records), the key named in its message."""
+    key = f"{deadline}_timeout_s"
+    return wait_all(named, timeout_s=getattr(runtime, key), what=what, key=f"runtime.{key}", hint=hint)

@@ -5,6 +5,7 @@ Deadlines here are half a second; the clock bounds only how long a failure may t
 never whether a test passes: every wait tested waits for something that never comes, and the
 pools that must be placed ask for nothing (num_cpus=0: no wait), so no deadline can pass early."""
 
+import dataclasses
 import socket
 import time
 
@@ -13,7 +14,7 @@ import pytest
 from digenrl.config.schema import PoolConfig, load_config
 from digenrl.runtime.cluster import _check_reachable, fits_now
 from digenrl.runtime.driver import RayDriver
-from digenrl.runtime.waits import WaitTimeout, wait_all
+from digenrl.runtime.waits import WaitTimeout, wait_all, within
 from digenrl.tools.cli import main
 
 from tests.helpers.schedulers import small_digenrl_scheduler
@@ -110,6 +111,15 @@ def test_wait_all_names_who_did_not_answer(ray_cluster):
         ray.cancel(late)
     assert wait_all({"a": ray.put(1), "b": [ray.put(2), ray.put(3)]}, timeout_s=BOUND_S, what="x",
                     key="k") == {"a": 1, "b": [2, 3]}
+    # within: the deadline and the key from the run's config section
+    runtime = load_config(None).runtime
+    late = never.remote()
+    try:
+        with pytest.raises(WaitTimeout, match=r"^stepping: no answer from w1 within 0.5 s \(runtime.stall_timeout_s\)$"):
+            within(dataclasses.replace(runtime, stall_timeout_s=0.5), "stall", {"w1": late}, "stepping")
+    finally:
+        ray.cancel(late)
+    assert within(runtime, "start", {"a": ray.put(4)}, "x") == {"a": 4}
 
 
 def test_fits_now_checks_every_resource_the_evaluation_actor_asks(ray_cluster):
