@@ -53,7 +53,10 @@ def test_contract_pools_and_workers():
     (["runtime.trainer.shard=fsdp", "model.lora_rank=0", "train.beta=0.1"], "train.beta"),
     (["run.mode=gap", "data.micro_batch_samples=2"], "data.micro_batch_samples"),
     (["run.mode=digenrl", "reward.adv_std=global"], "reward.adv_std"),
-    (["run.mode=colocated", "data.micro_batch_samples=3", "reward.combine=normalized"], "reward.combine"),
+    (["run.mode=colocated", "data.micro_batch_samples=3", "reward.aggregate=gdpo", "reward.adv_std=none"],
+     "reward.aggregate"),
+    (["reward.aggregate=gdpo"], "reward.adv_std"),  # group re-standardising undoes GDPO
+    (["reward.combine=normalized"], "reward.combine"),  # renamed: the message names reward.aggregate
     (["run.mode=local", "runtime.plan=always"], "runtime.plan"),
     (["runtime.compute=emulated", "runtime.testbed=x", "runtime.plan=always"], "runtime.plan"),
     (["run.mode=gap", "runtime.rollout.workers=0"], "runtime.rollout.workers"),

@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 import yaml
 
-from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
+from digenrl.math.advantages import AGGREGATE_KINDS, STD_KINDS
 from digenrl.math.grad_sum import GRAD_SUMS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
@@ -237,11 +237,12 @@ class RewardConfig:
     """Which rewards score the samples, how they combine, and how advantages are formed."""
 
     # reward name -> weight; the names are digenrl.rewards.REWARD_NAMES (see docs/models.md). Several
-    # rewards are combined per sample by reward.combine
+    # rewards are combined per sample by reward.aggregate
     weights: dict[str, float] = field(default_factory=lambda: {"toy-geneval": 1.0})
-    # weighted: the weighted sum of the raw rewards; normalized: each reward standardised over
-    # the micro-batch first, then the weighted sum
-    combine: str = "weighted"
+    # sum: the weighted sum of the raw rewards; gdpo: each reward standardised within its prompt
+    # group first, then the weighted sum (GDPO, arXiv 2601.05242); its batch normalisation is
+    # reward.adv_std=global (none where the mode streams), so gdpo refuses adv_std=group
+    aggregate: str = "sum"
     paths: dict[str, str] = field(default_factory=dict)  # reward name -> local model folder or server URL
     threads: int = 2  # reward computation overlaps generation in a thread pool
     # advantage = (reward - group mean) / std, the std of the prompt group, of the whole RL
@@ -267,8 +268,12 @@ class RewardConfig:
                     check_reward_args(name, self.paths[name])
                 except ValueError as e:
                     raise ConfigError(f"reward.paths.{name}: {e}") from None
-        _one_of(self.combine, "reward.combine", COMBINE_KINDS)
+        _one_of(self.aggregate, "reward.aggregate", AGGREGATE_KINDS)
         _one_of(self.adv_std, "reward.adv_std", STD_KINDS)
+        _check(self.aggregate != "gdpo" or self.adv_std != "group", "reward.adv_std",
+               "group re-standardises each group's GDPO sum, which collapses distinct reward combinations "
+               "into one advantage again (what GDPO removes); use global (GDPO's batch normalisation) or none "
+               "(the GDPO sum as the advantage, for modes that stream)")
         _check(self.threads >= 1, "reward.threads", "must be >= 1")
 
 
@@ -532,9 +537,9 @@ class Config:
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
-        _check(not (self.data.micro_batch_samples and self.reward.combine == "normalized"), "reward.combine",
-               "normalized standardises each reward over a micro-batch, which data.micro_batch_samples "
-               "cuts across prompt groups; use weighted, or whole groups (data.micro_batch_groups)")
+        _check(not (self.data.micro_batch_samples and self.reward.aggregate == "gdpo"), "reward.aggregate",
+               "gdpo standardises each reward within its prompt group on the micro-batch that holds it, and "
+               "data.micro_batch_samples cuts groups; use sum, or whole groups (data.micro_batch_groups)")
         self._check_ray_only()
         _check(rt.plan != "always" or rt.compute == "real", "runtime.plan",
                "always plans a Ray run on real compute; emulated compute has nothing to plan (use auto or never)")
@@ -837,6 +842,13 @@ def _type_hints(cls: type) -> dict:
     return typing.get_type_hints(cls)
 
 
+# Keys that were renamed: a config that still sets one is told the new name, not just "unknown".
+RENAMED = {
+    "reward.combine": "renamed reward.aggregate: weighted is now sum, normalized is now gdpo (GDPO's "
+                      "per-group standardisation; its batch normalisation is reward.adv_std=global)",
+}
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
@@ -846,7 +858,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else k
-        _check(k in names, key, f"unknown key; allowed keys here: {', '.join(names)}")
+        _check(k in names, key, RENAMED.get(key, f"unknown key; allowed keys here: {', '.join(names)}"))
         kwargs[k] = _coerce(v, hints[k], key)
     return cls(**kwargs)
 

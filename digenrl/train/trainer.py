@@ -125,7 +125,7 @@ def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:
 
 def build_rewarder(cfg: Config) -> AsyncRewarder:
     fns = {name: build_reward(name, cfg.reward.paths, cfg.model.device) for name in cfg.reward.weights}
-    return AsyncRewarder(fns, cfg.reward.weights, combine=cfg.reward.combine, threads=cfg.reward.threads)
+    return AsyncRewarder(fns, cfg.reward.weights, aggregate=cfg.reward.aggregate, threads=cfg.reward.threads)
 
 
 def step_metrics(trajs: list[Trajectories], learner_metrics: dict[str, float]) -> dict[str, Any]:
