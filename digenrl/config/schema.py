@@ -20,6 +20,7 @@ from typing import Any, Optional
 import yaml
 
 from digenrl.math.advantages import AGGREGATE_KINDS, STD_KINDS
+from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, ROLLOUT_DTYPES
 from digenrl.math.grad_sum import GRAD_SUMS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
@@ -140,9 +141,15 @@ class SamplingConfig:
     # draws its own (DanceGRPO's per-sample fraction; DiffusionNFT's per-sample noise levels).
     # See rollout.sampler.trained_steps.
     window_draw: str = "step"
+    # "" = rollouts compute in model.dtype like the trainer; bfloat16 = the rollout's denoiser
+    # forwards run under bf16 autocast while the trainer scores in model.dtype (float32): a
+    # rollout engine at lower precision, to measure the rollout-train log-prob gap
+    # (consistency/* metrics) and test its corrections on any machine
+    rollout_dtype: str = ""
 
     def __post_init__(self) -> None:
         _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
+        _one_of(self.rollout_dtype, "sampling.rollout_dtype", ROLLOUT_DTYPES)
         _check(self.eval_num_steps >= 1, "sampling.eval_num_steps", "must be >= 1")
         _check(self.shift > 0, "sampling.shift", "must be > 0")
         _one_of(self.sigmas, "sampling.sigmas", SIGMA_GRIDS)
@@ -301,9 +308,33 @@ class TrainConfig:
     # (digenrl.math.grad_sum); float32 costs half the memory and all-reduce bytes; auto =
     # float64 up to 2^28 trainable parameters (LoRA, small models), else float32.
     grad_sum: str = "auto"
+    # -- rollout-train consistency (docs/models.md, "Rollout-train consistency") --
+    # The log-prob the ratio divides by: rollout (what the rollout recorded) or recompute (the
+    # trainer's own for the same step under the same weights, veRL's choice: the ratio is then 1
+    # in value and the rollout-train gap moves to train.is_correction). Every step reports the
+    # gap either way (consistency/* in metrics.jsonl). recompute costs no forward here: it is the
+    # loss forward's own log-prob, detached (one optimizer step per RL step)
+    behaviour_logp: str = "rollout"
+    # none; truncated: each row's loss times min(pi_train / pi_rollout, train.is_band) (veRL's
+    # TIS); mask: rows whose pi_train / pi_rollout leaves [1 / is_band, is_band] are dropped.
+    # Needs train.behaviour_logp=recompute
+    is_correction: str = "none"
+    is_band: float = 2.0  # the correction's bound C (> 1): truncated caps at C, mask keeps [1/C, C]
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
+        _one_of(self.behaviour_logp, "train.behaviour_logp", BEHAVIOUR_KINDS)
+        _one_of(self.is_correction, "train.is_correction", IS_KINDS)
+        _check(self.loss != "nft" or self.behaviour_logp == "rollout", "train.behaviour_logp",
+               "DiffusionNFT trains on clean samples, without a log-prob ratio: leave it at rollout with train.loss=nft")
+        _check(self.loss != "nft" or self.is_correction == "none", "train.is_correction",
+               "DiffusionNFT has no log-prob ratio to correct: leave it at none with train.loss=nft")
+        _check(self.is_correction == "none" or self.behaviour_logp == "recompute", "train.is_correction",
+               "corrects the gap between the trainer's recomputed log-prob and the rollout's; with "
+               "train.behaviour_logp=rollout the ratio already divides by the rollout's: set recompute")
+        _check(self.is_band > 1.0, "train.is_band", f"must be > 1, got {self.is_band}")
+        _check(self.is_correction != "none" or self.is_band == 2.0, "train.is_band",
+               "bounds train.is_correction's weight, which is none: set truncated or mask, or leave it at 2.0")
         _one_of(self.loss, "train.loss", LOSS_KINDS)
         _one_of(self.grad_sum, "train.grad_sum", GRAD_SUMS)
         _check(self.loss != "nft" or self.clip_range == 1e-4, "train.clip_range",
@@ -532,6 +563,9 @@ class Config:
             f"'global' needs every reward of the step before any training, which run.mode={self.run.mode} "
             "streams past; use group or none, or mode local/" + "/".join(BATCH_MODES),
         )
+        _check(not self.sampling.rollout_dtype or self.model.dtype == "float32", "sampling.rollout_dtype",
+               f"runs the rollout below the trainer's float32; with model.dtype={self.model.dtype} both already "
+               "compute at that precision: leave it empty")
         _check(
             self.runtime.weight_sync != "lora-only" or self.model.lora_rank > 0,
             "runtime.weight_sync",
