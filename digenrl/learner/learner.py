@@ -3,7 +3,9 @@
 A training unit is (micro-batch, chunk of trained denoising steps). For every trained
 step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores the
 recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
-variant, `LearnerConfig.loss`) against the behaviour log-prob recorded at rollout.
+variant, `LearnerConfig.loss`) against the behaviour log-prob: the one recorded at rollout,
+or the trainer's own (`behaviour_logp=recompute`), with the rollout-train gap reported and,
+if asked, corrected per row (`is_correction`; digenrl.math.consistency).
 Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
 over every (sample, trained step) pair of the step, whatever the unit layout; then
 `optimizer_step` clips, checks and steps.
@@ -29,7 +31,6 @@ from digenrl.models.protocol import Policy, guided_velocity
 from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
