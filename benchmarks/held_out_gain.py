@@ -7,7 +7,8 @@ evaluates the held-out prompts before and after training with the same noise, an
 one JSON line: the overrides, the held-out mean before and after, the mean paired
 difference and its paired t (as tests/test_learning.py measures the default run), the
 strict (all-correct) rate before and after, the train reward over the first and last 8
-steps, and the training wall time.
+steps, the clip fraction and consistency/* metrics averaged over the steps, and the
+training wall time.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def main() -> None:
         rows = read_metrics(cfg.run.run_dir)
     t = diff.mean() / (diff.std() / len(diff) ** 0.5)
     train = [r["reward_mean"] for r in rows if "reward_mean" in r]
+    # the clip fraction and the rollout-train gap (consistency/*), each averaged over the RL steps
+    steps = [r for r in rows if "clipfrac" in r]
+    means = {k: sum(r[k] for r in steps) / len(steps) for k in ("clipfrac", *sorted({k for r in steps for k in r
+                                                                                     if k.startswith("consistency/")}))}
     strict = [k for k in first if k.endswith("/strict")]
     print(json.dumps({"overrides": args.overrides, "before": before.mean().item(),
                       "after": (before + diff).mean().item(), "gain": diff.mean().item(), "t": t.item(),
@@ -47,7 +52,7 @@ def main() -> None:
                       **({"strict_before": first[strict[0]], "strict_after": rows[-1][strict[0]]} if strict else {}),
                       # train reward: mean of the first and of the last 8 RL steps
                       "train_first8": sum(train[:8]) / len(train[:8]), "train_last8": sum(train[-8:]) / len(train[-8:]),
-                      "wall_s": round(wall, 1)}))
+                      "step_means": means, "wall_s": round(wall, 1)}))
 
 
 if __name__ == "__main__":

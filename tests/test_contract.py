@@ -53,7 +53,14 @@ def test_contract_pools_and_workers():
     (["runtime.trainer.shard=fsdp", "model.lora_rank=0", "train.beta=0.1"], "train.beta"),
     (["run.mode=gap", "data.micro_batch_samples=2"], "data.micro_batch_samples"),
     (["run.mode=digenrl", "reward.adv_std=global"], "reward.adv_std"),
-    (["run.mode=colocated", "data.micro_batch_samples=3", "reward.combine=normalized"], "reward.combine"),
+    (["run.mode=colocated", "data.micro_batch_samples=3", "reward.aggregate=gdpo", "reward.adv_std=none"],
+     "reward.aggregate"),
+    (["reward.aggregate=gdpo"], "reward.adv_std"),  # group re-standardising undoes GDPO
+    (["reward.combine=normalized"], "reward.combine"),  # renamed: the message names reward.aggregate
+    (["train.is_correction=truncated"], "train.is_correction"),  # needs behaviour_logp=recompute
+    (["train.is_band=3"], "train.is_band"),  # bounds nothing with is_correction=none
+    (["train.loss=nft", "sampling.sde=ode", "train.behaviour_logp=recompute"], "train.behaviour_logp"),
+    (["sampling.rollout_dtype=bfloat16", "model.dtype=bfloat16"], "sampling.rollout_dtype"),
     (["run.mode=local", "runtime.plan=always"], "runtime.plan"),
     (["runtime.compute=emulated", "runtime.testbed=x", "runtime.plan=always"], "runtime.plan"),
     (["run.mode=gap", "runtime.rollout.workers=0"], "runtime.rollout.workers"),

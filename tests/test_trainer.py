@@ -32,6 +32,8 @@ def test_first_update_sees_ratio_exactly_one(tiny_overrides, lora):
     m = trainer.learner.optimizer_step()
     assert m["loss/ratio_mean"] == 1.0 and m["loss/ratio_max"] == 1.0 and m["loss/clipfrac"] == 0.0
     assert m["train/grad_norm"] > 0
+    # the consistency monitor: rollout and trainer at one precision, the same weights: no gap
+    assert m["consistency/gap_abs_max"] == 0.0 and m["consistency/past_clip"] == 0.0
 
 
 def test_lora_trains_only_adapters(tiny_overrides):

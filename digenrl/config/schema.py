@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 import yaml
 
-from digenrl.math.advantages import COMBINE_KINDS, STD_KINDS
+from digenrl.math.advantages import AGGREGATE_KINDS, STD_KINDS
+from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, ROLLOUT_DTYPES
 from digenrl.math.grad_sum import GRAD_SUMS
 from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
@@ -140,9 +141,15 @@ class SamplingConfig:
     # draws its own (DanceGRPO's per-sample fraction; DiffusionNFT's per-sample noise levels).
     # See rollout.sampler.trained_steps.
     window_draw: str = "step"
+    # "" = rollouts compute in model.dtype like the trainer; bfloat16 = the rollout's denoiser
+    # forwards run under bf16 autocast while the trainer scores in model.dtype (float32): a
+    # rollout engine at lower precision, to measure the rollout-train log-prob gap
+    # (consistency/* metrics) and test its corrections on any machine
+    rollout_dtype: str = ""
 
     def __post_init__(self) -> None:
         _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
+        _one_of(self.rollout_dtype, "sampling.rollout_dtype", ROLLOUT_DTYPES)
         _check(self.eval_num_steps >= 1, "sampling.eval_num_steps", "must be >= 1")
         _check(self.shift > 0, "sampling.shift", "must be > 0")
         _one_of(self.sigmas, "sampling.sigmas", SIGMA_GRIDS)
@@ -237,11 +244,12 @@ class RewardConfig:
     """Which rewards score the samples, how they combine, and how advantages are formed."""
 
     # reward name -> weight; the names are digenrl.rewards.REWARD_NAMES (see docs/models.md). Several
-    # rewards are combined per sample by reward.combine
+    # rewards are combined per sample by reward.aggregate
     weights: dict[str, float] = field(default_factory=lambda: {"toy-geneval": 1.0})
-    # weighted: the weighted sum of the raw rewards; normalized: each reward standardised over
-    # the micro-batch first, then the weighted sum
-    combine: str = "weighted"
+    # sum: the weighted sum of the raw rewards; gdpo: each reward standardised within its prompt
+    # group first, then the weighted sum (GDPO, arXiv 2601.05242); its batch normalisation is
+    # reward.adv_std=global (none where the mode streams), so gdpo refuses adv_std=group
+    aggregate: str = "sum"
     paths: dict[str, str] = field(default_factory=dict)  # reward name -> local model folder or server URL
     threads: int = 2  # reward computation overlaps generation in a thread pool
     # advantage = (reward - group mean) / std, the std of the prompt group, of the whole RL
@@ -267,8 +275,12 @@ class RewardConfig:
                     check_reward_args(name, self.paths[name])
                 except ValueError as e:
                     raise ConfigError(f"reward.paths.{name}: {e}") from None
-        _one_of(self.combine, "reward.combine", COMBINE_KINDS)
+        _one_of(self.aggregate, "reward.aggregate", AGGREGATE_KINDS)
         _one_of(self.adv_std, "reward.adv_std", STD_KINDS)
+        _check(self.aggregate != "gdpo" or self.adv_std != "group", "reward.adv_std",
+               "group re-standardises each group's GDPO sum, which collapses distinct reward combinations "
+               "into one advantage again (what GDPO removes); use global (GDPO's batch normalisation) or none "
+               "(the GDPO sum as the advantage, for modes that stream)")
         _check(self.threads >= 1, "reward.threads", "must be >= 1")
 
 
@@ -296,9 +308,33 @@ class TrainConfig:
     # (digenrl.math.grad_sum); float32 costs half the memory and all-reduce bytes; auto =
     # float64 up to 2^28 trainable parameters (LoRA, small models), else float32.
     grad_sum: str = "auto"
+    # -- rollout-train consistency (docs/models.md, "Rollout-train consistency") --
+    # The log-prob the ratio divides by: rollout (what the rollout recorded) or recompute (the
+    # trainer's own for the same step under the same weights, veRL's choice: the ratio is then 1
+    # in value and the rollout-train gap moves to train.is_correction). Every step reports the
+    # gap either way (consistency/* in metrics.jsonl). recompute costs no forward here: it is the
+    # loss forward's own log-prob, detached (one optimizer step per RL step)
+    behaviour_logp: str = "rollout"
+    # none; truncated: each row's loss times min(pi_train / pi_rollout, train.is_band) (veRL's
+    # TIS); mask: rows whose pi_train / pi_rollout leaves [1 / is_band, is_band] are dropped.
+    # Needs train.behaviour_logp=recompute
+    is_correction: str = "none"
+    is_band: float = 2.0  # the correction's bound C (> 1): truncated caps at C, mask keeps [1/C, C]
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "train.steps", "must be >= 1")
+        _one_of(self.behaviour_logp, "train.behaviour_logp", BEHAVIOUR_KINDS)
+        _one_of(self.is_correction, "train.is_correction", IS_KINDS)
+        _check(self.loss != "nft" or self.behaviour_logp == "rollout", "train.behaviour_logp",
+               "DiffusionNFT trains on clean samples, without a log-prob ratio: leave it at rollout with train.loss=nft")
+        _check(self.loss != "nft" or self.is_correction == "none", "train.is_correction",
+               "DiffusionNFT has no log-prob ratio to correct: leave it at none with train.loss=nft")
+        _check(self.is_correction == "none" or self.behaviour_logp == "recompute", "train.is_correction",
+               "corrects the gap between the trainer's recomputed log-prob and the rollout's; with "
+               "train.behaviour_logp=rollout the ratio already divides by the rollout's: set recompute")
+        _check(self.is_band > 1.0, "train.is_band", f"must be > 1, got {self.is_band}")
+        _check(self.is_correction != "none" or self.is_band == 2.0, "train.is_band",
+               "bounds train.is_correction's weight, which is none: set truncated or mask, or leave it at 2.0")
         _one_of(self.loss, "train.loss", LOSS_KINDS)
         _one_of(self.grad_sum, "train.grad_sum", GRAD_SUMS)
         _check(self.loss != "nft" or self.clip_range == 1e-4, "train.clip_range",
@@ -527,14 +563,17 @@ class Config:
             f"'global' needs every reward of the step before any training, which run.mode={self.run.mode} "
             "streams past; use group or none, or mode local/" + "/".join(BATCH_MODES),
         )
+        _check(not self.sampling.rollout_dtype or self.model.dtype == "float32", "sampling.rollout_dtype",
+               f"runs the rollout below the trainer's float32; with model.dtype={self.model.dtype} both already "
+               "compute at that precision: leave it empty")
         _check(
             self.runtime.weight_sync != "lora-only" or self.model.lora_rank > 0,
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
-        _check(not (self.data.micro_batch_samples and self.reward.combine == "normalized"), "reward.combine",
-               "normalized standardises each reward over a micro-batch, which data.micro_batch_samples "
-               "cuts across prompt groups; use weighted, or whole groups (data.micro_batch_groups)")
+        _check(not (self.data.micro_batch_samples and self.reward.aggregate == "gdpo"), "reward.aggregate",
+               "gdpo standardises each reward within its prompt group on the micro-batch that holds it, and "
+               "data.micro_batch_samples cuts groups; use sum, or whole groups (data.micro_batch_groups)")
         self._check_ray_only()
         _check(rt.plan != "always" or rt.compute == "real", "runtime.plan",
                "always plans a Ray run on real compute; emulated compute has nothing to plan (use auto or never)")
@@ -837,6 +876,13 @@ def _type_hints(cls: type) -> dict:
     return typing.get_type_hints(cls)
 
 
+# Keys that were renamed: a config that still sets one is told the new name, not just "unknown".
+RENAMED = {
+    "reward.combine": "renamed reward.aggregate: weighted is now sum, normalized is now gdpo (GDPO's "
+                      "per-group standardisation; its batch normalisation is reward.adv_std=global)",
+}
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
@@ -846,7 +892,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     kwargs = {}
     for k, v in data.items():
         key = f"{prefix}.{k}" if prefix else k
-        _check(k in names, key, f"unknown key; allowed keys here: {', '.join(names)}")
+        _check(k in names, key, RENAMED.get(key, f"unknown key; allowed keys here: {', '.join(names)}"))
         kwargs[k] = _coerce(v, hints[k], key)
     return cls(**kwargs)
 

@@ -3,7 +3,9 @@
 A training unit is (micro-batch, chunk of trained denoising steps). For every trained
 step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores the
 recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
-variant, `LearnerConfig.loss`) against the behaviour log-prob recorded at rollout.
+variant, `LearnerConfig.loss`) against the behaviour log-prob: the one recorded at rollout,
+or the trainer's own (`behaviour_logp=recompute`), with the rollout-train gap reported and,
+if asked, corrected per row (`is_correction`; digenrl.math.consistency).
 Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
 over every (sample, trained step) pair of the step, whatever the unit layout; then
 `optimizer_step` clips, checks and steps.
@@ -20,8 +22,10 @@ from typing import Optional
 import torch
 
 from digenrl.learner.ema import EMA
+from digenrl.learner.metrics import add_metric, step_means
 from digenrl.math.grad_sum import GradSum, resolve_grad_sum
-from digenrl.math import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, sde_step
+from digenrl.math import (BEHAVIOUR_KINDS, IS_KINDS, LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss,
+                          logp_gap_metrics, nft_loss, rollout_correction, sde_step)
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
 from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
@@ -50,10 +54,28 @@ class LearnerConfig:
     # the dtype the step's gradient is summed in over its units: auto | float64 | float32
     # (digenrl.math.grad_sum: float64 makes the sum independent of the order units finish in)
     grad_sum: str = "auto"
+    # rollout: the ratio's denominator is the log-prob the rollout recorded; recompute: the
+    # trainer's own under the same weights (veRL's choice). Here that is the loss forward's
+    # log-prob, detached: one optimizer step per RL step means the weights that score the
+    # unit are the behaviour weights, so no extra forward is needed (see _grpo_loss)
+    behaviour_logp: str = "rollout"
+    # none | truncated (w = min(pi_train / pi_rollout, is_band)) | mask (drop rows whose
+    # ratio leaves [1 / is_band, is_band]); math.consistency.rollout_correction
+    is_correction: str = "none"
+    is_band: float = 2.0
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
             raise ValueError(f"loss {self.loss!r} unknown; allowed: {', '.join(LOSS_KINDS)}")
+        if self.behaviour_logp not in BEHAVIOUR_KINDS:
+            raise ValueError(f"behaviour_logp {self.behaviour_logp!r} unknown; allowed: {', '.join(BEHAVIOUR_KINDS)}")
+        if self.is_correction not in IS_KINDS:
+            raise ValueError(f"is_correction {self.is_correction!r} unknown; allowed: {', '.join(IS_KINDS)}")
+        if self.is_correction != "none" and self.behaviour_logp != "recompute":
+            raise ValueError("is_correction corrects a recomputed behaviour log-prob: with behaviour_logp=rollout "
+                             "the ratio already is pi / pi_rollout")
+        if not self.is_band > 1.0:
+            raise ValueError(f"is_band must be > 1, got {self.is_band}")
         if self.adv_clip <= 0:
             raise ValueError(f"adv_clip must be > 0, got {self.adv_clip}")
 
@@ -208,7 +230,7 @@ class Learner:
         (loss * weight).backward()
         self.grads.fold()
         for k, v in m.items():
-            self._sums[k] += float(v) * weight
+            add_metric(self._sums, k, float(v), weight)
         self._weight += weight
         return {k: float(v) for k, v in m.items()}
 
@@ -220,19 +242,36 @@ class Learner:
         kl = None
         if self.config.beta > 0:
             kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
-        steps, logp_old = self._recorded_log_probs(traj, t, spec, rows)
-        logp_old = logp_old.to(out.log_prob.device)
+        steps, logp_rollout = self._recorded_log_probs(traj, t, spec, rows)
+        logp_rollout = logp_rollout.to(out.log_prob.device)
+        # The trainer's own log-prob of the recorded step under the behaviour weights: this
+        # forward's, detached (no optimizer step falls between a step's rollout and its units;
+        # at policy lag 1 (run.mode=digenrl) a row from the previous version also carries that
+        # version's change). It is what a separate no-grad forward returns
+        # (tests/learner/test_consistency_learner.py), so recompute costs no forward.
+        logp_train = out.log_prob.detach()
+        gap = logp_gap_metrics(logp_rollout, logp_train, self.config.clip_range)
+        recompute = self.config.behaviour_logp == "recompute"
+        logp_old = logp_train if recompute else logp_rollout
+        is_weights, is_metrics = None, {}
+        if self.config.is_correction != "none":
+            is_weights, is_metrics = rollout_correction(logp_train, logp_rollout, self.config.is_correction,
+                                                        self.config.is_band)
         if self.config.loss == "grpo-guard":
+            mean_old = out.mean.detach() if recompute else self._behaviour_mean(traj, t, spec, rows, out.std)
             loss, m = grpo_guard_loss(
                 out.log_prob, logp_old, adv[rows],
-                mean=out.mean, mean_old=self._behaviour_mean(traj, t, spec, rows, out.std),
+                mean=out.mean, mean_old=mean_old,
                 std=out.std, dt=(spec.sigmas[steps] - spec.sigmas[steps + 1]).to(out.std.device),
-                clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
+                clip_range=self.config.clip_range, kl=kl, beta=self.config.beta, is_weights=is_weights,
             )
         else:
             loss, m = grpo_loss(
-                out.log_prob, logp_old, adv[rows], clip_range=self.config.clip_range, kl=kl, beta=self.config.beta
+                out.log_prob, logp_old, adv[rows], clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
+                is_weights=is_weights,
             )
+        m.update(gap)
+        m.update(is_metrics)
         return loss, m, weight
 
     def _nft_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
@@ -283,8 +322,7 @@ class Learner:
                 self.ema.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.grads.clear()
-        w = self._weight or 1.0
-        metrics = {k: v / w for k, v in self._sums.items() if k.startswith("loss/")}
+        metrics = step_means(self._sums, self._weight)
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/skipped_step"] = float(skipped)
         metrics["train/skipped_units"] = self._sums.get("train/skipped_units", 0.0)

@@ -7,7 +7,7 @@ from typing import Mapping, Optional
 import torch
 
 STD_KINDS = ("group", "global", "none")
-COMBINE_KINDS = ("weighted", "normalized")
+AGGREGATE_KINDS = ("sum", "gdpo")
 
 
 def group_advantages(
@@ -48,27 +48,31 @@ def combine_rewards(
     rewards: Mapping[str, torch.Tensor],
     weights: Mapping[str, float],
     *,
-    mode: str = "weighted",
+    aggregate: str = "sum",
     group_ids: Optional[torch.Tensor] = None,
     eps: float = 1e-4,
 ) -> torch.Tensor:
     """Several rewards -> one (B,) reward.
 
-    weighted:   sum_k w_k r_k.
-    normalized: sum_k w_k (r_k - mean_group) / (std_group + eps): each reward's scale no
-                longer decides its influence (needs group_ids).
+    sum:  sum_k w_k r_k.
+    gdpo: sum_k w_k (r_k - mean_group(r_k)) / (std_group(r_k) + eps), each reward standardised
+          within its prompt group before the weighted sum (GDPO, Liu et al. 2026, arXiv
+          2601.05242: otherwise distinct reward combinations collapse into one advantage, and
+          a reward's scale decides its influence). Needs group_ids. GDPO's last step, one
+          normalisation of this sum over the batch, is the advantage's `reward.adv_std=global`
+          (group_advantages): re-standardising per group would collapse it again.
     """
-    if mode not in COMBINE_KINDS:
-        raise ValueError(f"reward combine mode {mode!r} unknown; allowed: {', '.join(COMBINE_KINDS)}")
+    if aggregate not in AGGREGATE_KINDS:
+        raise ValueError(f"reward aggregate {aggregate!r} unknown; allowed: {', '.join(AGGREGATE_KINDS)}")
     missing = set(weights) - set(rewards)
     if missing:
         raise ValueError(f"weights name rewards that were not computed: {sorted(missing)}")
+    if aggregate == "gdpo" and group_ids is None:
+        raise ValueError("reward aggregate 'gdpo' needs group_ids")
     total = None
     for name, w in weights.items():
-        r = rewards[name].float()
-        if mode == "normalized":
-            if group_ids is None:
-                raise ValueError("reward combine mode 'normalized' needs group_ids")
+        r = rewards[name].float()  # (B,)
+        if aggregate == "gdpo":
             r = group_advantages(r, group_ids, std="group", eps=eps, clip=float("inf"))
         total = w * r if total is None else total + w * r
     if total is None:

@@ -27,6 +27,11 @@ def _clipped(ratio: torch.Tensor, adv: torch.Tensor, clip_range: float) -> torch
     return torch.maximum(pg_loss1, pg_loss2)
 
 
+def _weighted(per_row: torch.Tensor, is_weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """per_row * is_weights (detached), or per_row as is; (B,)."""
+    return per_row if is_weights is None else per_row * is_weights.detach().to(per_row.dtype)
+
+
 def _with_kl(
     pg_loss: torch.Tensor, ratio: torch.Tensor, logratio: torch.Tensor, clip_range: float,
     kl: Optional[torch.Tensor], beta: float,
@@ -57,15 +62,17 @@ def grpo_loss(
     clip_range: float,
     kl: Optional[torch.Tensor] = None,
     beta: float = 0.0,
+    is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO-clip loss averaged over the units given (all (B,)), plus beta * KL.
 
-    logp: current policy; logp_old: behaviour (rollout) policy, whose log-probs were
-    recorded at generation time; advantages: per sample, detached.
+    logp: current policy; logp_old: behaviour policy (the rollout's recorded log-probs, or
+    the trainer's own: train.behaviour_logp); advantages: per sample, detached. is_weights:
+    (B,) detached per-row weights of the rollout correction (math.consistency), None = 1.
     """
     logratio = logp - logp_old.detach()
     ratio = torch.exp(logratio)
-    pg_loss = _clipped(ratio, advantages.detach(), clip_range).mean()
+    pg_loss = _weighted(_clipped(ratio, advantages.detach(), clip_range), is_weights).mean()
     return _with_kl(pg_loss, ratio, logratio, clip_range, kl, beta)
 
 
@@ -81,6 +88,7 @@ def grpo_guard_loss(
     clip_range: float,
     kl: Optional[torch.Tensor] = None,
     beta: float = 0.0,
+    is_weights: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO-Guard (Wang et al. 2025, arXiv 2510.22319): RatioNorm + gradient reweighting.
 
@@ -115,7 +123,7 @@ def grpo_guard_loss(
     dt = sigma - sigma_next, a float or (B,). Everything is per unit (sample, step): no
     statistic spans rows, so how units cut a batch never changes a unit's loss term.
     Gradient flows through logp and through `mean` in the bias; logp_old, mean_old and
-    the advantages are detached.
+    the advantages are detached. is_weights: as in grpo_loss.
 
     Reduction to grpo: with std = 1, dt = 1 and mean = mean_old (bias 0) it is grpo_loss;
     on-policy (mean = mean_old, ratio 1) its gradient is std / dt times grpo_loss's.
@@ -127,7 +135,7 @@ def grpo_guard_loss(
     bias = drift / (2.0 * scale**2)
     ratio = torch.exp(scale * (logratio + bias))
     dt_ = torch.as_tensor(dt, dtype=torch.float32, device=logp.device).expand(b)
-    pg_loss = (_clipped(ratio, advantages.detach(), clip_range) / dt_).mean()
+    pg_loss = _weighted(_clipped(ratio, advantages.detach(), clip_range) / dt_, is_weights).mean()
     loss, metrics = _with_kl(pg_loss, ratio, logratio, clip_range, kl, beta)
     metrics["loss/guard_bias"] = bias.detach().mean()
     return loss, metrics

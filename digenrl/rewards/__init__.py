@@ -71,20 +71,21 @@ class AsyncRewarder:
         rewards: Mapping[str, RewardFn],
         weights: Mapping[str, float],
         *,
-        combine: str = "weighted",
+        aggregate: str = "sum",
         threads: int = 2,
     ):
         self.rewards = dict(rewards)
         self.weights = dict(weights)
-        self.combine = combine
+        self.aggregate = aggregate
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reward")
 
     def score(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None,
-              sources: Optional[torch.Tensor] = None):
+              sources: Optional[torch.Tensor] = None, aggregate: Optional[str] = None):
         """(combined (B,), {name: (B,)} incl. sub-scores a reward reports) — synchronous.
 
         sources: the conditioning images (B, 3, H, W) of an edit / image-to-video run; only
-        rewards that declare `wants_sources` receive them.
+        rewards that declare `wants_sources` receive them. aggregate: overrides the rewarder's
+        (held-out evaluation scores with "sum": a group-standardised score averages to 0).
         """
         parts: dict[str, torch.Tensor] = {}
         details: dict[str, torch.Tensor] = {}
@@ -100,7 +101,7 @@ class AsyncRewarder:
                 details.update({f"{name}/{k}": v for k, v in out.items() if k != "reward"})
             else:
                 parts[name] = fn(images, prompts).float().cpu()
-        total = combine_rewards(parts, self.weights, mode=self.combine, group_ids=group_ids)
+        total = combine_rewards(parts, self.weights, aggregate=aggregate or self.aggregate, group_ids=group_ids)
         return total, {**parts, **details}
 
     def submit(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None,

@@ -9,6 +9,7 @@ the whole state is the `Trajectories` object (latents so far, step index).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -37,6 +38,10 @@ class SampleSpec:
     # permutation of range(n) seeded by (seed, c) (DanceGRPO's per-sample fraction; every
     # DiffusionNFT noise level). See `trained_steps`.
     draw_levels: int = 0
+    # "" = the policy's own dtype; "bfloat16" = the rollout's denoiser forwards run under bf16
+    # autocast (sampling.rollout_dtype): a lower-precision rollout engine. The learner's scoring
+    # never reads it: it recomputes at the model's dtype.
+    rollout_dtype: str = ""
 
     @property
     def num_steps(self) -> int:
@@ -188,7 +193,9 @@ def denoise_step(
     device = next(policy.module.parameters()).device
     x = traj.latents[:, t].to(device)  # (B, *latent)
     sigma = spec.sigmas[t].expand(b).to(device)
-    v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale, spec.cfg_scale_low)
+    with _rollout_precision(spec, device):
+        v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale, spec.cfg_scale_low)
+    v = v.float() if spec.rollout_dtype else v  # the SDE step's math stays float32
     kind = spec.step_kind(t)
     noise = sde_noise(policy.latent_shape, spec, traj.coords, t) if kind != "ode" else None
     out = sde_step(
@@ -197,6 +204,13 @@ def denoise_step(
     traj.latents[:, t + 1] = out.prev_sample.cpu()
     if out.log_prob is not None:
         traj.log_probs[:, t] = out.log_prob.cpu()
+
+
+def _rollout_precision(spec: SampleSpec, device: torch.device):
+    """bf16 autocast around the rollout's denoiser forward when `spec.rollout_dtype` asks for it."""
+    if not spec.rollout_dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=getattr(torch, spec.rollout_dtype))
 
 
 @torch.no_grad()

@@ -24,6 +24,7 @@ import torch
 from digenrl.config.schema import Config
 from digenrl.math import group_advantages
 from digenrl.io.recorder import RunRecorder
+from digenrl.learner.metrics import merge_sums, step_means
 from digenrl.runtime.actors import Actors
 from digenrl.runtime.gang import row_share
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
@@ -285,12 +286,10 @@ class _Rewarded:
 
 
 def _combine_learner(infos: dict[str, Stepped], first: str) -> dict[str, float]:
-    """Learner metrics of the step over all trainers: sum of weighted sums / sum of weights."""
+    """Learner metrics of the step over all trainers: sum of weighted sums / sum of weights
+    (a _max metric: the trainers' max)."""
     lm = dict(infos[first].metrics)  # grad norm etc.: identical after the all-reduce
-    w = sum(i.weight for i in infos.values()) or 1.0
-    keys = {k for i in infos.values() for k in i.sums if k.startswith("loss/")}
-    for k in keys:
-        lm[k] = sum(i.sums.get(k, 0.0) for i in infos.values()) / w
+    lm.update(step_means(merge_sums([i.sums for i in infos.values()]), sum(i.weight for i in infos.values())))
     lm["train/skipped_units"] = sum(i.sums.get("train/skipped_units", 0.0) for i in infos.values())
     return lm
 

@@ -91,7 +91,9 @@ def merge(records: Sequence[Done]) -> Done:
     elif isinstance(first, Generated):
         out.comm = _add([r.comm for r in records])
     elif isinstance(first, Stepped):
-        out.sums = _add([r.sums for r in records])
+        from digenrl.learner.metrics import merge_sums  # (here: the package imports torch; Slept needs none)
+
+        out.sums = merge_sums([r.sums for r in records])  # (a _max metric: the ranks' max)
         out.weight = sum(r.weight for r in records)
         out.comm = _add([r.comm for r in records])
         out.reduce_s = max(r.reduce_s for r in records)

@@ -78,7 +78,7 @@ class Evaluator:
                     bar.update(len(traj))
                 if self.rewarder is None:
                     continue
-                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids, sources)
+                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids, sources, aggregate="sum")
                 rewards.append(total)
                 for k, v in p.items():
                     parts.setdefault(k, []).append(v)

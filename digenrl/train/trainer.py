@@ -81,6 +81,7 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         cfg_scale_low=s.cfg_scale_low,
         seed=cfg.run.seed,
         draw_levels=draw_levels,
+        rollout_dtype=s.rollout_dtype,
     )
     chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
@@ -111,7 +112,8 @@ def learner_config(cfg: Config) -> LearnerConfig:
     t = cfg.train
     return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
                          max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
-                         loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum)
+                         loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum,
+                         behaviour_logp=t.behaviour_logp, is_correction=t.is_correction, is_band=t.is_band)
 
 
 def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:
@@ -125,7 +127,7 @@ def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:
 
 def build_rewarder(cfg: Config) -> AsyncRewarder:
     fns = {name: build_reward(name, cfg.reward.paths, cfg.model.device) for name in cfg.reward.weights}
-    return AsyncRewarder(fns, cfg.reward.weights, combine=cfg.reward.combine, threads=cfg.reward.threads)
+    return AsyncRewarder(fns, cfg.reward.weights, aggregate=cfg.reward.aggregate, threads=cfg.reward.threads)
 
 
 def step_metrics(trajs: list[Trajectories], learner_metrics: dict[str, float]) -> dict[str, Any]:

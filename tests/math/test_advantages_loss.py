@@ -40,11 +40,30 @@ def test_advantages_do_not_depend_on_sample_order():
 def test_combine_rewards():
     r = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([10.0, 30.0])}
     assert torch.allclose(combine_rewards(r, {"a": 1.0, "b": 0.5}), torch.tensor([6.0, 17.0]))
-    # normalized: each reward becomes a group advantage (-1, +1) before weighting
-    n = combine_rewards(r, {"a": 1.0, "b": 0.5}, mode="normalized", group_ids=torch.tensor([0, 0]), eps=0.0)
+    # gdpo: each reward becomes a group advantage (-1, +1) before weighting
+    n = combine_rewards(r, {"a": 1.0, "b": 0.5}, aggregate="gdpo", group_ids=torch.tensor([0, 0]), eps=0.0)
     assert torch.allclose(n, torch.tensor([-1.5, 1.5]))
     with pytest.raises(ValueError, match="not computed"):
         combine_rewards(r, {"c": 1.0})
+    with pytest.raises(ValueError, match="group_ids"):
+        combine_rewards(r, {"a": 1.0}, aggregate="gdpo")
+
+
+def test_gdpo_keeps_distinct_reward_combinations_apart_by_hand():
+    # GDPO's example (arXiv 2601.05242, sec. 3): two binary rewards, two groups of two.
+    # group 0: (r1, r2) = (1, 0), (0, 0)   group 1: (1, 1), (0, 0)
+    # sum then GRPO: totals (1, 0) and (2, 0) both standardise to (+1, -1): the groups collapse.
+    # gdpo: group 0: r1 -> (+1, -1), r2 constant -> (0, 0): sum (+1, -1)
+    #       group 1: r1 -> (+1, -1), r2 -> (+1, -1):          sum (+2, -2)
+    # then adv_std=global: batch std of (1, -1, 2, -2) = sqrt(10/4) -> (1, -1, 2, -2) / sqrt(2.5)
+    r = {"r1": torch.tensor([1.0, 0.0, 1.0, 0.0]), "r2": torch.tensor([0.0, 0.0, 1.0, 0.0])}
+    w, g = {"r1": 1.0, "r2": 1.0}, torch.tensor([0, 0, 1, 1])
+    grpo = group_advantages(combine_rewards(r, w), g, eps=0.0)
+    assert torch.allclose(grpo, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    total = combine_rewards(r, w, aggregate="gdpo", group_ids=g, eps=1e-9)  # (eps 0: 0 / 0 for constant r2)
+    assert torch.allclose(total, torch.tensor([1.0, -1.0, 2.0, -2.0]))
+    adv = group_advantages(total, g, std="global", eps=0.0)
+    assert torch.allclose(adv, torch.tensor([1.0, -1.0, 2.0, -2.0]) / 2.5**0.5)
 
 
 def test_clipped_loss_by_hand():

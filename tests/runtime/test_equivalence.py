@@ -242,3 +242,34 @@ def test_nft_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, t
     rt.train()
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
     assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")
+
+
+# A bf16 rollout against fp32 trainers, the behaviour log-prob recomputed, and a truncation
+# band so narrow (the tiny DiT's bf16 gap is ~1e-5 per step-averaged log-prob) that it acts.
+CONSISTENCY = ["sampling.rollout_dtype=bfloat16", "train.behaviour_logp=recompute",
+               "train.is_correction=truncated", "train.is_band=1.000005"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["gap+tsp", "digenrl"])
+def test_consistency_keys_act_on_ray_as_on_one_device(ray_cluster, tmp_path, mode):
+    """sampling.rollout_dtype, train.behaviour_logp, train.is_correction and train.is_band on Ray:
+    on-policy (gap+tsp, 2 trainers) the run ends at the single-device weights and reports the
+    same gap; under digenrl (lag <= 1) every step reports a gap."""
+    run = tmp_path / mode
+    RayDriver(load_config(None, tiny(run, mode, *ON_POLICY.get(mode, []), *CONSISTENCY)), progress=False,
+              evaluate=False).train()
+    ours = [r for r in read_metrics(run) if r["step"] > 0]
+    assert all(r["consistency/gap_abs_max"] > 0 and r["loss/clipfrac"] == 0.0 for r in ours)
+    assert all(r["consistency/is_weight_max"] <= 1.000005 + 1e-7 for r in ours)
+    if mode == "digenrl":
+        assert max(r["staleness_max"] for r in ours) <= 1
+        return
+    ref = tmp_path / "local"
+    Trainer(load_config(None, tiny(ref, "local", *CONSISTENCY)), progress=False).train()
+    assert_matches_single_device(run, ref)
+    theirs = [r for r in read_metrics(ref) if r["step"] > 0]
+    for a, b in zip(ours, theirs):
+        assert a["consistency/gap_abs_max"] == pytest.approx(b["consistency/gap_abs_max"], rel=1e-3)
+        assert a["consistency/gap_abs_mean"] == pytest.approx(b["consistency/gap_abs_mean"], rel=1e-3)
+        assert a["consistency/is_weight_mean"] == pytest.approx(b["consistency/is_weight_mean"], rel=1e-6)
