@@ -27,6 +27,7 @@ from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
 from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
+from digenrl.rollout.sampler import MODEL_TIMESTEPS
 from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 
@@ -140,8 +141,14 @@ class SamplingConfig:
     # draws its own (DanceGRPO's per-sample fraction; DiffusionNFT's per-sample noise levels).
     # See rollout.sampler.trained_steps.
     window_draw: str = "step"
+    # -- DanceGRPO's model timestep (issue 27) --
+    # exact: the model is conditioned on sigma; floor: on int(sigma * 1000) / 1000, as DanceGRPO
+    # conditions its transformer, while every SDE step, log-prob and forward-process target
+    # keeps the exact sigma (rollout.sampler.SampleSpec.model_sigma)
+    model_timestep: str = "exact"
 
     def __post_init__(self) -> None:
+        _one_of(self.model_timestep, "sampling.model_timestep", MODEL_TIMESTEPS)
         _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
         _check(self.eval_num_steps >= 1, "sampling.eval_num_steps", "must be >= 1")
         _check(self.shift > 0, "sampling.shift", "must be > 0")

@@ -118,7 +118,8 @@ class Learner:
         """The policy's (guided) velocity at (x, sigma) under the conditions of `rows`."""
         negative = self.policy.negative_cond(x.shape[0]) if spec.guided else None
         cond = {k: v[rows] for k, v in traj.cond.items()}
-        return guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale, spec.cfg_scale_low)
+        return guided_velocity(self.policy, x, spec.model_sigma(sigma), cond, negative, spec.cfg_scale,
+                               spec.cfg_scale_low)
 
     @torch.no_grad()
     def _with_reference(self, fn):

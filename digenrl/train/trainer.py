@@ -81,6 +81,7 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         cfg_scale_low=s.cfg_scale_low,
         seed=cfg.run.seed,
         draw_levels=draw_levels,
+        model_timestep=s.model_timestep,
     )
     chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
