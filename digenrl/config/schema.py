@@ -303,8 +303,22 @@ class TrainConfig:
     # (digenrl.math.grad_sum); float32 costs half the memory and all-reduce bytes; auto =
     # float64 up to 2^28 trainable parameters (LoRA, small models), else float32.
     grad_sum: str = "auto"
+    # -- DiffusionNFT's old policy (issue 27) --
+    # train.loss=nft: the old policy that samples every rollout and anchors the loss is kept as
+    # old <- d old + (1 - d) new after each optimizer step, d = min((k - flat) * rate, nft_decay)
+    # at version k >= flat, else 0 (NVlabs/DiffusionNFT return_decay: their decay_type 1 is
+    # nft_decay 0.5, rate 0.001, flat 0; type 2 is 0.999, 0.0075, 75). 0 = their type 0: the
+    # old policy is the step's start policy, no copy kept (digenrl.learner.old_policy)
+    nft_decay: float = 0.0
+    nft_decay_rate: float = 0.001  # the old-policy decay's rise per optimizer step (train.nft_decay > 0)
+    nft_decay_flat: int = 0  # optimizer steps at decay 0 before it rises (train.nft_decay > 0)
+    # DiffusionNFT's guidance strength beta: the implicit policies are v_old +- beta (v - v_old)
+    # and the loss is scaled by 1 / beta (digenrl.math.loss.nft_loss); it acts only with an
+    # old policy kept (train.nft_decay > 0). Not train.beta, the KL weight.
+    nft_beta: float = 1.0
 
     def __post_init__(self) -> None:
+        self._check_nft_old_policy()
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.loss, "train.loss", LOSS_KINDS)
         _one_of(self.grad_sum, "train.grad_sum", GRAD_SUMS)
@@ -317,6 +331,23 @@ class TrainConfig:
         _check(0 <= self.ema_decay < 1, "train.ema_decay", "must be in [0, 1)")
         _check(self.tsp_chunk >= 0, "train.tsp_chunk", "must be >= 0")
         _check(self.backward_batch >= 0, "train.backward_batch", "must be >= 0 (0 = whole micro-batch)")
+
+    def _check_nft_old_policy(self) -> None:
+        """The DiffusionNFT old-policy keys: each acts only with train.loss=nft and a kept old
+        policy, and is refused, named, otherwise."""
+        _check(0 <= self.nft_decay < 1, "train.nft_decay", f"must be in [0, 1), got {self.nft_decay}")
+        _check(self.nft_decay == 0 or self.loss == "nft", "train.nft_decay",
+               f"keeps DiffusionNFT's old policy; train.loss={self.loss} has none: set train.loss=nft, or 0")
+        _check(self.nft_decay_rate > 0, "train.nft_decay_rate", "must be > 0")
+        _check(self.nft_decay_flat >= 0, "train.nft_decay_flat", "must be >= 0")
+        for key, default in (("nft_decay_rate", 0.001), ("nft_decay_flat", 0)):
+            _check(getattr(self, key) == default or self.nft_decay > 0, f"train.{key}",
+                   "shapes the old-policy decay, which train.nft_decay 0 turns off: set train.nft_decay > 0, "
+                   "or leave it at its default")
+        _check(self.nft_beta > 0, "train.nft_beta", "must be > 0")
+        _check(self.nft_beta == 1.0 or self.nft_decay > 0, "train.nft_beta",
+               "with train.nft_decay 0 the old policy is the policy being trained, and DiffusionNFT's gradient "
+               "does not depend on beta (tests/math/test_nft.py): set train.nft_decay > 0, or leave it at 1")
 
 
 @dataclass
@@ -618,6 +649,11 @@ class Config:
                f"sample draws each sample's trained steps among all SDE steps; sampling.window={s.window} "
                "samples only its window with the SDE: use window fraction or all-but-last, or window_draw=step")
         self._check_conditioning()
+        # DiffusionNFT's old policy swaps its shadows into the sharded parameters; reshard=after-step
+        # keeps the gathered (live) copies between forwards, which would then not see the swap
+        _check(not (self.train.nft_decay > 0 and rt.trainer.shard == "fsdp" and rt.trainer.reshard == "after-step"),
+               "train.nft_decay", "swaps the old policy into the sharded parameters, which "
+               "runtime.trainer.reshard=after-step keeps gathered between forwards: use reshard=after-forward")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(
