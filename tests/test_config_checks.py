@@ -204,3 +204,24 @@ def test_a_deadline_must_be_positive(key):
     for bad in ("0", "-1"):
         _refused([f"{key}={bad}"], key, "must be > 0")
     assert load_config(None, [f"{key}=0.5"]).runtime.__dict__[key.split(".")[1]] == 0.5
+
+
+def test_nft_old_policy_keys_reach_the_learner_or_are_refused():
+    """train.nft_decay, nft_decay_rate, nft_decay_flat and nft_beta act with train.loss=nft and a
+    kept old policy (tests/learner/test_nft_learner.py, tests/runtime/test_equivalence.py); the
+    schedule and beta keys are refused, named, where the old policy is not kept."""
+    from digenrl.train.trainer import learner_config
+
+    nft = ["train.loss=nft", "sampling.sde=ode"]
+    lc = learner_config(load_config(None, [*nft, "train.nft_decay=0.999", "train.nft_decay_rate=0.0075",
+                                           "train.nft_decay_flat=75", "train.nft_beta=0.1"]))
+    assert (lc.nft_decay, lc.nft_decay_rate, lc.nft_decay_flat, lc.nft_beta) == (0.999, 0.0075, 75, 0.1)
+    _refused(["train.nft_decay=0.5"], "train.nft_decay", "train.loss=grpo")
+    _refused([*nft, "train.nft_decay=1"], "train.nft_decay", "[0, 1)")
+    _refused([*nft, "train.nft_decay_rate=0.01"], "train.nft_decay_rate", "train.nft_decay 0")
+    _refused([*nft, "train.nft_decay_flat=10"], "train.nft_decay_flat", "train.nft_decay 0")
+    _refused([*nft, "train.nft_beta=0.1"], "train.nft_beta", "does not depend on beta")
+    _refused([*nft, "train.nft_decay=0.5", "train.nft_beta=0"], "train.nft_beta", "> 0")
+    _refused([*nft, "train.nft_decay=0.5", "run.mode=gap+tsp", "runtime.trainer.workers=2",
+              "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp", "runtime.trainer.reshard=after-step"],
+             "train.nft_decay", "reshard=after-forward")

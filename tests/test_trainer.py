@@ -167,3 +167,52 @@ def test_local_run_on_cuda_writes_outputs_and_resumes(tiny_overrides, tmp_path):
     resumed = Trainer(cfg, progress=False)
     assert resumed.train(resume=True)["steps"] == 3
     assert all(p.is_cuda for p in resumed.policy.module.parameters())
+
+
+NFT_DECAY = ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample", "model.lora_rank=4",
+             "train.nft_decay=0.5", "train.nft_decay_rate=0.25", "train.nft_beta=0.5", "run.eval_every=0",
+             "data.groups_per_step=2", "data.group_size=2", "data.micro_batch_groups=1", "sampling.num_steps=4",
+             "data.eval_max_prompts=1", "data.eval_samples=1", "sampling.eval_num_steps=2"]
+
+
+def test_nft_old_policy_samples_and_resumes_exactly(tiny_overrides, tmp_path, monkeypatch):
+    """train.nft_decay: each step's rollouts come from DiffusionNFT's old policy (not the live
+    weights), and its weights go into checkpoints: 1 step + --resume to 2 == 2 steps."""
+    import digenrl.train.trainer as trainer_module
+
+    base = tiny_overrides + NFT_DECAY + ["train.steps=2", "run.checkpoint_every=1"]
+    made = {}  # (step, micro-batch coords) -> the trajectory the trainer generated
+    real_generate = trainer_module.generate
+
+    def recording(policy, prompts, coords, *args, **kwargs):
+        traj = real_generate(policy, prompts, coords, *args, **kwargs)
+        made[(kwargs["step"], tuple(coords))] = traj
+        return traj
+
+    monkeypatch.setattr(trainer_module, "generate", recording)
+    ref = load_config(None, [o.replace(str(tmp_path / "run"), str(tmp_path / "ref")) for o in base])
+    Trainer(ref, progress=False).train()
+    monkeypatch.setattr(trainer_module, "generate", real_generate)
+
+    # the weights after step 1 (checkpoint): step 2's rollouts are the old policy's, not the live one's
+    after1 = Trainer(ref, progress=False)
+    after1.load(tmp_path / "ref" / "checkpoints" / "step_000001")
+    old = after1.learner.old.state_dict()
+    assert any(not torch.equal(old[n], p) for n, p in after1.learner.old.params.items())  # d = 0.25: it lags
+    plan = plan_step(ref, after1.source, 1)
+    mb = plan.micro_batches[0]
+    with after1.learner.sampling_weights():
+        by_old = real_generate(after1.policy, mb.prompts, mb.coords, plan.spec, step=1, version=1)
+    by_live = real_generate(after1.policy, mb.prompts, mb.coords, plan.spec, step=1, version=1)
+    assert torch.equal(made[(1, tuple(mb.coords))].latents, by_old.latents)
+    assert not torch.allclose(by_old.latents, by_live.latents)
+
+    # resume: 1 step, then --resume to 2 (the old policy read back) == the 2-step run
+    part = load_config(None, [o.replace(str(tmp_path / "run"), str(tmp_path / "part")) for o in base])
+    part.train.steps = 1
+    Trainer(part, progress=False).train()
+    part.train.steps = 2
+    Trainer(part, progress=False).train(resume=True)
+    for f in ("final/policy.safetensors", "checkpoints/step_000002/old_policy.safetensors"):
+        wa, wb = load_file(str(tmp_path / "ref" / f)), load_file(str(tmp_path / "part" / f))
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), f

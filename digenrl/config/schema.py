@@ -28,6 +28,7 @@ from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
 from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
+from digenrl.rollout.sampler import MODEL_TIMESTEPS
 from digenrl.sched import BATCH_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 
@@ -146,8 +147,14 @@ class SamplingConfig:
     # rollout engine at lower precision, to measure the rollout-train log-prob gap
     # (consistency/* metrics) and test its corrections on any machine
     rollout_dtype: str = ""
+    # -- DanceGRPO's model timestep (issue 27) --
+    # exact: the model is conditioned on sigma; floor: on int(sigma * 1000) / 1000, as DanceGRPO
+    # conditions its transformer, while every SDE step, log-prob and forward-process target
+    # keeps the exact sigma (rollout.sampler.SampleSpec.model_sigma)
+    model_timestep: str = "exact"
 
     def __post_init__(self) -> None:
+        _one_of(self.model_timestep, "sampling.model_timestep", MODEL_TIMESTEPS)
         _check(self.num_steps >= 2, "sampling.num_steps", f"must be >= 2, got {self.num_steps}")
         _one_of(self.rollout_dtype, "sampling.rollout_dtype", ROLLOUT_DTYPES)
         _check(self.eval_num_steps >= 1, "sampling.eval_num_steps", "must be >= 1")
@@ -320,8 +327,22 @@ class TrainConfig:
     # Needs train.behaviour_logp=recompute
     is_correction: str = "none"
     is_band: float = 2.0  # the correction's bound C (> 1): truncated caps at C, mask keeps [1/C, C]
+    # -- DiffusionNFT's old policy (issue 27) --
+    # train.loss=nft: the old policy that samples every rollout and anchors the loss is kept as
+    # old <- d old + (1 - d) new after each optimizer step, d = min((k - flat) * rate, nft_decay)
+    # at version k >= flat, else 0 (NVlabs/DiffusionNFT return_decay: their decay_type 1 is
+    # nft_decay 0.5, rate 0.001, flat 0; type 2 is 0.999, 0.0075, 75). 0 = their type 0: the
+    # old policy is the step's start policy, no copy kept (digenrl.learner.old_policy)
+    nft_decay: float = 0.0
+    nft_decay_rate: float = 0.001  # the old-policy decay's rise per optimizer step (train.nft_decay > 0)
+    nft_decay_flat: int = 0  # optimizer steps at decay 0 before it rises (train.nft_decay > 0)
+    # DiffusionNFT's guidance strength beta: the implicit policies are v_old +- beta (v - v_old)
+    # and the loss is scaled by 1 / beta (digenrl.math.loss.nft_loss); it acts only with an
+    # old policy kept (train.nft_decay > 0). Not train.beta, the KL weight.
+    nft_beta: float = 1.0
 
     def __post_init__(self) -> None:
+        self._check_nft_old_policy()
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.behaviour_logp, "train.behaviour_logp", BEHAVIOUR_KINDS)
         _one_of(self.is_correction, "train.is_correction", IS_KINDS)
@@ -346,6 +367,23 @@ class TrainConfig:
         _check(0 <= self.ema_decay < 1, "train.ema_decay", "must be in [0, 1)")
         _check(self.tsp_chunk >= 0, "train.tsp_chunk", "must be >= 0")
         _check(self.backward_batch >= 0, "train.backward_batch", "must be >= 0 (0 = whole micro-batch)")
+
+    def _check_nft_old_policy(self) -> None:
+        """The DiffusionNFT old-policy keys: each acts only with train.loss=nft and a kept old
+        policy, and is refused, named, otherwise."""
+        _check(0 <= self.nft_decay < 1, "train.nft_decay", f"must be in [0, 1), got {self.nft_decay}")
+        _check(self.nft_decay == 0 or self.loss == "nft", "train.nft_decay",
+               f"keeps DiffusionNFT's old policy; train.loss={self.loss} has none: set train.loss=nft, or 0")
+        _check(self.nft_decay_rate > 0, "train.nft_decay_rate", "must be > 0")
+        _check(self.nft_decay_flat >= 0, "train.nft_decay_flat", "must be >= 0")
+        for key, default in (("nft_decay_rate", 0.001), ("nft_decay_flat", 0)):
+            _check(getattr(self, key) == default or self.nft_decay > 0, f"train.{key}",
+                   "shapes the old-policy decay, which train.nft_decay 0 turns off: set train.nft_decay > 0, "
+                   "or leave it at its default")
+        _check(self.nft_beta > 0, "train.nft_beta", "must be > 0")
+        _check(self.nft_beta == 1.0 or self.nft_decay > 0, "train.nft_beta",
+               "with train.nft_decay 0 the old policy is the policy being trained, and DiffusionNFT's gradient "
+               "does not depend on beta (tests/math/test_nft.py): set train.nft_decay > 0, or leave it at 1")
 
 
 @dataclass
@@ -650,6 +688,11 @@ class Config:
                f"sample draws each sample's trained steps among all SDE steps; sampling.window={s.window} "
                "samples only its window with the SDE: use window fraction or all-but-last, or window_draw=step")
         self._check_conditioning()
+        # DiffusionNFT's old policy swaps its shadows into the sharded parameters; reshard=after-step
+        # keeps the gathered (live) copies between forwards, which would then not see the swap
+        _check(not (self.train.nft_decay > 0 and rt.trainer.shard == "fsdp" and rt.trainer.reshard == "after-step"),
+               "train.nft_decay", "swaps the old policy into the sharded parameters, which "
+               "runtime.trainer.reshard=after-step keeps gathered between forwards: use reshard=after-forward")
         if self.model.name == "tiny-dit":
             for name in self.reward.weights:
                 _check(

@@ -6,11 +6,12 @@ Two layouts of one step directory; every reader here accepts both:
         policy.safetensors      trainable weights (adapters only under LoRA)
         optimizer.safetensors   optimizer state tensors; param_groups in the metadata
         ema.safetensors         EMA weights, when EMA is on
+        old_policy.safetensors  DiffusionNFT's old-policy weights, when train.nft_decay > 0
         state.json              step, policy version, data cursor, config
 
     <run_dir>/checkpoints/step_000010/          sharded (the ranks of one FSDP gang write it)
         dcp/shard-0000<r>-model-00001-of-00001.safetensors
-                                rank r's shards of policy.*, optimizer.* and ema.* tensors
+                                rank r's shards of policy.*, optimizer.*, ema.* and old.* tensors
         dcp/optimizer.json      AdamW param_groups (lr, betas, ...), keyed by parameter name
         state.json
 
@@ -57,6 +58,7 @@ from digenrl.io.integrity import CheckpointError, Digests, check_written, manife
 
 if TYPE_CHECKING:
     from digenrl.learner.ema import EMA
+    from digenrl.learner.old_policy import OldPolicy
 
 DCP_DIR = "dcp"
 _GROUPS_FILE = "optimizer.json"
@@ -95,6 +97,7 @@ def save_checkpoint(
     ema_state: Optional[dict[str, torch.Tensor]],
     state: dict[str, Any],
     keep: int,
+    old_state: Optional[dict[str, torch.Tensor]] = None,
 ) -> Path:
     """Write the unsharded layout (one process holds everything)."""
     tmp, final = _step_dirs(run_dir, step)
@@ -106,6 +109,8 @@ def save_checkpoint(
     digests.save_safetensors(tensors, tmp / "optimizer.safetensors", metadata=meta)
     if ema_state is not None:
         digests.save_safetensors(ema_state, tmp / "ema.safetensors")
+    if old_state is not None:
+        digests.save_safetensors(old_state, tmp / "old_policy.safetensors")
     _commit(run_dir, tmp, final, state, keep, digests.files)
     return final
 
@@ -120,6 +125,7 @@ def save_sharded_checkpoint(
     state: dict[str, Any],
     keep: int,
     group: Optional[dist.ProcessGroup] = None,
+    old: Optional["OldPolicy"] = None,
 ) -> Path:
     """Write the sharded layout: a collective, every rank of `group` (one gang) calls it.
 
@@ -135,7 +141,7 @@ def save_sharded_checkpoint(
         tmp.mkdir(parents=True)
     _barrier(group)
     digests = Digests(tmp)
-    save_sharded(tmp, module, optimizer, ema, group, digests=digests)
+    save_sharded(tmp, module, optimizer, ema, group, digests=digests, old=old)
     files = _gather_files(digests.files, group)
     if lead:
         _commit(run_dir, tmp, final, state, keep, files)
@@ -150,6 +156,7 @@ def save_sharded(
     ema: Optional["EMA"],
     group: Optional[dist.ProcessGroup] = None,
     digests: Optional[Digests] = None,
+    old: Optional["OldPolicy"] = None,
 ) -> None:
     """Write `step_dir/dcp/`: trainable weights, AdamW state and EMA, each rank its shards.
 
@@ -170,7 +177,7 @@ def save_sharded(
     out = Path(step_dir) / DCP_DIR
     out.mkdir(parents=True, exist_ok=True)
     digests = digests if digests is not None else Digests(step_dir)
-    tensors, groups = _dcp_state(module, optimizer, ema)
+    tensors, groups = _dcp_state(module, optimizer, ema, old)
     with _quiet_if_alone(group):
         dcp_save(tensors, storage_writer=HashingStorageWriter(str(out), digests, save_distributed=True),
                  process_group=group, no_dist=_alone(group))
@@ -184,6 +191,7 @@ def load_sharded(
     optimizer: torch.optim.Optimizer,
     ema: Optional["EMA"],
     group: Optional[dist.ProcessGroup] = None,
+    old: Optional["OldPolicy"] = None,
 ) -> None:
     """Read `step_dir/dcp/` into `module`, `optimizer` and `ema` in place, resharding.
 
@@ -196,7 +204,7 @@ def load_sharded(
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     src = Path(step_dir) / DCP_DIR
-    tensors, live_groups = _dcp_state(module, optimizer, ema)
+    tensors, live_groups = _dcp_state(module, optimizer, ema, old)
     with _quiet_if_alone(group):  # DCP raises on a name the checkpoint lacks: every tensor below was read
         dcp_load(tensors, storage_reader=HuggingFaceStorageReader(str(src)), process_group=group,
                  no_dist=_alone(group))
@@ -206,7 +214,7 @@ def load_sharded(
     set_optimizer_state_dict(module, optimizer, {"state": tensors["optimizer"],
                                                  "param_groups": _restore_groups(live_groups, saved_groups)},
                              options=_options())
-    # EMA shadows were read in place (they are the tensors `_dcp_state` handed to DCP)
+    # EMA and old-policy shadows were read in place (they are the tensors `_dcp_state` handed to DCP)
 
 
 def load_checkpoint(
@@ -215,8 +223,10 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     ema: Optional["EMA"],
     group: Optional[dist.ProcessGroup] = None,
+    old: Optional["OldPolicy"] = None,
 ) -> dict[str, Any]:
-    """Load either layout into module/optimizer/ema in place; returns state.json.
+    """Load either layout into module/optimizer/ema (and DiffusionNFT's old policy) in place;
+    returns state.json.
 
     A sharded checkpoint (step_dir/dcp/) loads into any gang size or an unsharded module;
     the unsharded layout loads into an unsharded module only.
@@ -224,7 +234,7 @@ def load_checkpoint(
     step_dir = Path(step_dir)
     state = json.loads((step_dir / "state.json").read_text())
     if is_sharded(step_dir):
-        load_sharded(step_dir, module, optimizer, ema, group)
+        load_sharded(step_dir, module, optimizer, ema, group, old=old)
         return state
     from torch.distributed.tensor import DTensor
 
@@ -237,6 +247,8 @@ def load_checkpoint(
     load_optimizer_tensors(optimizer, step_dir / "optimizer.safetensors")
     if ema is not None:
         ema.load_state_dict(load_file(str(step_dir / "ema.safetensors")))
+    if old is not None:
+        old.load_state_dict(load_file(str(step_dir / "old_policy.safetensors")))
     return state
 
 
@@ -389,11 +401,11 @@ def _options(strict: bool = True):
 
 
 def _dcp_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-               ema: Optional["EMA"]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+               ema: Optional["EMA"], old: Optional["OldPolicy"] = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """DCP's tensor tree and the JSON-able param_groups, both keyed by parameter name.
 
     tree: {"policy": {name: W}, "optimizer": {name: {"step", "exp_avg", "exp_avg_sq"}},
-    "ema": {name: shadow}}; W, exp_avg, exp_avg_sq and shadow are DTensors on a sharded
+    "ema": {name: shadow}, "old": {name: shadow}}; W, exp_avg, exp_avg_sq and shadow are DTensors on a sharded
     module (DCP saves local shards, loads any layout), `step` is a replicated 0-d tensor.
     """
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -406,6 +418,8 @@ def _dcp_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 raise TypeError(f"optimizer state {name}.{slot} is a {type(value).__name__}, not a tensor")
     if ema is not None:
         tree["ema"] = ema.shadow  # the live shadows: a load fills them in place
+    if old is not None:
+        tree["old"] = old.shadow  # DiffusionNFT's old policy, the same way
     return tree, optim["param_groups"]
 
 

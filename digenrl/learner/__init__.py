@@ -2,5 +2,6 @@
 
 from digenrl.learner.ema import EMA
 from digenrl.learner.learner import Learner, LearnerConfig
+from digenrl.learner.old_policy import OldPolicy
 
-__all__ = ["EMA", "Learner", "LearnerConfig"]
+__all__ = ["EMA", "Learner", "LearnerConfig", "OldPolicy"]

@@ -13,6 +13,7 @@ over every (sample, trained step) pair of the step, whatever the unit layout; th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections import defaultdict
@@ -23,9 +24,10 @@ import torch
 
 from digenrl.learner.ema import EMA
 from digenrl.learner.metrics import add_metric, step_means
+from digenrl.learner.old_policy import OldPolicy
 from digenrl.math.grad_sum import GradSum, resolve_grad_sum
 from digenrl.math import (BEHAVIOUR_KINDS, IS_KINDS, LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss,
-                          logp_gap_metrics, nft_loss, rollout_correction, sde_step)
+                          logp_gap_metrics, nft_loss, nft_old_decay, rollout_correction, sde_step)
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
 from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
@@ -63,6 +65,14 @@ class LearnerConfig:
     # ratio leaves [1 / is_band, is_band]); math.consistency.rollout_correction
     is_correction: str = "none"
     is_band: float = 2.0
+    # nft: DiffusionNFT's old policy (learner.old_policy), refreshed after each optimizer step
+    # as old <- d old + (1 - d) new with d = math.loss.nft_old_decay(version, nft_decay,
+    # nft_decay_rate, nft_decay_flat); nft_decay 0 = no old copy: the old policy is the step's
+    # start policy, v_old = v detached. nft_beta: the authors' guidance strength beta.
+    nft_decay: float = 0.0
+    nft_decay_rate: float = 0.001
+    nft_decay_flat: int = 0
+    nft_beta: float = 1.0
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -78,6 +88,10 @@ class LearnerConfig:
             raise ValueError(f"is_band must be > 1, got {self.is_band}")
         if self.adv_clip <= 0:
             raise ValueError(f"adv_clip must be > 0, got {self.adv_clip}")
+        if not 0 <= self.nft_decay < 1 or self.nft_beta <= 0:
+            raise ValueError(f"nft_decay must be in [0, 1) and nft_beta > 0, got {self.nft_decay}, {self.nft_beta}")
+        if self.nft_decay > 0 and self.loss != "nft":
+            raise ValueError(f"nft_decay keeps DiffusionNFT's old policy: it needs loss nft, not {self.loss}")
 
 
 class Learner:
@@ -92,6 +106,8 @@ class Learner:
             self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
         self.ema = EMA(policy.module, config.ema_decay) if config.ema_decay > 0 else None
+        # DiffusionNFT's old policy: samples every rollout and gives the loss its v_old
+        self.old = OldPolicy(policy.module) if config.nft_decay > 0 else None
         # The KL reference is the base policy: LoRA disables its adapters; a full
         # fine-tune keeps a frozen copy of the starting weights.
         self._reference: Optional[torch.nn.Module] = None
@@ -140,7 +156,8 @@ class Learner:
         """The policy's (guided) velocity at (x, sigma) under the conditions of `rows`."""
         negative = self.policy.negative_cond(x.shape[0]) if spec.guided else None
         cond = {k: v[rows] for k, v in traj.cond.items()}
-        return guided_velocity(self.policy, x, sigma, cond, negative, spec.cfg_scale, spec.cfg_scale_low)
+        return guided_velocity(self.policy, x, spec.model_sigma(sigma), cond, negative, spec.cfg_scale,
+                               spec.cfg_scale_low)
 
     @torch.no_grad()
     def _with_reference(self, fn):
@@ -277,20 +294,34 @@ class Learner:
     def _nft_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
                   denominator: int):
         """DiffusionNFT on trained slot t of `rows`: the clean samples x0 = latents[:, T] noised
-        along the forward process (`forward_targets`). The old policy is the one at the start
-        of this RL step, which is these very weights (one optimizer step per RL step): v_old
-        is v detached, from the same forward. Then the gradient does not depend on the
-        authors' guidance strength beta (math.loss.nft_loss): beta = 1, and no key sets it."""
+        along the forward process (`forward_targets`).
+
+        With `nft_decay` 0 the old policy is the one at the start of this RL step, which is
+        these very weights (one optimizer step per RL step): v_old is v detached, from the
+        same forward, and the gradient does not depend on the guidance strength beta
+        (math.loss.nft_loss), so nft_beta must stay 1. With a decayed old policy (`self.old`)
+        v_old is its own no-grad forward, made before the policy's so that the in-place swap
+        never touches a tensor the backward needs; then beta acts."""
         device = self.params[0].device
         x0 = traj.latents[rows, spec.num_steps].to(device)
         x_t, sigma = forward_targets(x0, spec, traj.coords[rows], t)
+        v_old = None
+        if self.old is not None:
+            with torch.no_grad(), self.old.swapped():
+                v_old = self._velocity(traj, x_t, sigma, spec, rows)
         v = self._velocity(traj, x_t, sigma, spec, rows)
         v_ref = None
         if self.config.beta > 0:
             v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
-        loss, m = nft_loss(v, v.detach(), x_t, x0, sigma, adv[rows], beta=1.0,
-                           adv_clip=self.config.adv_clip, v_ref=v_ref, kl_beta=self.config.beta)
+        loss, m = nft_loss(v, v.detach() if v_old is None else v_old, x_t, x0, sigma, adv[rows],
+                           beta=self.config.nft_beta, adv_clip=self.config.adv_clip, v_ref=v_ref,
+                           kl_beta=self.config.beta)
         return loss, m, x0.shape[0] / denominator
+
+    def sampling_weights(self):
+        """A context in which the module holds the weights that sample rollouts: DiffusionNFT's
+        old policy when it is kept (`nft_decay` > 0), else the live weights (a no-op)."""
+        return self.old.swapped() if self.old is not None else contextlib.nullcontext()
 
     def accumulated(self) -> tuple[dict[str, float], float]:
         """Weighted metric sums and total weight since the last optimizer step (a trainer
@@ -310,8 +341,16 @@ class Learner:
         self._weight = 0.0
 
     # -- the step ----------------------------------------------------------------------
-    def optimizer_step(self) -> dict[str, float]:
-        """Clip, check and apply the accumulated gradient; returns the step's metrics."""
+    def optimizer_step(self, version: Optional[int] = None) -> dict[str, float]:
+        """Clip, check and apply the accumulated gradient; returns the step's metrics.
+
+        `version`: the policy version this step makes (RL step + 1), which DiffusionNFT's
+        old-policy decay is scheduled by (its global_step); required when `self.old` is kept.
+        The old policy is refreshed even when a non-finite gradient skips the step, as the
+        authors refresh it after every epoch.
+        """
+        if self.old is not None and version is None:
+            raise ValueError("optimizer_step needs the version it makes to refresh the old policy (nft_decay > 0)")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
         skipped = not torch.isfinite(grad_norm)
         if skipped:
@@ -326,6 +365,11 @@ class Learner:
         metrics["train/grad_norm"] = float(grad_norm)
         metrics["train/skipped_step"] = float(skipped)
         metrics["train/skipped_units"] = self._sums.get("train/skipped_units", 0.0)
+        if self.old is not None:
+            c = self.config
+            decay = nft_old_decay(version, c.nft_decay, c.nft_decay_rate, c.nft_decay_flat)
+            self.old.refresh(decay)
+            metrics["train/nft_old_decay"] = decay
         self._sums.clear()
         self._weight = 0.0
         return metrics

@@ -6,7 +6,8 @@ overview. All SDE math runs in float32 whatever the model dtype (bf16 log-probs 
 
 from digenrl.math.advantages import combine_rewards, group_advantages
 from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, logp_gap_metrics, rollout_correction
-from digenrl.math.loss import LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, nft_optimality
+from digenrl.math.loss import (LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, nft_old_decay,
+                               nft_optimality)
 from digenrl.math.schedule import SdeWindow, sigma_schedule
 from digenrl.math.sde import SDE_KINDS, StepOut, sde_step
 
@@ -25,6 +26,7 @@ __all__ = [
     "grpo_guard_loss",
     "grpo_loss",
     "nft_loss",
+    "nft_old_decay",
     "nft_optimality",
     "sde_step",
     "sigma_schedule",

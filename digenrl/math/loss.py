@@ -213,3 +213,20 @@ def nft_loss(
             "loss/nft_old_deviation": ((v32 - v_old) ** 2).mean(),
         }
     return loss, metrics
+
+
+def nft_old_decay(updates: int, ceiling: float, rate: float, flat: int) -> float:
+    """DiffusionNFT's old-policy decay d after `updates` optimizer steps: the old policy is then
+    refreshed as old <- d old + (1 - d) new.
+
+        d = 0                                      updates < flat
+        d = min((updates - flat) * rate, ceiling)  otherwise
+
+    The authors' `return_decay(step, decay_type)` (NVlabs/DiffusionNFT,
+    scripts/train_nft_sd3.py:169-189), called with their global_step after the epoch's
+    gradient steps (:1035-1040): decay_type 0 is ceiling 0 (the old policy is the new one),
+    1 is (flat 0, rate 0.001, ceiling 0.5), 2 is (flat 75, rate 0.0075, ceiling 0.999).
+    """
+    if updates < flat:
+        return 0.0
+    return min((updates - flat) * rate, ceiling)

@@ -19,6 +19,8 @@ from digenrl.math import rng
 from digenrl.math import sde_step
 from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity
 
+MODEL_TIMESTEPS = ("exact", "floor")  # SampleSpec.model_timestep, sampling.model_timestep
+
 
 @dataclass(frozen=True)
 class SampleSpec:
@@ -42,6 +44,10 @@ class SampleSpec:
     # autocast (sampling.rollout_dtype): a lower-precision rollout engine. The learner's scoring
     # never reads it: it recomputes at the model's dtype.
     rollout_dtype: str = ""
+    # exact: the model is conditioned on sigma itself; floor: on floor(sigma * 1000) / 1000,
+    # DanceGRPO's int(sigma * 1000) timestep, while the SDE step still uses the exact sigma
+    # (see `model_sigma`)
+    model_timestep: str = "exact"
 
     @property
     def num_steps(self) -> int:
@@ -54,6 +60,15 @@ class SampleSpec:
 
     def step_kind(self, t: int) -> str:
         return self.kind if t in self.sde_steps else "ode"
+
+    def model_sigma(self, sigma: torch.Tensor) -> torch.Tensor:
+        """The noise level the model is conditioned on, (B,). Under `model_timestep="floor"`
+        it is DanceGRPO's timestep int(sigma * 1000) (fastvideo/train_grpo_hunyuan.py:120, :342;
+        the same in its flux, qwenimage and wan scripts), in float32 as its schedule is, over
+        1000: the adapters multiply by 1000 again (sd3.py, hunyuan_video.py: `sigma * 1000`)."""
+        if self.model_timestep == "exact":
+            return sigma
+        return torch.floor(sigma.float() * 1000.0) / 1000.0
 
 
 @dataclass
@@ -194,7 +209,7 @@ def denoise_step(
     x = traj.latents[:, t].to(device)  # (B, *latent)
     sigma = spec.sigmas[t].expand(b).to(device)
     with _rollout_precision(spec, device):
-        v = guided_velocity(policy, x, sigma, traj.cond, negative, spec.cfg_scale, spec.cfg_scale_low)
+        v = guided_velocity(policy, x, spec.model_sigma(sigma), traj.cond, negative, spec.cfg_scale, spec.cfg_scale_low)
     v = v.float() if spec.rollout_dtype else v  # the SDE step's math stays float32
     kind = spec.step_kind(t)
     noise = sde_noise(policy.latent_shape, spec, traj.coords, t) if kind != "ode" else None

@@ -153,16 +153,18 @@ class RayDriver:
         return json.loads((latest / "state.json").read_text()).get("wall_s", 0.0)
 
     def _sync_initial(self):
-        """Version `base` everywhere: trainer 0's weights (this also fixes LoRA's random init)
-        go to every other policy worker; returns the ref of the published payload."""
+        """Version `base` everywhere: trainer 0's published weights (this also fixes LoRA's random
+        init) go to every other policy worker; returns the ref of the published payload."""
         cfg, actors = self.cfg, self.actors
         first_trainer = actors.train_ids[0]  # its weights are the ones published
         weights0 = actors.trainer0.publish()
         sharded = cfg.runtime.trainer.shard == "fsdp"  # trainer ranks start equal (broadcast, load)
         relay = cfg.runtime.weight_sync == "nccl"  # rollout workers: from the relay, not the store
+        # a resumed run's trainers all loaded the checkpoint (`_load`): they keep its weights,
+        # which need not be the published ones (DiffusionNFT publishes its old policy)
         loading = [w for w in actors.workers
                    if w.role not in ("reward", "rollout" if relay else "") and w.id != first_trainer
-                   and not (sharded and w.id in actors.train_ids)]
+                   and not ((sharded or self.base > 0) and w.id in actors.train_ids)]
         within(cfg.runtime, "start", {w.id: actors.gang(w.id).load_weights(None, self.base, weights0) for w in loading},
                f"loading the initial weights (version {self.base})")
         if relay:

@@ -255,6 +255,22 @@ class TrainerRank(_PolicyRank):
     def _generate_comm(self) -> dict:
         return {}  # (TAG) read at the optimizer step, with the training collectives
 
+    def generate(self, *args, **kwargs) -> tuple[Trajectories, Generated]:
+        """TAG / colocated generation, with the weights that sample: DiffusionNFT's old policy
+        when train.nft_decay > 0 (the same weights `_publish` sends rollout workers), else
+        the live ones. Swapped back before any Train unit runs on this actor."""
+        with self.learner.sampling_weights():
+            return super().generate(*args, **kwargs)
+
+    @on_ranks(ALL, ALL)  # a unit: every rank loads the payload
+    def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
+        """The initial sync of a fresh run (trainer 0's weights; a resumed run's trainers load
+        the checkpoint instead): DiffusionNFT's old policy starts as these weights too."""
+        out = super().load_weights(unit, version, payload)
+        if self.learner.old is not None:
+            self.learner.old.reset()
+        return out
+
     @property
     def _sp_lead(self) -> bool:
         return self.gang.sp_rank == 0 if self.gang is not None else self.rank == 0
@@ -294,7 +310,7 @@ class TrainerRank(_PolicyRank):
         elif self.dist:
             all_reduce_grads(self.learner.grads, None, self.counter)
         t_reduce = time.time() - t0
-        metrics = self.learner.optimizer_step()
+        metrics = self.learner.optimizer_step(version=version)
         if self.gang is not None:
             self.gang.after_step()
         self.version = version  # = unit.version (units carry the run's versions)
@@ -310,13 +326,16 @@ class TrainerRank(_PolicyRank):
                                 publish_s=t_pub, publish_bytes=nbytes, comm=comm)
 
     def _publish(self) -> tuple[Optional[dict], int]:
-        """The weights rollout workers pull (rank 0's; a gang gathers them first). With
-        weight_sync=nccl they also go to this rank's relay, which serves each rollout
-        pull (relay_* methods): the optimizer step then puts nothing in the object store."""
-        if self.gang is None:
-            state, nbytes = weight_sync.publish(self.engine, self.policy.module)
-        else:
-            state = self.gang.gather_payload(self.engine, self.cfg.model.dtype)
+        """The weights rollout workers pull (rank 0's; a gang gathers them first): the ones that
+        sample, DiffusionNFT's old policy when train.nft_decay > 0. With weight_sync=nccl they
+        also go to this rank's relay, which serves each rollout pull (relay_* methods): the
+        optimizer step then puts nothing in the object store."""
+        with self.learner.sampling_weights():
+            if self.gang is None:
+                state, nbytes = weight_sync.publish(self.engine, self.policy.module)
+            else:
+                state = self.gang.gather_payload(self.engine, self.cfg.model.dtype)
+        if self.gang is not None:
             if self.rank != 0:
                 return None, 0
             nbytes = sum(v.numel() * v.element_size() for v in state.values())
@@ -387,7 +406,8 @@ class TrainerRank(_PolicyRank):
         t = self.trainer
         return str(ckpt.save_sharded_checkpoint(
             t.run_dir, step, module=self.policy.module, optimizer=self.learner.optimizer, ema=self.learner.ema,
-            state=t.checkpoint_state(), keep=self.cfg.run.keep_checkpoints, group=self.gang.group))
+            state=t.checkpoint_state(), keep=self.cfg.run.keep_checkpoints, group=self.gang.group,
+            old=self.learner.old))
 
     @on_ranks(ALL, ALL)  # every rank reads its shard; each returns the step
     def load(self, path: str) -> int:

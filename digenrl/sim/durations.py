@@ -218,7 +218,8 @@ class DurationFn:
                 self._shipped_costs()
             else:  # the baseline's own memory plan (baselines.style_plan) says how it shards
                 self._colocated_costs()
-            self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora)
+            self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora,
+                                 old_forward=tb.old_forward)
             self.gang_link = tb.link(self.trainer_pool, self.col_shards)
         else:
             if not fit.fits:
@@ -229,7 +230,8 @@ class DurationFn:
             self.opt_shards = self.gang
             self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, tb.micro_batch,
                                  tb.kl and tb.lora, self.trainer_sp,
-                                 tb.weight_sync == "lora-only" or (tb.weight_sync == "nccl" and tb.lora))
+                                 tb.weight_sync == "lora-only" or (tb.weight_sync == "nccl" and tb.lora),
+                                 old_forward=tb.old_forward)
             self.gang_link = tb.gang_link(self.trainer_pool, self.gang, self.n_trainers)
 
     # ---- colocated baseline costs --------------------------------------------
@@ -478,10 +480,12 @@ class DurationFn:
     def _train(self, dev: str, n: int, k: int, sp: int = 1) -> float:
         tb, cm = self.tb, self.cm
 
-        def per_step():  # one trained denoising step of n samples, in micro-batches (+ the KL reference forward)
+        def per_step():  # one trained denoising step of n samples, in micro-batches (+ the KL reference
+            # forward, + DiffusionNFT's old-policy forward)
             return _in_batches(n, tb.micro_batch,
                                lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape, sp)
-                               + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.kl else 0.0))
+                               + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.kl else 0.0)
+                               + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.old_forward else 0.0))
         return k * self._memo(("train", dev, n, sp), per_step)
 
     def _fwd(self, dev: str, b: int, cfg: bool, calls: int, sp: int = 1) -> float:
@@ -612,7 +616,8 @@ class DurationFn:
         forward + backward (+ recompute), and the KL reference forward."""
         tb, sp, c = self.tb, self.trainer_sp, 2 if self.tb.train_cfg else 1
         return _in_batches(n, tb.micro_batch, lambda b: self._sp_call_s(b * c, sp, "trainer", True)
-                           + (self._sp_call_s(b * c, sp, "trainer") if tb.kl else 0.0))
+                           + (self._sp_call_s(b * c, sp, "trainer") if tb.kl else 0.0)
+                           + (self._sp_call_s(b * c, sp, "trainer") if tb.old_forward else 0.0))
 
     # ---- gang collectives (sim.gangs: the bytes the runtime counts) -------------
     def _gather_s(self) -> float:

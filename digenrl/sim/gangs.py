@@ -246,6 +246,7 @@ class GangComm:
     sp: int = 1  # sequence-parallel degree inside the gang: gang / sp data groups share the rows
     adapters_only: bool = False  # the published payload is the trainable tensors (lora-only; nccl under LoRA)
     grad_bytes: int = REDUCE_BYTES  # per element of the cross-gang all-reduce (train.grad_sum)
+    old_forward: bool = False  # DiffusionNFT's old-policy forward per chunk (train.nft_decay > 0)
 
     @classmethod
     def from_config(cls, cfg: "Config", layout: ModelLayout) -> "GangComm":
@@ -254,7 +255,8 @@ class GangComm:
         engine, lora = cfg.runtime.weight_sync, cfg.model.lora_rank > 0
         return cls(layout, n, t.workers, t.reshard == "after-step", cfg.train.backward_batch,
                    cfg.train.beta > 0 and lora, t.sp if n > 1 else 1,
-                   engine == "lora-only" or (engine == "nccl" and lora), layout.grad_sum_bytes(cfg.train.grad_sum))
+                   engine == "lora-only" or (engine == "nccl" and lora), layout.grad_sum_bytes(cfg.train.grad_sum),
+                   cfg.train.nft_decay > 0)
 
     @property
     def gather(self) -> int:
@@ -282,7 +284,7 @@ class GangComm:
         rs = p * self.gang * self.layout.reduce_scatter_bytes(self.gang)
         if self.after_step:
             return (0 if gathered else self.gather), rs
-        forwards = 1 + self.ref_forward
+        forwards = 1 + self.ref_forward + self.old_forward
         return p * (forwards + 1) * self.gather, rs  # + 1: backward gathers every unit again
 
     def generate(self, forwards: int, gathered: bool) -> int:
@@ -393,7 +395,7 @@ class _SpComm:
     rollout_gang: int
     backward_batch: int
     recompute: bool
-    ref_forward: bool
+    ref_forward: int  # no-grad forwards per pass besides the trained one: KL reference, NFT old policy
 
     @classmethod
     def from_config(cls, cfg: "Config", model: Optional[str], dims, tokens: Optional[int]) -> "_SpComm":
@@ -412,7 +414,7 @@ class _SpComm:
             dims, tokens = sp.SpDims.from_catalogue(model, shape), sp.image_tokens_for(model, shape)
         return cls(dims, tokens or 0, DTYPE_BYTES[cfg.model.dtype], cfg.sampling.guided,
                    rt.trainer.gang, rt.trainer.sp, rgang, cfg.train.backward_batch, cfg.model.grad_ckpt,
-                   cfg.train.beta > 0)
+                   int(cfg.train.beta > 0) + int(cfg.train.nft_decay > 0))
 
     def train(self, rows: int, trained_steps: int) -> dict:
         from digenrl.sim.sp import train_unit_bytes

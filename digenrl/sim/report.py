@@ -383,7 +383,8 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
     encode    one text-encoder pass per prompt
     reward    VAE decode + reward model, in batches of rollout_batch
     train     every trained step of every sample, in micro-batches of micro_batch (with `kl`,
-              + the reference policy's no-grad forward the KL term needs)
+              + the reference policy's no-grad forward the KL term needs; with `old_forward`,
+              + DiffusionNFT's old-policy forward)
     optimizer one fused AdamW step over the trainable parameters (once, however sharded)
     Not useful (so not here): collectives, weight syncs, phase switches, offload/reload,
     recomputed log-probs, waiting.
@@ -398,7 +399,9 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
         "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape), n, tb.rollout_batch),
         "train": tb.trained_steps * _batched(
             lambda b: float(cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
-            + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0), n, tb.micro_batch),
+            + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0)
+            + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.old_forward else 0.0),
+            n, tb.micro_batch),
         "optimizer": float(cm.optimizer_step_s(trainable, device)),
     }
 

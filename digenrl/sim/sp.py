@@ -143,13 +143,14 @@ def generate_bytes(dims: SpDims, rows: int, steps: int, tokens: int, degree: int
 
 
 def train_pass_bytes(dims: SpDims, rows: int, tokens: int, degree: int, elem_bytes: int, cfg: bool,
-                     recompute: bool, ref_forward: bool) -> dict[str, int]:
+                     recompute: bool, ref_forward: int) -> dict[str, int]:
     """One rank's bytes for one forward/backward pass of the learner over `rows` samples
     (learner.Learner._backward_rows): the training forward and its backward (+ recompute),
-    and with a KL term the no-grad reference forward over the same rows."""
+    and `ref_forward` no-grad forwards over the same rows (the KL reference, DiffusionNFT's
+    old policy; a bool counts as 0 or 1)."""
     b = rows * (2 if cfg else 1)
     total = forward_bytes(dims, b, tokens, degree, elem_bytes, backward=True, recompute=recompute)
-    if ref_forward:
+    for _ in range(int(ref_forward)):
         add(total, forward_bytes(dims, b, tokens, degree, elem_bytes))
     return total
 
@@ -204,7 +205,7 @@ def group_rows(n: int, groups: int) -> list[int]:
 
 
 def train_unit_bytes(dims: SpDims, rows: int, trained_steps: int, gang: int, degree: int, backward_batch: int,
-                     tokens: int, elem_bytes: int, cfg: bool, recompute: bool, ref_forward: bool) -> dict[str, int]:
+                     tokens: int, elem_bytes: int, cfg: bool, recompute: bool, ref_forward: int) -> dict[str, int]:
     """A Train unit on a trainer gang of `gang` ranks, `degree` of them per data group, summed
     over the gang's ranks. Each group's rows run in chunks of backward_batch (0: one chunk);
     every group runs as many passes per trained step as rank 0's group, the missing ones as

@@ -74,6 +74,9 @@ class Testbed:
     lora_rank: int = 32
     grad_ckpt: bool = True
     kl: bool = False  # KL to the reference policy (a reference copy for full fine-tunes)
+    # DiffusionNFT's kept old policy (train.nft_decay > 0): one more no-grad forward per trained
+    # chunk, its v_old (learner.Learner._nft_loss)
+    old_forward: bool = False
     reward: str = "pickscore"
     weight_sync: str = "nccl"
     text_tokens: int | None = None  # text tokens in the joint sequence (the recipe's prompt length; None: the model's)
@@ -231,7 +234,7 @@ def _validate(tb: Testbed) -> None:
     if tb.trained_steps > tb.denoise_steps:
         raise TestbedError(f"key 'trained_steps': {tb.trained_steps} > denoise_steps ({tb.denoise_steps}); "
                            f"allowed: 1..{tb.denoise_steps}")
-    for k in ("cfg", "train_cfg", "lora", "grad_ckpt", "kl"):
+    for k in ("cfg", "train_cfg", "lora", "grad_ckpt", "kl", "old_forward"):
         if not isinstance(getattr(tb, k), bool):
             raise TestbedError(f"key '{k}': must be true or false, got {getattr(tb, k)!r}")
     if tb.train_cfg and not tb.cfg:

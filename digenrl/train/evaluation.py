@@ -59,7 +59,8 @@ class Evaluator:
         """
         s, d = self.cfg.sampling, self.cfg.data
         spec = SampleSpec(sigmas=sampling_sigmas(self.cfg.model, s, s.eval_num_steps), sde_steps=(),
-                          cfg_scale=s.cfg_scale, cfg_scale_low=s.cfg_scale_low, seed=self.cfg.run.seed)
+                          cfg_scale=s.cfg_scale, cfg_scale_low=s.cfg_scale_low, seed=self.cfg.run.seed,
+                          model_timestep=s.model_timestep)
         n = d.eval_samples
         prompts = [p for p in self.prompts for _ in range(n)]
         paths = None if self.images is None else [im for im in self.images for _ in range(n)]

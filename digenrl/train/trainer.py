@@ -82,6 +82,7 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         seed=cfg.run.seed,
         draw_levels=draw_levels,
         rollout_dtype=s.rollout_dtype,
+        model_timestep=s.model_timestep,
     )
     chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
@@ -113,7 +114,9 @@ def learner_config(cfg: Config) -> LearnerConfig:
     return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
                          max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
                          loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum,
-                         behaviour_logp=t.behaviour_logp, is_correction=t.is_correction, is_band=t.is_band)
+                         behaviour_logp=t.behaviour_logp, is_correction=t.is_correction, is_band=t.is_band,
+                         nft_decay=t.nft_decay, nft_decay_rate=t.nft_decay_rate, nft_decay_flat=t.nft_decay_flat,
+                         nft_beta=t.nft_beta)
 
 
 def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:
@@ -168,11 +171,13 @@ class Trainer:
         self.policy.module.eval()
         trajs, futures = [], []
         t0 = time.perf_counter()
-        for mb in plan.micro_batches:
-            sources = condition_images(self.policy, mb.images)  # (B, 3, H, W) or None
-            traj = generate(self.policy, mb.prompts, mb.coords, plan.spec, step=step, version=step, images=sources)
-            trajs.append(traj)
-            futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids, sources))
+        with self.learner.sampling_weights():  # DiffusionNFT's old policy samples, when kept
+            for mb in plan.micro_batches:
+                sources = condition_images(self.policy, mb.images)  # (B, 3, H, W) or None
+                traj = generate(self.policy, mb.prompts, mb.coords, plan.spec, step=step, version=step,
+                                images=sources)
+                trajs.append(traj)
+                futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids, sources))
         gen_s = time.perf_counter() - t0
         for traj, fut in zip(trajs, futures):
             traj.rewards, traj.reward_parts = fut.result()
@@ -183,7 +188,7 @@ class Trainer:
                 self.learner.accumulate(
                     traj, chunk, plan.spec, total_samples=plan.samples, total_steps=len(plan.trained_steps)
                 )
-        lm = self.learner.optimizer_step()
+        lm = self.learner.optimizer_step(version=step + 1)
         train_s = time.perf_counter() - t1
         metrics = step_metrics(trajs, lm)
         metrics["timing/generate_s"] = gen_s
@@ -215,6 +220,7 @@ class Trainer:
             policy_state=trainable_state_dict(self.policy.module),
             optimizer=self.learner.optimizer,
             ema_state=self.learner.ema.state_dict() if self.learner.ema is not None else None,
+            old_state=self.learner.old.state_dict() if self.learner.old is not None else None,
             state=self.checkpoint_state(),
             keep=self.cfg.run.keep_checkpoints,
         )
@@ -223,7 +229,8 @@ class Trainer:
         """Resume from a checkpoint of either layout: this trainer's own, or the `dcp/` of a
         sharded gang of any size (read whole into this unsharded policy, or resharded into a
         gang's: `group` is then the gang's process group, every rank calls this)."""
-        state = ckpt.load_checkpoint(path, self.policy.module, self.learner.optimizer, self.learner.ema, group)
+        state = ckpt.load_checkpoint(path, self.policy.module, self.learner.optimizer, self.learner.ema, group,
+                                     old=self.learner.old)
         self.step = state["step"]
         self.wall_s = state.get("wall_s", 0.0)
         if state["data_cursor"] != self.source.cursor(self.step):

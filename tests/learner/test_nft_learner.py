@@ -115,3 +115,76 @@ def test_per_sample_draw_trains_each_rows_own_step(kind):
             torch.testing.assert_close(_grads(rowwise), want, rtol=1e-5, atol=1e-5 * float(want.abs().max()))
             assert want.abs().max() > 0
             policy.module.zero_grad(set_to_none=True)
+
+
+# -- DiffusionNFT's old policy (train.nft_decay) ------------------------------------------------
+DECAY = dict(loss="nft", nft_decay=0.5, nft_decay_rate=0.25, nft_decay_flat=1)  # d = 0, 0, .25, .5, .5
+
+
+def _live(learner):
+    return {n: p.detach().clone() for n, p in learner.old.params.items()}
+
+
+def test_old_policy_is_refreshed_on_the_authors_schedule():
+    # after the optimizer step that makes version k: old <- d_k old + (1 - d_k) new, with
+    # d = 0 below flat 1, then min((k - 1) * 0.25, 0.5): versions 1..4 -> 0, 0.25, 0.5, 0.5
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, ODE, [1.0, -1.0])
+    learner = Learner(policy, LearnerConfig(lr=1e-2, **DECAY))
+    for version, d in zip((1, 2, 3, 4), (0.0, 0.25, 0.5, 0.5)):
+        before = learner.old.state_dict()
+        learner.accumulate(traj, [0], ODE, total_samples=2, total_steps=1)
+        metrics = learner.optimizer_step(version=version)
+        assert metrics["train/nft_old_decay"] == d
+        new = _live(learner)
+        for n, old in learner.old.shadow.items():
+            torch.testing.assert_close(old, d * before[n] + (1 - d) * new[n], rtol=1e-6, atol=1e-6)
+    assert any(not torch.equal(learner.old.shadow[n], new[n]) for n in new)  # the old policy lags
+    with pytest.raises(ValueError, match="version"):
+        learner.optimizer_step()
+
+
+def test_swapped_runs_the_old_weights_and_restores_the_live_ones_bit_for_bit():
+    policy = tiny_policy()
+    learner = Learner(policy, LearnerConfig(**DECAY))
+    old = {n: t + 0.01 * torch.randn_like(t) for n, t in learner.old.state_dict().items()}
+    learner.old.load_state_dict(old)
+    live = _live(learner)
+    with learner.sampling_weights():
+        assert all(torch.equal(p, old[n]) for n, p in learner.old.params.items())
+    assert all(torch.equal(p, live[n]) for n, p in learner.old.params.items())
+    assert all(torch.equal(learner.old.shadow[n], old[n]) for n in old)
+
+
+@pytest.mark.parametrize("nft_beta", [1.0, 0.3])
+def test_decayed_old_policy_gives_v_old_and_beta_acts(nft_beta):
+    # with an old policy kept, the unit is nft_loss with v_old = the old weights' velocity and
+    # the configured beta; the old weights differ from the live ones, so beta changes the gradient
+    policy = tiny_policy()
+    traj = two_sample_batch(policy, ODE, [2.0, -0.5])
+    learner = Learner(policy, LearnerConfig(nft_beta=nft_beta, adv_clip=4.0, **DECAY))
+    torch.manual_seed(1)
+    old = {n: t + 0.05 * torch.randn_like(t) for n, t in learner.old.state_dict().items()}
+    learner.old.load_state_dict(old)
+    learner.accumulate(traj, [2], ODE, total_samples=2, total_steps=1)
+    got = _grads(learner)
+    learner.optimizer.zero_grad(set_to_none=True)
+
+    x0 = traj.latents[:, ODE.num_steps]
+    x_t, sigma = forward_targets(x0, ODE, traj.coords, 2)
+    reference = tiny_policy()  # the same module, loaded with the old weights by hand
+    with torch.no_grad():
+        for n, p in reference.module.named_parameters():
+            p.copy_(old[n])
+        v_old = reference.velocity(x_t, sigma, traj.cond)
+    v = policy.velocity(x_t, sigma, traj.cond)
+    assert (v - v_old).abs().max() > 1e-3
+    loss, _ = nft_loss(v, v_old, x_t, x0, sigma, traj.advantages, beta=nft_beta, adv_clip=4.0)
+    loss.backward()
+    torch.testing.assert_close(got, _grads(learner), rtol=1e-5, atol=1e-8)
+    # and beta acts: the same unit at beta 1 has another gradient
+    if nft_beta != 1.0:
+        policy.module.zero_grad(set_to_none=True)
+        nft_loss(policy.velocity(x_t, sigma, traj.cond), v_old, x_t, x0, sigma, traj.advantages, beta=1.0,
+                 adv_clip=4.0)[0].backward()
+        assert (_grads(learner) - got).abs().max() > 1e-3 * got.abs().max()

@@ -10,7 +10,7 @@ worked by hand.
 import pytest
 import torch
 
-from digenrl.math import nft_loss, nft_optimality
+from digenrl.math import nft_loss, nft_old_decay, nft_optimality
 
 
 def test_optimality_probability():
@@ -89,3 +89,24 @@ def test_rows_are_independent():
     parts = sum(nft_loss(v[i:j], v_old[i:j], x_t[i:j], x0[i:j], s[i:j], adv[i:j], beta=0.7, adv_clip=2.0)[0] * (j - i)
                 for i, j in ((0, 1), (1, 4)))
     assert whole.item() == pytest.approx(parts.item() / 4, rel=1e-6)
+
+
+def test_old_policy_decay_is_the_authors_return_decay():
+    # return_decay (NVlabs/DiffusionNFT scripts/train_nft_sd3.py:169-189), worked by hand:
+    # type 1 (flat 0, rate 0.001, ceiling 0.5): k = 0, 1, 300, 500, 900 -> 0, 0.001, 0.3, 0.5, 0.5
+    assert [nft_old_decay(k, 0.5, 0.001, 0) for k in (0, 1, 300, 500, 900)] == pytest.approx([0, 0.001, 0.3, 0.5, 0.5])
+    # type 2 (flat 75, rate 0.0075, ceiling 0.999): k = 74 -> 0; 75 -> 0; 100 -> 25 * 0.0075 = 0.1875;
+    # 208 -> 133 * 0.0075 = 0.9975; 209 -> 1.005, held at 0.999
+    assert [nft_old_decay(k, 0.999, 0.0075, 75) for k in (74, 75, 100, 208, 209)] == pytest.approx(
+        [0, 0, 0.1875, 0.9975, 0.999])
+
+
+def test_gradient_depends_on_beta_once_the_old_policy_differs():
+    # v_old != v: x0+- move with beta, so the gradient does (the on-policy case above does not)
+    x_t, x0, s = torch.tensor([[0.6, -0.2]]), torch.tensor([[0.2, 0.1]]), torch.tensor([0.5])
+    grads = []
+    for beta in (1.0, 0.1):
+        v = torch.tensor([[1.0, 0.3]], requires_grad=True)
+        nft_loss(v, torch.tensor([[0.2, 0.4]]), x_t, x0, s, torch.tensor([2.5]), beta=beta, adv_clip=5.0)[0].backward()
+        grads.append(v.grad.clone())
+    assert (grads[0] - grads[1]).abs().max() > 1e-2

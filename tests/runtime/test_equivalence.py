@@ -273,3 +273,51 @@ def test_consistency_keys_act_on_ray_as_on_one_device(ray_cluster, tmp_path, mod
         assert a["consistency/gap_abs_max"] == pytest.approx(b["consistency/gap_abs_max"], rel=1e-3)
         assert a["consistency/gap_abs_mean"] == pytest.approx(b["consistency/gap_abs_mean"], rel=1e-3)
         assert a["consistency/is_weight_mean"] == pytest.approx(b["consistency/is_weight_mean"], rel=1e-6)
+# DiffusionNFT with its old policy kept (train.nft_decay): d = 0.5 from version 1, so step 2's
+# rollouts come from an old policy that differs from the trained one, and beta 0.5 acts
+NFT_DECAY = [*NFT, "train.nft_decay=0.5", "train.nft_decay_rate=0.5", "train.nft_beta=0.5"]
+
+
+@pytest.mark.slow  # ~55 s a mode on 2 busy cores; the default tier checks it locally (tests/test_trainer.py)
+@pytest.mark.parametrize("mode", list(ON_POLICY))
+def test_nft_old_policy_matches_single_device(ray_cluster, tmp_path, mode):
+    """The old policy lives on the trainers: TAG generation samples with it, rollout workers
+    receive it instead of the trained weights, and v_old is its forward; every on-policy mode
+    ends at the single-device weights."""
+    ref = tmp_path / "local"
+    Trainer(load_config(None, tiny(ref, "local", *NFT_DECAY)), progress=False).train()
+    run = tmp_path / "ray"
+    rt = RayDriver(load_config(None, tiny(run, mode.split(" ")[0], *ON_POLICY[mode], *NFT_DECAY)), progress=False)
+    rt.train()
+    assert_matches_single_device(run, ref)
+    ours = [r for r in read_metrics(run) if r["step"] > 0]
+    theirs = [r for r in read_metrics(ref) if r["step"] > 0]
+    assert [r["train/nft_old_decay"] for r in ours] == [0.5, 0.5]
+    for a, b in zip(ours, theirs):  # step 2 sampled by the old policy on both sides
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
+        assert a["loss/nft_old_deviation"] == pytest.approx(b["loss/nft_old_deviation"], rel=1e-4)
+    assert ours[0]["loss/nft_old_deviation"] == 0.0 and ours[1]["loss/nft_old_deviation"] > 0
+    if mode == "gap+tsp+tag":
+        assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
+        assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "rollout" and s.unit.step == 1
+                   for s in rt.trace.spans)
+
+
+@pytest.mark.slow
+def test_nft_old_policy_off_policy_lag_at_most_one_and_resume(ray_cluster, tmp_path):
+    """run.mode=digenrl with the old policy kept: lag <= 1; and a Ray run resumed from its
+    checkpoint (old policy read back on every trainer) ends where the uninterrupted one does."""
+    run = tmp_path / "digenrl"
+    rt = RayDriver(load_config(None, tiny(run, "digenrl", *NFT_DECAY, steps=4)), progress=False, evaluate=False)
+    rt.train()
+    assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
+    assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")
+    ref = tmp_path / "local3"
+    Trainer(load_config(None, tiny(ref, "local", *NFT_DECAY, steps=3)), progress=False).train()
+    part = tmp_path / "gap"
+    over = [*ON_POLICY["gap+tsp+tag"], *NFT_DECAY]
+    RayDriver(load_config(None, tiny(part, "gap+tsp+tag", *over, "run.checkpoint_every=1")), progress=False,
+              evaluate=False).train()
+    RayDriver(load_config(None, tiny(part, "gap+tsp+tag", *over, steps=3)), progress=False,
+              evaluate=False).train(resume=True)
+    assert_matches_single_device(part, ref)

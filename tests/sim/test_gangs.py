@@ -103,6 +103,15 @@ def test_train_passes_follow_rank_zero_rows():
     assert step.train(5, 3, gathered=True) == (0, rs)
 
 
+def test_nft_old_policy_forward_gathers_once_more_per_pass():
+    # train.nft_decay: v_old is one more no-grad forward per pass (learner._nft_loss), so after-forward
+    # resharding gathers every unit 3 times a pass instead of 2; after-step is refused with it
+    comm = GangComm(_layout(0), gang=2, gangs=1, after_step=False, backward_batch=2, ref_forward=False,
+                    old_forward=True)
+    ag, rs = comm.train(5, 3, gathered=False)
+    assert ag == 6 * 3 * 2 * 185408 and rs == 6 * 2 * 185408
+
+
 # ----------------------------------------------------------------------------- measured
 
 
