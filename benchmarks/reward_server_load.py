@@ -1,7 +1,7 @@
 """Load test of the reward server: many concurrent clients, a few bad ones, every answer checked.
 
     python benchmarks/reward_server_load.py [--clients 64] [--duration-s 60] [--bad-fraction 0.05]
-                                            [--replicas 1] [--url http://host:port]
+                                            [--replicas 0] [--reward-on auto] [--url http://host:port]
 
 Starts `digenrl.runtime.serving.RewardServer` with the JPEG-compressibility reward on a new local Ray
 cluster (or loads a server already at --url that serves it) and runs `clients` threads for
@@ -204,7 +204,8 @@ def main() -> int:
     ap.add_argument("--bad-fraction", type=float, default=0.05)
     ap.add_argument("--samples", type=int, default=4, help="images per good request")
     ap.add_argument("--size", type=int, default=64, help="image side (3 x size x size)")
-    ap.add_argument("--replicas", type=int, default=1)
+    ap.add_argument("--replicas", type=int, default=0, help="0: the server's default (one per CPU, at most 4)")
+    ap.add_argument("--reward-on", default="auto", help="the server's reward_on: auto, loop or thread")
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--max-request-mb", type=float, default=1.0)
     ap.add_argument("--read-timeout-s", type=float, default=2.0)
@@ -219,11 +220,13 @@ def main() -> int:
     else:
         from digenrl.runtime.serving.reward_server import RewardServer
 
-        with RewardServer(REWARD_SPEC, port=0, replicas=args.replicas, max_batch=args.max_batch,
+        with RewardServer(REWARD_SPEC, port=0, replicas=args.replicas, reward_on=args.reward_on, max_batch=args.max_batch,
                           max_request_mb=args.max_request_mb, read_timeout_s=args.read_timeout_s) as server:
             result = run_load(server.url, args.clients, args.duration_s, args.bad_fraction, limits, args.samples,
                               args.size, args.seed)
             result["server_health_after"] = server.health()
+            result["server"] = {"replicas": server.options.replicas, "reward_on": server.options.reward_on,
+                                "reward_in_thread": server.options.reward_in_thread}
     result["command"] = " ".join(["python", "benchmarks/reward_server_load.py", *sys.argv[1:]])
     print(json.dumps(result, indent=1))
     return 0 if result["ok"] else 1

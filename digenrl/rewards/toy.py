@@ -105,14 +105,17 @@ class ToyGenEval:
 
 
 def _jpeg_kb(images: torch.Tensor, quality: int = 95) -> torch.Tensor:
-    x = (images.detach().float().cpu().clamp(0, 1) * 255).round().to(torch.uint8)
+    # round(255 x) clamped to 0..255 (= round(255 clamp(x, 0, 1))) with one temporary, not four
+    x = images.detach().float().cpu().mul(255).round_().clamp_(0, 255).to(torch.uint8)
     if x.ndim == 5:  # video: all frames of a sample
         x = x.flatten(0, 1)
         frames = images.shape[1]
     else:
         frames = 1
     sizes = []
-    for img in x.permute(0, 2, 3, 1).numpy():
+    # (N, H, W, 3) made contiguous once: Image.fromarray copies a strided image (tobytes) per image,
+    # a quarter of this loop's time for 64x64 images
+    for img in x.permute(0, 2, 3, 1).contiguous().numpy():
         buf = io.BytesIO()
         Image.fromarray(img).save(buf, format="JPEG", quality=quality)
         sizes.append(buf.tell() / 1000.0)

@@ -56,7 +56,7 @@ def encode_request(
 
 def dequantize(images: torch.Tensor) -> torch.Tensor:
     """What the server feeds the reward for a wire tensor: float32 in [0, 1]."""
-    return images.float() / 255.0 if images.dtype == torch.uint8 else images.float()
+    return images.float().div_(255.0) if images.dtype == torch.uint8 else images.float()  # in place: one tensor, not two
 
 
 def decode_request(body: bytes) -> tuple[torch.Tensor, list[str], str | None]:

@@ -271,7 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="who listens for HTTP: each replica itself (fast; each node serves its own replicas) "
                         "or Serve's HTTP proxy (balances over nodes, 5-8x the CPU per request)")
     r.add_argument("--address", help="an existing Ray cluster ('auto', host:port; default $RAY_ADDRESS or a new local one)")
-    r.add_argument("--replicas", type=int, default=1, help="deployment replicas, each with its own copy of the reward")
+    r.add_argument("--replicas", type=int, default=0,
+                   help="deployment replicas, each a process with its own copy of the reward (0: one per CPU "
+                        "of this machine, at most 4, as many as the cluster holds)")
+    r.add_argument("--reward-on", default="auto",
+                   help="where a replica calls the reward: its event loop ('loop'), or a thread beside it "
+                        "('thread'); 'auto': a thread when the replica has GPUs, else the loop")
     r.add_argument("--max-batch", type=int, default=64, help="samples per reward call (and per batch)")
     r.add_argument("--batch-wait-s", type=float, default=0.01, help="how long a batch waits for more requests")
     r.add_argument("--max-request-mb", type=float, default=256.0, help="bodies over this get a 413")

@@ -162,7 +162,7 @@ def reward(tmp_path):
 
 @pytest.fixture
 def server(serve_cluster, reward):
-    with RewardServer(reward, port=0, max_batch=8, max_request_mb=0.05, timeout_s=10) as s:
+    with RewardServer(reward, port=0, replicas=1, max_batch=8, max_request_mb=0.05, timeout_s=10) as s:
         yield s
 
 
@@ -195,7 +195,7 @@ def test_good_request_matches_local(server, client, reward):
 def test_tiny_clip_over_the_wire(serve_cluster, tiny_clip_dir):
     reward = ClipScore(tiny_clip_dir)
     x = torch.rand(3, 3, 32, 32)
-    with RewardServer(reward, port=0, timeout_s=30) as s:
+    with RewardServer(reward, port=0, replicas=1, timeout_s=30) as s:
         remote = RemoteReward(s.url, "clip-score", retries=0)
         torch.testing.assert_close(remote(x, PROMPTS[:3]), reward(quantized(x), PROMPTS[:3]), atol=1e-6, rtol=1e-6)
 
@@ -205,7 +205,7 @@ def test_concurrent_requests_are_batched(serve_cluster, tmp_path):
     # fill max_batch (8), so that call holds all four whatever order they arrive in.
     gate = FileGate(tmp_path / "gate")
     reward = Brightness(gate, log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, max_batch=8, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+    with RewardServer(reward, port=0, replicas=1, reward_on="thread", max_batch=8, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
         client = RemoteReward(s.url, "brightness", retries=0)
         held, held_threads = send_all(s, [(torch.rand(8, 3, 8, 8), ["slow"] + ["s"] * 7)])  # full: runs at once
         gate.wait_inside(1)
@@ -225,7 +225,7 @@ def test_concurrent_requests_are_batched(serve_cluster, tmp_path):
 def test_reward_exception_gets_500_and_spares_batchmates(serve_cluster, tmp_path):
     # max_batch 3 = the two requests' samples: they share a call whatever order they arrive in
     reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+    with RewardServer(reward, port=0, replicas=1, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
         client = RemoteReward(s.url, "brightness", retries=2, backoff=0.05)
         x = torch.rand(2, 3, 8, 8)
         results, threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["boom"]), (x, ["a", "b"])])
@@ -286,7 +286,7 @@ def test_slow_reward_gets_504_and_client_gives_up_clearly(serve_cluster, tmp_pat
     # The gate stays closed until every 504 is in: the reward is slow for certain. timeout_s 1
     # leaves the good request at the end room to be scored on a loaded machine.
     gate = FileGate(tmp_path / "gate")
-    with RewardServer(Brightness(gate), port=0, timeout_s=1.0) as s:
+    with RewardServer(Brightness(gate), port=0, replicas=1, reward_on="thread", timeout_s=1.0) as s:
         status, err = post(s, encode_request(torch.rand(1, 3, 4, 4), ["slow"]))
         assert status == 504 and err["error"] == "timeout" and "within 1.0 s" in err["message"]
         waits = []
@@ -323,7 +323,7 @@ def test_remote_reward_from_config_recovers_from_a_crash(serve_cluster, tmp_path
     # The runtime's path to a served reward: reward.paths.remote=URL#name -> build_reward ->
     # RemoteReward. Its first request gets a 500 and is retried; every batch is still scored.
     reward = CrashesOnce(log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, timeout_s=10) as s:
+    with RewardServer(reward, port=0, replicas=1, timeout_s=10) as s:
         remote = build_reward("remote", {"remote": f"{s.url}#brightness"})
         assert isinstance(remote, RemoteReward) and remote.name == "brightness"
         for x, p in [(torch.rand(3, 3, 8, 8), ["a", "bb", "ccc"]), (torch.rand(2, 4, 3, 8, 8), ["video", "v"])]:
@@ -374,7 +374,7 @@ def test_upload_that_pauses_mid_body_is_scored(server, client):
 
 
 def test_stalled_upload_gets_408(serve_cluster):
-    with RewardServer(Brightness(), port=0, read_timeout_s=2.0, timeout_s=10) as s:
+    with RewardServer(Brightness(), port=0, replicas=1, read_timeout_s=2.0, timeout_s=10) as s:
         client = RemoteReward(s.url, "brightness", retries=0)
         sock = _send_half(s, encode_request(torch.rand(2, 3, 8, 8), ["a", "b"]))
         try:
@@ -396,7 +396,7 @@ def test_back_pressure_gets_503_and_the_client_retries(serve_cluster, tmp_path, 
     # proxy, "replica": the listener's second connection): while the gate is closed, every other
     # request is refused with 503.
     gate = FileGate(tmp_path / "gate")
-    with RewardServer(Brightness(gate), port=0, max_ongoing=1, max_queued=1, timeout_s=60, ingress=ingress) as s:
+    with RewardServer(Brightness(gate), port=0, replicas=1, reward_on="thread", max_ongoing=1, max_queued=1, timeout_s=60, ingress=ingress) as s:
         held, held_threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["slow"])])
         gate.wait_inside(1)  # the replica's one slot is taken until the gate opens
         results, threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["a"]) for _ in range(4)])
@@ -422,7 +422,8 @@ def test_back_pressure_gets_503_and_the_client_retries(serve_cluster, tmp_path, 
 
 
 def test_replicas_each_score_and_answer(serve_cluster):
-    with RewardServer(Brightness(), port=0, replicas=2, cpus_per_replica=1) as s:
+    with RewardServer(Brightness(), port=0) as s:  # replicas 0 (auto): one per CPU of the 2 the cluster has
+        assert s.options.replicas == 2
         seen = {s.health()["replica"] for _ in range(60)}
         assert len(seen) == 2  # Serve spreads requests over both (all on one: p = 2**-59)
         client = RemoteReward(s.url, "brightness", retries=0)
@@ -455,7 +456,7 @@ def test_unplaceable_replicas_and_a_second_port_are_refused(serve_cluster):
 def test_a_reward_that_cannot_load_fails_start(serve_cluster, tmp_path):
     calls = tmp_path / "constructor_calls.txt"
     with pytest.raises(RuntimeError, match="(?s)the reward server did not start: .*did not give a Reward"):
-        RewardServer(f"tests.serving.helpers:counted_non_reward?log={calls}", port=0).start()
+        RewardServer(f"tests.serving.helpers:counted_non_reward?log={calls}", port=0, replicas=1).start()
     tries = len(calls.read_text().split())
     assert 1 <= tries <= 3, f"{tries} constructor tries: a few (max_constructor_retry_count), not Serve's default 20"
     assert serve.status().applications == {}  # start() deleted the failed app
@@ -464,7 +465,7 @@ def test_a_reward_that_cannot_load_fails_start(serve_cluster, tmp_path):
 def test_batch_wait_gathers_requests_sent_apart(serve_cluster, tmp_path):
     # max_batch 3 = both requests' samples: the batch closes when the second one joins it
     reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+    with RewardServer(reward, port=0, replicas=1, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
         client = RemoteReward(s.url, "brightness", retries=0)
         xs = [torch.rand(1, 3, 8, 8), torch.rand(2, 3, 8, 8)]
         first, threads = send_all(s, [(xs[0], ["p"])])

@@ -107,3 +107,28 @@ def test_jpeg_rewards_order_flat_below_noisy():
     x = torch.cat([flat, noisy])
     assert JpegIncompressibility()(x, ["", ""])[1] > JpegIncompressibility()(x, ["", ""])[0]
     assert JpegCompressibility()(x, ["", ""])[0] > JpegCompressibility()(x, ["", ""])[1]
+
+
+def test_jpeg_kb_is_the_size_of_round_255x_clamped_images_and_videos():
+    """The quantisation (one temporary) and the contiguous HWC copy change nothing: each score is the
+    size of PIL's JPEG of round(255 clamp(x, 0, 1)), out-of-range values and videos included."""
+    import io
+
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(3, 3, 16, 16, generator=g) * 1.4 - 0.2  # some pixels below 0 and above 1
+    x[0] = 0.25
+    video = torch.rand(2, 2, 3, 8, 8, generator=g)
+
+    def reference_kb(frames: torch.Tensor) -> float:
+        sizes = []
+        for f in frames:
+            buf = io.BytesIO()
+            u8 = (f.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
+            Image.fromarray(u8).save(buf, format="JPEG", quality=95)
+            sizes.append(buf.tell() / 1000.0)
+        return sum(sizes) / len(sizes)
+
+    assert torch.equal(JpegIncompressibility()(x, [""] * 3), torch.tensor([reference_kb(f[None]) for f in x]))
+    assert torch.equal(JpegCompressibility()(video, ["", ""]), torch.tensor([-reference_kb(v) for v in video]))

@@ -27,7 +27,7 @@ from digenrl.rewards.wire import encode_request
 
 pytest.importorskip("ray.serve")
 from digenrl.runtime.serving import reward_server  # noqa: E402 - needs ray[serve]
-from digenrl.runtime.serving.options import ServeOptions  # noqa: E402
+from digenrl.runtime.serving.options import AUTO_REPLICAS_MAX, ServeOptions  # noqa: E402
 from tests.helpers.gates import FileGate, wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ SPEC = "digenrl.rewards.toy:JpegCompressibility"
 NON_DEFAULT = {
     "host": "0.0.0.0", "port": 9123, "ingress": "proxy", "replicas": 3, "max_batch": 16, "batch_wait_s": 0.05,
     "max_request_mb": 8.0, "timeout_s": 30.0, "read_timeout_s": 5.0, "max_ongoing": 32, "max_queued": -1,
-    "cpus_per_replica": 0.5, "gpus_per_replica": 1.0, "shutdown_grace_s": 7.5,
+    "cpus_per_replica": 0.5, "gpus_per_replica": 1.0, "shutdown_grace_s": 7.5, "reward_on": "thread",
 }
 EXIT_LIMIT_S = 10.0  # issue 29: `digenrl reward-server` exits within 10 s of Ctrl-C (timing tier)
 # The slow tier's bound: a command that hangs fails, one slowed by a loaded machine does not
@@ -62,7 +62,8 @@ def test_every_flag_reaches_its_option():
 @pytest.mark.parametrize("flag, value, message", [
     ("--port", "70000", "port must be in 0..65535"),
     ("--ingress", "haproxy", "ingress must be one of replica, proxy"),
-    ("--replicas", "0", "replicas must be an integer >= 1"),
+    ("--replicas", "-1", "replicas must be an integer >= 1, or 0 for auto"),
+    ("--reward-on", "gpu", "reward_on must be one of auto, loop, thread"),
     ("--max-batch", "0", "max_batch must be an integer >= 1"),
     ("--max-ongoing", "0", "max_ongoing must be an integer >= 1"),
     ("--max-queued", "0", "max_queued must be an integer >= 1, or -1 for no limit"),
@@ -93,6 +94,24 @@ def test_address_picks_the_cluster(monkeypatch):
     # no address: a new local cluster (never whatever another process runs), sized for the replicas
     assert reward_server._connect(None, ServeOptions(replicas=64, cpus_per_replica=0.5)) is True
     assert calls[-1]["address"] == "local" and calls[-1]["num_cpus"] == max(os.cpu_count(), 32)
+
+
+def test_auto_replicas_one_per_cpu_capped_by_the_cluster():
+    from digenrl.runtime.serving.reward_server import auto_replicas
+
+    assert auto_replicas(ServeOptions(), 2, {"CPU": 2.0}) == 2  # this machine: 2 CPUs, 2 replicas
+    assert auto_replicas(ServeOptions(), 64, {"CPU": 64.0}) == AUTO_REPLICAS_MAX
+    assert auto_replicas(ServeOptions(), 8, {"CPU": 3.0}) == 3  # what the cluster holds at 1 CPU each
+    assert auto_replicas(ServeOptions(cpus_per_replica=0.5), 8, {"CPU": 1.0}) == 2
+    assert auto_replicas(ServeOptions(cpus_per_replica=0), 3, {}) == 3  # no CPUs reserved: no cluster bound
+    assert auto_replicas(ServeOptions(gpus_per_replica=1), 8, {"CPU": 8.0, "GPU": 2.0}) == 2
+    # too small a cluster: 1, which the resource check then refuses with its message
+    assert auto_replicas(ServeOptions(gpus_per_replica=1), 8, {"CPU": 8.0}) == 1
+
+
+def test_reward_on_auto_is_a_thread_only_with_gpus():
+    assert not ServeOptions().reward_in_thread and not ServeOptions(reward_on="loop", gpus_per_replica=1).reward_in_thread
+    assert ServeOptions(gpus_per_replica=0.5).reward_in_thread and ServeOptions(reward_on="thread").reward_in_thread
 
 
 class _StuckServer:
@@ -282,6 +301,7 @@ def test_ctrl_c_gives_requests_in_flight_a_bounded_grace(tmp_path, limit_s):
     grace = 3 if limit_s == EXIT_LIMIT_S else 20
     gates = tmp_path / "gates"
     cmd = Command(tmp_path, f"tests.serving.helpers:GatedJpeg?gate_dir={gates}", "--replicas", "1",
+                  "--reward-on", "thread",  # the held reward must leave the listener answering
                   "--cpus-per-replica", "0.5", "--max-batch", "1", "--timeout-s", "120",
                   "--shutdown-grace-s", str(grace))
     try:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 
 INGRESS = ("replica", "proxy")  # who listens for HTTP: each replica itself, or Serve's proxy
+REWARD_ON = ("auto", "loop", "thread")  # where a replica runs the reward: its event loop, or a thread of its own
+AUTO_REPLICAS_MAX = 4  # replicas=0: one per CPU of this machine, at most this many
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,17 @@ class ServeOptions:
                         which balances over nodes but costs 5-8x the CPU per request (docs/runtime.md,
                         "Reward serving speed"). "replica" serves each node's replicas at that node's
                         host:port; clients on other nodes must name a node that has replicas
-    replicas            deployment replicas; Serve spreads requests over them
+    replicas            deployment replicas, each its own process (and its own GIL); 0 ("auto", the
+                        default): one per CPU of the machine that starts the server, at most
+                        AUTO_REPLICAS_MAX, and no more than the cluster's CPUs (and GPUs) hold at
+                        cpus_per_replica (gpus_per_replica) each; at least 1
+    reward_on           where a replica calls the reward: "loop" runs each batch on the event loop
+                        that reads the requests, "thread" in one thread beside it (the loop keeps reading
+                        bodies meanwhile, but the two share the GIL: every GIL-releasing call of one,
+                        a socket write, a torch op, a JPEG encode, waits up to Python's 5 ms switch
+                        interval to get it back while the other runs). "auto" (default): "thread" when
+                        the replica has GPUs (a model's forward pass releases the GIL), else "loop";
+                        docs/runtime.md, "Reward serving speed", has the measurements
     max_batch           samples per reward call; also the most samples one `@serve.batch` batch
                         holds (a larger request is split into chunks that batch separately)
     batch_wait_s        how long a batch waits for more requests after its first one
@@ -43,7 +55,8 @@ class ServeOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     ingress: str = "replica"
-    replicas: int = 1
+    replicas: int = 0  # auto
+    reward_on: str = "auto"
     max_batch: int = 64
     batch_wait_s: float = 0.01
     max_request_mb: float = 256.0
@@ -62,7 +75,9 @@ class ServeOptions:
 
         need(0 <= self.port <= 65535, "port", "in 0..65535")
         need(self.ingress in INGRESS, "ingress", f"one of {', '.join(INGRESS)}")
-        for key in ("replicas", "max_batch", "max_ongoing"):
+        need(self.reward_on in REWARD_ON, "reward_on", f"one of {', '.join(REWARD_ON)}")
+        need(isinstance(self.replicas, int) and self.replicas >= 0, "replicas", "an integer >= 1, or 0 for auto")
+        for key in ("max_batch", "max_ongoing"):
             need(isinstance(getattr(self, key), int) and getattr(self, key) >= 1, key, "an integer >= 1")
         need(isinstance(self.max_queued, int) and (self.max_queued >= 1 or self.max_queued == -1),
              "max_queued", "an integer >= 1, or -1 for no limit")
@@ -70,6 +85,10 @@ class ServeOptions:
             need(getattr(self, key) > 0, key, "> 0")
         for key in ("batch_wait_s", "cpus_per_replica", "gpus_per_replica", "shutdown_grace_s"):
             need(getattr(self, key) >= 0, key, ">= 0")
+
+    @property
+    def reward_in_thread(self) -> bool:
+        return self.reward_on == "thread" or (self.reward_on == "auto" and self.gpus_per_replica > 0)
 
     @property
     def max_request_bytes(self) -> int:

@@ -4,7 +4,8 @@
                                           (ingress "replica"), or Serve's HTTP proxy and a Ray call ("proxy")
         read the body (<= max_request_mb, within read_timeout_s) -> decode_request
         -> chunks of <= max_batch samples -> score_chunk (@serve.batch: concurrent requests
-           join one batch) -> one thread runs the reward (rewards.batching.score_requests)
+           join one batch) -> the reward (rewards.batching.score_requests) on the replica's event loop,
+           or in one thread beside it (option reward_on)
     client <-- JSON {"reward", "scores": [B floats], "elapsed_s"} -- within timeout_s
 
 The wire format is `digenrl.rewards.wire` (safetensors in, never pickle). Errors are JSON
@@ -68,9 +69,10 @@ class RewardDeployment:
     async def __init__(self, reward: str | Reward, options: ServeOptions):
         self.reward = resolve_reward(reward)
         self.options = options
-        # One thread calls the reward, so rewards need not be thread-safe; the event loop
-        # stays free to read other requests' bodies meanwhile.
-        self._scorer = ThreadPoolExecutor(1, thread_name_prefix="reward")
+        # reward_on "thread": one thread calls the reward, so rewards need not be thread-safe, and the
+        # event loop reads other requests' bodies meanwhile; "loop": the event loop calls it (no GIL
+        # handoffs between the two; a CPU reward gains nothing from the thread, see ServeOptions)
+        self._scorer = ThreadPoolExecutor(1, thread_name_prefix="reward") if options.reward_in_thread else None
         self.score_chunk.set_max_batch_size(options.max_batch)
         self.score_chunk.set_batch_wait_timeout_s(options.batch_wait_s)
         self._uploading = 0  # requests whose body is being received
@@ -172,9 +174,11 @@ class RewardDeployment:
 
     @serve.batch(max_batch_size=64, batch_wait_timeout_s=0.01, batch_size_fn=_samples)  # sizes reset in __init__
     async def score_chunk(self, chunks: list[Chunk]) -> list[Scored]:
-        """Score a batch of chunks (<= max_batch samples in all) in the reward thread."""
+        """Score a batch of chunks (<= max_batch samples in all) on the event loop or in the reward thread."""
         self._running = len(chunks)
         try:
+            if self._scorer is None:
+                return score_requests(self.reward, chunks, self.options.max_batch)
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._scorer, score_requests, self.reward, chunks, self.options.max_batch)
         finally:

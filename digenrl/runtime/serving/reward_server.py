@@ -37,7 +37,7 @@ from ray import serve
 
 from digenrl.rewards.base import Reward
 from digenrl.rewards.specs import resolve_factory
-from digenrl.runtime.serving.options import ServeOptions
+from digenrl.runtime.serving.options import AUTO_REPLICAS_MAX, ServeOptions
 from digenrl.runtime.serving.reward_app import RewardDeployment
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,8 @@ class RewardServer:
             resolve_factory(self.reward_spec.partition("?")[0])
         try:
             self._started_ray = _connect(self.address, o)
+            if o.replicas == 0:
+                o = self.options = replace(o, replicas=auto_replicas(o, os.cpu_count() or 1, ray.cluster_resources()))
             _check_resources(o)
             self.port = self._start_serve()
             o = self.options = replace(o, port=self.port)  # the replicas' listeners bind the port chosen here
@@ -192,6 +194,16 @@ def _connect(address: Optional[str], o: ServeOptions) -> bool:
     cpus = max(os.cpu_count() or 1, math.ceil(o.replicas * o.cpus_per_replica))
     ray.init(address="local", num_cpus=cpus, include_dashboard=False)
     return True
+
+
+def auto_replicas(o: ServeOptions, cpus_here: int, cluster: dict[str, float]) -> int:
+    """replicas=0: one per CPU of this machine (each replica is a process with its own GIL), at most
+    AUTO_REPLICAS_MAX, as many as the cluster's CPUs (and GPUs) hold at the per-replica amounts; >= 1."""
+    n = min(cpus_here, AUTO_REPLICAS_MAX)
+    for key, per in (("CPU", o.cpus_per_replica), ("GPU", o.gpus_per_replica)):
+        if per > 0:
+            n = min(n, int(cluster.get(key, 0.0) // per))
+    return max(n, 1)
 
 
 def _check_resources(o: ServeOptions) -> None:
