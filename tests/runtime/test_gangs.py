@@ -38,6 +38,17 @@ CASES = {
 MODE = {"full": "gap+tsp", "lora": "gap+tsp+tag", "full after-step": "gap+tsp"}
 
 
+def assert_comm_as_predicted(overrides: list[str], rt, records: list[dict]) -> None:
+    """Each step's counted collective bytes are those the simulator charges for this config and
+    schedule (sim.gangs.predict_comm), within 1%, and no other comm key is counted."""
+    predicted = predict_comm(load_config(None, overrides), rt.trace)
+    assert len(predicted) == len(records)
+    for rec, pred in zip(records, predicted):
+        assert {k for k in rec if k.startswith("comm/") and k.endswith("_bytes")} == {k for k, v in pred.items() if v}
+        for k, v in pred.items():
+            assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
+
+
 @pytest.mark.parametrize("case", [c if c == "lora" else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     extra = CASES[case]
@@ -58,12 +69,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
         assert a["comm/train/all_reduce_calls"] == 2 * 4  # (mask, grads) x 4 ranks, once per step
     # Bytes: what the ranks counted == what the simulator charges for this config and schedule
     # (the three configs of the issue: fsdp after-forward, fsdp after-step, LoRA), within 1%
-    predicted = predict_comm(load_config(None, overrides), rt.trace)
-    assert len(predicted) == len(records)
-    for rec, pred in zip(records, predicted):
-        assert {k for k in rec if k.startswith("comm/") and k.endswith("_bytes")} == {k for k, v in pred.items() if v}
-        for k, v in pred.items():
-            assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
+    assert_comm_as_predicted(overrides, rt, records)
     # every rank trained its share: each (step, group, sample, t) exactly once over the gangs
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
     assert {len(p) for p in rt.rank_pids.values() if p} >= {2}
@@ -173,10 +179,5 @@ def test_nft_old_policy_on_gangs_runs_as_charged(ray_cluster, tmp_path, case):
     records = [r for r in read_metrics(run) if r["step"] > 0]
     assert [r["train/nft_old_decay"] for r in records] == [0.5, 0.5]
     assert records[0]["loss/nft_old_deviation"] == 0.0 < records[1]["loss/nft_old_deviation"]
-    predicted = predict_comm(load_config(None, overrides), rt.trace)
-    assert len(predicted) == len(records)
-    for rec, pred in zip(records, predicted):
-        assert {k for k in rec if k.startswith("comm/") and k.endswith("_bytes")} == {k for k, v in pred.items() if v}
-        for k, v in pred.items():
-            assert rec.get(k, 0) == pytest.approx(v, rel=0.01), (rec["step"], k)
+    assert_comm_as_predicted(overrides, rt, records)
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
