@@ -427,6 +427,7 @@ def _restore_groups(live: list[dict[str, Any]], saved: list[dict[str, Any]]) -> 
     """The saved hyperparameters on the live groups (matched by their parameter names)."""
     if [sorted(g["params"]) for g in live] != [sorted(g["params"]) for g in saved]:
         raise ValueError("the checkpoint's optimizer groups name other parameters than this optimizer's")
+
     def value(live_value: Any, saved_value: Any) -> Any:  # JSON turned tuples (betas) into lists
         return tuple(saved_value) if isinstance(live_value, tuple) else saved_value
 

@@ -39,7 +39,6 @@ from digenrl.sim.report import ALL, ROWS, Report, ideal_step_s, run_spec
 from digenrl.sim.testbed import Pool, Testbed, load_testbed, resize
 
 
-
 def mode_and_style(name: str) -> tuple[str, str | None]:
     """(scheduler mode, colocated style) of a row label or of a run.mode `digenrl train` accepts.
     run.mode=colocated is not a row: it is the runtime's colocated mode (style None, one memory

@@ -193,7 +193,6 @@ def degrees(model: str, limit: int) -> list[int]:
     return [d for d in DEGREES if d <= limit and CATALOGUE[model].allows(d)]
 
 
-
 # ----------------------------------------------------------------------------- units, summed over a gang's ranks
 
 

@@ -24,6 +24,7 @@ from digenrl.rollout import SampleSpec, advance, start
 from digenrl.models.lora import trainable_state_dict
 from tests.learner.tiny_setup import ADVANTAGES, CONFIG, SPEC, T_STEPS, WORLD, four_sample_batch, rows_of, tiny_policy
 
+
 def _single_device(lora_rank: int) -> dict:
     policy = tiny_policy(2, lora_rank)
     traj = four_sample_batch(policy)

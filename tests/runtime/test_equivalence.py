@@ -27,8 +27,6 @@ RUNTIME_KEYS = ("mode", "staleness_max", "bubble_ratio_rollout", "bubble_ratio_t
                 "weight_sync_s", "weight_sync_bytes")
 
 
-
-
 ON_POLICY = {
     # mode: extra overrides (pool sizes chosen to cover the all-reduce, TSP and TAG paths)
     "colocated": [],  # 2 colocated workers (rollout + trainer devices): all-reduce
@@ -273,6 +271,8 @@ def test_consistency_keys_act_on_ray_as_on_one_device(ray_cluster, tmp_path, mod
         assert a["consistency/gap_abs_max"] == pytest.approx(b["consistency/gap_abs_max"], rel=1e-3)
         assert a["consistency/gap_abs_mean"] == pytest.approx(b["consistency/gap_abs_mean"], rel=1e-3)
         assert a["consistency/is_weight_mean"] == pytest.approx(b["consistency/is_weight_mean"], rel=1e-6)
+
+
 # DiffusionNFT with its old policy kept (train.nft_decay): d = 0.5 from version 1, so step 2's
 # rollouts come from an old policy that differs from the trained one, and beta 0.5 acts
 NFT_DECAY = [*NFT, "train.nft_decay=0.5", "train.nft_decay_rate=0.5", "train.nft_beta=0.5"]

@@ -160,6 +160,9 @@ def test_consistency_keys_act_on_gangs(ray_cluster, tmp_path):
         assert a["consistency/gap_abs_max"] > 0
         assert a["consistency/gap_abs_max"] == pytest.approx(b["consistency/gap_abs_max"], rel=1e-3)
         assert a["consistency/gap_abs_mean"] == pytest.approx(b["consistency/gap_abs_mean"], rel=1e-3)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["lora", "full"])
 def test_nft_old_policy_on_gangs_runs_as_charged(ray_cluster, tmp_path, case):
     """train.nft_decay on 2 gangs x 2 ranks: every rank runs the v_old forward on its swapped

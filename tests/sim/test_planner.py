@@ -183,6 +183,7 @@ def test_simulate_on_two_processes_reports_what_one_process_does():
     one = simulate(load_testbed(SMALL))
     with jobs(2):
         two = simulate(load_testbed(SMALL))
+
     def knobs(rep):  # a plan's dict, less the seconds it took
         return {k: {f: v for f, v in p.items() if f != "wall_s"} for k, p in rep.plans.items()}
     assert knobs(two) == knobs(one) and two.unfit == one.unfit
