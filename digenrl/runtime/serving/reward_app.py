@@ -236,6 +236,7 @@ async def read_body(request: Request, limit: int, read_timeout_s: float) -> byte
             raise ValueError
     except ValueError:
         raise RequestError(400, "malformed_request", f"bad Content-Length {raw!r}") from None
+    deadline = asyncio.get_running_loop().time() + read_timeout_s
     try:
         if length > limit:
             if length <= DRAIN_FACTOR * limit:
@@ -246,6 +247,11 @@ async def read_body(request: Request, limit: int, read_timeout_s: float) -> byte
                 f"({limit / 2**20:.2f} MiB); send fewer samples per request",
             )  # fmt: skip
         body = await asyncio.wait_for(_receive(request, keep=True), read_timeout_s)
+        # A reward batch on the event loop (reward_on "loop") holds the timer: when the loop
+        # comes back, the rest of a stalled body may be read before the timer fires. The
+        # deadline holds either way: a body complete only after it is a 408.
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError
     except TimeoutError:
         message = f"the body did not arrive within the server's read_timeout_s ({read_timeout_s} s)"
         raise RequestError(408, "request_timeout", message) from None
