@@ -107,8 +107,8 @@ _UNIT_COST = by_kind(generate=MeasuredDurations._generate, reward=MeasuredDurati
 
 
 def steady_rate(run: RunContract, fn, steps: int, samples_per_step: int) -> float:
-    """Simulated samples/s between optimizer-step ends steps // 3 and steps - 2 (as
-    digenrl.sim.report.measure: pipeline fill and drain excluded)."""
+    """Simulated samples/s between the optimizer-step ends of digenrl.sim.report.window (as
+    report.measure: pipeline fill and drain excluded)."""
     t0, t1, n = steady_window(run_virtual(Scheduler(run.sched, run.workers()), fn), steps)
     return samples_per_step * n / (t1 - t0)
 

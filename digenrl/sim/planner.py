@@ -49,7 +49,8 @@ cannot beat the incumbent is not simulated, and a simulation stops as soon as it
 it cannot win (report.run_spec_within); neither could have been accepted, so the search takes the
 path it takes without them (plan(prune=False) is that reference; tests/sim/test_planner.py
 compares the two). Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of
-their steps starts from the same idle state, so 4 steps measure what 12 do (to ~1e-13).
+their steps starts from the same idle state, so 3 steps (one filling, one measured, one
+draining: report.window) measure what 12 do (to ~1e-13).
 
 The analytic split. Per sample, generation + reward takes g seconds on a rollout GPU and
 training (all trained steps) t seconds on a trainer GPU; the pools are balanced when
@@ -83,7 +84,7 @@ SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_
 RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
 EARLY_STOP = True  # _Evaluator: stop a simulation once its bound shows it cannot win
-ON_POLICY_STEPS = 4  # ... for lag-0 modes, whose steps all start alike (_Evaluator)
+ON_POLICY_STEPS = 3  # ... for lag-0 modes, whose steps all start alike (_Evaluator)
 PEER_ROWS = ("verl-omni", "genrl", "flow_grpo")  # the shipped peers simulate() puts beside colocated-ideal
 
 
@@ -369,7 +370,7 @@ class _Evaluator:
     """Simulates grid points once each (memo). `prune`: a point whose point_bound is at least the
     incumbent's step time is answered with its bound (_Pruned) instead, and simulated later if a
     worse incumbent asks again. Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS:
-    every step of theirs starts from the same idle state, so 4 steps measure what 12 do (equal
+    every step of theirs starts from the same idle state, so 3 steps measure what 12 do (equal
     to ~1e-13, tests/sim/test_planner.py)."""
 
     def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True, pool=None):

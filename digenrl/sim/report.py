@@ -18,10 +18,12 @@ Steady state. An RL run is long; a simulated one is a few steps, so its ends wou
 dominate: the first steps fill the pipeline (the modes that generate ahead, one-step-off and
 TCSS, reach their steady pattern after ~5 steps, often a cycle of 2-3 steps of different
 lengths), and the last step has no next step to generate (drain, which flatters them).
-Throughput is therefore measured between optimizer-step ends a = steps // 3 and
-b = steps - 2:
+Throughput is therefore measured between optimizer-step ends a = min(steps // 3, steps - 3)
+and b = steps - 2 (`window`):
     step_s = (t_opt[b] - t_opt[a]) / (b - a),   throughput = samples_per_step / step_s
-(default 12 steps: a window of 6, two cycles of 3). With steps < 3 the whole run is the window.
+(default 12 steps: a window of 6, two cycles of 3; 3 steps: the second step alone, which the
+planner uses for lag-0 modes, whose steps all start from the same idle state). With steps < 3
+the whole run is the window.
 
 The window is charged the work of the steps it measures. Modes that generate ahead (TCSS,
 one-step-off) may enter the window with generation done for its steps before t0 (a lead
@@ -147,7 +149,7 @@ class Bound:
     def after(self, steps: int, c: int, elapsed: float) -> float:
         """The bound once optimizer step c (>= the window's first, a) ended `elapsed` seconds
         after the window opened: every step left to the window's last, b, takes trainer_step_s."""
-        a, b = (steps // 3, steps - 2) if steps >= 4 else (-1, steps - 1)
+        a, b = window(steps)
         return (elapsed + (b - c) * self.trainer_step_s - self.other_s) / (b - a)
 
 
@@ -168,7 +170,8 @@ def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: fl
       rollout     lag-0 modes without TAG: the same for generation on the R rollout GPUs
     Raises ValueError where the point cannot run (as run_spec would)."""
     cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
-    n_win = (steps - 2) - steps // 3 if steps >= 4 else steps
+    a, b = window(steps)
+    n_win = b - a
     lay = fn.layout
     trainers = [w for w in lay.workers if w.role in ("trainer", "colocated")]
     rollout = [w for w in lay.workers if w.role == "rollout"]
@@ -203,7 +206,7 @@ def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incum
     """run_spec, stopped as soon as the point's bound (Bound.after, once its window opened) shows
     its step time cannot be below `incumbent`: returns the RunResult, or the bound it reached."""
     cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
-    a, b = (steps // 3, steps - 2) if steps >= 4 else (-1, steps - 1)
+    a, b = window(steps)
     limit = incumbent * (1 + 1e-9)
     t0 = [0.0 if a < 0 else None]
     reached = [None]
@@ -279,24 +282,30 @@ def _step_generation_max(fn: DurationFn, run, trainers: list, rollout: list) -> 
     return total
 
 
+def window(steps: int) -> tuple[int, int]:
+    """(a, b): the steady window runs from optimizer step a's end to step b's and measures
+    steps a+1..b (module doc). At least one step fills and the last drains: a = min(steps // 3,
+    steps - 3), b = steps - 2; fewer than 3 steps: the whole run (a = -1, b = steps - 1)."""
+    if steps >= 3:
+        return min(steps // 3, steps - 3), steps - 2
+    return -1, steps - 1
+
+
 def steady_window(trace: Trace, steps: int) -> tuple[float, float, int]:
-    """(t0, t1, RL steps between them): optimizer-step ends steps // 3 and steps - 2, or the
-    whole run when steps < 3 (see the module doc)."""
+    """(t0, t1, RL steps between them): optimizer-step ends a and b of `window`, or the whole
+    run when steps < 3 (see the module doc)."""
     t0, t1, a, b = _window(trace, steps)
     return t0, t1, b - a
 
 
 def _window(trace: Trace, steps: int) -> tuple[float, float, int, int]:
-    """(t0, t1, a, b): the window's times and its steps a+1..b (a = -1: the whole run). The
-    steady window (from step steps//3 to steps-2) needs 4 steps to hold one; fewer: the whole run."""
+    """(t0, t1, a, b): the window's times and its steps a+1..b (`window`; a = -1: the whole run)."""
     opt_end: dict[int, float] = {}
     for s in trace.spans:
         if s.kind == "optimizer":
             opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
-    if steps >= 4:
-        a, b = steps // 3, steps - 2
-        return opt_end[a], opt_end[b], a, b
-    return 0.0, opt_end[steps - 1], -1, steps - 1
+    a, b = window(steps)
+    return (opt_end[a] if a >= 0 else 0.0), opt_end[b], a, b
 
 
 def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int,

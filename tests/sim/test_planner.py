@@ -55,13 +55,13 @@ def _same_plan(tb, label: str) -> None:
     mode, style = ROWS[label]
     fast, ref = plan(tb, mode=mode, style=style), plan(tb, mode=mode, style=style, prune=False)
     assert fast.spec == ref.spec, (tb.name, label, fast.spec, ref.spec)
-    assert fast.step_s == pytest.approx(ref.step_s, rel=1e-9)  # lag-0 rows: 4 steps measure what 12 do
+    assert fast.step_s == pytest.approx(ref.step_s, rel=1e-9)  # lag-0 rows: 3 steps measure what 12 do
 
 
 @pytest.mark.parametrize("label", ["colocated-ideal", "verl-omni", "disagg-sync", "one-step-off", "gap+tsp",
                                    "gap+tsp+tag", "digenrl"])
 def test_pruned_search_chooses_what_the_unpruned_one_does(label):
-    """Pruning by lower bounds, early stops and 4-step lag-0 runs change what is simulated, not the plan."""
+    """Pruning by lower bounds, early stops and 3-step lag-0 runs change what is simulated, not the plan."""
     _same_plan(load_testbed(SMALL), label)
 
 
@@ -79,11 +79,11 @@ def test_pruned_search_chooses_what_the_unpruned_one_does_on_every_preset(preset
 
 def test_point_bound_is_below_every_run():
     """report.point_bound (and the early stop built on it) is a lower bound: random points of every row
-    on two testbeds, 12 steps (lag-1) or 4 (lag-0) as the planner simulates them."""
+    on two testbeds, 12 steps (lag-1) or ON_POLICY_STEPS (lag-0) as the planner simulates them."""
     import random
 
     from digenrl.sim.costs import default_cost_model
-    from digenrl.sim.planner import _spec, snap
+    from digenrl.sim.planner import ON_POLICY_STEPS, _spec, snap
     from digenrl.sim.report import ON_POLICY, point_bound, run_spec, run_spec_within
 
     cm, rng, n = default_cost_model(), random.Random(7), 0
@@ -92,7 +92,7 @@ def test_point_bound_is_below_every_run():
         for label, (mode, style) in ROWS.items():
             if mode == "colocated" and name != SMALL:
                 continue
-            steps = 4 if mode in ON_POLICY else 12
+            steps = ON_POLICY_STEPS if mode in ON_POLICY else 12
             for _ in range(3):
                 spec = _spec(mode, snap(tb, {k: rng.choice(v) for k, v in grid(tb, mode, style).items()}), style)
                 try:
