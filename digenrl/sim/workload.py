@@ -19,7 +19,7 @@ from typing import Optional
 from digenrl.config.schema import Config, ConfigError, load_config
 from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.rewards import REWARD_NAMES
-from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
+from digenrl.sim.catalogue import FAMILY_PREFIX, family_of, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.sp import check_degree, degrees
@@ -81,10 +81,11 @@ class RunSpec:
 
 
 def family(model: str) -> str:
-    """The model.name of a cost-model entry (e.g. 'flux.1-12b' -> 'flux')."""
-    for name, prefix in FAMILY_PREFIX.items():
-        if model.startswith(prefix):
-            return name
+    """The model.name of a cost-model entry (e.g. 'flux.1-12b' -> 'flux', 'flux.1-kontext-12b'
+    -> 'flux-kontext': the longest prefix, catalogue.family_of)."""
+    name = family_of(model)
+    if name is not None:
+        return name
     raise ConfigError(f"model.name: the cost model's {model!r} has no runtime adapter; "
                       f"known families: {', '.join(FAMILY_PREFIX)}")
 
@@ -198,6 +199,8 @@ def _fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel], after_step: bo
     sp = sp or tb.trainer_sp or 1
     dev = (tb.pool("trainer") or tb.pools)[0].device
     sizes = [d for d in range(2 if offload else 1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0 and d % sp == 0]
+    if not get_model(tb.model).fsdp:  # no sharded gang (two experts): a replica or nothing
+        sizes = [d for d in sizes if d == 1]
     rep = None
     for n in sizes:
         rep = cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,
