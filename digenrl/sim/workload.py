@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from digenrl.config.schema import Config, ConfigError, load_config
+from digenrl.models.diffusers_adapters import CONDITIONING
 from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.rewards import REWARD_NAMES
 from digenrl.sim.catalogue import FAMILY_PREFIX, family_of, get_model
@@ -142,17 +143,22 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
     trainer //= gang
     rollout //= rgang
     dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
+    name = family(tb.model)
+    if name in CONDITIONING and tb.prompts is None:
+        raise ConfigError(f"data.prompts: {name} is conditioned on a {CONDITIONING[name]} per prompt; the testbed "
+                          f"{tb.name!r} names no rows file (its key 'prompts: FILE.jsonl')")
+    rows = {"prompts": tb.prompts, "eval_prompts": tb.prompts} if tb.prompts else {}
     rpool = (tb.pool("rollout") or tb.pools)[0]
     tpool = (tb.pool("trainer") or tb.pools)[0]
     tree = {
-        "model": {"name": family(tb.model), "device": "cuda", "height": tb.height, "width": tb.width,
+        "model": {"name": name, "device": "cuda", "height": tb.height, "width": tb.width,
                   "frames": tb.frames if get_model(tb.model).kind == "video" else 0,
                   "lora_rank": tb.lora_rank if tb.lora else 0, "grad_ckpt": tb.grad_ckpt,
                   "dtype": "bfloat16"},
         "sampling": {"num_steps": tb.denoise_steps, "cfg_scale": CFG_SCALE if tb.cfg else 1.0,
                      **({"window": "all-but-last"} if trained == usable
                         else {"window": "contiguous", "window_size": trained})},
-        "data": {"groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
+        "data": {**rows, "groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
                  "micro_batch_groups": 1 if per_sample else min(spec.micro_batch_groups, tb.groups_per_step),
                  "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
         "reward": {"weights": {tb.reward: 1.0}} if tb.reward in REWARD_NAMES else {},  # else: the default
