@@ -177,9 +177,7 @@ def list_presets() -> list[str]:
 def load_testbed(name_or_path: str | Path, **overrides) -> Testbed:
     """A preset by name (see list_presets) or a YAML path; keyword overrides replace keys."""
     p = Path(name_or_path)
-    if str(name_or_path) in list_presets():  # before the suffix test: "h200x16-qwen-image-2.1" has one
-        p = Path(str(resources.files("digenrl.sim") / "testbeds" / f"{name_or_path}.yaml"))
-    elif not p.suffix:
+    if not p.suffix:
         if str(name_or_path) not in list_presets():
             raise TestbedError(f"unknown testbed preset {str(name_or_path)!r}; allowed: {list_presets()}")
         p = Path(str(resources.files("digenrl.sim") / "testbeds" / f"{name_or_path}.yaml"))

@@ -8,6 +8,8 @@ with that reason until the family is registered.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from digenrl.config.schema import SP_FAMILIES, dump_config, load_config
@@ -18,6 +20,7 @@ from digenrl.sim.catalogue import (FAMILY_PREFIX, MODELS, Shape, family_models, 
 
 # issue 28's new families: adapters written on another branch, catalogued here
 PENDING = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2")
+TESTBEDS = Path(__file__).resolve().parents[2] / "benchmarks" / "testbeds"
 
 
 def test_every_family_has_an_entry_and_every_entry_a_family():
@@ -150,13 +153,14 @@ def test_sequence_parallel_degrees_only_for_families_that_run_it():
     assert degrees("wan2.1-14b", 8) == [1, 2, 4, 8]
 
 
-def test_new_presets_load_by_name():
-    """Preset names with a dot (qwen-image-2.1, hunyuan-video-1.5) are presets, not file suffixes."""
+def test_new_family_testbeds_load():
+    """benchmarks/testbeds/: one 16-GPU testbed per issue-28 family (not packaged presets: the
+    presets are what sim_fingerprint and the preset tests run)."""
     from digenrl.sim.testbed import load_testbed
 
     for name in PENDING:
-        tb = load_testbed(f"h200x16-{name}")
-        assert family_of(tb.model) == name and tb.n_gpus == 16
+        tb = load_testbed(TESTBEDS / f"h200x16-{name}.yaml")
+        assert family_of(tb.model) == name and tb.n_gpus == 16 and tb.name == f"h200x16-{name}"
 
 
 @pytest.mark.slow
@@ -198,7 +202,7 @@ def test_new_preset_plans_as_a_config_train_accepts(name, tmp_path):
     if name not in FAMILIES:
         pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28, branch i35-famnew); "
                     "the schema refuses model.name until it is")
-    tb = load_testbed(f"h200x16-{name}")
+    tb = load_testbed(TESTBEDS / f"h200x16-{name}.yaml")
     path = tmp_path / "plan.yaml"
     path.write_text(dump_config(config_for(tb, RunSpec("digenrl", n_rollout=8), 2)))
     assert load_config(path).model.name == name
