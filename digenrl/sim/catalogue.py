@@ -135,7 +135,8 @@ MODELS: dict[str, ModelSpec] = {
         # 56 * 13 * 6144^2 = 27.48B per token.
         ModelSpec("flux.2-dev-32b", 32.223, "image", 6144, 56, 27.48, 512, Shape(1024, 1024), "flux2-vae",
                   "mistral-small-3.1-24b-x3", 8 * 8 + 48 * 5, scaled_from="flux.1-12b", token_values=128),
-        # Z-Image (Tongyi-MAI/Z-Image-Turbo: dim 3840, 30 layers + 2 noise refiners, 30 heads):
+        # Z-Image (ZImageTransformer2DModel's defaults, Z-Image-Turbo's config: dim 3840, 30 layers +
+        # 2 noise refiners, 30 heads; the recipe's base Z-Image is assumed to share them):
         # single stream, 12 d^2 per layer (attention 4 + SwiGLU 8) over 32 layers = 5.66B per token.
         # Text: each caption's own tokens (the adapter cuts the padding): 128 is an ESTIMATE.
         ModelSpec("z-image-6b", 6.155, "image", 3840, 32, 5.66, 128, Shape(1024, 1024), "flux-vae",
