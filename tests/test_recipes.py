@@ -18,11 +18,22 @@ FAMILY_RECIPES = {
     "hunyuan-video": "hunyuan_video_pickscore.yaml",
 }
 
+# last round's families (issue 28): Flow-Factory's GRPO LoRA examples (each recipe cites its lines)
+NEW_FAMILY_RECIPES = {
+    "wan2.2": "wan22_pickscore.yaml",
+    "wan-i2v": "wan_i2v_pickscore.yaml",
+    "flux-kontext": "flux_kontext_pickscore.yaml",
+    "qwen-image-edit": "qwen_image_edit_pickscore.yaml",
+    "flux2-klein": "flux2_klein_pickscore.yaml",
+    "z-image": "z_image_pickscore.yaml",
+}
+
 
 def test_recipes_found():
     names = {p.name for p in RECIPES}
     assert {"toy_full.yaml", "toy_fast.yaml"} <= names
     assert set(FAMILY_RECIPES.values()) <= names
+    assert set(NEW_FAMILY_RECIPES.values()) <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -35,7 +46,7 @@ def test_recipe_validates(path):
     assert cfg2.model.path == "/somewhere/else" and cfg2.train.steps == 2
 
 
-@pytest.mark.parametrize("family,recipe", sorted(FAMILY_RECIPES.items()))
+@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES}.items()))
 def test_family_recipe_settings(family, recipe):
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
     assert cfg.model.name == family
@@ -43,17 +54,19 @@ def test_family_recipe_settings(family, recipe):
     assert cfg.model.path, "a hub id or placeholder the user overrides"
     assert cfg.model.prompt_cache, "diffusers recipes read prompt embeddings from a cache"
     assert "pickscore" in cfg.reward.weights and "pickscore" in cfg.reward.paths
-    if family in ("wan", "hunyuan-video"):
+    if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v"):
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
     assert cfg.model.height % 16 == 0 and cfg.model.width % 16 == 0
 
 
-# the cost model's name for each family at the recipe's checkpoint (digenrl/sim/costs.py)
+# the cost model's name for each family at the recipe's checkpoint (digenrl/sim/catalogue.py)
 COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-1.3b",
-                    "qwen-image": "qwen-image-20b", "hunyuan-video": "hunyuanvideo-13b"}
+                    "qwen-image": "qwen-image-20b", "hunyuan-video": "hunyuanvideo-13b",
+                    "wan2.2": "wan2.2-a14b", "wan-i2v": "wan2.1-i2v-14b", "flux-kontext": "flux.1-kontext-12b",
+                    "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b"}
 
 
-@pytest.mark.parametrize("family,recipe", sorted(FAMILY_RECIPES.items()))
+@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES}.items()))
 def test_family_recipe_roles_fit_one_h200(family, recipe):
     # what docs/models.md's tables say, as the recipe is written: a rollout worker generates a
     # micro-batch, a trainer holds the training state and backward_batch samples' activations
@@ -141,6 +154,30 @@ def test_family_recipe_samples_as_its_peer(family, recipe):
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
     s, m = cfg.sampling, cfg.model
     assert (s.sigmas, m.max_sequence_length, m.guidance) == PEER_SAMPLING[family]
+
+
+# What Flow-Factory's example samples and trains with (examples/grpo/lora/<x>.yaml, snapshot a0b2bc5):
+# (num_inference_steps, our cfg_scale for its guidance_scale, noise_level, learning_rate, height)
+FLOW_FACTORY = {
+    "wan2.2": (10, 4.0, 0.9, 1e-4, 480),  # wan22/t2v.yaml:63, 64, 96, 77, 61 (+ guidance_scale_2 3.0)
+    "wan-i2v": (10, 5.0, 0.9, 1e-4, 240),  # wan21/i2v.yaml:54, 55, 87, 66, 52
+    "flux-kontext": (10, 1.0, 0.9, 3e-4, 384),  # flux1_kontext/default.yaml:53, (54: embedded 2.5), 85, 65, 51
+    "qwen-image-edit": (10, 4.0, 1.0, 3e-4, 384),  # qwen_image_edit_plus/default.yaml:57, 58, 94, 69, 54
+    "flux2-klein": (8, 4.0, 0.7, 3e-4, 384),  # flux2_klein_base/default.yaml:53, 54, 90, 65, 51
+    "z-image": (10, 5.0, 0.7, 3e-4, 512),  # z_image/default.yaml:53, 54 (s = 1 + g), 80, 66, 52
+}
+
+
+@pytest.mark.parametrize("family,recipe", sorted(NEW_FAMILY_RECIPES.items()))
+def test_new_family_recipe_follows_flow_factory(family, recipe):
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+    s, m, t = cfg.sampling, cfg.model, cfg.train
+    assert (s.num_steps, s.cfg_scale, s.noise_level, t.lr, m.height) == FLOW_FACTORY[family]
+    # its shared settings: LoRA 64 / 128, clip 1e-4, no KL, one SDE step, group 16, 24 prompts per step
+    assert (m.lora_rank, m.lora_alpha, t.clip_range, t.beta) == (64, 128, 1e-4, 0.0)
+    assert (s.window, s.window_size, cfg.data.group_size, cfg.data.groups_per_step) == ("contiguous", 1, 16, 24)
+    assert (m.guidance, s.cfg_scale_low) == ((2.5, 0.0) if family == "flux-kontext" else
+                                             (0.0, 3.0) if family == "wan2.2" else (0.0, 0.0))
 
 
 def test_sd35_recipe_grid_ends_as_flow_grpos():

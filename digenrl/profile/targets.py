@@ -11,7 +11,6 @@ import torch
 
 from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES
 from digenrl.models.protocol import Cond
-from digenrl.sim.catalogue import FAMILY_PREFIX as COST_MODEL_PREFIX
 
 # profiling a conditioned family (one image per prompt: edit, image-to-video) is not built
 DIFFUSERS_FAMILIES = tuple(f for f in FAMILIES if f not in CONDITIONING)
@@ -45,11 +44,10 @@ class Target:
 
 def cost_model_name(family: str, params_B: float) -> Optional[str]:
     """The digenrl.sim.catalogue.MODELS entry this family and size is (within 10% of its params)."""
-    from digenrl.sim.catalogue import MODELS
+    from digenrl.sim.catalogue import MODELS, family_models
 
-    prefix = COST_MODEL_PREFIX.get(family)
-    for name, spec in MODELS.items():
-        if prefix and name.startswith(prefix) and abs(params_B / spec.params_B - 1.0) < 0.10:
+    for name in family_models(family):
+        if abs(params_B / MODELS[name].params_B - 1.0) < 0.10:
             return name
     return None
 
@@ -144,13 +142,12 @@ def load_target(args: argparse.Namespace, device: torch.device, dtype: torch.dty
     if not args.path:
         raise SystemExit(f"--model {model}: pass --path <diffusers pipeline folder> (or --random for sd3/flux)")
     from digenrl.models.diffusers_adapters import load_policy
-    from digenrl.sim.catalogue import MODELS
+    from digenrl.sim.catalogue import MODELS, family_models
 
     # default shape: the cost model's calibration shape for this family, if the size is known
     shape_opts = {}
     if not explicit_shape:
-        prefix = COST_MODEL_PREFIX[model]
-        specs = [m for n, m in MODELS.items() if n.startswith(prefix)]
+        specs = [MODELS[n] for n in family_models(model)]
         if len(specs) == 1 or (specs and all(s.calib_shape == specs[0].calib_shape for s in specs)):
             s = specs[0].calib_shape
             shape_opts = dict(height=s.height, width=s.width) | (dict(frames=s.frames) if s.frames > 1 else {})

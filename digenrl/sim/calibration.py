@@ -183,7 +183,7 @@ def scale_model(table: dict, name: str, src: str) -> None:
     activations by hidden * layers * tokens."""
     m, s = get_model(name), get_model(src)
     k_flops = forward_flops(m, tokens_for(m)) / forward_flops(s, tokens_for(s))
-    k_params = m.params_B / s.params_B
+    k_params = m.active_B / s.active_B  # weights one forward reads (two experts: one)
     k_act = (m.hidden * m.layers * tokens_for(m)) / (s.hidden * s.layers * tokens_for(s))
     for (model, op), fit in list(table.items()):
         if model != src:

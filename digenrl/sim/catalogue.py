@@ -61,6 +61,20 @@ class ModelSpec:
     text_encoder: str
     lora_mats: int
     scaled_from: str | None = None  # no measurement: costs scaled from this model
+    # The sequence (tokens_for): one token per `spatial` x `spatial` pixels (VAE factor x patch),
+    # per `temporal` frames for video (causal VAE: the first frame alone); `image_copies` 2 when
+    # a reference image's latents join the sample's (edit models).
+    spatial: int = 16
+    temporal: int = 4
+    image_copies: int = 1
+    token_values: int = 64  # latent values per image token (VAE channels x patch area): 16 x 2 x 2
+    linear_attn_dim: int = 0  # > 0: linear (kernel) attention with this head dim, no T^2 term (SANA)
+    fsdp: bool = True  # the runtime shards it in a trainer gang (False: two experts, schema refuses fsdp)
+    active_params_B: float | None = None  # parameters one forward reads (two experts: one of them)
+
+    @property
+    def active_B(self) -> float:
+        return self.params_B if self.active_params_B is None else self.active_params_B
 
 
 MODELS: dict[str, ModelSpec] = {
@@ -85,6 +99,75 @@ MODELS: dict[str, ModelSpec] = {
         # NOT measured: every cost scaled from wan2.1-14b by FLOPs (see calibration.scale_model), flagged estimated.
         ModelSpec("hunyuanvideo-13b", 12.821, "video", 3072, 60, 6.79, 256, Shape(480, 832, 33), "hunyuan-vae",
                   "llava-llama3-8b+clip-l", 20 * 8 + 40 * 4, scaled_from="wan2.1-14b"),
+        # ---- NOT measured: every entry below is scaled (calibration.scale_model) and flagged estimated.
+        # Parameters: the diffusers 0.42.1 transformer class built on the meta device from the
+        # config.json values quoted (tests/sim/test_catalogue_families.py counts them again).
+        # tok_params_B: d^2 per layer a token passes through, as for the entries above.
+        #
+        # Wan2.2 A14B (Wan-AI/Wan2.2-T2V-A14B-Diffusers): two Wan2.1-14B-shaped experts (dim 5120, 40
+        # layers, ffn 13824), one per step by noise level: both resident, one read per forward.
+        # LoRA on both (the default model.experts=both). FSDP refused by the schema (two experts).
+        ModelSpec("wan2.2-a14b", 2 * 14.288, "video", 5120, 40, 11.95, 0, Shape(480, 832, 33), "wan-vae",
+                  "umt5-xxl", 2 * 40 * 8, scaled_from="wan2.1-14b", fsdp=False, active_params_B=14.288),
+        # Wan2.1-I2V-14B-480P: the 14B plus image cross-attention (image_dim 1280, added_kv_proj_dim
+        # 5120: +2 d^2 per layer on the 257 CLIP tokens, not per video token), in_channels 36.
+        ModelSpec("wan2.1-i2v-14b", 16.395, "video", 5120, 40, 11.95, 0, Shape(480, 832, 33), "wan-vae",
+                  "umt5-xxl+clip-h", 40 * 8 + 40 * 2, scaled_from="wan2.1-14b"),
+        # FLUX.1-Kontext-dev: FLUX.1-dev's transformer; the reference's packed latents join the sequence.
+        ModelSpec("flux.1-kontext-12b", 11.901, "image", 3072, 57, 6.45, 512, Shape(1024, 1024), "flux-vae",
+                  "t5xxl+clip-l", 19 * 8 + 38 * 4, scaled_from="flux.1-12b", image_copies=2),
+        # Qwen-Image-Edit: Qwen-Image's transformer + the reference's latents; its text sequence holds
+        # the Qwen2.5-VL tokens of the reference (1036^2 / 28^2 = 37^2 = 1369 at 1 MP) + the prompt's:
+        # 1400 is an ESTIMATE (prompt length assumed ~30 after the template's 64 are dropped).
+        ModelSpec("qwen-image-edit-20b", 20.430, "image", 3072, 60, 6.79, 1400, Shape(1024, 1024),
+                  "qwen-image-vae", "qwen2.5-vl-7b+image", 60 * 8, scaled_from="qwen-image-20b", image_copies=2),
+        # FLUX.2 [klein] 4B (black-forest-labs/FLUX.2-klein-4B transformer/config.json: num_layers 5,
+        # num_single_layers 20, 24 heads x 128, joint_attention_dim 7680, mlp_ratio 3, in_channels 128):
+        # 13 d^2 per block (qkv 3 + out 1 + SwiGLU 6 + 3), 25 * 13 * 3072^2 = 3.07B per token.
+        # Latents: 32-channel /8 VAE, 2x2-patchified into 128 channels, one token per 16x16 pixels.
+        ModelSpec("flux.2-klein-4b", 3.876, "image", 3072, 25, 3.07, 512, Shape(1024, 1024), "flux2-vae",
+                  "qwen3-4b-x3", 5 * 8 + 20 * 5, scaled_from="flux.1-12b", token_values=128),
+        # FLUX.2 [klein] 9B (num_layers 8, num_single_layers 24, 32 heads x 128, joint dim 12288):
+        # 32 * 13 * 4096^2 = 6.98B per token.
+        ModelSpec("flux.2-klein-9b", 9.079, "image", 4096, 32, 6.98, 512, Shape(1024, 1024), "flux2-vae",
+                  "qwen3-8b-x3", 8 * 8 + 24 * 5, scaled_from="flux.1-12b", token_values=128),
+        # FLUX.2-dev (num_layers 8, num_single_layers 48, 48 heads x 128, joint dim 15360):
+        # 56 * 13 * 6144^2 = 27.48B per token.
+        ModelSpec("flux.2-dev-32b", 32.223, "image", 6144, 56, 27.48, 512, Shape(1024, 1024), "flux2-vae",
+                  "mistral-small-3.1-24b-x3", 8 * 8 + 48 * 5, scaled_from="flux.1-12b", token_values=128),
+        # Z-Image (ZImageTransformer2DModel's defaults, Z-Image-Turbo's config: dim 3840, 30 layers +
+        # 2 noise refiners, 30 heads; the recipe's base Z-Image is assumed to share them):
+        # single stream, 12 d^2 per layer (attention 4 + SwiGLU 8) over 32 layers = 5.66B per token.
+        # Text: each caption's own tokens (the adapter cuts the padding): 128 is an ESTIMATE.
+        ModelSpec("z-image-6b", 6.155, "image", 3840, 32, 5.66, 128, Shape(1024, 1024), "flux-vae",
+                  "qwen3-4b", 34 * 4, scaled_from="flux.1-12b"),
+        # Qwen-Image-2.1 (QwenImage21Transformer2DModel: 32 single-stream layers, 32 heads x 128,
+        # mlp_ratio 3, context_in_dim 4096): 32 * 13 * 4096^2 = 6.98B per token; /16 VAE with 64
+        # channels, patch 1. Text: Qwen3-VL-8B states of the masked prompt, 256 an ESTIMATE.
+        ModelSpec("qwen-image-2.1-7b", 7.115, "image", 4096, 32, 6.98, 256, Shape(1024, 1024),
+                  "qwen-image-2.1-vae", "qwen3-vl-8b", 32 * 4, scaled_from="qwen-image-20b"),
+        # SANA 1.6B (Efficient-Large-Model/Sana_1600M_1024px_diffusers: 20 layers, 70 heads x 32 =
+        # 2240, mlp_ratio 2.5, caption 2304): linear self-attention, text by cross-attention;
+        # (4 self + 2 cross q/o + 7.5 Mix-FFN) d^2 * 20 = 1.355B per token; DC-AE /32, patch 1.
+        ModelSpec("sana-1.6b", 1.604, "image", 2240, 20, 1.355, 0, Shape(1024, 1024), "dc-ae-f32c32",
+                  "gemma-2-2b", 20 * 8, scaled_from="sd3.5-medium", spatial=32, token_values=32,
+                  linear_attn_dim=32),
+        # SANA-Video 2B (Efficient-Large-Model/SANA-Video_2B_480p_diffusers: 20 layers, 20 heads x
+        # 112, Wan2.1 VAE, patch 1x2x2): linear attention; blocks 1.860B less the text k/v (2 d^2 per
+        # layer) = 1.66B per token.
+        ModelSpec("sana-video-2b", 1.906, "video", 2240, 20, 1.66, 0, Shape(480, 832, 81), "wan-vae",
+                  "gemma-2-2b", 20 * 8, scaled_from="wan2.1-1.3b", linear_attn_dim=112),
+        # HunyuanVideo-1.5 (hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v: 54 dual-stream layers,
+        # 16 heads x 128 = 2048, mlp_ratio 4): 54 * 12 * 2048^2 = 2.72B per token; VAE 16x in space,
+        # 4x in time, 32 channels, patch 1. Joint text: 1000 Qwen2.5-VL + 256 byT5 tokens (padded).
+        ModelSpec("hunyuanvideo-1.5-8b", 8.327, "video", 2048, 54, 2.72, 1256, Shape(480, 848, 121),
+                  "hunyuan15-vae", "qwen2.5-vl-7b+byt5", 54 * 8, scaled_from="wan2.1-14b", token_values=32),
+        # LTX-2 (Lightricks/LTX-2: 48 layers, video 32 heads x 128 = 4096, audio 32 x 64; VAE 32x in
+        # space, 8x in time, 128 channels, patch 1): per video token (4 self + 2 cross + 8 FFN +
+        # 2 audio-to-video q/o) d^2 * 48 = 12.88B. The audio stream (25 latent frames/s: ~126 tokens
+        # for 121 frames at 24 fps, ~2% of the video's 6144) is left out of T.
+        ModelSpec("ltx-2-19b", 18.876, "video", 4096, 48, 12.88, 0, Shape(512, 768, 121), "ltx2-vae",
+                  "gemma-3-12b", 48 * 8, scaled_from="wan2.1-14b", spatial=32, temporal=8, token_values=128),
     ]
 }
 
@@ -96,29 +179,48 @@ def get_model(name: str) -> ModelSpec:
         raise KeyError(f"unknown model {name!r}; allowed: {sorted(MODELS)}") from None
 
 
-def tokens_for(model: str | ModelSpec, shape: Shape | None = None) -> int:
-    """Sequence length of one sample: latent patches (+ text tokens in joint attention).
+def image_patches(model: str | ModelSpec, shape: Shape | None = None) -> int:
+    """Latent tokens of one sample's own output (no text, no reference image): (H/s)(W/s), x the
+    latent frames ((F-1)/t + 1) for video, with s = ModelSpec.spatial and t = ModelSpec.temporal."""
+    m = get_model(model) if isinstance(model, str) else model
+    s = shape or m.calib_shape
+    if s.height % m.spatial or s.width % m.spatial:
+        raise ValueError(f"height and width must be multiples of {m.spatial} for {m.name}, got {s.height}x{s.width}")
+    patches = (s.height // m.spatial) * (s.width // m.spatial)
+    if m.kind == "video":
+        if (s.frames - 1) % m.temporal:
+            raise ValueError(f"frames must be {m.temporal}k+1 for {m.name} (causal video VAE), got {s.frames}")
+        patches *= (s.frames - 1) // m.temporal + 1
+    return patches
 
-    Image models: VAE /8, patch 2 -> (H/16)(W/16). Video (Wan, HunyuanVideo): causal
-    VAE 4x in time, 8x in space, patch 1x2x2 -> ((F-1)/4 + 1)(H/16)(W/16). Text tokens:
+
+def tokens_for(model: str | ModelSpec, shape: Shape | None = None) -> int:
+    """Sequence length of one sample: latent patches (+ a reference image's, + text tokens in
+    joint attention).
+
+    Most families: VAE /8, patch 2 -> (H/16)(W/16); video (Wan, HunyuanVideo): causal VAE 4x in
+    time, patch 1x2x2 -> ((F-1)/4 + 1)(H/16)(W/16). SANA (DC-AE /32, patch 1) and LTX-2 (/32,
+    8x in time) set ModelSpec.spatial / temporal. Edit models (FLUX.1 Kontext, Qwen-Image-Edit)
+    append the reference's latents at the output size (image_copies 2). Text tokens:
     shape.text_tokens when a recipe sets its own prompt length, else the model's default.
     """
     m = get_model(model) if isinstance(model, str) else model
     s = shape or m.calib_shape
-    if s.height % 16 or s.width % 16:
-        raise ValueError(f"height and width must be multiples of 16 for {m.name}, got {s.height}x{s.width}")
-    patches = (s.height // 16) * (s.width // 16)
-    if m.kind == "video":
-        if (s.frames - 1) % 4:
-            raise ValueError(f"frames must be 4k+1 for {m.name} (causal video VAE), got {s.frames}")
-        patches *= (s.frames - 1) // 4 + 1
-    return patches + (m.text_tokens if s.text_tokens is None else s.text_tokens)
+    return image_patches(m, s) * m.image_copies + (m.text_tokens if s.text_tokens is None else s.text_tokens)
+
+
+def latent_values(model: str | ModelSpec, shape: Shape | None = None) -> int:
+    """Values of one sample's latent (what a trajectory stores per step): its patches x token_values."""
+    m = get_model(model) if isinstance(model, str) else model
+    return image_patches(m, shape) * m.token_values
 
 
 def forward_flops(model: str | ModelSpec, tokens: int) -> float:
-    """FLOPs of one forward for one sample: 2 * linear params * T + 4 * d * L * T^2 (QK^T, AV)."""
+    """FLOPs of one forward for one sample: 2 * linear params * T + 4 * d * L * T^2 (QK^T, AV);
+    linear attention (SANA): 4 * d * L * T * head_dim (K^T V, then Q (K^T V))."""
     m = get_model(model) if isinstance(model, str) else model
-    return 2e9 * m.tok_params_B * tokens + 4.0 * m.hidden * m.layers * tokens**2
+    attn = tokens * m.linear_attn_dim if m.linear_attn_dim else tokens**2
+    return 2e9 * m.tok_params_B * tokens + 4.0 * m.hidden * m.layers * attn
 
 
 # Text encoders: (params_B, text tokens per prompt). Only T5-XXL at 512 tokens is measured;
@@ -130,12 +232,26 @@ TEXT_ENCODERS = {
     "umt5-xxl": (5.680, 512),
     "qwen2.5-vl-7b": (8.290, 256),  # whole VLM resident; text-only prompts use the 7.6B LM
     "llava-llama3-8b+clip-l": (8.400, 256),
+    # not measured: scaled like the others (params from the model cards; tokens: the pipelines'
+    # max_sequence_length, diffusers 0.42.1)
+    "qwen2.5-vl-7b+image": (8.290, 1400),  # Qwen-Image-Edit: the reference's VL tokens + the prompt (estimate)
+    "umt5-xxl+clip-h": (6.312, 512),  # Wan I2V: + the CLIP ViT-H/14 image tower (0.632B)
+    "qwen3-4b": (4.022, 512),  # Z-Image
+    "qwen3-4b-x3": (4.022, 512),  # FLUX.2 klein 4B: three layers' states stacked
+    "qwen3-8b-x3": (8.191, 512),  # FLUX.2 klein 9B
+    "mistral-small-3.1-24b-x3": (24.011, 512),  # FLUX.2-dev
+    "qwen3-vl-8b": (8.770, 256),  # Qwen-Image-2.1 (the prompt's length: estimate)
+    "gemma-2-2b": (2.614, 300),  # SANA, SANA-Video
+    "qwen2.5-vl-7b+byt5": (7.290, 1256),  # HunyuanVideo-1.5: the 7.07B LM + byT5-small's encoder
+    "gemma-3-12b": (12.190, 1024),  # LTX-2
 }
 
 # Width of the text-encoder states a pipeline passes to the transformer (prompt_embeds[-1]).
 TEXT_DIMS = {"t5xxl": 4096, "t5xxl+clip-l": 4096, "t5xxl+clip-l+clip-g": 4096, "umt5-xxl": 4096,
-             "qwen2.5-vl-7b": 3584, "llava-llama3-8b+clip-l": 4096}
-LATENT_CHANNELS = 16  # every family here: 16-channel VAE latents at 1/8 of the pixels (1/4 of the frames)
+             "qwen2.5-vl-7b": 3584, "llava-llama3-8b+clip-l": 4096, "qwen2.5-vl-7b+image": 3584,
+             "umt5-xxl+clip-h": 4096, "qwen3-4b": 2560, "qwen3-4b-x3": 3 * 2560, "qwen3-8b-x3": 3 * 4096,
+             "mistral-small-3.1-24b-x3": 3 * 5120, "qwen3-vl-8b": 4096, "gemma-2-2b": 2304,
+             "qwen2.5-vl-7b+byt5": 3584, "gemma-3-12b": 3840}
 
 # VAEs: decoder params_B, the calibration entry whose per-pixel cost it uses, and a factor.
 VAES = {
@@ -145,6 +261,13 @@ VAES = {
     "wan-vae": (0.127, "wan-vae", 1.0),
     # Wan2.1 report: Wan-VAE decodes ~2.5x faster than HunyuanVideo's VAE on the same GPU.
     "hunyuan-vae": (0.246, "wan-vae", 2.5),
+    # not measured, and no published speed ratio: the calibration VAE's per-pixel cost as it is
+    # (params: encoder + decoder, the diffusers 0.42.1 classes' default configs on the meta device)
+    "flux2-vae": (0.084, "flux-vae", 1.0),  # AutoencoderKLFlux2, 32 channels
+    "dc-ae-f32c32": (0.363, "flux-vae", 1.0),  # SANA's AutoencoderDC
+    "qwen-image-2.1-vae": (0.338, "flux-vae", 1.0),  # AutoencoderKLQwenImage21
+    "hunyuan15-vae": (1.261, "wan-vae", 1.0),  # AutoencoderKLHunyuanVideo15
+    "ltx2-vae": (1.276, "wan-vae", 1.0),  # AutoencoderKLLTX2Video 1.223 + AutoencoderKLLTX2Audio 0.053 (vocoder not counted)
 }
 # The shape each calibration VAE was measured at: decode time and memory scale by pixels / these pixels.
 VAE_CALIB_SHAPES = {"flux-vae": Shape(1024, 1024), "wan-vae": Shape(480, 832, 33)}
@@ -237,6 +360,24 @@ def get_link(name: str | Link) -> Link:
 
 
 # The runtime's model.name (a diffusers family, digenrl.models.diffusers_adapters.FAMILIES)
-# -> the name prefix of its entries in MODELS (the size picks the entry).
+# -> the name prefix of its entries in MODELS (the size picks the entry). Prefixes nest
+# ("flux.2" and "flux.2-klein", "wan2.1" and "wan2.1-i2v"): an entry belongs to the family
+# of its LONGEST matching prefix (family_of).
 FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image": "qwen-image",
-                 "hunyuan-video": "hunyuanvideo"}
+                 "hunyuan-video": "hunyuanvideo",
+                 "wan2.2": "wan2.2", "wan-i2v": "wan2.1-i2v", "flux-kontext": "flux.1-kontext",
+                 "qwen-image-edit": "qwen-image-edit", "flux2-klein": "flux.2-klein", "z-image": "z-image",
+                 "flux2": "flux.2", "qwen-image-2.1": "qwen-image-2.1", "sana": "sana", "sana-video": "sana-video",
+                 "hunyuan-video-1.5": "hunyuanvideo-1.5", "ltx2": "ltx-2"}
+
+
+def family_of(model: str) -> str | None:
+    """The runtime family of a MODELS entry: the FAMILY_PREFIX key whose prefix is the longest
+    one `model` starts with (None: no family)."""
+    best = max((p for p in FAMILY_PREFIX.values() if model.startswith(p)), key=len, default=None)
+    return next((f for f, p in FAMILY_PREFIX.items() if p == best), None) if best else None
+
+
+def family_models(family: str) -> list[str]:
+    """The MODELS entries of a runtime family (family_of), in catalogue order."""
+    return [name for name in MODELS if family_of(name) == family]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from digenrl.sim.catalogue import (BYTES_WEIGHT, LATENT_CHANNELS, TEXT_DIMS, TEXT_ENCODERS, VAES, get_model,
+from digenrl.sim.catalogue import (BYTES_WEIGHT, TEXT_DIMS, TEXT_ENCODERS, VAES, get_model, latent_values,
                                    get_reward, trainable_params_B)
 from digenrl.sim.collectives import allgather_traffic, driver_dispatch_s, pageable_s, pcie_s
 
@@ -56,8 +56,7 @@ class Dispatch:
     def sample_bytes(self, tb) -> float:
         m = get_model(tb.model)
         frames = tb.frames
-        lat_frames = (frames - 1) // 4 + 1 if m.kind == "video" else 1
-        latent = LATENT_CHANNELS * (tb.height // 8) * (tb.width // 8) * lat_frames
+        latent = latent_values(m, tb.shape)
         tokens = tb.shape.text_tokens if tb.shape.text_tokens is not None else (
             m.text_tokens or TEXT_ENCODERS[m.text_encoder][1])
         embeds = tokens * TEXT_DIMS[m.text_encoder] * BYTES_WEIGHT

@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from digenrl.sim.catalogue import Shape, get_model, tokens_for
+from digenrl.config.schema import SP_FAMILIES
+from digenrl.sim.catalogue import Shape, family_of, get_model, tokens_for
 
 KINDS = ("all_to_all", "all_gather", "reduce_scatter")
 DEGREES = (1, 2, 4, 8)  # candidate degrees the planner tries (one node; divisors of the heads only)
@@ -92,6 +93,10 @@ CATALOGUE = {
     "wan2.1-1.3b": SpDims(12, 128, 30, 0, 64, (1, 2, 2)),
     "wan2.1-14b": SpDims(40, 128, 40, 0, 64, (1, 2, 2)),
     "hunyuanvideo-13b": SpDims(24, 128, 20 + 40, 256, 64, (1, 2, 2)),
+    # hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v: 54 dual-stream layers, 16 heads x 128; VAE
+    # latents of 32 channels, patch 1x1x1: C = 32; 1000 + 256 text tokens joint (ModelSpec).
+    # Planned only once its family runs Ulysses (runs_sp: config.schema.SP_FAMILIES).
+    "hunyuanvideo-1.5-8b": SpDims(16, 128, 54, 1256, 32, (1, 1, 1)),
 }
 
 
@@ -173,11 +178,17 @@ def rank_flops_fraction(model: str, shape: Shape, degree: int) -> float:
     return rank / full
 
 
+def runs_sp(model: str) -> bool:
+    """The runtime runs `model` sequence-parallel: its dims are known (CATALOGUE) and its family's
+    adapter has Ulysses attention (config.schema.SP_FAMILIES, which the config checks)."""
+    return model in CATALOGUE and family_of(model) in SP_FAMILIES
+
+
 def check_degree(model: str, degree: int, key: str) -> Optional[str]:
     """Why `degree` cannot run `model` under config key `key` (None: it can)."""
     if degree <= 1:
         return None
-    if model not in CATALOGUE:
+    if not runs_sp(model):
         return f"{key}={degree}: {model} has no sequence-parallel attention; allowed: 1"
     heads = CATALOGUE[model].heads
     if heads % degree:
@@ -188,7 +199,7 @@ def check_degree(model: str, degree: int, key: str) -> Optional[str]:
 
 def degrees(model: str, limit: int) -> list[int]:
     """Degrees the planner tries for `model` up to `limit` ranks (DEGREES the heads allow)."""
-    if model not in CATALOGUE:
+    if not runs_sp(model):
         return [1]
     return [d for d in DEGREES if d <= limit and CATALOGUE[model].allows(d)]
 

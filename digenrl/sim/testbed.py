@@ -86,6 +86,10 @@ class Testbed:
     rollout_gang: int | None = None
     trainer_sp: int | None = None
     links: Links = field(default_factory=Links)
+    # data.prompts (and data.eval_prompts) of the Config a plan writes: the {"prompt", "image"}
+    # rows file a conditioned family (edit, image-to-video) reads; None: the toy prompts, and a
+    # conditioned family's plan is refused by workload.config_for with this key named
+    prompts: str | None = None
     description: str = ""
 
     def __post_init__(self):
@@ -223,6 +227,8 @@ def _validate(tb: Testbed) -> None:
     if "any" not in roles and roles != {"rollout", "trainer"}:
         raise TestbedError(f"key 'pools': need at least one 'rollout' and one 'trainer' pool, got roles {sorted(roles)}")
     _one_of("model", tb.model, MODELS)
+    if tb.prompts is not None and not tb.prompts.endswith(".jsonl"):
+        raise TestbedError(f"key 'prompts': a .jsonl file of {{\"prompt\": ..., \"image\": ...}} rows, got {tb.prompts!r}")
     _one_of("reward", tb.reward, REWARD_MODELS)
     _one_of("weight_sync", tb.weight_sync, WEIGHT_SYNC_METHODS)
     for k in ("intra_node", "inter_node", "inter_pool"):

@@ -17,9 +17,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from digenrl.config.schema import Config, ConfigError, load_config
+from digenrl.models.diffusers_adapters import CONDITIONING
 from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.rewards import REWARD_NAMES
-from digenrl.sim.catalogue import FAMILY_PREFIX, get_model
+from digenrl.sim.catalogue import FAMILY_PREFIX, family_of, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.sp import check_degree, degrees
@@ -81,10 +82,11 @@ class RunSpec:
 
 
 def family(model: str) -> str:
-    """The model.name of a cost-model entry (e.g. 'flux.1-12b' -> 'flux')."""
-    for name, prefix in FAMILY_PREFIX.items():
-        if model.startswith(prefix):
-            return name
+    """The model.name of a cost-model entry (e.g. 'flux.1-12b' -> 'flux', 'flux.1-kontext-12b'
+    -> 'flux-kontext': the longest prefix, catalogue.family_of)."""
+    name = family_of(model)
+    if name is not None:
+        return name
     raise ConfigError(f"model.name: the cost model's {model!r} has no runtime adapter; "
                       f"known families: {', '.join(FAMILY_PREFIX)}")
 
@@ -141,17 +143,22 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
     trainer //= gang
     rollout //= rgang
     dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
+    name = family(tb.model)
+    if name in CONDITIONING and tb.prompts is None:
+        raise ConfigError(f"data.prompts: {name} is conditioned on a {CONDITIONING[name]} per prompt; the testbed "
+                          f"{tb.name!r} names no rows file (its key 'prompts: FILE.jsonl')")
+    rows = {"prompts": tb.prompts, "eval_prompts": tb.prompts} if tb.prompts else {}
     rpool = (tb.pool("rollout") or tb.pools)[0]
     tpool = (tb.pool("trainer") or tb.pools)[0]
     tree = {
-        "model": {"name": family(tb.model), "device": "cuda", "height": tb.height, "width": tb.width,
+        "model": {"name": name, "device": "cuda", "height": tb.height, "width": tb.width,
                   "frames": tb.frames if get_model(tb.model).kind == "video" else 0,
                   "lora_rank": tb.lora_rank if tb.lora else 0, "grad_ckpt": tb.grad_ckpt,
                   "dtype": "bfloat16"},
         "sampling": {"num_steps": tb.denoise_steps, "cfg_scale": CFG_SCALE if tb.cfg else 1.0,
                      **({"window": "all-but-last"} if trained == usable
                         else {"window": "contiguous", "window_size": trained})},
-        "data": {"groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
+        "data": {**rows, "groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
                  "micro_batch_groups": 1 if per_sample else min(spec.micro_batch_groups, tb.groups_per_step),
                  "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
         "reward": {"weights": {tb.reward: 1.0}} if tb.reward in REWARD_NAMES else {},  # else: the default
@@ -198,6 +205,8 @@ def _fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel], after_step: bo
     sp = sp or tb.trainer_sp or 1
     dev = (tb.pool("trainer") or tb.pools)[0].device
     sizes = [d for d in range(2 if offload else 1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0 and d % sp == 0]
+    if not get_model(tb.model).fsdp:  # no sharded gang (two experts): a replica or nothing
+        sizes = [d for d in sizes if d == 1]
     rep = None
     for n in sizes:
         rep = cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora, grad_ckpt=tb.grad_ckpt,

@@ -46,9 +46,15 @@ def cm():
     return CostModel()
 
 
+# The catalogue entries these draws were written for (the measured five and HunyuanVideo); the
+# entries scaled from them since issue 28 (their shapes: /32 VAEs, 8k+1 frames) are planned and
+# simulated per family in test_catalogue_families.py. A fixed list keeps every seed's draws.
+DRAWN_MODELS = ("flux.1-12b", "hunyuanvideo-13b", "qwen-image-20b", "sd3.5-medium", "wan2.1-1.3b", "wan2.1-14b")
+
+
 def random_testbed(rng: random.Random, i: int) -> dict:
-    """A split pool of 4-128 GPUs and a small RL step of any catalogue model."""
-    model = rng.choice(sorted(MODELS))
+    """A split pool of 4-128 GPUs and a small RL step of one of DRAWN_MODELS."""
+    model = rng.choice(DRAWN_MODELS)
     video = MODELS[model].kind == "video"
     gpus = rng.choice((4, 8, 16, 32, 64, 128))
     denoise = rng.randint(2, 8)
