@@ -194,8 +194,9 @@ def plan_main(argv=None) -> int:
                    help="processes the planner runs a search line's points on (default: one per core); "
                         "the plan and every figure are the same for any value")
     p.add_argument("--spot", action="store_true",
-                   help="price the rollout pool on demand, by whole nodes on spot, and all on spot: throughput, "
-                        "USD per 1,000 samples, expected lost work (the pool's spot: terms or its device's estimates)")
+                   help="price the rollout pool by size (whole nodes) and mix (on demand, by whole nodes on spot, all "
+                        "spot): throughput, USD per 1,000 samples, expected lost work (the pool's spot: terms or "
+                        "its device's estimates); --steps: RL steps simulated per run (default 24)")
     p.add_argument("--seeds", type=int, default=8, help="--spot: preemption draws averaged per mix")
     p.add_argument("--interruptions-per-hour", type=float, default=None,
                    help="--spot: replace the spot rate (per worker and hour) for a what-if")
@@ -276,32 +277,31 @@ def plan_main(argv=None) -> int:
 
 
 def _plan_spot(prog: str, tb, a) -> int:
-    """`digenrl plan --spot`: the mixes of sim.spot.plan_spot as a table, then the cheapest mix
+    """`digenrl plan --spot`: sim.spot.plan_spot's sizes and mixes as a table, then the cheapest
     per 1,000 samples as the keys and testbed pools that run it."""
+    from digenrl.sim.planner import jobs
     from digenrl.sim.spot import SPOT_STEPS, plan_spot, pool_yaml, spot_table
 
     if a.mode != "digenrl" or a.gpus or a.exhaustive or a.out:
         print(f"{prog}: --spot plans the digenrl mode on the testbed's pools; drop --mode/--gpus/--exhaustive/--out",
               file=sys.stderr)
         return 2
-    if a.seeds < 1 or (a.interruptions_per_hour is not None and a.interruptions_per_hour < 0):
-        print(f"{prog}: --seeds must be >= 1 and --interruptions-per-hour >= 0", file=sys.stderr)
+    if (a.jobs is not None and a.jobs < 1) or a.seeds < 1 or (a.interruptions_per_hour is not None and a.interruptions_per_hour < 0):
+        print(f"{prog}: --jobs and --seeds must be >= 1, --interruptions-per-hour >= 0", file=sys.stderr)
         return 2
     try:
-        spec, rows = plan_spot(tb, a.steps or SPOT_STEPS, a.seeds, interruptions_per_hour=a.interruptions_per_hour)
+        with jobs(a.jobs):
+            rows = plan_spot(tb, a.steps or SPOT_STEPS, a.seeds, interruptions_per_hour=a.interruptions_per_hour)
     except (TestbedError, ValueError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
     print(spot_table(tb, rows, a.steps or SPOT_STEPS, a.seeds))
     best = min(rows, key=lambda r: r.usd_per_1k)
-    knobs = " ".join(f"{k}={v}" for k, v in spec.overrides(tb).items())
+    knobs = " ".join(f"{k}={v}" for k, v in best.spec.overrides(best.testbed).items())
     print(f"cheapest per 1,000 samples: {best.label}")
     print(f"  digenrl train keys: {knobs}")
     print("  testbed pools (spot: marks the preemptible ones):")
-    for pool in tb.pools:
-        if pool.role != "rollout":
-            print(pool_yaml(pool))
-    for pool in best.pools:
+    for pool in best.testbed.pools:
         print(pool_yaml(pool))
     return 0
 

@@ -26,9 +26,9 @@ on-demand estimate otherwise). Lost work: GPU-seconds of units a deadline cut
 denoising sample-steps generated again (`regenerated_steps`: a cut unit's whole range, rerun
 from its t_start, plus whatever completed work a restart from t=0 repeats; 0 without losses).
 
-`plan_spot` prices mixes of one rollout pool: on-demand only, some nodes spot, all spot, each
-with DigenRL's on-demand plan (the same knobs: the planner does not search under preemption),
-averaged over seeds.
+`plan_spot` prices one rollout pool by size (whole nodes) and mix: on-demand only, some nodes
+spot, all spot, each size with DigenRL's on-demand plan for it (the planner does not search
+under preemption), averaged over seeds.
 """
 
 from __future__ import annotations
@@ -203,7 +203,9 @@ class SpotRow:
     regenerated_samples: float
     regenerated_steps: float
     notices_per_hour: float  # expected: spot workers x interruptions_per_hour
-    pools: tuple = ()
+    pools: tuple = ()  # the rollout pools of this row
+    spec: Optional[RunSpec] = None  # DigenRL's plan for this pool size
+    testbed: Optional[Testbed] = field(default=None, repr=False)
 
 
 def with_spot(tb: Testbed, spot_gpus: int, spec) -> Testbed:
@@ -227,12 +229,31 @@ def mixes(pool: Pool) -> list[int]:
     return list(range(0, pool.count + 1, pool.gpus_per_node))
 
 
+def sizes(pool: Pool) -> list[int]:
+    """Rollout pool sizes `plan --spot` tries: whole nodes, one node up to the pool's count (a
+    pool within one node: its count only)."""
+    if pool.count <= pool.gpus_per_node:
+        return [pool.count]
+    return list(range(pool.gpus_per_node, pool.count + 1, pool.gpus_per_node))
+
+
+def resized(tb: Testbed, count: int) -> Testbed:
+    """`tb` with its one rollout pool holding `count` GPUs."""
+    (pool,) = tb.pool("rollout")
+    if count == pool.count:
+        return tb
+    return dataclasses.replace(tb, pools=tuple(dataclasses.replace(p, count=count) if p is pool else p
+                                               for p in tb.pools), name=f"{tb.name}:rollout{count}")
+
+
 def plan_spot(tb: Testbed, steps: int = SPOT_STEPS, seeds: int = 8, cm: CostModel | None = None,
-              interruptions_per_hour: float | None = None, spec: RunSpec | None = None) -> tuple[RunSpec, list[SpotRow]]:
-    """(the plan's RunSpec, one SpotRow per mix of the rollout pool): on-demand only, by whole
-    nodes of spot, all spot. The spot terms are the pool's `spot:` or its device's estimates;
-    `interruptions_per_hour` replaces the rate (a what-if). Each mix runs DigenRL's plan on the
-    on-demand testbed (or `spec`) over seeds 0..seeds-1 (+ run.seed)."""
+              interruptions_per_hour: float | None = None, spec: RunSpec | None = None,
+              sized: bool = True) -> list[SpotRow]:
+    """One SpotRow per (rollout pool size, mix): sizes by whole nodes up to the pool's count
+    (`sized`; else its count only), and for each, on demand only, by whole nodes of spot (or
+    half), all spot. The spot terms are the pool's `spot:` or its device's estimates;
+    `interruptions_per_hour` replaces the rate (a what-if). Each size runs DigenRL's plan for
+    that size on demand (or `spec` for all), averaged over seeds 0..seeds-1."""
     from digenrl.sim.simulate import digenrl_plan
 
     cm = cm or default_cost_model()
@@ -244,20 +265,21 @@ def plan_spot(tb: Testbed, steps: int = SPOT_STEPS, seeds: int = 8, cm: CostMode
     sp = pool.spot or spot_spec({}, pool.device, f"key 'pools[{tb.pools.index(pool)}].spot")
     if interruptions_per_hour is not None:
         sp = dataclasses.replace(sp, interruptions_per_hour=interruptions_per_hour)
-    base = with_spot(tb, 0, None)
-    spec = spec or digenrl_plan(base, cm=cm).spec
-    rows_out = []
-    for k in mixes(pool):
-        where = with_spot(tb, k, sp)
-        runs = [run_spot(where, spec, steps, cm, seed=s) for s in range(seeds)]
-        mean = lambda f: sum(f(r) for r in runs) / len(runs)  # noqa: E731
-        label = "on-demand" if k == 0 else "all spot" if k == pool.count else f"{k} of {pool.count} spot"
-        rows_out.append(SpotRow(label, k, pool.count, mean(lambda r: r.throughput), mean(lambda r: r.usd_per_1k),
-                                mean(lambda r: r.notices), mean(lambda r: r.deadlines_missed),
-                                mean(lambda r: r.lost_gpu_s), mean(lambda r: r.regenerated_samples),
-                                mean(lambda r: r.regenerated_steps),
-                                runs[0].spot_workers * sp.interruptions_per_hour, where.pool("rollout")))
-    return spec, rows_out
+    out = []
+    for n in (sizes(pool) if sized else [pool.count]):
+        at = resized(tb, n)
+        plan = spec or digenrl_plan(with_spot(at, 0, None), cm=cm).spec
+        for k in mixes(at.pool("rollout")[0]):
+            where = with_spot(at, k, sp)
+            runs = [run_spot(where, plan, steps, cm, seed=s) for s in range(seeds)]
+            mean = lambda f: sum(f(r) for r in runs) / len(runs)  # noqa: E731
+            label = f"{n}x {pool.device}: " + ("on-demand" if k == 0 else "all spot" if k == n else f"{k} spot")
+            out.append(SpotRow(label, k, n, mean(lambda r: r.throughput), mean(lambda r: r.usd_per_1k),
+                               mean(lambda r: r.notices), mean(lambda r: r.deadlines_missed),
+                               mean(lambda r: r.lost_gpu_s), mean(lambda r: r.regenerated_samples),
+                               mean(lambda r: r.regenerated_steps), runs[0].spot_workers * sp.interruptions_per_hour,
+                               where.pool("rollout"), plan, where))
+    return out
 
 
 def pool_yaml(p: Pool) -> str:
@@ -292,19 +314,19 @@ def spot_line(r: SpotResult, trace_path: str | None = None) -> str:
 
 
 def spot_table(tb: Testbed, rows: list[SpotRow], steps: int, seeds: int) -> str:
-    """plan_spot's rows, with each row's ratio to on-demand only."""
-    base = next(r for r in rows if r.spot_gpus == 0)
+    """plan_spot's rows, with each row's ratio (samples per $) to the testbed's pool on demand."""
+    base = next(r for r in rows if r.spot_gpus == 0 and r.rollout_gpus == tb.pool("rollout")[0].count)
     pool = tb.pool("rollout")[0]
     sp = next((p.spot for r in rows for p in r.pools if p.spot is not None), None)
     head = (f"== {tb.name}: rollout pool {pool.count}x {pool.device}; spot "
             + (f"${sp.price:g}/GPU-h, {sp.interruptions_per_hour:g} reclaims/worker-h, notice {sp.notice_s:g} s, "
                f"replacement {'none' if sp.replace_s is None else f'{sp.replace_s:g} s'}" if sp else "-")
             + f"; {steps} RL steps x {seeds} seeds")
-    cols = (f"{'mix':<16} {'smp/s':>7} {'$/1k smp':>9} {'vs on-demand':>13} {'notices/h':>10} {'notices':>8} "
+    cols = (f"{'rollout pool':<20} {'smp/s':>7} {'$/1k smp':>9} {'vs on-demand':>13} {'notices/h':>10} {'notices':>8} "
             f"{'missed':>7} {'lost GPU-s':>11} {'regen smp':>10} {'regen steps':>12}")
     lines = [head, cols, "-" * len(cols)]
     for r in rows:
-        lines.append(f"{r.label:<16} {r.throughput:>7.3f} {r.usd_per_1k:>9.3f} {base.usd_per_1k / r.usd_per_1k:>12.3f}x "
+        lines.append(f"{r.label:<20} {r.throughput:>7.3f} {r.usd_per_1k:>9.3f} {base.usd_per_1k / r.usd_per_1k:>12.3f}x "
                      f"{r.notices_per_hour:>10.3g} {r.notices:>8.2f} {r.deadlines_missed:>7.2f} {r.lost_gpu_s:>11.1f} "
                      f"{r.regenerated_samples:>10.1f} {r.regenerated_steps:>12.1f}")
     return "\n".join(lines)

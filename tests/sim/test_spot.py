@@ -15,7 +15,7 @@ from digenrl.sim.costs import default_cost_model
 from digenrl.sim.devices import SPOT_INTERRUPTIONS_PER_HOUR, SPOT_NOTICE_S, SPOT_PRICES, SPOT_REPLACE_S, get_device
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.report import spec_duration_fn, steady_window
-from digenrl.sim.spot import mixes, plan_spot, run_spot, spot_lines, with_spot
+from digenrl.sim.spot import mixes, plan_spot, run_spot, sizes, spot_lines, with_spot
 from digenrl.sim.testbed import Testbed, TestbedError
 from digenrl.sim.workload import RunSpec
 
@@ -170,15 +170,22 @@ def test_mixes_go_by_whole_nodes_or_halves():
         [("rollout-spot", 2, True), ("rollout-on-demand", 2, False)]
 
 
-def test_plan_spot_rows_price_each_mix_and_cheaper_spot_costs_less_at_the_same_throughput():
-    spec, rows_ = plan_spot(make_testbed(interruptions_per_hour=0.0), STEPS, seeds=2, spec=DIGENRL)
-    assert [r.label for r in rows_] == ["on-demand", "2 of 4 spot", "all spot"]
+def test_plan_spot_rows_price_each_size_and_mix_and_cheaper_spot_costs_less_at_the_same_throughput():
+    tb = make_testbed(interruptions_per_hour=0.0)
+    rows_ = plan_spot(tb, STEPS, seeds=2, spec=DIGENRL)
+    assert [r.label for r in rows_] == ["4x L40S: on-demand", "4x L40S: 2 spot", "4x L40S: all spot"]
     assert len({r.throughput for r in rows_}) == 1  # no reclaims: the same schedule
     assert rows_[0].usd_per_1k > rows_[1].usd_per_1k > rows_[2].usd_per_1k
-    assert all(r.notices == 0 for r in rows_)
-    _, busy = plan_spot(make_testbed(), STEPS, seeds=2, spec=DIGENRL)  # 200 reclaims per worker-hour
+    assert all(r.notices == 0 and r.spec == DIGENRL for r in rows_)
+    busy = plan_spot(make_testbed(), STEPS, seeds=2, spec=DIGENRL)  # 200 reclaims per worker-hour
     assert busy[0].notices == 0 and busy[2].notices > busy[1].notices > 0
     assert busy[2].notices_per_hour == 4 * 200.0
+    # sizes: whole nodes up to the pool's count, each planned for its own size
+    two_nodes = Testbed.from_dict({**TB, "pools": [TB["pools"][0], {**TB["pools"][1], "count": 8}]})
+    assert sizes(two_nodes.pools[1]) == [4, 8]
+    labels = [r.label for r in plan_spot(two_nodes, 6, seeds=1, spec=DIGENRL)]
+    assert labels == ["4x L40S: on-demand", "4x L40S: 2 spot", "4x L40S: all spot",
+                      "8x L40S: on-demand", "8x L40S: 4 spot", "8x L40S: all spot"]
 
 
 def test_plan_spot_prints_keys_train_accepts_and_pools_a_testbed_accepts(tmp_path, capsys):
@@ -186,7 +193,7 @@ def test_plan_spot_prints_keys_train_accepts_and_pools_a_testbed_accepts(tmp_pat
 
     path = tmp_path / "tb.yaml"
     path.write_text(yaml.safe_dump(TB))
-    assert plan_main(["--testbed", str(path), "--spot", "--seeds", "1", "--steps", "6"]) == 0
+    assert plan_main(["--testbed", str(path), "--spot", "--seeds", "1", "--steps", "6", "--jobs", "1"]) == 0
     out = capsys.readouterr().out
     keys = next(line for line in out.splitlines() if "digenrl train keys:" in line).split(": ", 1)[1]
     load_config(overrides=keys.split())  # raises on a key digenrl train refuses
