@@ -34,8 +34,8 @@ under preemption), averaged over seeds.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 from digenrl.sched import Scheduler, Worker
 from digenrl.sched.preemption import Event, Join, Notice, draw, engine_events
@@ -55,7 +55,7 @@ class SpotResult:
     """One run with its preemptions, measured over the steady window (module doc)."""
 
     testbed: str
-    seed: Optional[int]  # None: the events came from a trace file
+    seed: int | None  # None: the events came from a trace file
     spot_workers: int
     rollout_workers: int
     step_s: float
@@ -74,18 +74,10 @@ class SpotResult:
     trace: object = field(default=None, repr=False)
 
 
-def spot_lines(tb: Testbed, workers: Sequence[Worker]) -> dict:
-    """worker id -> SpotSpec of the rollout workers that sit on spot pools (durations.layout's
-    placement: a fixed-role testbed's rollout pools take the rollout workers in order)."""
-    out, i = {}, 0
-    rollout = [w for w in workers if w.role == "rollout"]
-    per = len(rollout) and sum(p.count for p in tb.pool("rollout")) // len(rollout)  # GPUs per worker
-    for p in tb.pool("rollout"):
-        for _ in range(p.count // per if per else 0):
-            if p.spot is not None:
-                out[rollout[i].id] = p.spot
-            i += 1
-    return out
+def spot_lines(layout) -> dict:
+    """worker id -> SpotSpec of the rollout workers a durations.Layout places on spot pools."""
+    return {w.id: layout.pool[w.id].spot for w in layout.workers
+            if w.role == "rollout" and layout.pool[w.id].spot is not None}
 
 
 def draw_run(lines: dict, horizon_s: float, seed: int) -> list[Event]:
@@ -100,7 +92,7 @@ def draw_run(lines: dict, horizon_s: float, seed: int) -> list[Event]:
 
 
 def run_spot(tb: Testbed, spec: RunSpec, steps: int = SPOT_STEPS, cm: CostModel | None = None,
-             seed: Optional[int] = None, events: Optional[list[Event]] = None) -> SpotResult:
+             seed: int | None = None, events: list[Event] | None = None) -> SpotResult:
     """Simulate `spec` on `tb` with its spot pools reclaimed: the seeded process (`seed`, default
     the run's `run.seed`) or the given `events` (sched.preemption.read_trace). ValueError when an
     event names a worker the run does not have, or when the run cannot finish (every rollout
@@ -108,7 +100,7 @@ def run_spot(tb: Testbed, spec: RunSpec, steps: int = SPOT_STEPS, cm: CostModel 
     cm = cm or default_cost_model()
     cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
     lay = fn.layout
-    lines = spot_lines(tb, lay.workers)
+    lines = spot_lines(lay)
     if events is not None:
         _check_events(events, lay.workers)
         return _run(tb, spec, steps, cm, lines, events, None)
@@ -138,7 +130,9 @@ def _run(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, lines: dict, eve
     _, run, fn = spec_duration_fn(tb, spec, steps, cm)  # a fresh DurationFn: its worker state starts clean
     lay = fn.layout
     by_id = {w.id: w for w in lay.workers}
-    origin = lambda wid: by_id[wid.split("+")[0]]  # noqa: E731 (a replacement runs on its line's GPUs)
+
+    def origin(wid: str) -> Worker:  # a replacement runs on its line's GPUs
+        return by_id[wid.split("+")[0]]
 
     def duration(worker: Worker, unit) -> float:
         return fn(worker if worker.id in by_id else origin(worker.id), unit)
@@ -204,8 +198,8 @@ class SpotRow:
     regenerated_steps: float
     notices_per_hour: float  # expected: spot workers x interruptions_per_hour
     pools: tuple = ()  # the rollout pools of this row
-    spec: Optional[RunSpec] = None  # DigenRL's plan for this pool size
-    testbed: Optional[Testbed] = field(default=None, repr=False)
+    spec: RunSpec | None = None  # DigenRL's plan for this pool size
+    testbed: Testbed | None = field(default=None, repr=False)
 
 
 def with_spot(tb: Testbed, spot_gpus: int, spec) -> Testbed:
@@ -272,14 +266,17 @@ def plan_spot(tb: Testbed, steps: int = SPOT_STEPS, seeds: int = 8, cm: CostMode
         for k in mixes(at.pool("rollout")[0]):
             where = with_spot(at, k, sp)
             runs = [run_spot(where, plan, steps, cm, seed=s) for s in range(seeds)]
-            mean = lambda f: sum(f(r) for r in runs) / len(runs)  # noqa: E731
             label = f"{n}x {pool.device}: " + ("on-demand" if k == 0 else "all spot" if k == n else f"{k} spot")
-            out.append(SpotRow(label, k, n, mean(lambda r: r.throughput), mean(lambda r: r.usd_per_1k),
-                               mean(lambda r: r.notices), mean(lambda r: r.deadlines_missed),
-                               mean(lambda r: r.lost_gpu_s), mean(lambda r: r.regenerated_samples),
-                               mean(lambda r: r.regenerated_steps), runs[0].spot_workers * sp.interruptions_per_hour,
-                               where.pool("rollout"), plan, where))
+            m = {k_: _mean(runs, lambda r, k_=k_: getattr(r, k_)) for k_ in (
+                "throughput", "usd_per_1k", "notices", "deadlines_missed", "lost_gpu_s", "regenerated_samples",
+                "regenerated_steps")}
+            out.append(SpotRow(label, k, n, **m, notices_per_hour=runs[0].spot_workers * sp.interruptions_per_hour,
+                               pools=where.pool("rollout"), spec=plan, testbed=where))
     return out
+
+
+def _mean(runs: list, f) -> float:
+    return sum(f(r) for r in runs) / len(runs)
 
 
 def pool_yaml(p: Pool) -> str:

@@ -8,17 +8,29 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.sched import SchedConfig, Scheduler, Worker
-from digenrl.sched.preemption import Join, Notice, SpotSpec, draw, read_trace, write_trace
+from digenrl.sched.preemption import (
+    Join,
+    Notice,
+    SpotSpec,
+    draw,
+    read_trace,
+    write_trace,
+)
 from digenrl.sched.units import rows
 from digenrl.sim.cli import plan_main, simulate_main
 from digenrl.sim.costs import default_cost_model
-from digenrl.sim.devices import SPOT_INTERRUPTIONS_PER_HOUR, SPOT_NOTICE_S, SPOT_PRICES, SPOT_REPLACE_S, get_device
+from digenrl.sim.devices import (
+    SPOT_INTERRUPTIONS_PER_HOUR,
+    SPOT_NOTICE_S,
+    SPOT_PRICES,
+    SPOT_REPLACE_S,
+    get_device,
+)
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.report import spec_duration_fn, steady_window
 from digenrl.sim.spot import mixes, plan_spot, run_spot, sizes, spot_lines, with_spot
 from digenrl.sim.testbed import Testbed, TestbedError
 from digenrl.sim.workload import RunSpec
-
 from tests.sched.sched_helpers import const_cost, done
 
 # 2 H200 trainers, 4 L40S rollout workers on spot; a run of 12 RL steps is ~90 virtual seconds
@@ -128,7 +140,7 @@ def test_the_seeded_process_is_a_function_of_the_seed_and_a_trace_file_replays_i
     assert (c.throughput, c.usd_per_1k, c.notices, c.deadlines_missed, c.regenerated_steps) == \
         (a.throughput, a.usd_per_1k, a.notices, a.deadlines_missed, a.regenerated_steps)
     # the draw covers the run: spot workers are the pool's, their lines' events are draw()'s own
-    lines = spot_lines(tb, spec_duration_fn(tb, DIGENRL, STEPS, default_cost_model())[2].layout.workers)
+    lines = spot_lines(spec_duration_fn(tb, DIGENRL, STEPS, default_cost_model())[2].layout)
     assert list(lines) == [f"rollout-{i}" for i in range(4)]
     horizon = max(e.at_s for e in a.events) + 1.0
     assert a.events == draw(tb.pools[1].spot, list(lines), horizon, 3)
@@ -168,6 +180,8 @@ def test_mixes_go_by_whole_nodes_or_halves():
     split = with_spot(tb, 2, SpotSpec(0.3, 1.0, 30.0, 60.0))
     assert [(p.name, p.count, p.spot is not None) for p in split.pool("rollout")] == \
         [("rollout-spot", 2, True), ("rollout-on-demand", 2, False)]
+    lay = spec_duration_fn(split, DIGENRL, STEPS, default_cost_model())[2].layout
+    assert list(spot_lines(lay)) == ["rollout-0", "rollout-1"]  # the spot pool comes first
 
 
 def test_plan_spot_rows_price_each_size_and_mix_and_cheaper_spot_costs_less_at_the_same_throughput():
