@@ -303,7 +303,7 @@ def spot_dict(r: SpotResult) -> dict:
 def spot_line(r: SpotResult, trace_path: str | None = None) -> str:
     """The preempted digenrl run under `digenrl simulate`'s table."""
     where = f"trace {trace_path}" if trace_path else f"seed {r.seed}"
-    return (f"digenrl under preemption ({where}; {r.spot_workers} of {r.rollout_workers} rollout workers spot): "
+    return (f"digenrl under preemption ({where}; {r.spot_workers} of {r.rollout_workers} rollout workers priced as spot): "
             f"{r.throughput:.3f} smp/s, ${r.usd_per_1k:.2f} per 1,000 samples; {r.notices} notices, "
             f"{r.drained} drained in time, {r.deadlines_missed} deadlines missed, {r.drains_refused} drains refused, "
             f"{r.joins} replacements; lost {r.lost_gpu_s:.0f} GPU-s, {r.regenerated_samples} samples and "
