@@ -42,7 +42,8 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     of a worker that has a deadline is a notice: when the scheduler refuses it (the last rollout
     worker of a mode without TAG) the worker keeps working until its deadline takes it, and
     `trace.preemption` lists it under "refused"; deadlines that found their worker still there
-    are listed under "missed". `record=False` keeps only counters (for very large runs). `on_version(version, now)`: called when the trainers' version advances (an
+    are listed under "missed". `record=False` keeps only counters (for very large runs).
+    `on_version(version, now)`: called when the trainers' version advances (an
     optimizer step ended); True stops the run there (`trace.stopped`; the planner's early stop,
     report.run_spec_within). Raises RuntimeError on deadlock (nothing running, not done).
 
