@@ -231,3 +231,15 @@ def test_simulate_takes_the_runtimes_preemption_key_and_refuses_other_keys(tmp_p
     assert f"digenrl under preemption (trace {trace}" in out and "1 deadlines missed" in out
     assert simulate_main(["--testbed", str(path), "--modes", "digenrl", "runtime.rollout.workers=3"]) == 2
     assert "unknown override 'runtime.rollout.workers'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_docs_plan_spot_block_is_what_the_command_prints(capsys):
+    """docs/simulator.md section 8 shows `digenrl plan --testbed hetero-h200x8-l40sx16-flux --spot`."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    block = doc.split("<!-- plan-spot:")[1].split("<!-- end plan-spot -->")[0]
+    shown = block.split("```\n")[1]
+    assert plan_main(["--testbed", "hetero-h200x8-l40sx16-flux", "--spot"]) == 0
+    assert capsys.readouterr().out == shown
