@@ -276,6 +276,20 @@ def plan_main(argv=None) -> int:
     return 0
 
 
+PREEMPTIBLE = "runtime.rollout.preemptible=true"  # the runtime's mark of a spot rollout pool (issue 30 part 1)
+
+
+def _accepts(keys: list) -> bool:
+    """Whether `digenrl train` takes these key=value overrides (config.schema.load_config)."""
+    from digenrl.config.schema import ConfigError, load_config
+
+    try:
+        load_config(overrides=keys)
+    except (ConfigError, ValueError, TypeError):
+        return False
+    return True
+
+
 def _plan_spot(prog: str, tb, a) -> int:
     """`digenrl plan --spot`: sim.spot.plan_spot's sizes and mixes as a table, then the cheapest
     per 1,000 samples as the keys and testbed pools that run it."""
@@ -297,9 +311,14 @@ def _plan_spot(prog: str, tb, a) -> int:
         return 2
     print(spot_table(tb, rows, a.steps or SPOT_STEPS, a.seeds))
     best = min(rows, key=lambda r: r.usd_per_1k)
-    knobs = " ".join(f"{k}={v}" for k, v in best.spec.overrides(best.testbed).items())
+    knobs = [f"{k}={v}" for k, v in best.spec.overrides(best.testbed).items()]
+    marked = best.spot_gpus == best.rollout_gpus and _accepts(knobs + [PREEMPTIBLE])
     print(f"cheapest per 1,000 samples: {best.label}")
-    print(f"  digenrl train keys: {knobs}")
+    print(f"  digenrl train keys: {' '.join(knobs + [PREEMPTIBLE] * marked)}")
+    if best.spot_gpus and not marked:
+        why = ("a mix: the runtime marks the whole rollout pool" if best.spot_gpus < best.rollout_gpus
+               else "this digenrl train does not know the key")
+        print(f"  ({PREEMPTIBLE} not added: {why}; the testbed pools below say which GPUs are spot)")
     print("  testbed pools (spot: marks the preemptible ones):")
     for pool in best.testbed.pools:
         print(pool_yaml(pool))
