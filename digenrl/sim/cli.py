@@ -1,7 +1,9 @@
 """`digenrl simulate` and `digenrl plan` (wired into digenrl/tools/cli.py by the lead).
 
     digenrl simulate --testbed FILE|PRESET [--steps N] [--modes a,b] [--json OUT] [--out DIR]
+                     [--seed N] [runtime.rollout.preemptions=TRACE.jsonl]
     digenrl plan --testbed FILE|PRESET --gpus N [--mode digenrl] [--exhaustive] [--out plan.yaml]
+    digenrl plan --testbed FILE|PRESET --spot [--seeds N] [--interruptions-per-hour R]
 
 `plan` prints the chosen knobs as the config keys that hold them and writes a config YAML
 (--out) that `digenrl train --config plan.yaml` runs as it is: emulated compute on the
@@ -22,6 +24,7 @@ from dataclasses import replace
 from digenrl.sim.testbed import TestbedError, load_testbed
 
 EMULATED_RUN_S = 60.0  # wall seconds the written config's emulated run should take
+PREEMPTIONS_KEY = "runtime.rollout.preemptions"  # the emulated runtime's key for a preemption trace
 
 
 def _testbed(name: str, prog: str):
@@ -59,10 +62,31 @@ def simulate_main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=None,
                    help="processes the planner runs a search line's points on (default: one per core); "
                         "the plan and every figure are the same for any value")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the spot pools' preemption process (default: the run's run.seed)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                   help=f"{PREEMPTIONS_KEY}=TRACE.jsonl: run the digenrl row again under this preemption trace "
+                        "(sched.preemption's JSON lines, the file the emulated runtime reads)")
     a = p.parse_args(argv)
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
         return 2
+    trace_path = None
+    for kv in a.overrides:
+        key, eq, value = kv.partition("=")
+        if key != PREEMPTIONS_KEY or not eq or not value:
+            print(f"{p.prog}: unknown override {key!r}; allowed: {PREEMPTIONS_KEY}=PATH", file=sys.stderr)
+            return 2
+        trace_path = value
+    events = None
+    if trace_path is not None:
+        from digenrl.sched.preemption import read_trace
+
+        try:
+            events = read_trace(trace_path)
+        except (OSError, ValueError) as e:
+            print(f"{p.prog}: {PREEMPTIONS_KEY}: {e}", file=sys.stderr)
+            return 2
     from digenrl.sim.simulate import NOT_A_ROW
 
     modes = [m for m in a.modes.split(",") if m]
@@ -84,9 +108,27 @@ def simulate_main(argv=None) -> int:
         print(f"{p.prog}: {e}", file=sys.stderr)
         return 2
     print(rep.table())
+    spot = None
+    if events is not None or any(pool.spot is not None for pool in tb.pools):
+        if "digenrl" not in rep.rows:
+            print(f"{p.prog}: preemptions run the digenrl row; add it to --modes", file=sys.stderr)
+            return 2
+        from digenrl.sim.spot import run_spot, spot_line
+
+        try:
+            spot = run_spot(tb, rep.rows["digenrl"].spec, max(a.steps, 3), seed=a.seed, events=events)
+        except ValueError as e:
+            print(f"{p.prog}: {e}", file=sys.stderr)
+            return 2
+        print(spot_line(spot, trace_path))
     if a.json:
+        d = rep.to_dict()
+        if spot is not None:
+            from digenrl.sim.spot import spot_dict
+
+            d["spot"] = spot_dict(spot)
         with open(a.json, "w") as f:
-            json.dump(rep.to_dict(), f, indent=1)
+            json.dump(d, f, indent=1)
     return 0
 
 
@@ -151,9 +193,21 @@ def plan_main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=None,
                    help="processes the planner runs a search line's points on (default: one per core); "
                         "the plan and every figure are the same for any value")
+    p.add_argument("--spot", action="store_true",
+                   help="price the rollout pool by size (whole nodes) and mix (on demand, by whole nodes on spot, all "
+                        "spot): throughput, USD per 1,000 samples, expected lost work (the pool's spot: terms or "
+                        "its device's estimates); --steps: RL steps simulated per run (default 24)")
+    p.add_argument("--seeds", type=int, default=8, help="--spot: preemption draws averaged per mix")
+    p.add_argument("--interruptions-per-hour", type=float, default=None,
+                   help="--spot: replace the spot rate (per worker and hour) for a what-if")
     a = p.parse_args(argv)
     tb = _testbed(a.testbed, p.prog)
     if tb is None:
+        return 2
+    if a.spot:
+        return _plan_spot(p.prog, tb, a)
+    if a.seeds != 8 or a.interruptions_per_hour is not None:
+        print(f"{p.prog}: --seeds and --interruptions-per-hour go with --spot", file=sys.stderr)
         return 2
     from digenrl.sim.simulate import digenrl_plan, mode_and_style
 
@@ -219,6 +273,55 @@ def plan_main(argv=None) -> int:
         with open(a.out, "w") as f:
             f.write(header + dump_config(cfg))
         print(f"wrote {a.out}")
+    return 0
+
+
+PREEMPTIBLE = "runtime.rollout.preemptible=true"  # the runtime's mark of a spot rollout pool (issue 30 part 1)
+
+
+def _accepts(keys: list) -> bool:
+    """Whether `digenrl train` takes these key=value overrides (config.schema.load_config)."""
+    from digenrl.config.schema import ConfigError, load_config
+
+    try:
+        load_config(overrides=keys)
+    except (ConfigError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _plan_spot(prog: str, tb, a) -> int:
+    """`digenrl plan --spot`: sim.spot.plan_spot's sizes and mixes as a table, then the cheapest
+    per 1,000 samples as the keys and testbed pools that run it."""
+    from digenrl.sim.planner import jobs
+    from digenrl.sim.spot import SPOT_STEPS, plan_spot, pool_yaml, spot_table
+
+    if a.mode != "digenrl" or a.gpus or a.exhaustive or a.out:
+        print(f"{prog}: --spot plans the digenrl mode on the testbed's pools; drop --mode/--gpus/--exhaustive/--out",
+              file=sys.stderr)
+        return 2
+    if (a.jobs is not None and a.jobs < 1) or a.seeds < 1 or (a.interruptions_per_hour is not None and a.interruptions_per_hour < 0):
+        print(f"{prog}: --jobs and --seeds must be >= 1, --interruptions-per-hour >= 0", file=sys.stderr)
+        return 2
+    try:
+        with jobs(a.jobs):
+            rows = plan_spot(tb, a.steps or SPOT_STEPS, a.seeds, interruptions_per_hour=a.interruptions_per_hour)
+    except (TestbedError, ValueError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    print(spot_table(tb, rows, a.steps or SPOT_STEPS, a.seeds))
+    best = min(rows, key=lambda r: r.usd_per_1k)
+    knobs = [f"{k}={v}" for k, v in best.spec.overrides(best.testbed).items()]
+    marked = best.spot_gpus == best.rollout_gpus and _accepts(knobs + [PREEMPTIBLE])
+    print(f"cheapest per 1,000 samples: {best.label}")
+    print(f"  digenrl train keys: {' '.join(knobs + [PREEMPTIBLE] * marked)}")
+    if best.spot_gpus and not marked:
+        why = ("a mix: the runtime marks the whole rollout pool" if best.spot_gpus < best.rollout_gpus
+               else "this digenrl train does not know the key")
+        print(f"  ({PREEMPTIBLE} not added: {why}; the testbed pools below say which GPUs are spot)")
+    print("  testbed pools (spot: marks the preemptible ones):")
+    for pool in best.testbed.pools:
+        print(pool_yaml(pool))
     return 0
 
 

@@ -107,6 +107,30 @@ DEVICES: dict[str, Device] = {
 
 REFERENCE = "H200"  # the device the calibration was measured on
 
+# Spot (preemptible) defaults per device type: what a testbed pool's `spot: {}` takes for the
+# keys it leaves out (testbed.Pool.spot; sched.preemption.SpotSpec). ESTIMATES, read 2026-12-02;
+# docs/simulator.md ("Spot rollout pools") gives each source. Set your own for a quote.
+#   price                   USD per GPU-hour. H100: AWS P5 spot ~$2.00-2.50 and GCP A3-High spot
+#                           ~$2.25 per GPU-hour (costnimbus.com, "GPU cost management", March 2026):
+#                           2.25. L40S: the GPU Markets daily spot fixing of 2026-04-18, $0.78 per
+#                           GPU-hour over 9 venues (gpumarkets.dev, series l40s-spot). A100-80G:
+#                           $0.86 spot (aiapiplaybook.com, "GPU cloud pricing 2026", 2026-01-15).
+#   interruptions_per_hour  per worker. AWS's Spot Instance Advisor sorts instance types into
+#                           buckets of the share interrupted per month (<5%, 5-10%, 10-15%, 15-20%,
+#                           >20%); the top bucket's edge, 20% a month (720 h), is a Poisson rate of
+#                           -ln(0.8) / 720 = 3.1e-4 per hour. GPU types are usually in the top
+#                           buckets, so this is a lower estimate: plan with your own rate as well.
+#   notice_s                120: AWS's two-minute interruption notice (EC2 user guide, "Spot
+#                           Instance interruption notices"). GCP Spot VMs get 30 s (Compute Engine
+#                           API, Scheduling.skipGuestOsShutdown): set notice_s: 30 there.
+#   replace_s               600: an assumption, not a published figure (a new instance's boot,
+#                           image pull and model load); null when nothing replaces a reclaimed worker.
+SPOT_INTERRUPTIONS_PER_HOUR = 3.1e-4  # -ln(1 - 0.20) / 720
+SPOT_NOTICE_S = 120.0
+SPOT_REPLACE_S = 600.0
+SPOT_PRICES = {"H100": 2.25, "L40S": 0.78, "A100-80G": 0.86}  # USD per GPU-hour, estimates (above)
+SPOT_SOURCE = "estimate read 2026-12-02: spot price pages, AWS Spot Instance Advisor, AWS/GCP notice docs"
+
 
 def get_device(name: str | Device) -> Device:
     """Device by name; the error lists the names that exist."""

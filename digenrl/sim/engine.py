@@ -14,18 +14,19 @@ import gc
 import heapq
 from typing import Callable, Iterable, Optional
 
-from digenrl.sched import Scheduler, Unit, Worker, kind
+from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
 from digenrl.sched.units import KINDS as _KINDS
 from digenrl.sched.units import OptimizerStep, Reward, Train, WeightSync
 from digenrl.io.trace import Span, Trace
 
-_DONE, _LOST, _JOIN, _DRAIN = 0, 1, 2, 3
+_DONE, _LOST, _JOIN, _DRAIN, _DEADLINE = 0, 1, 2, 3, 4
 
 
 def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], float], *,
                 failures: Iterable[tuple[float, str]] = (),
                 joins: Iterable[tuple[float, Worker]] = (),
                 drains: Iterable[tuple[float, str]] = (),
+                deadlines: Iterable[tuple[float, str]] = (),
                 record: bool = True,
                 max_events: Optional[int] = None,
                 on_version: Optional[Callable[[int, float], bool]] = None,
@@ -35,8 +36,14 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
 
     duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
     losses; `joins`: (time, Worker) arrivals; `drains`: (time, worker_id) requests to leave
-    (Scheduler.drain; the worker's alive interval ends when it has left). `record=False` keeps only counters (for
-    very large runs). `on_version(version, now)`: called when the trainers' version advances (an
+    (Scheduler.drain; the worker's alive interval ends when it has left). `deadlines`: (time,
+    worker_id) ends of a preemption notice (sched.preemption.engine_events): the worker is lost
+    then if it is still there, and nothing happens if it already left (drained or lost). A drain
+    of a worker that has a deadline is a notice: when the scheduler refuses it (the last rollout
+    worker of a mode without TAG) the worker keeps working until its deadline takes it, and
+    `trace.preemption` lists it under "refused"; deadlines that found their worker still there
+    are listed under "missed". `record=False` keeps only counters (for very large runs).
+    `on_version(version, now)`: called when the trainers' version advances (an
     optimizer step ended); True stops the run there (`trace.stopped`; the planner's early stop,
     report.run_spec_within). Raises RuntimeError on deadlock (nothing running, not done).
 
@@ -59,20 +66,24 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     enabled = gc.isenabled()
     gc.disable()
     try:
-        return _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on_version,
+        return _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max_events, on_version,
                     quiet_syncs, batched)
     finally:
         if enabled:
             gc.enable()
 
 
-def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on_version, quiet_syncs,
+def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max_events, on_version, quiet_syncs,
          batched) -> Trace:
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
     trace = Trace(workers={wid: w.role for wid, w in workers.items()},
                   alive={wid: [0.0, None] for wid in workers})
-    failures, joins, drains = list(failures), list(joins), list(drains)
-    quiet_syncs = quiet_syncs and not (failures or joins or drains)  # no losses, arrivals, drains
+    failures, joins, drains, deadlines = list(failures), list(joins), list(drains), list(deadlines)
+    quiet_syncs = quiet_syncs and not (failures or joins or drains or deadlines)  # no losses, arrivals, drains
+    noticed = {wid for _, wid in deadlines}  # their drains are notices (see the docstring)
+    gone: set[str] = set()  # workers lost or drained (a deadline after that is met)
+    if deadlines:
+        trace.preemption = {"missed": [], "refused": []}
     quiet_ids = {wid for wid, w in workers.items() if w.role == "rollout"} if quiet_syncs else set()
     quiet = None  # version of the last event, a WeightSync whose assign() started nothing
     heap: list = []
@@ -84,6 +95,8 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
         heap.append((float(t), seq, _JOIN, w)); seq += 1
     for t, wid in drains:
         heap.append((float(t), seq, _DRAIN, wid)); seq += 1
+    for t, wid in deadlines:
+        heap.append((float(t), seq, _DEADLINE, wid)); seq += 1
     heapq.heapify(heap)
     now, n_events = 0.0, 0
     version = scheduler.version
@@ -151,7 +164,12 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
                             trace.stopped = True
                             stop = True
                             break
-            elif what == _LOST:
+            elif what == _LOST or what == _DEADLINE:
+                if what == _DEADLINE:
+                    if payload in gone:
+                        continue  # it left in time (or was lost before): nothing to take
+                    trace.preemption["missed"].append((now, payload))
+                gone.add(payload)
                 cur = running.pop(payload, None)
                 scheduler.worker_lost(payload)
                 trace.alive[payload][1] = now
@@ -163,10 +181,16 @@ def _run(scheduler, duration_fn, failures, joins, drains, record, max_events, on
                 workers[payload.id] = payload
                 trace.workers[payload.id] = payload.role
                 trace.alive[payload.id] = [now, None]
-            else:
+            elif payload not in noticed:
                 scheduler.drain(payload)
+            elif payload not in gone:  # a notice: a refused drain leaves the worker to its deadline
+                try:
+                    scheduler.drain(payload)
+                except SchedulerError:
+                    trace.preemption["refused"].append((now, payload))
             for w in scheduler.pop_drained():  # drained workers leave once free
                 trace.alive[w.id][1] = now
+                gone.add(w.id)
             if max_events is not None and n_events > max_events:
                 raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
             quiet = synced if launch() == 0 else None

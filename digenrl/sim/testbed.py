@@ -18,8 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from digenrl.sched.preemption import SpotSpec
 from digenrl.sim.catalogue import LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
-from digenrl.sim.devices import DEVICES
+from digenrl.sim.devices import (DEVICES, SPOT_INTERRUPTIONS_PER_HOUR, SPOT_NOTICE_S, SPOT_PRICES,
+                                 SPOT_REPLACE_S)
 
 POOL_ROLES = ("rollout", "trainer", "any")  # any: one pool the scheduler (or a colocated mode) splits
 
@@ -39,6 +41,8 @@ class Pool:
     gpus_per_node: int = 8
     intra_link: str | None = None  # overrides links.intra_node for this pool (e.g. PCIe-only L40S nodes)
     inter_link: str | None = None  # overrides links.inter_node for this pool
+    # spot (preemptible) GPUs: their price and reclaim process (sim.spot); rollout pools only
+    spot: SpotSpec | None = None
 
     @property
     def nodes(self) -> int:
@@ -155,6 +159,9 @@ class Testbed:
             if not isinstance(p, dict):
                 raise TestbedError(f"{source}: key 'pools[{i}]' must be a mapping")
             _check_keys(p, Pool, source, f"pools[{i}].")
+            p = dict(p)
+            if p.get("spot") is not None:
+                p["spot"] = spot_spec(p["spot"], p.get("device"), f"{source}: key 'pools[{i}].spot")
             out.append(Pool(**{"name": f"pool{i}", **p}))
         d["pools"] = tuple(out)
         if "links" in d:
@@ -167,6 +174,36 @@ class Testbed:
             return cls(**d)
         except TestbedError as e:
             raise TestbedError(f"{source}: {e}") from None
+
+
+SPOT_KEYS = ("price", "interruptions_per_hour", "notice_s", "replace_s")
+
+
+def spot_spec(d, device: str | None, where: str = "key 'spot") -> SpotSpec:
+    """A pool's `spot:` mapping as a SpotSpec: keys it leaves out take the device type's estimates
+    (devices.SPOT_*; `price` has no default where no spot price was found for the device).
+    `where` begins the error message (it names the key: "key 'pools[1].spot")."""
+    if d is True:
+        d = {}
+    if not isinstance(d, dict):
+        raise TestbedError(f"{where}' must be a mapping with keys from {list(SPOT_KEYS)}, got {d!r}")
+    unknown = [k for k in d if k not in SPOT_KEYS]
+    if unknown:
+        raise TestbedError(f"{where}.{unknown[0]}': unknown key; allowed: {list(SPOT_KEYS)}")
+    if "price" not in d and device not in SPOT_PRICES:
+        raise TestbedError(f"{where}.price': no spot price estimate for device {device!r} (estimates for "
+                           f"{sorted(SPOT_PRICES)}); set the price")
+    spec = {"price": SPOT_PRICES.get(device), "interruptions_per_hour": SPOT_INTERRUPTIONS_PER_HOUR,
+            "notice_s": SPOT_NOTICE_S, "replace_s": SPOT_REPLACE_S, **d}
+    for k, v in spec.items():
+        if v is None and k == "replace_s":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TestbedError(f"{where}.{k}': must be a number, got {v!r}")
+    try:
+        return SpotSpec(**{k: (float(v) if v is not None else None) for k, v in spec.items()})
+    except ValueError as e:  # SpotSpec's check names spot.<key>
+        raise TestbedError(f"{where}': {e}") from None
 
 
 def list_presets() -> list[str]:
@@ -217,6 +254,9 @@ def _validate(tb: Testbed) -> None:
         for k in ("intra_link", "inter_link"):
             if getattr(p, k) is not None:
                 _one_of(f"pools[{i}].{k}", getattr(p, k), LINKS)
+        if p.spot is not None and p.role != "rollout":
+            raise TestbedError(f"key 'pools[{i}].spot': only a pool of role 'rollout' may be spot (trainers hold "
+                               f"optimizer state a reclaim would lose), got role {p.role!r}")
         if p.count > p.gpus_per_node and p.count % p.gpus_per_node:
             raise TestbedError(f"key 'pools[{i}].count': {p.count} GPUs do not fill whole nodes of "
                                f"{p.gpus_per_node} (gpus_per_node)")
