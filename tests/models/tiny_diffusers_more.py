@@ -127,7 +127,7 @@ def _sana_transformer(video: bool):
 
 
 def build_sana(root: Path) -> Path:
-    """A 2-level DC-AE (16x16 pixels -> 8x8 latents); a FlowMatchEuler scheduler, so the pipeline's
+    """A 2-level DC-AE (32x32 pixels -> 16x16 latents); a FlowMatchEuler scheduler, so the pipeline's
     own loop is the Euler ODE ours is compared with (the released SANA uses DPM-Solver)."""
     from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline
 
@@ -163,6 +163,7 @@ MORE_SETUPS = {
     "flux2": (build_flux2, dict(height=16, width=16, max_sequence_length=8), None),
     "qwen-image-2.1": (build_qwen_image21, dict(height=32, width=32, max_sequence_length=8, text_encoders=False),
                        {"prompt_embeds": (1, 8, QWEN21_TEXT), "prompt_embeds_mask": (1, 8)}),
-    "sana": (build_sana, dict(height=16, width=16, max_sequence_length=8), None),
-    "sana-video": (build_sana_video, dict(height=16, width=16, num_frames=5, max_sequence_length=8), None),
+    # the SANA pipelines take multiples of 32 pixels only (check_inputs)
+    "sana": (build_sana, dict(height=32, width=32, max_sequence_length=8), None),
+    "sana-video": (build_sana_video, dict(height=32, width=32, num_frames=5, max_sequence_length=8), None),
 }

@@ -37,6 +37,9 @@ from digenrl.models.diffusers_adapters.base import DiffusersPolicy
 from digenrl.models.protocol import Cond
 
 
+_PIXEL_MULTIPLE = 32  # both pipelines' check_inputs (pipeline_sana.py 441, pipeline_sana_video.py 464)
+
+
 class _GemmaText:
     """The text side both SANA pipelines share (encode_prompt with the pipeline's default
     complex human instruction)."""
@@ -86,9 +89,9 @@ class SanaPolicy(_GemmaText, DiffusersPolicy):
     def _latent_shape(self) -> tuple[int, ...]:
         channels = self.module.config.in_channels
         factor = 2 ** (len(self.vae.config.encoder_block_out_channels) - 1) if self.vae is not None else 32
-        p = self.module.config.patch_size
-        if self.height % (factor * p) or self.width % (factor * p):
-            raise ValueError(f"sana: height and width must be multiples of {factor * p}, got {self.height}x{self.width}")
+        m = max(_PIXEL_MULTIPLE, factor * self.module.config.patch_size)
+        if self.height % m or self.width % m:
+            raise ValueError(f"sana: height and width must be multiples of {m}, got {self.height}x{self.width}")
         return (channels, self.height // factor, self.width // factor)
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
@@ -133,9 +136,9 @@ class SanaVideoPolicy(_GemmaText, DiffusersPolicy):
         pt, ph, pw = self.module.config.patch_size
         if (self.num_frames - 1) % t or ((self.num_frames - 1) // t + 1) % pt:
             raise ValueError(f"sana-video: num_frames - 1 must be a multiple of {t}, got num_frames={self.num_frames}")
-        if self.height % (s * ph) or self.width % (s * pw):
-            raise ValueError(f"sana-video: height and width must be multiples of {s * ph}"
-                             f", got {self.height}x{self.width}")
+        m = max(_PIXEL_MULTIPLE, s * ph, s * pw)
+        if self.height % m or self.width % m:
+            raise ValueError(f"sana-video: height and width must be multiples of {m}, got {self.height}x{self.width}")
         return (channels, (self.num_frames - 1) // t + 1, self.height // s, self.width // s)
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
