@@ -1,4 +1,4 @@
-"""FLUX.2-dev, Qwen-Image 2.1, SANA and SANA-Video on tiny random-weight pipelines (issue 28;
+"""FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video and HunyuanVideo 1.5 (text-to-video) on tiny random-weight pipelines (issue 28;
 CPU, float32, no hub access).
 
 The checks of test_new_families.py for each: the ODE through our velocity reproduces the
@@ -52,9 +52,11 @@ def assert_blocks_are_fsdp_units(module: torch.nn.Module) -> None:
                if id(p) not in block_params)
 
 
-# FLUX.2-dev's is the slowest (its 30-layer text encoder is built and loaded twice); its
-# convention checks (ODE, guidance) stay in the default tier, and the rollout code is Klein's
-ROLLOUT = [pytest.param(f, marks=pytest.mark.slow) if f == "flux2" else f for f in MORE]
+# The slowest two (FLUX.2-dev: its 30-layer text encoder loaded twice; HunyuanVideo 1.5: four
+# video decodes) run in the slow tier; the default tier keeps their ODE check and their full
+# fine-tune step, which asserts ratio == 1 too.
+SLOW_ROLLOUT = ("flux2", "hunyuan-video-1.5")
+ROLLOUT = [pytest.param(f, marks=pytest.mark.slow) if f in SLOW_ROLLOUT else f for f in MORE]
 
 
 @pytest.mark.parametrize("family", ROLLOUT)
@@ -69,7 +71,7 @@ def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, t
         policy, lambda: load(folders, tmp_path_factory, family, tmp_path / "cache", train="lora", lora_rank=4))
 
 
-@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f in ("flux2", "sana-video") else f
+@pytest.mark.parametrize("family", [pytest.param(f, marks=pytest.mark.slow) if f == "sana-video" else f
                                     for f in MORE])
 def test_full_finetune_step(family, folders, tmp_path_factory, tmp_path):
     policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="full", gradient_checkpointing=True)
@@ -108,6 +110,10 @@ def _pipeline_latents(family: str, pipe, policy, cond, x0: torch.Tensor) -> torc
     if family == "sana-video":
         return pipe(latents=x0, frames=opts["num_frames"], guidance_scale=1.0, use_resolution_binning=False,
                     **text, **common)[0]
+    if family == "hunyuan-video-1.5":
+        return pipe(prompt_embeds=cond["prompt_embeds"], prompt_embeds_mask=cond["prompt_embeds_mask"],
+                    prompt_embeds_2=cond["prompt_embeds_2"], prompt_embeds_mask_2=cond["prompt_embeds_mask_2"],
+                    latents=x0, num_frames=opts["num_frames"], **common)[0]
     # qwen-image-2.1: one prompt at a time with its own tokens (the pipeline pads a batch to its
     # longest prompt, which moves the image's RoPE position: see qwen_image21.py)
     c, h, w = policy.latent_shape

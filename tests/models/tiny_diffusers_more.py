@@ -157,6 +157,27 @@ def build_sana_video(root: Path) -> Path:
     return root
 
 
+def build_hunyuan_video15(root: Path) -> Path:
+    """Transformer + VAE + guider (CFG off: guidance_scale 1); prompts through the prompt cache
+    (the Qwen2.5-VL + ByT5 text side, as HunyuanVideo's). The VAE compresses 16x in space and 4x
+    in time (5 blocks): 32x32 pixels, 5 frames -> (4, 2, 2, 2) latents."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+                           HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel)
+
+    torch.manual_seed(0)
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(2, 2, 4),
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8,) * 5, layers_per_block=1)
+    pipe = HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None,
+                                  tokenizer_2=None, guider=ClassifierFreeGuidance(guidance_scale=1.0))
+    pipe.save_pretrained(root)
+    return root
+
+
 # Per family, as tiny_diffusers.FAMILY_SETUPS: builder, options for a tiny run, and for cache-fed
 # families the Cond shapes (batch 1) a text encoder would produce.
 MORE_SETUPS = {
@@ -166,4 +187,8 @@ MORE_SETUPS = {
     # the SANA pipelines take multiples of 32 pixels only (check_inputs)
     "sana": (build_sana, dict(height=32, width=32, max_sequence_length=8), None),
     "sana-video": (build_sana_video, dict(height=32, width=32, num_frames=5, max_sequence_length=8), None),
+    "hunyuan-video-1.5": (build_hunyuan_video15,
+                          dict(height=32, width=32, num_frames=5, max_sequence_length=8, text_encoders=False),
+                          {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8),
+                           "prompt_embeds_2": (1, 8, 8), "prompt_embeds_mask_2": (1, 8)}),
 }

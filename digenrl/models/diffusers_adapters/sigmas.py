@@ -31,6 +31,8 @@ the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
   qwen-image-2.1 the pipeline's own `sample_sigmas` (model_index.json) when set (then the step
                  count is theirs), else linspace(1, 1/N, N); mu from the image tokens (one per
                  16x16 pixels) with qwen-image's formula; pipeline_qwenimage21.py:731-745.
+  hunyuan-video-1.5
+                 as hunyuan-video; pipeline_hunyuan_video1_5.py:703-704.
   sana, sana-video
                  set_timesteps(N) on the folder's scheduler (DPM-Solver / UniPC with flow sigmas
                  in the released checkpoints); pipeline_sana.py:880, pipeline_sana_video.py:913.
@@ -41,7 +43,7 @@ the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
 
 Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
 published scheduler config below is used, with a warning. The families added in issue 28
-(flux2, qwen-image-2.1, sana, sana-video) have none recorded here (their configs could not be
+(flux2, qwen-image-2.1, sana, sana-video, hunyuan-video-1.5) have none recorded here (their configs could not be
 read offline): they need the folder's own.
 """
 
@@ -78,7 +80,7 @@ PUBLISHED_SCHEDULERS: dict[str, dict[str, Any]] = {
     "hunyuan-video": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 7.0},
 }
 # families whose grid is built but has no published fallback: the folder's config is required
-FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video")
+FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5")
 GRID_FAMILIES = (*PUBLISHED_SCHEDULERS, *FOLDER_ONLY)  # sampling.sigmas=diffusers is built for these
 # Conditioned families sample on their base family's grid. Their published fallback is the base
 # family's too: we could not read the Kontext / Edit / I2V checkpoints' scheduler configs offline,
@@ -209,7 +211,7 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
                              f"sampling.num_steps is {num_steps}")
         sigmas = fixed_sigmas if fixed_sigmas is not None else np.linspace(1.0, 1 / num_steps, num_steps)
         _retrieve(family, scheduler, num_steps, sigmas, mu=_mu("qwen-image", cfg, h * w))  # unpacked tokens
-    elif family == "hunyuan-video":
+    elif family in ("hunyuan-video", "hunyuan-video-1.5"):
         _retrieve(family, scheduler, num_steps, np.linspace(1.0, 0.0, num_steps + 1)[:-1])
     else:
         raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(GRID_FAMILIES)}")
@@ -239,6 +241,7 @@ def _retrieve(family: str, scheduler, num_steps: int, sigmas, **kwargs) -> None:
 
     module = {"flux": "flux.pipeline_flux", "qwen-image": "qwenimage.pipeline_qwenimage",
               "hunyuan-video": "hunyuan_video.pipeline_hunyuan_video", "flux2": "flux2.pipeline_flux2",
-              "qwen-image-2.1": "qwenimage21.pipeline_qwenimage21"}[family]
+              "qwen-image-2.1": "qwenimage21.pipeline_qwenimage21",
+              "hunyuan-video-1.5": "hunyuan_video1_5.pipeline_hunyuan_video1_5"}[family]
     retrieve = importlib.import_module(f"diffusers.pipelines.{module}").retrieve_timesteps
     retrieve(scheduler, num_steps, "cpu", sigmas=sigmas, **kwargs)
