@@ -209,3 +209,25 @@ def test_sana_refuses_a_guidance_embedding_transformer(tmp_path):
     sprint.save_pretrained(root / "transformer")
     with pytest.raises(ValueError, match="SANA-Sprint is not supported"):
         load_policy("sana", str(root), height=16, width=16, max_sequence_length=8)
+
+
+RECIPES = {"flux2": "flux2_pickscore.yaml", "qwen-image-2.1": "qwen_image21_pickscore.yaml",
+           "sana": "sana_pickscore.yaml", "sana-video": "sana_video_pickscore.yaml",
+           "hunyuan-video-1.5": "hunyuan_video15_pickscore.yaml"}
+
+
+@pytest.mark.parametrize("family", MORE)
+def test_recipe_is_the_familys_and_its_lora_targets_are_linear_layers(family, folders, tmp_path_factory, tmp_path):
+    """Each new family has a recipe (tests/test_recipes.py validates every recipe); one that
+    lists its own LoRA targets names an nn.Linear of the family's transformer with each."""
+    from pathlib import Path
+
+    from digenrl.config.schema import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / RECIPES[family])
+    assert cfg.model.name == family and cfg.model.prompt_cache
+    if cfg.model.lora_targets:
+        policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="frozen")
+        linear = [n for n, m in policy.module.named_modules() if isinstance(m, torch.nn.Linear)]
+        for t in cfg.model.lora_targets:
+            assert any(n == t or n.endswith("." + t) for n in linear), (family, t)
