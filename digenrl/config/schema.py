@@ -35,7 +35,7 @@ from digenrl.sched import MODES as SCHED_MODES
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
 SHARD_KINDS = ("none", "fsdp")
-SP_FAMILIES = ("wan", "hunyuan-video")  # adapters with sequence-parallel attention
+SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5")  # adapters with sequence-parallel attention
 RESHARD_KINDS = ("after-forward", "after-step")
 LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
 WANDB_MODES = ("online", "offline", "disabled")

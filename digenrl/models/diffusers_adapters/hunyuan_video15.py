@@ -20,6 +20,7 @@ Conventions, from diffusers 0.42 `pipelines/hunyuan_video1_5/pipeline_hunyuan_vi
   HunyuanVideo's.
 - decode: latents / scaling_factor (825), vae.decode gives (B, 3, F, H, W); one sample at a
   time (see _decode).
+Sequence parallelism: digenrl.models.sequence_parallel (its (B, 1, Q, K) attention mask).
 The image-to-video pipeline (HunyuanVideo15ImageToVideoPipeline) is not built here.
 """
 
