@@ -118,3 +118,13 @@ def check_lora_step_and_sync(policy, cond, latents, logps, reload) -> None:
     trained, _ = rollout(policy, cond, seed=1)
     assert not torch.equal(stale[:, -1], synced[:, -1])
     assert torch.equal(synced, trained)
+
+
+def assert_lora_landed(module: torch.nn.Module, targets, prefixes=("",)) -> None:
+    """peft skips target names a model lacks without a word: every default target must have
+    been found (under each prefix, e.g. each trained expert)."""
+    adapted = {n[: -len(".lora_A.default.weight")] for n, _ in module.named_parameters()
+               if n.endswith(".lora_A.default.weight")}
+    for prefix in prefixes:
+        for target in targets:
+            assert any(n.startswith(prefix) and n.endswith("." + target) for n in adapted), (prefix, target)

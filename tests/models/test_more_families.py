@@ -1,5 +1,5 @@
-"""FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video and HunyuanVideo 1.5 (text-to-video) on tiny random-weight pipelines (issue 28;
-CPU, float32, no hub access).
+"""FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video and HunyuanVideo 1.5 (text-to-video) on tiny
+random-weight pipelines (issue 28; CPU, float32, no hub access).
 
 The checks of test_new_families.py for each: the ODE through our velocity reproduces the
 diffusers pipeline's own latents (timestep convention, sign, packing, latent normalisation,
@@ -21,9 +21,8 @@ pytest.importorskip("peft")
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import load_policy  # noqa: E402
 from digenrl.models.protocol import Policy, cond_repeat  # noqa: E402
-from tests.models.adapter_checks import (GROUP, PROMPTS, check_rollout_decode_step_and_sync, load_tiny,  # noqa: E402
-                                         rollout, tiny_folder, train_step)
-from tests.models.test_new_families import assert_lora_landed  # noqa: E402
+from tests.models.adapter_checks import (GROUP, PROMPTS, assert_lora_landed,  # noqa: E402
+                                         check_rollout_decode_step_and_sync, load_tiny, rollout, train_step)
 from tests.models.tiny_diffusers_more import MORE_SETUPS  # noqa: E402
 
 for name in ("diffusers", "transformers"):

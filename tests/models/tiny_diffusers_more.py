@@ -1,11 +1,13 @@
-"""Tiny random-weight pipelines of FLUX.2-dev, Qwen-Image 2.1, SANA and SANA-Video (issue 28).
+"""Tiny random-weight pipelines of FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video and HunyuanVideo 1.5
+(issue 28).
 
 As tiny_diffusers.py: each `build_<family>(root)` saves a whole pipeline with 1-layer, 8-32-wide
 models and returns the folder. FLUX.2-dev gets a tiny Mistral-3 (31 hidden states: it reads
 layers 10, 20 and 30), SANA and SANA-Video a tiny Gemma-2, behind the one-character-per-token
 tokenizer of tiny_diffusers_new.py, so their text paths run. Qwen-Image 2.1's Qwen3-VL
 processor needs torchvision (its video processor), which is not installed here: its prompts
-come through the prompt cache, as Qwen-Image's do.
+come through the prompt cache, as Qwen-Image's do, and so do HunyuanVideo 1.5's (Qwen2.5-VL + ByT5),
+as HunyuanVideo's.
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ def build_sana(root: Path) -> Path:
                         decoder_layers_per_block=(1, 1), encoder_qkv_multiscales=((), ()),
                         decoder_qkv_multiscales=((), ()), scaling_factor=0.5)
     pipe = SanaPipeline(tokenizer=qwen3_tokenizer(), text_encoder=gemma2_text(), vae=vae,
-                        transformer=_sana_transformer(video=False), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+                        transformer=_sana_transformer(video=False),
+                        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
     pipe.save_pretrained(root)
     return root
 
