@@ -26,7 +26,7 @@ from digenrl.math.loss import LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
-from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS, SIGMA_GRIDS
+from digenrl.models.diffusers_adapters.sigmas import GRID_FAMILIES, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.rollout.sampler import MODEL_TIMESTEPS
 from digenrl.sched import BATCH_MODES, TAG_MODES
@@ -35,7 +35,7 @@ from digenrl.sched import MODES as SCHED_MODES
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
 SHARD_KINDS = ("none", "fsdp")
-SP_FAMILIES = ("wan", "hunyuan-video")  # adapters with sequence-parallel attention
+SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5")  # adapters with sequence-parallel attention
 RESHARD_KINDS = ("after-forward", "after-step")
 LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
 WANDB_MODES = ("online", "offline", "disabled")
@@ -659,9 +659,9 @@ class Config:
                        f"policy on every {name} worker: set runtime.{name}.num_gpus=1 (or model.device=cpu)")
         _check(self.sampling.sigmas == "digenrl" or self.model.name != "tiny-dit", "sampling.sigmas",
                "diffusers builds a diffusers pipeline's grid; tiny-dit has no pipeline: use digenrl")
-        _check(self.sampling.sigmas == "digenrl" or self.model.name in ("tiny-dit", *PUBLISHED_SCHEDULERS),
+        _check(self.sampling.sigmas == "digenrl" or self.model.name in ("tiny-dit", *GRID_FAMILIES),
                "sampling.sigmas", f"the diffusers grid is not built for {self.model.name} (only for "
-               f"{', '.join(PUBLISHED_SCHEDULERS)}): use digenrl")
+               f"{', '.join(GRID_FAMILIES)}): use digenrl")
         # Wan2.1's UniPC flow sigmas start at 1 - 1e-6, where flow-sde's std sqrt(s / (1 - s))
         # is ~1000 x noise_level (flow_grpo's Wan sampler uses another noise schedule there,
         # wan_pipeline_with_logprob.py:44-52, which no sampling.sde kind implements)
@@ -669,10 +669,13 @@ class Config:
         _check(s.cfg_scale_low == 0 or self.model.name in TWO_EXPERTS, "sampling.cfg_scale_low",
                f"{self.model.name} has one transformer (only {', '.join(TWO_EXPERTS)} have a low-noise expert): "
                "leave it at 0 (sampling.cfg_scale guides every step)")
-        _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v") and s.sde == "flow-sde"),
+        # SANA's DPM-Solver flow sigmas start at 0.9997 (flow_shift 3, 10 steps): std ~58 x noise_level
+        _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v", "sana", "sana-video")
+                    and s.sde == "flow-sde"),
                "sampling.sigmas",
-               "diffusers on wan starts at sigma 1 - 1e-6, where flow-sde's noise explodes "
-               "(std ~ 1000 x noise_level); use sigmas=digenrl with flow-sde, or another sampling.sde")
+               f"diffusers on {self.model.name} starts just below sigma 1 (wan: 1 - 1e-6, sana: 0.9997), where "
+               "flow-sde's noise explodes (std ~ 1000 / ~58 x noise_level); use sigmas=digenrl with flow-sde, "
+               "or another sampling.sde")
         # an ODE rollout records no log-probs: only DiffusionNFT trains on it
         _check(s.sde != "ode" or self.train.loss == "nft", "sampling.sde",
                f"ode records no log-probs for train.loss={self.train.loss} to train on: use an SDE kind "

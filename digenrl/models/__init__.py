@@ -69,12 +69,12 @@ def build_policy(cfg: Any, progress: bool = True) -> Policy:
 @functools.lru_cache(maxsize=32)
 def _diffusers_sigmas(family: str, path: Optional[str], num_steps: int, height: int, width: int) -> torch.Tensor:
     from digenrl.models.diffusers_adapters import policy_class
-    from digenrl.models.diffusers_adapters.sigmas import load_scheduler, pipeline_sigmas, vae_factor
+    from digenrl.models.diffusers_adapters.sigmas import load_scheduler, pipeline_sigmas, sample_sigmas, vae_factor
 
     default_h, default_w = policy_class(family).default_size
     factor = vae_factor(path)
     latent_hw = ((height or default_h) // factor, (width or default_w) // factor)
-    return pipeline_sigmas(family, num_steps, load_scheduler(family, path), latent_hw)
+    return pipeline_sigmas(family, num_steps, load_scheduler(family, path), latent_hw, sample_sigmas(path))
 
 
 def sampling_sigmas(model: Any, sampling: Any, num_steps: int) -> torch.Tensor:

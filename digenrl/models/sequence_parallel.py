@@ -1,4 +1,4 @@
-"""Ulysses sequence parallelism for the video transformers (Wan2.1, HunyuanVideo).
+"""Ulysses sequence parallelism for the video transformers (Wan2.1, HunyuanVideo, HunyuanVideo 1.5).
 
 P ranks of a group run one forward together, each on 1/P of the video tokens:
 
@@ -47,7 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-SUPPORTED = ("WanTransformer3DModel", "HunyuanVideoTransformer3DModel")
+SUPPORTED = ("WanTransformer3DModel", "HunyuanVideoTransformer3DModel", "HunyuanVideo15Transformer3DModel")
 
 
 class SequenceParallel:
@@ -113,7 +113,13 @@ class SequenceParallel:
                 return video
             return torch.cat([video, _SliceHeads.apply(x[:, :, l:], self)], dim=2)
 
-        mask = attn_mask
+        mask, text_valid = attn_mask, None
+        if mask is not None and mask.dim() == 4 and mask.shape[2] == mask.shape[3] == l + text and text:
+            # HunyuanVideo 1.5: a (B, 1, Q, K) mask, valid query & valid key, built from one key
+            # mask; video tokens are always valid, so a video query's row is the key mask and a
+            # video key's column the query mask. Padded text queries (no valid key) come out 0.
+            text_valid = mask[:, :, l:, :1]  # (B, 1, T, 1)
+            mask = mask[:, :, :1, :]
         if mask is not None:  # (B, 1, 1, L + T) key mask: all video tokens are valid
             if mask.dim() != 4 or mask.shape[2] != 1 or mask.shape[3] != l + text:
                 raise NotImplementedError(f"sequence-parallel attention: a key mask (B, 1, 1, {l + text}) is "
@@ -126,7 +132,10 @@ class SequenceParallel:
         video = _Exchange.apply(video.contiguous(), self, False)
         if not text:
             return video
-        return torch.cat([video, _GatherHeads.apply(out[:, :, s:].contiguous(), self)], dim=2)
+        text_out = _GatherHeads.apply(out[:, :, s:].contiguous(), self)
+        if text_valid is not None:
+            text_out = text_out * text_valid.to(text_out.dtype)
+        return torch.cat([video, text_out], dim=2)
 
 
 # ----------------------------------------------------------------------------- collectives
@@ -288,8 +297,9 @@ class SequenceParallelProcessor:
 
 
 def enable(module: torch.nn.Module, sp: SequenceParallel) -> SequenceParallel:
-    """Make a WanTransformer3DModel or HunyuanVideoTransformer3DModel run sequence-parallel
-    over `sp` (in place; see the module doc for where tokens are split and gathered)."""
+    """Make a WanTransformer3DModel, HunyuanVideoTransformer3DModel or
+    HunyuanVideo15Transformer3DModel run sequence-parallel over `sp` (in place; see the module
+    doc for where tokens are split and gathered)."""
     kind = type(module).__name__
     if kind not in SUPPORTED:
         raise ValueError(f"sequence parallelism is built for {', '.join(SUPPORTED)}, not {kind}")
@@ -313,6 +323,11 @@ def enable(module: torch.nn.Module, sp: SequenceParallel) -> SequenceParallel:
 
         module.register_forward_pre_hook(_set_tokens_wan(sp), with_kwargs=True)
         module.blocks[0].register_forward_pre_hook(split_input, with_kwargs=True)
+    elif kind == "HunyuanVideo15Transformer3DModel":  # double-stream blocks only; text + image tokens joint
+        attentions = [b.attn for b in module.transformer_blocks]
+        module.rope.register_forward_hook(split_outputs(0))  # (S, D) each
+        module.register_forward_pre_hook(_set_tokens_hunyuan(sp), with_kwargs=True)
+        module.x_embedder.register_forward_hook(lambda mod, args, out: sp.split(out, 1))  # (B, S, C)
     else:
         if getattr(module.config, "image_condition_type", None) == "token_replace":
             raise ValueError("sequence parallelism: HunyuanVideo's token-replace image conditioning is not supported")

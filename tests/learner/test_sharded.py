@@ -269,3 +269,52 @@ def test_z_image_blocks_are_fsdp_units(tmp_path):
     # one unit per block plus the root (""); nothing else
     assert got["units"] == ["", "context_refiner.0", "layers.0", "layers.1", "noise_refiner.0"]
     torch.testing.assert_close(got["out"], want, rtol=1e-5, atol=1e-6)
+
+
+def _new_family_worker(rank: int, tmp: str, family: str, folder: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from digenrl.learner.sharded import shard_policy
+    from tests.models.adapter_checks import PROMPTS, load_tiny
+    from tests.models.tiny_diffusers_more import MORE_SETUPS
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
+    try:
+        policy = load_tiny(MORE_SETUPS, {family: Path(folder)}, None, family, Path(tmp) / f"cache{rank}",
+                           train="lora", lora_rank=4)
+        shard_policy(policy, init_device_mesh("cpu", (WORLD,)))
+        units = sorted(name for name, m in policy.module.named_modules() if isinstance(m, FSDPModule))
+        x = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            out = policy.velocity(x, torch.tensor([0.9, 0.4]), policy.encode_prompts(PROMPTS))
+        if rank == 0:
+            torch.save({"units": units, "out": out}, f"{tmp}/rank0.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5"])
+def test_new_family_blocks_are_fsdp_units(family, tmp_path):
+    """Issue 28's families under shard_policy (LoRA injected first, as the trainer does): one FSDP
+    unit per transformer block plus the root, and the sharded velocity is the unsharded one."""
+    pytest.importorskip("diffusers")
+    from tests.models.adapter_checks import PROMPTS, load_tiny
+    from tests.models.tiny_diffusers_more import MORE_SETUPS
+
+    folder = MORE_SETUPS[family][0](tmp_path / "pipe")
+    policy = load_tiny(MORE_SETUPS, {family: folder}, None, family, tmp_path / "cache", train="lora", lora_rank=4)
+    x = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = policy.velocity(x, torch.tensor([0.9, 0.4]), policy.encode_prompts(PROMPTS))
+    module = policy.module
+    blocks = [f"transformer_blocks.{i}" for i in range(len(module.transformer_blocks))]
+    blocks += [f"single_transformer_blocks.{i}" for i in range(len(getattr(module, "single_transformer_blocks", [])))]
+    mp.spawn(_new_family_worker, args=(str(tmp_path), family, str(folder)), nprocs=WORLD, join=True)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    assert got["units"] == sorted(["", *blocks])
+    torch.testing.assert_close(got["out"], want, rtol=1e-5, atol=1e-6)

@@ -74,13 +74,15 @@ def train_step(policy, cond, latents, logps, step: int, optimizer):
 
 def check_rollout_decode_step_and_sync(policy, reload) -> None:
     """A group rollout has finite log-probs (none for the last, ODE step), decodes to (4, 3,
-    16, 16) images or (4, 5, 3, 16, 16) videos in [0, 1], then `check_lora_step_and_sync`."""
+    H, W) images or (4, 5, 3, H, W) videos in [0, 1] (the policy's size), then
+    `check_lora_step_and_sync`."""
     cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)  # (B = 4, ...)
     latents, logps = rollout(policy, cond)  # wan2.2: sigmas 1, 0.9 high expert; 0.75 low
     assert all(torch.isfinite(lp).all() for lp in logps[:-1]) and logps[-1] is None
 
     pixels = policy.decode(latents[:, -1])
-    expected = (4, 3, 16, 16) if policy.output == "image" else (4, 5, 3, 16, 16)
+    hw = (policy.height, policy.width)
+    expected = (4, 3, *hw) if policy.output == "image" else (4, 5, 3, *hw)
     assert pixels.shape == expected and pixels.dtype == torch.float32
     assert 0.0 <= pixels.min() and pixels.max() <= 1.0
 
@@ -116,3 +118,13 @@ def check_lora_step_and_sync(policy, cond, latents, logps, reload) -> None:
     trained, _ = rollout(policy, cond, seed=1)
     assert not torch.equal(stale[:, -1], synced[:, -1])
     assert torch.equal(synced, trained)
+
+
+def assert_lora_landed(module: torch.nn.Module, targets, prefixes=("",)) -> None:
+    """peft skips target names a model lacks without a word: every default target must have
+    been found (under each prefix, e.g. each trained expert)."""
+    adapted = {n[: -len(".lora_A.default.weight")] for n, _ in module.named_parameters()
+               if n.endswith(".lora_A.default.weight")}
+    for prefix in prefixes:
+        for target in targets:
+            assert any(n.startswith(prefix) and n.endswith("." + target) for n in adapted), (prefix, target)

@@ -22,8 +22,9 @@ pytest.importorskip("peft")
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import FAMILIES, load_policy  # noqa: E402
 from digenrl.models.protocol import Policy, cond_repeat  # noqa: E402
-from tests.models.adapter_checks import (GROUP, PROMPTS, check_rollout_decode_step_and_sync, load_tiny,  # noqa: E402
-                                         rollout, tiny_folder, train_step)
+from tests.models.adapter_checks import (GROUP, PROMPTS, assert_lora_landed,  # noqa: E402
+                                         check_rollout_decode_step_and_sync, load_tiny, rollout, tiny_folder,
+                                         train_step)
 from tests.models.tiny_diffusers import FAMILY_SETUPS  # noqa: E402
 from tests.models.tiny_diffusers_new import NEW_SETUPS, WAN22_BOUNDARY, build_wan22  # noqa: E402
 
@@ -46,10 +47,12 @@ def load(folders, tmp_path_factory, family: str, cache_dir: Path, **extra):
 
 def test_every_family_has_a_tiny_pipeline():
     """A family added to FAMILIES without a tiny build would go untested (prompt-only builds in
-    tiny_diffusers.py and tiny_diffusers_new.py, conditioned ones in tiny_diffusers.py)."""
+    tiny_diffusers.py, tiny_diffusers_new.py and tiny_diffusers_more.py, conditioned ones in
+    tiny_diffusers.py)."""
     from tests.models.tiny_diffusers import CONDITIONED_SETUPS
+    from tests.models.tiny_diffusers_more import MORE_SETUPS
 
-    assert set(FAMILIES) == set(FAMILY_SETUPS) | set(NEW_SETUPS) | set(CONDITIONED_SETUPS)
+    assert set(FAMILIES) == set(FAMILY_SETUPS) | set(NEW_SETUPS) | set(CONDITIONED_SETUPS) | set(MORE_SETUPS)
 
 
 def test_two_expert_families_match_the_adapter_classes():
@@ -58,16 +61,6 @@ def test_two_expert_families_match_the_adapter_classes():
     from digenrl.models.diffusers_adapters import TWO_EXPERTS, policy_class
 
     assert {f for f in FAMILIES if policy_class(f).two_experts} == set(TWO_EXPERTS)
-
-
-def assert_lora_landed(module: torch.nn.Module, targets, prefixes=("",)) -> None:
-    """peft skips target names a model lacks without a word: every default target must have
-    been found (under each prefix, e.g. each trained expert)."""
-    adapted = {n[: -len(".lora_A.default.weight")] for n, _ in module.named_parameters()
-               if n.endswith(".lora_A.default.weight")}
-    for prefix in prefixes:
-        for target in targets:
-            assert any(n.startswith(prefix) and n.endswith("." + target) for n in adapted), (prefix, target)
 
 
 @pytest.mark.parametrize("family", NEW)

@@ -275,3 +275,49 @@ def test_training_gang_gradients_match_one_device(family, lora_rank, pipelines, 
     for name, g in want.items():
         torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-5 * scale,
                                    msg=lambda m, name=name: f"grad of {name}: {m}")
+
+
+# ----------------------------------------------------------------------------- HunyuanVideo 1.5
+def _transformer15():
+    """Tiny HunyuanVideo 1.5 with padded text in both encoders (its attention gets a (B, 1, Q, K)
+    query-and-key mask) and the empty image condition of text-to-video."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    torch.manual_seed(0)
+    module = HunyuanVideo15Transformer3DModel(
+        in_channels=9, out_channels=4, num_attention_heads=HEADS, attention_head_dim=8, num_layers=2,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(2, 2, 4))
+    for p in module.parameters():
+        p.data.add_(0.02 * torch.randn_like(p))
+    g = torch.Generator().manual_seed(1)
+    x = torch.cat([torch.randn(2, 4, 3, 3, 5, generator=g), torch.zeros(2, 5, 3, 3, 5)], dim=1)  # 45 tokens
+    mask, mask_2 = torch.ones(2, 6, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)
+    mask[1, 4:], mask_2[0, 2:] = 0, 0
+    kwargs = dict(timestep=torch.tensor([500.0, 300.0]), encoder_hidden_states=torch.randn(2, 6, 16, generator=g),
+                  encoder_attention_mask=mask, encoder_hidden_states_2=torch.randn(2, 4, 8, generator=g),
+                  encoder_attention_mask_2=mask_2, image_embeds=torch.zeros(2, 5, 8))
+    return module, x, kwargs
+
+
+def _transformer15_rank(rank, world):
+    module, x, kwargs = _transformer15()
+    sp_mod.enable(module, sp_mod.SequenceParallel(dist.group.WORLD))
+    out, grads = _forward_backward(module, x, kwargs)
+    for g in grads.values():
+        dist.all_reduce(g)
+    return {"out": out, "grads": grads}
+
+
+@pytest.mark.slow  # 105 s on the shared 2-core machine (two spawned processes importing diffusers)
+def test_hunyuan_video15_output_and_gradients(tmp_path):
+    """HunyuanVideo 1.5 over 2 ranks: output and summed gradients equal one process's (45 tokens,
+    not divisible by 2; padded text in both encoders)."""
+    module, x, kwargs = _transformer15()
+    want_out, want_grads = _forward_backward(module, x, kwargs)
+    got = _spawn(_transformer15_rank, 2, tmp_path)
+    torch.testing.assert_close(got["out"], want_out, rtol=1e-5, atol=1e-6)
+    assert got["grads"].keys() == want_grads.keys()
+    scale = max(g.abs().max().item() for g in want_grads.values())
+    for name, g in want_grads.items():
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-5 * scale,
+                                   msg=lambda m, name=name: f"grad of {name}: {m}")

@@ -1,6 +1,6 @@
 """Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo,
-Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image, and the conditioned FLUX.1 Kontext,
-Qwen-Image-Edit and Wan2.1 I2V.
+Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image, FLUX.2-dev, Qwen-Image 2.1, SANA,
+SANA-Video, HunyuanVideo 1.5 (text-to-video), and the conditioned FLUX.1 Kontext, Qwen-Image-Edit and Wan2.1 I2V.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
@@ -24,6 +24,11 @@ FAMILIES = {
     "wan2.2": ("digenrl.models.diffusers_adapters.wan22", "Wan22Policy"),
     "flux2-klein": ("digenrl.models.diffusers_adapters.flux2_klein", "Flux2KleinPolicy"),
     "z-image": ("digenrl.models.diffusers_adapters.z_image", "ZImagePolicy"),
+    "flux2": ("digenrl.models.diffusers_adapters.flux2", "Flux2Policy"),
+    "qwen-image-2.1": ("digenrl.models.diffusers_adapters.qwen_image21", "QwenImage21Policy"),
+    "sana": ("digenrl.models.diffusers_adapters.sana", "SanaPolicy"),
+    "sana-video": ("digenrl.models.diffusers_adapters.sana", "SanaVideoPolicy"),
+    "hunyuan-video-1.5": ("digenrl.models.diffusers_adapters.hunyuan_video15", "HunyuanVideo15Policy"),
     # conditioned: one image per prompt (protocol.encode_inputs)
     "flux-kontext": ("digenrl.models.diffusers_adapters.flux_kontext", "FluxKontextPolicy"),
     "qwen-image-edit": ("digenrl.models.diffusers_adapters.qwen_image_edit", "QwenImageEditPolicy"),
@@ -33,9 +38,9 @@ FAMILIES = {
 # importing diffusers: config checks that data rows carry images exactly for these
 CONDITIONING = {"flux-kontext": "reference-image", "qwen-image-edit": "reference-image", "wan-i2v": "first-frame"}
 # families whose transformer takes a guidance scale as an input (guidance-distilled:
-# FLUX.1-dev, HunyuanVideo): their classes set `embedded_guidance`; ModelConfig reads this
-# without importing diffusers
-EMBEDDED_GUIDANCE = ("flux", "hunyuan-video", "flux-kontext")
+# FLUX.1-dev, HunyuanVideo, FLUX.2-dev): their classes set `embedded_guidance`; ModelConfig
+# reads this without importing diffusers
+EMBEDDED_GUIDANCE = ("flux", "hunyuan-video", "flux-kontext", "flux2")
 # families with a high- and a low-noise transformer (model.experts picks which train)
 TWO_EXPERTS = ("wan2.2",)
 EXPERT_CHOICES = ("both", "high", "low")  # the trained expert(s): AdapterOptions.experts, model.experts
@@ -101,6 +106,7 @@ __all__ = [
     "default_lora_targets", "load_policy", "policy_class",
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
     "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
+    "Flux2Policy", "QwenImage21Policy", "SanaPolicy", "SanaVideoPolicy", "HunyuanVideo15Policy",
     "FluxKontextPolicy", "QwenImageEditPolicy", "WanI2VPolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

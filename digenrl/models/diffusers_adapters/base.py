@@ -238,7 +238,7 @@ class DiffusersPolicy:
         dtype = _as_dtype(options.get("dtype"), torch.bfloat16 if device.type == "cuda" else torch.float32)
         dtype_kwarg = _dtype_kwarg()
         pipeline_cls = getattr(diffusers, cls.pipeline_class)
-        skip = {} if text_encoders else {name: None for name in cls.text_components}
+        skip = {} if text_encoders else cls._text_components_skipped()
         is_dir = os.path.isdir(path_or_id)
         attempts = [True] if (is_dir or local_files_only) else ([False] if local_files_only is False else [True, False])
         error: Optional[BaseException] = None
@@ -262,6 +262,12 @@ class DiffusersPolicy:
         conditions = {name: getattr(pipe, name, None) for name in cls.condition_components}
         conditions = {name: m for name, m in conditions.items() if m is not None}
         return cls._from_pipeline(pipe, text or None, conditions or None, options)
+
+    @classmethod
+    def _text_components_skipped(cls) -> dict[str, Any]:
+        """What `from_pretrained(text_encoders=False)` passes the pipeline for its text components
+        (None each; a family whose pipeline constructor reads one overrides this)."""
+        return {name: None for name in cls.text_components}
 
     @classmethod
     def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]],

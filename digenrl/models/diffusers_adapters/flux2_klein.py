@@ -70,7 +70,7 @@ class Flux2KleinPolicy(DiffusersPolicy):
         else:
             channels, factor = self.module.config.in_channels, 8
         if self.height % (2 * factor) or self.width % (2 * factor):
-            raise ValueError(f"flux2-klein: height and width must be multiples of {2 * factor}"
+            raise ValueError(f"{self.family}: height and width must be multiples of {2 * factor}"
                              f", got {self.height}x{self.width}")
         return (channels, self.height // (2 * factor), self.width // (2 * factor))
 

@@ -26,12 +26,25 @@ the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
   hunyuan-video  sigmas = linspace(1, 0, N+1)[:-1], static shift from the config (7.0 for
                  hunyuanvideo-community/HunyuanVideo); pipeline_hunyuan_video.py:635-642.
 
+  flux2          as flux, but mu = compute_empirical_mu(image tokens, N), a fit in both the
+                 token count and the step count; pipeline_flux2.py:935-945.
+  qwen-image-2.1 the pipeline's own `sample_sigmas` (model_index.json) when set (then the step
+                 count is theirs), else linspace(1, 1/N, N); mu from the image tokens (one per
+                 16x16 pixels) with qwen-image's formula; pipeline_qwenimage21.py:731-745.
+  hunyuan-video-1.5
+                 as hunyuan-video; pipeline_hunyuan_video1_5.py:703-704.
+  sana, sana-video
+                 set_timesteps(N) on the folder's scheduler (DPM-Solver / UniPC with flow sigmas
+                 in the released checkpoints); pipeline_sana.py:880, pipeline_sana_video.py:913.
+
   flux-kontext, qwen-image-edit, wan-i2v: their base family's code exactly (pipeline_flux_kontext.py
                  ~965-980 and pipeline_qwenimage_edit.py ~720-735 compute mu from the sample's own
                  tokens, not the reference's; pipeline_wan_i2v.py ~708 calls set_timesteps(N)).
 
 Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
-published scheduler config below is used, with a warning.
+published scheduler config below is used, with a warning. The families added in issue 28
+(flux2, qwen-image-2.1, sana, sana-video, hunyuan-video-1.5) have none recorded here (their configs could not be
+read offline): they need the folder's own.
 """
 
 from __future__ import annotations
@@ -66,6 +79,9 @@ PUBLISHED_SCHEDULERS: dict[str, dict[str, Any]] = {
                    "shift_terminal": 0.02},
     "hunyuan-video": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 7.0},
 }
+# families whose grid is built but has no published fallback: the folder's config is required
+FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5")
+GRID_FAMILIES = (*PUBLISHED_SCHEDULERS, *FOLDER_ONLY)  # sampling.sigmas=diffusers is built for these
 # Conditioned families sample on their base family's grid. Their published fallback is the base
 # family's too: we could not read the Kontext / Edit / I2V checkpoints' scheduler configs offline,
 # so a pipeline folder's own config (always preferred, see load_scheduler) is the one to trust.
@@ -87,9 +103,13 @@ def load_scheduler(family: str, path: Optional[str]):
     import diffusers
 
     family = BASE_FAMILY.get(family, family)
-    if family not in PUBLISHED_SCHEDULERS:
-        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(PUBLISHED_SCHEDULERS)}")
+    if family not in GRID_FAMILIES:
+        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(GRID_FAMILIES)}")
     found = _read_scheduler_config(path) if path else None
+    if found is None and family in FOLDER_ONLY:
+        raise ValueError(f"sampling.sigmas=diffusers for {family} reads the scheduler config of the pipeline "
+                         f"folder (model.path), and none is readable at {path!r} (no published config is "
+                         f"recorded for {family}); use sampling.sigmas=digenrl or a local pipeline folder")
     if found is None:
         if path:
             log.warning("digenrl: no scheduler config readable at %r; sampling.sigmas=diffusers uses %s's "
@@ -136,6 +156,10 @@ def vae_factor(path: Optional[str]) -> int:
         cfg = json.load(f)
     if "spatial_compression_ratio" in cfg:  # HunyuanVideo
         return int(cfg["spatial_compression_ratio"])
+    if "scale_factor_spatial" in cfg:  # Wan, Qwen-Image 2.1 (16: the pipeline's own constant)
+        return int(cfg["scale_factor_spatial"])
+    if "encoder_block_out_channels" in cfg:  # SANA's DC-AE
+        return 2 ** (len(cfg["encoder_block_out_channels"]) - 1)
     if "block_out_channels" in cfg:
         return 2 ** (len(cfg["block_out_channels"]) - 1)
     if "temperal_downsample" in cfg:
@@ -143,16 +167,28 @@ def vae_factor(path: Optional[str]) -> int:
     return 8
 
 
-def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int, int]) -> torch.Tensor:
+def sample_sigmas(path: Optional[str]) -> Optional[list[float]]:
+    """The pipeline's own `sample_sigmas` (model_index.json; Qwen-Image 2.1), or None."""
+    index = os.path.join(path, "model_index.json") if path else ""
+    if not os.path.isfile(index):
+        return None
+    with open(index) as f:
+        return json.load(f).get("sample_sigmas")
+
+
+def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int, int],
+                    fixed_sigmas: Optional[list[float]] = None) -> torch.Tensor:
     """float32 (num_steps + 1,): the `scheduler.sigmas` the family's diffusers 0.42 pipeline
     sets for `num_steps` steps at latent size `latent_hw` (what the dynamic shift reads);
-    the last entry is 0. `scheduler` is mutated (set_timesteps), as the pipeline would."""
+    the last entry is 0. `scheduler` is mutated (set_timesteps), as the pipeline would.
+    fixed_sigmas: qwen-image-2.1's `sample_sigmas` (see `sample_sigmas`), used instead of the
+    linspace when set."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     h, w = latent_hw
     family = BASE_FAMILY.get(family, family)
     cfg = scheduler.config
-    if family in ("sd3", "wan"):
+    if family in ("sd3", "wan", "sana", "sana-video"):
         kwargs = {}
         if family == "sd3" and cfg.get("use_dynamic_shifting", None):
             kwargs["mu"] = _mu(family, cfg, (h // 2) * (w // 2))  # SD3 patch size 2
@@ -163,10 +199,22 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
             sigmas = None
         mu = _mu(family, cfg, (h // 2) * (w // 2))  # 2x2-packed latent tokens: latents.shape[1]
         _retrieve(family, scheduler, num_steps, sigmas, mu=mu)
-    elif family == "hunyuan-video":
+    elif family == "flux2":
+        from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
+
+        sigmas = None if getattr(cfg, "use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps, num_steps)
+        mu = compute_empirical_mu(image_seq_len=(h // 2) * (w // 2), num_steps=num_steps)  # 2x2-patchified tokens
+        _retrieve(family, scheduler, num_steps, sigmas, mu=mu)
+    elif family == "qwen-image-2.1":
+        if fixed_sigmas is not None and len(fixed_sigmas) != num_steps:
+            raise ValueError(f"qwen-image-2.1: the pipeline's sample_sigmas fix {len(fixed_sigmas)} steps; "
+                             f"sampling.num_steps is {num_steps}")
+        sigmas = fixed_sigmas if fixed_sigmas is not None else np.linspace(1.0, 1 / num_steps, num_steps)
+        _retrieve(family, scheduler, num_steps, sigmas, mu=_mu("qwen-image", cfg, h * w))  # unpacked tokens
+    elif family in ("hunyuan-video", "hunyuan-video-1.5"):
         _retrieve(family, scheduler, num_steps, np.linspace(1.0, 0.0, num_steps + 1)[:-1])
     else:
-        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(PUBLISHED_SCHEDULERS)}")
+        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(GRID_FAMILIES)}")
     sigmas = scheduler.sigmas.detach().to("cpu", torch.float32)
     if sigmas.shape != (num_steps + 1,) or sigmas[-1] != 0:
         raise ValueError(f"{family}: the scheduler set {tuple(sigmas.shape)} sigmas ending in {float(sigmas[-1])}; "
@@ -192,6 +240,8 @@ def _retrieve(family: str, scheduler, num_steps: int, sigmas, **kwargs) -> None:
     import importlib
 
     module = {"flux": "flux.pipeline_flux", "qwen-image": "qwenimage.pipeline_qwenimage",
-              "hunyuan-video": "hunyuan_video.pipeline_hunyuan_video"}[family]
+              "hunyuan-video": "hunyuan_video.pipeline_hunyuan_video", "flux2": "flux2.pipeline_flux2",
+              "qwen-image-2.1": "qwenimage21.pipeline_qwenimage21",
+              "hunyuan-video-1.5": "hunyuan_video1_5.pipeline_hunyuan_video1_5"}[family]
     retrieve = importlib.import_module(f"diffusers.pipelines.{module}").retrieve_timesteps
     retrieve(scheduler, num_steps, "cpu", sigmas=sigmas, **kwargs)

@@ -1,0 +1,197 @@
+"""Tiny random-weight pipelines of FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video and HunyuanVideo 1.5
+(issue 28).
+
+As tiny_diffusers.py: each `build_<family>(root)` saves a whole pipeline with 1-layer, 8-32-wide
+models and returns the folder. FLUX.2-dev gets a tiny Mistral-3 (31 hidden states: it reads
+layers 10, 20 and 30), SANA and SANA-Video a tiny Gemma-2, behind the one-character-per-token
+tokenizer of tiny_diffusers_new.py, so their text paths run. Qwen-Image 2.1's Qwen3-VL
+processor needs torchvision (its video processor), which is not installed here: its prompts
+come through the prompt cache, as Qwen-Image's do, and so do HunyuanVideo 1.5's (Qwen2.5-VL + ByT5),
+as HunyuanVideo's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.models.tiny_diffusers_new import qwen3_tokenizer
+
+TEXT_HIDDEN = 8
+
+
+def mistral3_text():
+    from transformers import Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, PixtralVisionConfig
+
+    cfg = Mistral3Config(
+        vision_config=PixtralVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                          num_attention_heads=2, head_dim=4, image_size=16, patch_size=4),
+        text_config=MistralConfig(vocab_size=32, hidden_size=TEXT_HIDDEN, intermediate_size=16, num_hidden_layers=30,
+                                  num_attention_heads=2, num_key_value_heads=2, head_dim=4,
+                                  max_position_embeddings=64, pad_token_id=0),
+        spatial_merge_size=1,
+    )
+    torch.manual_seed(0)
+    return Mistral3ForConditionalGeneration(cfg).eval()
+
+
+def mistral3_tokenizer():
+    """The character tokenizer with a chat template over content lists, as Pixtral's processor
+    takes them. It renders the user turn only: with a few-token max_sequence_length the
+    pipeline's long system message would otherwise fill every prompt's tokens."""
+    tok = qwen3_tokenizer()
+    tok.chat_template = ("{% for m in messages %}{% if m['role'] == 'user' %}{% for c in m['content'] %}"
+                         "u: {{ c['text'] }}{% endfor %}{% endif %}{% endfor %}")
+    return tok
+
+
+def gemma2_text():
+    from transformers import Gemma2Config, Gemma2Model
+
+    cfg = Gemma2Config(vocab_size=32, hidden_size=TEXT_HIDDEN, intermediate_size=16, num_hidden_layers=1,
+                       num_attention_heads=2, num_key_value_heads=2, head_dim=4, max_position_embeddings=4096,
+                       pad_token_id=0)
+    torch.manual_seed(0)
+    return Gemma2Model(cfg).eval()
+
+
+def build_flux2(root: Path) -> Path:
+    """FLUX.2-dev layout: guidance_embeds on, Mistral-3 text (3 layers x 8 wide = 24); the VAE and
+    its batch-norm statistics as the Klein build's."""
+    from diffusers import (AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2Pipeline,
+                           Flux2Transformer2DModel)
+
+    torch.manual_seed(0)
+    transformer = Flux2Transformer2DModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=8,
+        num_attention_heads=2, joint_attention_dim=3 * TEXT_HIDDEN, timestep_guidance_channels=16,
+        axes_dims_rope=(2, 2, 2, 2), guidance_embeds=True,
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLFlux2(
+        down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16), layers_per_block=1, latent_channels=4, norm_num_groups=4, sample_size=16,
+    )
+    with torch.no_grad():
+        vae.bn.running_mean.copy_(torch.linspace(-0.5, 0.5, 16))
+        vae.bn.running_var.copy_(torch.linspace(0.25, 4.0, 16))
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, time_shift_type="exponential")
+    pipe = Flux2Pipeline(scheduler=scheduler, vae=vae, text_encoder=mistral3_text(), tokenizer=mistral3_tokenizer(),
+                         transformer=transformer)
+    pipe.save_pretrained(root)
+    return root
+
+
+QWEN21_TEXT = 16  # context_in_dim: the cached embeddings' width
+
+
+def build_qwen_image21(root: Path) -> Path:
+    """Transformer + VAE + scheduler, saved one by one with a model_index.json that has no text side
+    (QwenImage21Pipeline cannot be built without a processor, see qwen_image21.NoProcessor). The
+    VAE compresses 16x (5 levels) as the pipeline assumes: 32x32 pixels -> 2x2 latents."""
+    import diffusers
+    from diffusers import AutoencoderKLQwenImage21, FlowMatchEulerDiscreteScheduler, QwenImage21Transformer2DModel
+
+    torch.manual_seed(0)
+    transformer = QwenImage21Transformer2DModel(
+        in_channels=4, out_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=2,
+        context_in_dim=QWEN21_TEXT, axes_dims_rope=(2, 2, 4),
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage21(base_dim=8, decoder_base_dim=8, z_dim=4, dim_mult=[1] * 5, num_res_blocks=1,
+                                   temperal_downsample=[False] * 4, in_channels=3, out_channels=3,
+                                   latents_mean=[0.1, 0.0, -0.1, 0.2], latents_std=[1.5, 1.0, 2.0, 0.5])
+    scheduler = FlowMatchEulerDiscreteScheduler(shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+                                                time_shift_type="exponential")
+    for name, module in (("transformer", transformer), ("vae", vae), ("scheduler", scheduler)):
+        module.save_pretrained(root / name)
+    index = {"_class_name": "QwenImage21Pipeline", "_diffusers_version": diffusers.__version__,
+             "transformer": ["diffusers", "QwenImage21Transformer2DModel"],
+             "vae": ["diffusers", "AutoencoderKLQwenImage21"],
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": [None, None], "processor": [None, None], "sample_sigmas": None}
+    (root / "model_index.json").write_text(json.dumps(index))
+    return root
+
+
+def _sana_transformer(video: bool):
+    from diffusers import SanaTransformer2DModel, SanaVideoTransformer3DModel
+
+    kw = dict(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+              num_cross_attention_heads=2, cross_attention_head_dim=8, cross_attention_dim=16,
+              caption_channels=TEXT_HIDDEN, sample_size=8)
+    torch.manual_seed(0)
+    if video:
+        return SanaVideoTransformer3DModel(**kw, patch_size=(1, 2, 2), rope_max_seq_len=32)
+    return SanaTransformer2DModel(**kw, patch_size=1)
+
+
+def build_sana(root: Path) -> Path:
+    """A 2-level DC-AE (32x32 pixels -> 16x16 latents); a FlowMatchEuler scheduler, so the pipeline's
+    own loop is the Euler ODE ours is compared with (the released SANA uses DPM-Solver)."""
+    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderDC(in_channels=3, latent_channels=4, attention_head_dim=4, encoder_block_out_channels=(8, 8),
+                        decoder_block_out_channels=(8, 8), encoder_layers_per_block=(1, 1),
+                        decoder_layers_per_block=(1, 1), encoder_qkv_multiscales=((), ()),
+                        decoder_qkv_multiscales=((), ()), scaling_factor=0.5)
+    pipe = SanaPipeline(tokenizer=qwen3_tokenizer(), text_encoder=gemma2_text(), vae=vae,
+                        transformer=_sana_transformer(video=False),
+                        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    pipe.save_pretrained(root)
+    return root
+
+
+def build_sana_video(root: Path) -> Path:
+    """The Wan2.1-VAE layout of SANA-Video 2B, with tiny_diffusers.build_wan's VAE."""
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, SanaVideoPipeline
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True],
+                           latents_mean=[0.1, -0.1, 0.0, 0.2], latents_std=[1.5, 2.0, 1.0, 0.5])
+    pipe = SanaVideoPipeline(tokenizer=qwen3_tokenizer(), text_encoder=gemma2_text(), vae=vae,
+                             transformer=_sana_transformer(video=True),
+                             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0))
+    pipe.save_pretrained(root)
+    return root
+
+
+def build_hunyuan_video15(root: Path) -> Path:
+    """Transformer + VAE + guider (CFG off: guidance_scale 1); prompts through the prompt cache
+    (the Qwen2.5-VL + ByT5 text side, as HunyuanVideo's). The VAE compresses 16x in space and 4x
+    in time (5 blocks): 32x32 pixels, 5 frames -> (4, 2, 2, 2) latents."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+                           HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel)
+
+    torch.manual_seed(0)
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(2, 2, 4),
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8,) * 5, layers_per_block=1)
+    pipe = HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
+                                  scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None,
+                                  tokenizer_2=None, guider=ClassifierFreeGuidance(guidance_scale=1.0))
+    pipe.save_pretrained(root)
+    return root
+
+
+# Per family, as tiny_diffusers.FAMILY_SETUPS: builder, options for a tiny run, and for cache-fed
+# families the Cond shapes (batch 1) a text encoder would produce.
+MORE_SETUPS = {
+    "flux2": (build_flux2, dict(height=16, width=16, max_sequence_length=8), None),
+    "qwen-image-2.1": (build_qwen_image21, dict(height=32, width=32, max_sequence_length=8, text_encoders=False),
+                       {"prompt_embeds": (1, 8, QWEN21_TEXT), "prompt_embeds_mask": (1, 8)}),
+    # the SANA pipelines take multiples of 32 pixels only (check_inputs)
+    "sana": (build_sana, dict(height=32, width=32, max_sequence_length=8), None),
+    "sana-video": (build_sana_video, dict(height=32, width=32, num_frames=5, max_sequence_length=8), None),
+    "hunyuan-video-1.5": (build_hunyuan_video15,
+                          dict(height=32, width=32, num_frames=5, max_sequence_length=8, text_encoders=False),
+                          {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8),
+                           "prompt_embeds_2": (1, 8, 8), "prompt_embeds_mask_2": (1, 8)}),
+}
