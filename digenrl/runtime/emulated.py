@@ -51,9 +51,11 @@ from typing import Callable, Iterable, Optional
 import ray
 
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.preempt import Preemption, arm_sigterm
 from digenrl.runtime.results import Slept
 from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit, Worker
+from digenrl.sched.preemption import Join
 from digenrl.io.trace import Trace
 
 # Deadlines of the waits here (runtime/waits.py): emulated workers ask for no device and load
@@ -62,6 +64,7 @@ from digenrl.io.trace import Trace
 START_S = 120.0
 STALL_S = 600.0
 LATENCY = ("real", "hidden", "scaled")
+PREEMPT_POLL_S = 0.02  # how often a run with spot workers checks notices and deadlines (wall s)
 
 
 class EmulatedWorker:
@@ -82,6 +85,11 @@ class EmulatedWorker:
     def pid(self) -> int:
         """This actor's process (fault injection kills it)."""
         return os.getpid()
+
+    def arm_sigterm(self, directory: str, notice_s: float) -> bool:
+        """A spot worker: SIGTERM writes this worker's notice into `directory` (runtime/preempt.py)."""
+        arm_sigterm(directory, lambda: self.worker.id, notice_s)
+        return True
 
     def run(self, unit: Unit, t_ref: Optional[float] = None, *inputs) -> Slept:
         """`inputs` are refs of the units this one consumes (resolved by Ray: real messages).
@@ -207,6 +215,19 @@ class EmulatedBackend:
         self._ref = None  # after a loss: time from the dispatch
         return new
 
+    def kill(self, wid: str) -> None:
+        """A spot worker past its deadline: its actor dies now (its unit in flight is lost)."""
+        h = self.handles.get(wid)
+        if h is not None:
+            ray.kill(h, no_restart=True)
+
+    def add(self, join: Join, loop: EventLoop) -> None:
+        """A spot replacement arrives: a fresh actor, which joins at once (its first unit, a
+        WeightSync, waits in Ray's queue until the actor is up)."""
+        w = Worker(join.worker, "rollout")
+        self._spawn(w)
+        loop.join(w)
+
     def retire(self, worker: Worker, lost: bool = False) -> None:
         """A drained worker left: its actor is not reused (it may still be finishing a call)."""
         h = self.handles.get(worker.id)
@@ -273,16 +294,33 @@ def _modelled_end(ref) -> float:
 
 
 def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.0, *, latency: str = "real",
-                           cache: Optional[ActorCache] = None, stall_s: float = STALL_S) -> Trace:
+                           cache: Optional[ActorCache] = None, stall_s: float = STALL_S,
+                           preemption: Optional[Preemption] = None) -> Trace:
     """Drive `sched` with EmulatedWorker actors (Ray must be initialised); modelled-seconds Trace.
     `stall_s`: the event loop's watchdog (wall seconds without a unit finishing).
+
+    `preemption`: spot rollout workers (runtime/preempt.py), its notices on the modelled
+    clock; its kill and add (when None) are this backend's, and its stats and log are
+    filled in as the run goes. The loop then wakes every PREEMPT_POLL_S wall seconds, so a
+    deadline is met within PREEMPT_POLL_S / time_scale modelled seconds.
 
     Baseline overheads the actors' copies of a DurationFn paid are added to
     `duration_fn.overhead_ws` (as a simulated run would have them).
     """
     backend = EmulatedBackend(sched.workers, duration_fn, time_scale, latency=latency, cache=cache)
+    extra = {}
+    if preemption is not None:
+        if preemption.clock is None:  # the modelled clock: the virtual one when round trips are hidden
+            preemption.clock = ((lambda loop: backend._now) if latency == "hidden"
+                                else (lambda loop: loop.now() / time_scale))
+        preemption.kill = preemption.kill or backend.kill
+        preemption.add = preemption.add or backend.add
+        extra = dict(poll=preemption.poll, poll_s=PREEMPT_POLL_S)
     try:
-        trace = EmulatedLoop(sched, backend, stall_s=stall_s).run()
+        loop = EmulatedLoop(sched, backend, stall_s=stall_s, **extra)
+        trace = loop.run()
+        if preemption is not None:
+            preemption.finish(loop)
     finally:
         backend.close()
     over = getattr(duration_fn, "overhead_ws", None)
