@@ -51,7 +51,7 @@ from typing import Callable, Iterable, Optional
 import ray
 
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.preempt import Preemption, arm_sigterm
+from digenrl.runtime.preempt import FileNotices, Preemption, arm_sigterm
 from digenrl.runtime.results import Slept
 from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit, Worker
@@ -172,6 +172,14 @@ class EmulatedBackend:
         self.overhead_ws: dict[str, float] = {}
         self._ref: Optional[float] = None  # end of the latest batch of completions
         self._new_batch = True
+        self.sigterm: Optional[tuple[str, float]] = None  # spot workers: (notice dir, notice_s), `arm`
+
+    def arm(self, directory: str, notice_s: float) -> None:
+        """Spot rollout workers: SIGTERM to one (a joiner too) writes its notice into `directory`."""
+        self.sigterm = (directory, notice_s)
+        wait_all({wid: self.handles[wid].arm_sigterm.remote(directory, notice_s)
+                  for wid, w in self.workers.items() if w.role == "rollout"},
+                 timeout_s=START_S, what="spot workers arming SIGTERM", key="digenrl.runtime.emulated.START_S")
 
     def _spawn(self, w: Worker) -> None:
         self.workers[w.id] = w
@@ -179,6 +187,8 @@ class EmulatedBackend:
             w, self._fn_ref, self.scale, self.latency)
         self.cache.handles.append(h)
         self.handles[w.id] = h
+        if self.sigterm is not None and w.role == "rollout":
+            h.arm_sigterm.remote(*self.sigterm)  # before any unit: an actor runs calls in order
 
     def _drop(self, wid: str) -> None:
         """Take a dead actor out of the cache (a later run must not be handed it)."""
@@ -315,6 +325,9 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
                                 else (lambda loop: loop.now() / time_scale))
         preemption.kill = preemption.kill or backend.kill
         preemption.add = preemption.add or backend.add
+        for src in preemption.sources:
+            if isinstance(src, FileNotices):  # SIGTERM writes there
+                backend.arm(str(src.dir), src.default_s)
         extra = dict(poll=preemption.poll, poll_s=PREEMPT_POLL_S)
     try:
         loop = EmulatedLoop(sched, backend, stall_s=stall_s, **extra)

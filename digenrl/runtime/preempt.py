@@ -153,6 +153,18 @@ def arm_sigterm(directory: Union[str, Path], worker_id: Callable[[], str], notic
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def spot_sources(cfg) -> list:
+    """The notice sources of a run with runtime.rollout.preemptible: notice files (which
+    SIGTERM writes too), and the runtime.rollout.preemptions trace when one is given."""
+    from digenrl.sched.preemption import read_trace
+
+    pool = cfg.runtime.rollout
+    sources: list = [FileNotices(notice_dir(cfg), pool.notice_s)]
+    if pool.preemptions:
+        sources.append(TraceNotices(read_trace(pool.preemptions)))
+    return sources
+
+
 def notice_dir(cfg) -> Path:
     """Where file and SIGTERM notices of the run `cfg` go: runtime.rollout.notices, else
     RUN_DIR/notices (the run directory is on storage every node sees)."""
