@@ -208,8 +208,9 @@ class Preemption:
             elif now >= deadline:
                 del self.deadlines[wid]
                 self.stats["killed"] += 1
+                unit = loop.sched.in_flight.get(wid)
                 self.log.append({"event": "kill", "at_s": now, "worker": wid, "deadline_s": deadline,
-                                 "busy": wid in loop.sched.in_flight})
+                                 "busy": unit is not None, "unit": repr(unit) if unit is not None else None})
                 log.warning("spot worker %s still working at its deadline (%.1f s): killed, its work regenerated",
                             wid, deadline)
                 self.kill(wid)
