@@ -241,3 +241,32 @@ def test_real_run_drains_on_sigterm_and_regenerates_past_a_deadline(ray_cluster,
     assert tr.alive["rollout-1"][1] is not None and tr.alive["rollout-2"][1] is not None
     assert_trained_exactly_once(rt.trained, cfg, 2)
     assert_matches_single_device(run, local_run)  # gap is on-policy: the single-device weights
+
+
+@pytest.mark.slow  # a testbed's cost model on emulated actors, a drawn trace (~1-2 min on 2 shared cores)
+def test_emulated_run_takes_a_preemption_trace(ray_cluster, tmp_path):
+    from digenrl.config.contract import contract
+    from digenrl.sched.preemption import SpotSpec, draw, write_trace
+    from digenrl.tools.cli import main
+
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", "--testbed", "small-h200x16-sd35", "--gpus", "8", "--mode", "gap", "--steps", "4",
+                 "--out", str(plan)]) == 0
+    cfg = load_config(plan)
+    rollout = [w.id for w in contract(cfg).workers() if w.role == "rollout"]
+    # a notice about every 2 modelled s across the pool, 1 s to leave, a replacement 2 s later
+    events = draw(SpotSpec(price=1.0, interruptions_per_hour=1800.0 / len(rollout), notice_s=1.0, replace_s=2.0),
+                  rollout, horizon_s=12.0, seed=3)
+    trace = tmp_path / "spot.jsonl"
+    write_trace(trace, events)
+    cfg = load_config(plan, [f"run.run_dir={tmp_path / 'run'}", "runtime.time_scale=0.2",
+                             "runtime.rollout.preemptible=true", f"runtime.rollout.preemptions={trace}"])
+    rt = RayDriver(cfg, progress=False)
+    summary = rt.train()
+    sp = summary["spot"]
+    drawn = sum(1 for e in events if isinstance(e, Notice))
+    assert sp["notices"] >= 1 and sp["honoured"] + sp["killed"] + sp["pending"] == sp["notices"]
+    assert sp["notices"] + sp["ignored"] <= drawn
+    assert (tmp_path / "run" / "spot.jsonl").exists()
+    sc = contract(cfg).sched
+    assert _trained(rt.trace) == _want(sc)  # every sample once, whatever was reclaimed
