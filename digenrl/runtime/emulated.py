@@ -51,7 +51,7 @@ from typing import Callable, Iterable, Optional
 import ray
 
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.preempt import FileNotices, Preemption, arm_sigterm
+from digenrl.runtime.preempt import FileNotices, Preemption, TraceNotices, arm_sigterm
 from digenrl.runtime.results import Slept
 from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit, Worker
@@ -173,6 +173,7 @@ class EmulatedBackend:
         self._ref: Optional[float] = None  # end of the latest batch of completions
         self._new_batch = True
         self.sigterm: Optional[tuple[str, float]] = None  # spot workers: (notice dir, notice_s), `arm`
+        self.spare: dict[str, "ray.actor.ActorHandle"] = {}  # started ahead for a trace's joins (`prestart`)
 
     def arm(self, directory: str, notice_s: float) -> None:
         """Spot rollout workers: SIGTERM to one (a joiner too) writes its notice into `directory`."""
@@ -232,11 +233,30 @@ class EmulatedBackend:
             ray.kill(h, no_restart=True)
 
     def add(self, join: Join, loop: EventLoop) -> None:
-        """A spot replacement arrives: a fresh actor, which joins at once (its first unit, a
-        WeightSync, waits in Ray's queue until the actor is up)."""
+        """A spot replacement arrives and joins at once: its actor started ahead (`prestart`),
+        else a fresh one (its first unit, a WeightSync, then waits in Ray's queue until the
+        actor is up, and that start-up counts as modelled time)."""
         w = Worker(join.worker, "rollout")
-        self._spawn(w)
+        h = self.spare.pop(w.id, None)
+        if h is None:
+            self._spawn(w)
+        else:
+            self.workers[w.id], self.handles[w.id] = w, h
         loop.join(w)
+
+    def prestart(self, worker_ids: Iterable[str]) -> None:
+        """Start the actors of rollout workers that will join later (a trace's joins), so that
+        each is up when it joins: a provider's replacement arrives ready, as the simulator has it."""
+        for wid in worker_ids:
+            w = Worker(wid, "rollout")
+            h = ray.remote(EmulatedWorker).options(num_cpus=self.num_cpus, max_restarts=0).remote(
+                w, self._fn_ref, self.scale, self.latency)
+            if self.sigterm is not None:
+                h.arm_sigterm.remote(*self.sigterm)
+            self.cache.handles.append(h)
+            self.spare[wid] = h
+        wait_all({wid: h.ready.remote() for wid, h in self.spare.items()}, timeout_s=START_S,
+                 what="spot replacements starting", key="digenrl.runtime.emulated.START_S")
 
     def retire(self, worker: Worker, lost: bool = False) -> None:
         """A drained worker left: its actor is not reused (it may still be finishing a call)."""
@@ -311,7 +331,8 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
 
     `preemption`: spot rollout workers (runtime/preempt.py), its notices on the modelled
     clock; its kill and add (when None) are this backend's, and its stats and log are
-    filled in as the run goes. The loop then wakes every PREEMPT_POLL_S wall seconds, so a
+    filled in as the run goes. The actors of a trace's joins are started before the run
+    (`EmulatedBackend.prestart`), so a replacement's start-up is not charged as modelled time. The loop then wakes every PREEMPT_POLL_S wall seconds, so a
     deadline is met within PREEMPT_POLL_S / time_scale modelled seconds.
 
     Baseline overheads the actors' copies of a DurationFn paid are added to
@@ -328,6 +349,9 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
         for src in preemption.sources:
             if isinstance(src, FileNotices):  # SIGTERM writes there
                 backend.arm(str(src.dir), src.default_s)
+        if preemption.add == backend.add:  # a trace's replacements: up before they join
+            backend.prestart(e.worker for src in preemption.sources if isinstance(src, TraceNotices)
+                             for e in src.events if isinstance(e, Join))
         extra = dict(poll=preemption.poll, poll_s=PREEMPT_POLL_S)
     try:
         loop = EmulatedLoop(sched, backend, stall_s=stall_s, **extra)
