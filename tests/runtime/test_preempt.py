@@ -105,6 +105,22 @@ def test_notice_cut_short_is_killed_and_regenerated(ray_cluster, mode):
     assert trace.alive["r1+1"][0] > 0
 
 
+def test_the_last_rollout_worker_cannot_drain_so_it_is_lost_at_its_deadline(ray_cluster):
+    # gap without TAG: nothing else generates, so the drain is refused; the worker works on
+    # until its deadline, is killed mid-unit, and is replaced as a lost worker (r0')
+    cfg = _cfg("gap", steps=1)
+    sched = Scheduler(cfg, [Worker("r0", "rollout"), Worker("t0", "trainer")])
+    spot = Preemption([WhenBusy(sched, "r0", notice_s=0.0)])
+    trace = run_scheduler_emulated(sched, _slow_on("r0", const_cost(COST, cfg.samples_per_group)),
+                                   time_scale=0.02, preemption=spot)
+    assert spot.stats == {"notices": 1, "honoured": 0, "killed": 1, "refused": 1, "ignored": 0, "joins": 0,
+                          "pending": 0}
+    (notice,) = [r for r in spot.log if r["event"] == "notice"]
+    assert "last rollout worker" in notice["refused"]
+    assert trace.alive["r0'"][0] > 0  # the loop's replacement finished the run
+    assert _trained(trace) == _want(cfg)
+
+
 def test_trace_notices_on_the_modelled_clock(ray_cluster):
     # a sched.preemption trace: r0 noticed at 3 s (honoured: 10^6 s), r1 at 5 s with no time
     # (killed mid-unit or found gone); the replacements join; whatever the timing, every sample
