@@ -85,7 +85,8 @@ def test_notice_drains_within_its_deadline(ray_cluster):
     assert trace.alive["r0+1"][0] > 0 and (not mine or mine[0].kind == "sync")
 
 
-@pytest.mark.parametrize("mode", ["gap", "digenrl"])
+# digenrl in the slow tier: the default tier's budget (each case costs 2-3 s on 2 shared cores)
+@pytest.mark.parametrize("mode", ["gap", pytest.param("digenrl", marks=pytest.mark.slow)])
 def test_notice_cut_short_is_killed_and_regenerated(ray_cluster, mode):
     cfg = _cfg(mode, steps=2)
     sched = Scheduler(cfg, [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")])
@@ -105,6 +106,7 @@ def test_notice_cut_short_is_killed_and_regenerated(ray_cluster, mode):
     assert trace.alive["r1+1"][0] > 0
 
 
+@pytest.mark.slow  # 2 s; the default tier keeps one drain, one cut-short case and SIGTERM
 def test_the_last_rollout_worker_cannot_drain_so_it_is_lost_at_its_deadline(ray_cluster):
     # gap without TAG: nothing else generates, so the drain is refused; the worker works on
     # until its deadline, is killed mid-unit, and is replaced as a lost worker (r0')
@@ -121,6 +123,7 @@ def test_the_last_rollout_worker_cannot_drain_so_it_is_lost_at_its_deadline(ray_
     assert _trained(trace) == _want(cfg)
 
 
+@pytest.mark.slow  # 4 s
 def test_trace_notices_on_the_modelled_clock(ray_cluster):
     # a sched.preemption trace: r0 noticed at 3 s (honoured: 10^6 s), r1 at 5 s with no time
     # (killed mid-unit or found gone); the replacements join; whatever the timing, every sample
