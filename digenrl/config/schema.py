@@ -536,6 +536,10 @@ class PoolConfig:
                 read_trace(self.preemptions)
             except (OSError, ValueError) as e:
                 raise ConfigError(f"{key}.preemptions: {e}") from None
+        for name in ("preemptible", "max_workers"):  # both add rollout workers mid-run (joins, nodes)
+            _check(self.workers >= 1 or not getattr(self, name), f"{key}.{name}",
+                   f"a run that starts without rollout workers publishes no weights for any that join: "
+                   f"set {key}.workers >= 1")
         _check(self.max_workers == 0 or self.max_workers >= max(self.workers, 1), f"{key}.max_workers",
                f"is the pool's upper bound: 0 (no autoscaling) or >= {key}.workers={self.workers} (and >= 1), "
                f"got {self.max_workers}")
