@@ -102,22 +102,29 @@ class FileNotices:
 
     Its content gives the deadline (`parse_notice`); a file that does not parse gives
     `default_s` (and a warning): a notice is never ignored. Names starting with '.' are
-    skipped (write a notice as .tmp, then rename it: `write_notice`). `now_unix`: the wall
-    clock (tests inject one).
+    skipped (write a notice as .tmp, then rename it: `write_notice`), and so are files that
+    were there when the source was made (an earlier run's). `now_unix`: the wall clock
+    (tests inject one).
     """
 
     def __init__(self, directory: Union[str, Path], default_s: float, now_unix: Callable[[], float] = time.time):
         self.dir, self.default_s, self.now_unix = Path(directory), default_s, now_unix
-        self.seen: set[str] = set()
+        # files already there are an earlier run's (a resumed run reuses worker ids): not notices
+        self.seen: set[str] = set(self._names())
+        if self.seen:
+            log.warning("notices directory %s already holds %s: taken as an earlier run's, not as notices",
+                        self.dir, sorted(self.seen))
 
-    def poll(self, now_s: float) -> list[Event]:
+    def _names(self) -> list[str]:
         try:
-            names = sorted(os.listdir(self.dir))
+            return sorted(n for n in os.listdir(self.dir) if not n.startswith("."))
         except FileNotFoundError:
             return []
+
+    def poll(self, now_s: float) -> list[Event]:
         out: list[Event] = []
-        for name in names:
-            if name.startswith(".") or name in self.seen:
+        for name in self._names():
+            if name in self.seen:
                 continue
             self.seen.add(name)
             try:

@@ -167,6 +167,11 @@ def test_file_notices_each_once(tmp_path):
     (tmp_path / "notices" / "rollout-3").write_text("garbage")  # does not parse: the default
     assert src.poll(4.0) == [Notice(4.0, "rollout-1", 5.0), Notice(4.0, "rollout-3", 30.0)]
     assert src.poll(5.0) == []  # each once
+    # a new run (a resume) in the same directory: the files left there are not its notices
+    again = FileNotices(tmp_path / "notices", 30.0)
+    assert again.poll(0.0) == []
+    write_notice(tmp_path / "notices", "rollout-4", {"notice_s": 2})
+    assert again.poll(1.0) == [Notice(1.0, "rollout-4", 2.0)]
 
 
 def test_polls_runs_each():
@@ -186,8 +191,8 @@ def test_sigterm_to_a_worker_is_a_notice_not_an_exit(ray_cluster, tmp_path):
         h = backend.handles["rollout-0"]
         assert ray.get(h.arm_sigterm.remote(str(tmp_path), 45.0))
         pid = ray.get(h.pid.remote())
+        src = FileNotices(tmp_path, 30.0)  # before the signal: files already there are not notices
         os.kill(pid, signal.SIGTERM)
-        src = FileNotices(tmp_path, 30.0)
         got = []
         for _ in range(200):  # the handler's file: an event, polled with a bound (~20 s)
             got = src.poll(0.0)
