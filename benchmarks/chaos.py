@@ -1,7 +1,9 @@
-"""Chaos: many RL steps of emulated compute while rollout and reward workers are SIGKILLed.
+"""Chaos: many RL steps of emulated compute while rollout and reward workers are SIGKILLed,
+or (--preempt) while spot rollout workers get reclaim notices, some honoured, some cut short.
 
     python benchmarks/chaos.py [--steps 1000] [--ms 10] [--kill-every 30] [--kill-at random|dispatch|mixed]
                                [--stall 60] [--json chaos.json] [--plot rss.png] [--trace trace.jsonl]
+    python benchmarks/chaos.py --preempt [--notice-every 2] [--notice-s 1] [--cut-frac 0.5] [--replace-s 1]
 
 The real driver loop (`EmulatedLoop`, the scheduler, Ray actors and their failures) with a
 tiny constant `duration_fn` (`--ms` milliseconds per unit), so a step takes well under a second.
@@ -10,6 +12,16 @@ seconds (uniform in [0.5, 1.5] x that): `random` kills at whatever point the wor
 (mid-unit or idle), `dispatch` just before the next unit is sent to it (the loop's
 on_dispatch hook), `mixed` alternates. Trainers are never killed: emulated compute has no
 weights, so a trainer's death (the --resume path) means nothing here.
+
+--preempt: no SIGKILLs. The rollout workers are spot workers (runtime/preempt.py): a seeded
+reclaim process (sched.preemption.draw, one line per worker, a notice about every
+--notice-every seconds across the pool, the replacement joining --replace-s later, itself
+reclaimable) is sent on the run's clock. A --cut-frac share of the notices (drawn with the
+seed) has no time left (deadline 0: the worker is killed at once, its unit regenerated); the
+others give --notice-s seconds, many units long, so the drain completes (the unit finishes or
+hands its trajectory over at the next step boundary). Printed: units, notices, drains
+honoured, kills, and the samples lost and trained twice (both must be 0), counted per
+(step, micro-batch, sample, trained step) from the trace.
 
 Checks, printed and written to the JSON report (exit status 1 when one fails):
     no deadlock     the loop's watchdog (EventLoop stall_s): no unit finished for --stall s
@@ -41,8 +53,10 @@ from typing import Optional
 import ray
 
 from digenrl.io.trace import TraceLog, iter_spans
-from digenrl.runtime.emulated import EmulatedBackend, EmulatedLoop
+from digenrl.runtime.emulated import PREEMPT_POLL_S, EmulatedBackend, EmulatedLoop
+from digenrl.runtime.preempt import Preemption, TraceNotices
 from digenrl.sched import Scheduler, SchedConfig, Worker, kind
+from digenrl.sched.preemption import Notice, SpotSpec, draw
 from digenrl.sched.units import partition, split_rows
 
 # cost of each unit kind in units of --ms (Generate: per denoising step); time_scale 1
@@ -90,6 +104,29 @@ class ChaosBackend(EmulatedBackend):
         return wid
 
 
+def spot_events(args, workers: list[str]) -> list:
+    """The seeded reclaims of `workers` (sched.preemption.draw) over the longest the run could
+    take, a --cut-frac share of the notices with no time left."""
+    rate = 3600.0 / (args.notice_every * len(workers))  # per worker and hour
+    spec = SpotSpec(price=0.0, interruptions_per_hour=rate, notice_s=args.notice_s, replace_s=args.replace_s)
+    events = draw(spec, workers, horizon_s=args.steps * 10.0, seed=args.seed)
+    cut = random.Random(f"{args.seed}/cut")
+    return [Notice(e.at_s, e.worker, 0.0) if isinstance(e, Notice) and cut.random() < args.cut_frac else e
+            for e in events]
+
+
+def sample_slots(unit, spg: int):
+    """(step, micro-batch, sample row, trained step) of each sample a Train unit trains."""
+    lo, hi = unit.samples if unit.samples is not None else (0, len(unit.groups) * spg)
+    return [(unit.step, unit.mb, row, t) for row in range(lo, hi) for t in unit.t_steps]
+
+
+def expected_samples(c: SchedConfig) -> Counter:
+    mbs = partition(c.groups_per_step, c.micro_batch_groups)
+    return Counter((k, m, row, t) for k in range(c.rl_steps) for m, groups in enumerate(mbs)
+                   for row in range(len(groups) * c.samples_per_group) for t in c.trained(k))
+
+
 def rss_mb() -> float:
     """This process's resident set (MiB), from /proc/self/statm (pages)."""
     with open("/proc/self/statm") as f:
@@ -128,7 +165,7 @@ def memory_summary(samples: list[tuple[float, float, int]], flat_pct: float) -> 
 def run(args, trace_path: str) -> dict:
     c = SchedConfig(mode=args.mode, rl_steps=args.steps, groups_per_step=4, micro_batch_groups=1,
                     num_steps=4, rollout_segment=2, tsp_chunk=2)
-    workers = ([Worker(f"r{i}", "rollout") for i in range(args.rollout)]
+    workers = ([Worker(f"rollout-{i}" if args.preempt else f"r{i}", "rollout") for i in range(args.rollout)]
                + [Worker(f"t{i}", "trainer") for i in range(args.trainer)]
                + [Worker(f"w{i}", "reward") for i in range(args.reward)])
     sched = Scheduler(c, workers)
@@ -167,13 +204,21 @@ def run(args, trace_path: str) -> dict:
             if stop.wait(args.rss_every):
                 return
 
-    threads = [threading.Thread(target=f, daemon=True) for f in (killer, sampler)]
+    spot, hooks = None, dict(on_dispatch=at_dispatch)
+    if args.preempt:  # reclaim notices instead of SIGKILLs
+        spot = Preemption([TraceNotices(spot_events(args, [w.id for w in workers if w.role == "rollout"]))],
+                          clock=lambda loop: loop.now(), kill=backend.kill, add=backend.add)
+        hooks = dict(poll=spot.poll, poll_s=PREEMPT_POLL_S)
+    threads = [threading.Thread(target=f, daemon=True) for f in ((sampler,) if args.preempt else (killer, sampler))]
     for th in threads:
         th.start()
     error = None
     log = TraceLog(trace_path)
     try:
-        EmulatedLoop(sched, backend, on_dispatch=at_dispatch, stall_s=args.stall, trace=log).run()
+        loop = EmulatedLoop(sched, backend, stall_s=args.stall, trace=log, **hooks)
+        loop.run()
+        if spot is not None:
+            spot.finish(loop)
     except RuntimeError as e:  # the watchdog (or the scheduler) gave up
         error = str(e)
     finally:
@@ -188,21 +233,26 @@ def run(args, trace_path: str) -> dict:
               "kill_at": args.kill_at, "kills": len(kills), "kill_log": kills, "stall_s": args.stall,
               "deadlock": error, "scheduler": dict(sched.stats),
               "pools": {"rollout": args.rollout, "trainer": args.trainer, "reward": args.reward}}
+    if spot is not None:
+        report.update(spot=dict(spot.stats), spot_log=spot.log, kills=spot.stats["killed"])
     if error is None:  # after the RSS samples: what is read back here is not the run's memory
-        trains, units, lost = Counter(), 0, 0
+        trains, slots, units, lost = Counter(), Counter(), 0, 0
         for s in iter_spans(trace_path):
             units += 1
             if s.extra and s.extra.get("lost"):
                 lost += 1
             elif s.kind == "train":
                 trains[(s.unit.step, s.unit.mb, s.unit.t_steps, s.unit.samples)] += 1
-        want = expected_trains(c)
+                slots.update(sample_slots(s.unit, c.samples_per_group))
+        want, want_samples = expected_trains(c), expected_samples(c)
         report.update(
             train_units=sum(trains.values()), units=units, lost_units=lost,
             replacements=len(log.workers) - len(workers),
             trained_twice=sum(1 for k, n in trains.items() if n > 1),
             never_trained=sum(1 for k in want if k not in trains),
-            exactly_once=trains == want)
+            samples_lost=sum((want_samples - slots).values()),
+            samples_duplicated=sum(n - 1 for n in slots.values() if n > 1),
+            exactly_once=trains == want and slots == want_samples)
     report["rss_mb"] = memory_summary(samples, args.flat_pct)
     report["rss_samples"] = [[round(t, 2), round(m, 1), s] for t, m, s in samples]
     report["ok"] = (error is None and report.get("exactly_once", False) and report["rss_mb"]["flat"]
@@ -243,6 +293,12 @@ def main(argv=None) -> int:
     p.add_argument("--rss-every", type=float, default=0.5)
     p.add_argument("--flat-pct", type=float, default=10.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preempt", action="store_true",
+                   help="spot rollout workers get reclaim notices (some honoured, some cut short) instead of SIGKILLs")
+    p.add_argument("--notice-every", type=float, default=2.0, help="--preempt: seconds between notices across the pool, on average")
+    p.add_argument("--notice-s", type=float, default=1.0, help="--preempt: the deadline of an honoured notice (s)")
+    p.add_argument("--cut-frac", type=float, default=0.5, help="--preempt: share of notices with no time left (killed)")
+    p.add_argument("--replace-s", type=float, default=1.0, help="--preempt: seconds from a notice to its replacement")
     p.add_argument("--json", help="write the report here")
     p.add_argument("--plot", help="write the RSS plot (PNG) here")
     p.add_argument("--trace", help="keep the run's trace.jsonl here (default: a temporary file)")
@@ -255,10 +311,20 @@ def main(argv=None) -> int:
     finally:
         ray.shutdown()
     m = report["rss_mb"]
-    print(f"chaos: {report['steps_done']}/{args.steps} steps of {args.mode} in {report['wall_s']:.1f}s "
-          f"({report['steps_per_s']:.1f} steps/s), {report['kills']} workers SIGKILLed "
-          f"(~every {args.kill_every:g}s, at {args.kill_at}), {report.get('lost_units', '?')} units lost, "
-          f"{report.get('replacements', '?')} replacements")
+    if args.preempt:
+        sp = report["spot"]
+        print(f"chaos --preempt: {report['steps_done']}/{args.steps} steps of {args.mode} in {report['wall_s']:.1f}s, "
+              f"{report.get('units', '?')} units; {sp['notices']} notices ({sp['ignored']} for workers already "
+              f"gone), {sp['honoured']} drains honoured, {sp['killed']} killed at the deadline "
+              f"({sp['refused']} drains refused: the last rollout worker), {sp['joins']} replacements joined; "
+              f"{report.get('lost_units', '?')} units lost and regenerated")
+        print(f"  samples lost: {report.get('samples_lost', '?')}, samples trained twice: "
+              f"{report.get('samples_duplicated', '?')}")
+    else:
+        print(f"chaos: {report['steps_done']}/{args.steps} steps of {args.mode} in {report['wall_s']:.1f}s "
+              f"({report['steps_per_s']:.1f} steps/s), {report['kills']} workers SIGKILLed "
+              f"(~every {args.kill_every:g}s, at {args.kill_at}), {report.get('lost_units', '?')} units lost, "
+              f"{report.get('replacements', '?')} replacements")
     print(f"  deadlock: {report['deadlock'] or 'none'}; exactly-once: {report.get('exactly_once')} "
           f"({report.get('train_units', '?')} Train units, {report.get('trained_twice', '?')} twice, "
           f"{report.get('never_trained', '?')} never)")

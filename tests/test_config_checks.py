@@ -225,3 +225,44 @@ def test_nft_old_policy_keys_reach_the_learner_or_are_refused():
     _refused([*nft, "train.nft_decay=0.5", "run.mode=gap+tsp", "runtime.trainer.workers=2",
               "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp", "runtime.trainer.reshard=after-step"],
              "train.nft_decay", "reshard=after-forward")
+
+
+# -- spot rollout workers and autoscaling (runtime.rollout.preemptible, max_workers) -------
+@pytest.mark.parametrize("overrides, key, why", [
+    (["runtime.trainer.preemptible=true"], "runtime.trainer.preemptible", "optimizer state"),
+    (["runtime.trainer.max_workers=2"], "runtime.trainer.max_workers", "optimizer state"),
+    (["runtime.reward.workers=1", "runtime.reward.preemptible=true"], "runtime.reward.preemptible", "reward pool"),
+    (["runtime.rollout.notice_s=10"], "runtime.rollout.notice_s", "preemptible=true"),
+    (["runtime.rollout.notices=/tmp/n"], "runtime.rollout.notices", "preemptible=true"),
+    (["runtime.rollout.preemptible=true", "runtime.rollout.notice_s=-1"], "runtime.rollout.notice_s", ">= 0"),
+    (["runtime.rollout.workers=2", "runtime.rollout.max_workers=1"], "runtime.rollout.max_workers", ">= "),
+    (["run.mode=gap+tsp+tag", "runtime.rollout.workers=0", "runtime.rollout.max_workers=2"],
+     "runtime.rollout.max_workers", "publishes no weights"),
+    (["run.mode=gap+tsp+tag", "runtime.rollout.workers=0", "runtime.rollout.preemptible=true"],
+     "runtime.rollout.preemptible", "publishes no weights"),
+    (["run.mode=colocated", "runtime.rollout.workers=1", "runtime.rollout.preemptible=true"],
+     "runtime.rollout.preemptible", "colocated"),
+    (["runtime.compute=emulated", "runtime.testbed=h200x16-flux", "runtime.rollout.max_workers=4"],
+     "runtime.rollout.max_workers", "emulated"),
+    (["run.mode=local", "runtime.rollout.preemptible=true"], "runtime.rollout.preemptible", "run.mode=local"),
+    (["run.mode=local", "runtime.rollout.max_workers=4"], "runtime.rollout.max_workers", "run.mode=local"),
+])
+def test_spot_keys_act_on_a_rollout_pool_only(overrides, key, why):
+    _refused(overrides, key, why)
+
+
+def test_a_preemption_trace_is_read_before_the_run(tmp_path):
+    from digenrl.sched.preemption import Notice, write_trace
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"event": "notice", "at_s": 1.0, "worker": "rollout-0"}\n')
+    _refused(["runtime.rollout.preemptible=true", f"runtime.rollout.preemptions={bad}"],
+             "runtime.rollout.preemptions", "bad.jsonl:1", "notice_s")
+    _refused(["runtime.rollout.preemptible=true", f"runtime.rollout.preemptions={tmp_path}/none.jsonl"],
+             "runtime.rollout.preemptions")
+    good = tmp_path / "good.jsonl"
+    write_trace(good, [Notice(1.0, "rollout-0", 30.0)])
+    _refused([f"runtime.rollout.preemptions={good}"], "runtime.rollout.preemptions", "preemptible=true")
+    cfg = load_config(None, ["runtime.rollout.preemptible=true", f"runtime.rollout.preemptions={good}",
+                             "runtime.rollout.max_workers=4"])
+    assert cfg.runtime.rollout.preemptible and cfg.runtime.rollout.max_workers == 4

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import dataclasses
+import math
 import typing
 import re
 from dataclasses import dataclass, field, fields
@@ -37,6 +38,8 @@ MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no schedule
 SHARD_KINDS = ("none", "fsdp")
 SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5")  # adapters with sequence-parallel attention
 RESHARD_KINDS = ("after-forward", "after-step")
+# rollout-pool keys of spot workers and autoscaling (refused on the other pools)
+SPOT_KEYS = ("preemptible", "notice_s", "notices", "preemptions", "max_workers")
 LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
 WANDB_MODES = ("online", "offline", "disabled")
 # runtime.weight_sync: how new weights reach the rollout workers (the simulator prices each)
@@ -474,6 +477,22 @@ class PoolConfig:
     # trainer pool: sequence-parallel degree inside the gang (Ulysses; video families): sp ranks
     # run the same rows, each on its slice of the video tokens (digenrl/models/sequence_parallel.py)
     sp: int = 1
+    # rollout pool only: spot (preemptible) workers (docs/runtime.md "Spot rollout workers"). A
+    # notice (SIGTERM to a worker's process, a file in `notices`, or the `preemptions` trace)
+    # drains the worker before its deadline; past the deadline it is killed and its work
+    # regenerated as a lost node's
+    preemptible: bool = False
+    notice_s: float = 30.0  # preemptible: seconds to the deadline when a notice gives none (SIGTERM, an empty file)
+    # preemptible: the directory where a file named after a worker is its notice (its content:
+    # empty, seconds, or AWS's instance-action JSON); None = RUN_DIR/notices
+    notices: Optional[str] = None
+    # preemptible: a sched.preemption trace (JSON lines of notices and joins, seconds from the
+    # run's start; emulated compute: modelled seconds) sent on the run's clock; a join starts a
+    # rollout worker. The simulator reads the same file
+    preemptions: Optional[str] = None
+    # rollout pool: ask Ray's autoscaler (ray.autoscaler.sdk.request_resources) for room for up
+    # to this many workers, and add workers as nodes appear; 0 = off (the pool stays `workers`)
+    max_workers: int = 0
 
     def check(self, key: str, minimum: int) -> None:
         _check(self.workers >= minimum, f"{key}.workers", f"must be >= {minimum}, got {self.workers}")
@@ -484,8 +503,15 @@ class PoolConfig:
         _check(not self.offload or self.shard == "fsdp", f"{key}.offload",
                "offloads the sharded optimizer state: needs shard=fsdp")
 
+    def _not_spot(self, key: str, why: str) -> None:
+        """Refuse the rollout-only keys (spot workers, autoscaling) on another pool."""
+        for name in SPOT_KEYS:
+            _check(getattr(self, name) == getattr(PoolConfig, name), f"{key}.{name}",
+                   f"only the rollout pool is preemptible or autoscaled: {why}")
+
     def check_trainer(self, key: str) -> None:
         self.check(key, 1)
+        self._not_spot(key, "a trainer holds gradient and optimizer state that a reclaim would lose")
         _check(self.gang == 1 or self.shard == "fsdp", f"{key}.shard",
                f"a gang of {self.gang} devices trains one sharded model: set shard=fsdp (or gang=1)")
         _check(self.sp >= 1 and self.gang % self.sp == 0, f"{key}.sp",
@@ -497,10 +523,31 @@ class PoolConfig:
         _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
                "only the trainer pool shards (shard, reshard, offload are trainer keys)")
         _check(self.sp == 1, f"{key}.sp", f"a rollout gang's sequence-parallel degree is {key}.gang; leave sp at 1")
+        _check(math.isfinite(self.notice_s) and self.notice_s >= 0, f"{key}.notice_s",
+               f"must be a finite number of seconds >= 0, got {self.notice_s}")
+        if not self.preemptible:
+            for name in ("notice_s", "notices", "preemptions"):
+                _check(getattr(self, name) == getattr(PoolConfig, name), f"{key}.{name}",
+                       f"acts on spot workers only: set {key}.preemptible=true")
+        if self.preemptions:
+            from digenrl.sched.preemption import read_trace
+
+            try:
+                read_trace(self.preemptions)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"{key}.preemptions: {e}") from None
+        for name in ("preemptible", "max_workers"):  # both add rollout workers mid-run (joins, nodes)
+            _check(self.workers >= 1 or not getattr(self, name), f"{key}.{name}",
+                   f"a run that starts without rollout workers publishes no weights for any that join: "
+                   f"set {key}.workers >= 1")
+        _check(self.max_workers == 0 or self.max_workers >= max(self.workers, 1), f"{key}.max_workers",
+               f"is the pool's upper bound: 0 (no autoscaling) or >= {key}.workers={self.workers} (and >= 1), "
+               f"got {self.max_workers}")
 
     def check_single(self, key: str) -> None:
         """The reward pool: one device per worker, no sharding."""
         self.check(key, 0)
+        self._not_spot(key, "the reward pool neither drains on a notice nor scales")
         _check(self.gang == 1 and self.sp == 1, f"{key}.gang", "reward workers are one device each; set 1")
         _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
                "only the trainer pool shards (shard, reshard, offload are trainer keys)")
@@ -642,7 +689,15 @@ class Config:
                    "runtime.rollout.workers",
                    f"run.mode={mode} needs at least one rollout worker (only colocated and the TAG "
                    "modes generate on trainers)")
+        if mode == "colocated":
+            for name in SPOT_KEYS:
+                _check(getattr(rt.rollout, name) == getattr(PoolConfig, name), f"runtime.rollout.{name}",
+                       "run.mode=colocated has no rollout pool: every worker trains, and a trainer's state "
+                       "cannot be reclaimed")
         if rt.compute == "emulated":
+            _check(rt.rollout.max_workers == 0, "runtime.rollout.max_workers",
+                   "emulated workers ask for no nodes, so there is nothing to autoscale; spot replacements "
+                   "come from the joins of runtime.rollout.preemptions")
             _check(rt.reward.workers == 0, "runtime.reward.workers",
                    "emulated compute models rewards on the generating worker; set 0")
             _check(rt.network_interface is None, "runtime.network_interface",
@@ -717,6 +772,8 @@ class Config:
             ("runtime.trainer.sp", rt.trainer.sp > 1, "sequence-parallel gangs are Ray workers"),
             ("runtime.network_interface", rt.network_interface is not None,
              "names the interface of the Ray actors' collectives and relay"),
+            *((f"runtime.rollout.{k}", getattr(rt.rollout, k) != getattr(PoolConfig, k),
+               "spot rollout workers and autoscaling act on Ray pools") for k in SPOT_KEYS),
             *((f"runtime.{k}", getattr(rt, k) != getattr(RuntimeConfig, k), "bounds a wait of the Ray driver")
               for k in ("placement_timeout_s", "start_timeout_s", "stall_timeout_s")),
         ):

@@ -207,6 +207,12 @@ class RealBackend:
         self.out.pop(worker.id, None)
         return self.actors.replace(worker)
 
+    def kill(self, worker_id: str) -> None:
+        """A spot worker past its deadline: its actors die now (the loop sees its unit lost)."""
+        gang = self.actors.handles.get(worker_id)
+        if gang is not None:
+            gang.kill()
+
     def retire(self, worker: Worker, lost: bool = False) -> None:
         """A drained worker left the pools (or died draining): stop its actors."""
         self.out.pop(worker.id, None)

@@ -46,10 +46,12 @@ from digenrl.config.schema import Config
 from digenrl.config.contract import RunContract, contract
 from digenrl.io.recorder import RunRecorder
 from digenrl.runtime.actors import Actors
+from digenrl.runtime.autoscale import Autoscaler
 from digenrl.runtime.backend import RealBackend, StepPlans
 from digenrl.runtime.cluster import actor_options, await_room, connect
 from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.preempt import Preemption, polls, spot_sources
 from digenrl.runtime.waits import within
 from digenrl.sched import Scheduler, Unit
 from digenrl.io.trace import Trace, TraceLog, build_outputs, iter_spans, plot_gantt, read_trace, write_chrome_trace
@@ -59,11 +61,14 @@ class RayDriver:
     """`RayDriver(cfg).train(resume=False) -> summary`, for every run.mode except local.
 
     evaluate=False skips held-out evaluation (benchmarks). `on_dispatch(trainer, worker_id,
-    unit)` is called before each unit is sent (tests inject faults with it).
+    unit)` is called before each unit is sent (tests inject faults with it). `notices`: the
+    spot notice sources of a preemptible rollout pool (runtime/preempt.py), instead of the
+    config's (tests send notices on events of the run).
     """
 
     def __init__(self, cfg: Config, *, progress: bool = True, evaluate: bool = True,
-                 on_dispatch: Optional[Callable[["RayDriver", str, Unit], None]] = None):
+                 on_dispatch: Optional[Callable[["RayDriver", str, Unit], None]] = None,
+                 notices: Optional[list] = None):
         contract(cfg)  # refuses run.mode=local (the scheduler's one check) before any file is written
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
         self.on_dispatch = on_dispatch
@@ -74,6 +79,9 @@ class RayDriver:
         self.base = 0  # RL step the run starts from (resume)
         self.here = None  # digenrl.sim.here.HerePlan when runtime.plan planned this run
         self.elastic = None  # runtime/elastic.Elastic while the event loop runs (digenrl scale)
+        self.notices = notices  # spot notice sources (tests); None = the config's (preempt.spot_sources)
+        self.preemption: Optional[Preemption] = None  # runtime.rollout.preemptible: the driver's side
+        self.spot: Optional[dict] = None  # its counts after the run (notices, honoured, killed, ...)
 
     @property
     def trace(self) -> Optional[Trace]:
@@ -184,18 +192,35 @@ class RayDriver:
         if first is not None:
             backend.records.append(({"step": self.base}, first))
         sched = Scheduler(self.contract(plans).sched, self.actors.workers)
-        self.elastic = Elastic(self.actors, self.run_dir)  # `digenrl scale` requests
+        elastic = self.elastic = Elastic(self.actors, self.run_dir)  # `digenrl scale` requests
+        pool = self.cfg.runtime.rollout
+        if pool.preemptible:  # spot workers: notices drain them, deadlines kill them (runtime/preempt.py)
+            self.preemption = Preemption(
+                self.notices if self.notices is not None else spot_sources(self.cfg),
+                clock=lambda loop: loop.now(), kill=backend.kill,
+                add=lambda join, loop: elastic.grow(f"spot replacement for {join.replaces} ({join.worker})"))
+        autoscaler = None
+        if pool.max_workers:  # ask Ray's autoscaler for nodes (runtime/autoscale.py)
+            autoscaler = Autoscaler(self.cfg, lambda loop: elastic.rollout_count(loop.sched), elastic.grow)
         # a resumed run starts a new trace.jsonl: its clock starts again at 0
         self.trace_log, self._trace = self.run_dir / "trace.jsonl", None
         with TraceLog(self.trace_log) as log:
-            loop = EventLoop(sched, backend, on_dispatch=self._hook, poll=self.elastic.poll,
-                             on_leave=self.elastic.left, trace=log,
-                             stall_s=self.cfg.runtime.stall_timeout_s)
-            self.elastic.start(loop)
+            loop = EventLoop(sched, backend, on_dispatch=self._hook,
+                             poll=polls(elastic.poll, self.preemption and self.preemption.poll,
+                                        autoscaler and autoscaler.poll),
+                             on_leave=elastic.left, trace=log, stall_s=self.cfg.runtime.stall_timeout_s)
+            elastic.start(loop)
+            if autoscaler is not None:
+                autoscaler.start()
             try:
                 loop.run()
             finally:
-                self.elastic.close()
+                if autoscaler is not None:
+                    autoscaler.close()
+                if self.preemption is not None:
+                    self.spot = self.preemption.finish(loop)
+                    _write_jsonl(self.run_dir / "spot.jsonl", self.preemption.log)
+                elastic.close()
                 self.elastic = None
                 self._trace = None  # a read during the run (a hook) cached only part of the file
         backend.flush(block=True)
@@ -234,9 +259,11 @@ class RayDriver:
         rt = self.cfg.runtime
         run = contract(self.cfg)
         fn = duration_fn(self.cfg, load_testbed(rt.testbed), default_cost_model(), run)
+        if rt.rollout.preemptible:  # the trace's notices and joins on the modelled clock
+            self.preemption = Preemption(self.notices if self.notices is not None else spot_sources(self.cfg))
         with session(rt.address):
             self._trace = run_scheduler_emulated(Scheduler(run.sched, run.workers()), fn, rt.time_scale,
-                                                 stall_s=rt.stall_timeout_s)
+                                                 stall_s=rt.stall_timeout_s, preemption=self.preemption)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         write_chrome_trace(self.trace, str(self.run_dir / "trace.json"))
         plot_gantt(self.trace, str(self.run_dir / "gantt.png"))
@@ -245,6 +272,9 @@ class RayDriver:
                    "bubble": bubble_ratios(self.trace), "staleness": staleness(self.trace),
                    "run_dir": str(self.run_dir), "trace": str(self.run_dir / "trace.json"),
                    "gantt": str(self.run_dir / "gantt.png")}
+        if self.preemption is not None:
+            summary["spot"] = self.spot = dict(self.preemption.stats)
+            _write_jsonl(self.run_dir / "spot.jsonl", self.preemption.log)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
@@ -260,6 +290,8 @@ class RayDriver:
         run = self.run_dir
         state, ema = self._get("trainer 0's final weights", self.actors.trainer0.final_state(), "start")
         extra: dict[str, Any] = {"scheduler": self.stats}
+        if self.spot is not None:
+            extra["spot"] = self.spot
         if self.trace_log is not None:
             extra.update(trace_log=str(self.trace_log), **build_outputs(self.trace_log, run))
         if self.here is not None:
@@ -267,6 +299,12 @@ class RayDriver:
         # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)
         return self.recorder.finish(state, ema, steps=max(self.base, self.cfg.train.steps), wall_s=self.wall_s,
                                     extra=extra)
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    """`records` as JSON lines (spot.jsonl: each notice, join and kill of a run's spot workers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
 def _planned(cfg: Config, checkpoint) -> Config:

@@ -81,6 +81,20 @@ class Elastic:
         log.warning("rollout worker %s %s", worker.id, "lost while draining" if lost else "drained and stopped")
         self._write_state()
 
+    def grow(self, why: str) -> str:
+        """Start one more rollout worker now, as `rollout=+1` does (it joins when its actors are
+        up); `why` goes into scale.log (a spot replacement, the autoscaler). Returns its id."""
+        w, ready = self.actors.add_rollout()
+        self.joining[w.id] = (w, ready, time.monotonic() + self.join_s)
+        scale.answer(self.run_dir, {"adding": [w.id], "why": why})
+        log.warning("adding rollout worker %s: %s", w.id, why)
+        self._write_state()
+        return w.id
+
+    def rollout_count(self, sched) -> int:
+        """Rollout workers in the pool and not draining, plus those starting."""
+        return len(self._active(sched)) + len(self.joining)
+
     # -- requests ---------------------------------------------------------------------------
     def _apply(self, loop, rid: str, req, err: str) -> None:
         rec = {"id": rid, "request": str(req) if req else None}

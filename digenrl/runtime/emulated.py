@@ -51,9 +51,11 @@ from typing import Callable, Iterable, Optional
 import ray
 
 from digenrl.runtime.loop import EventLoop
+from digenrl.runtime.preempt import FileNotices, Preemption, TraceNotices, arm_sigterm
 from digenrl.runtime.results import Slept
 from digenrl.runtime.waits import wait_all
 from digenrl.sched import Scheduler, Unit, Worker
+from digenrl.sched.preemption import Join
 from digenrl.io.trace import Trace
 
 # Deadlines of the waits here (runtime/waits.py): emulated workers ask for no device and load
@@ -62,6 +64,7 @@ from digenrl.io.trace import Trace
 START_S = 120.0
 STALL_S = 600.0
 LATENCY = ("real", "hidden", "scaled")
+PREEMPT_POLL_S = 0.02  # how often a run with spot workers checks notices and deadlines (wall s)
 
 
 class EmulatedWorker:
@@ -82,6 +85,11 @@ class EmulatedWorker:
     def pid(self) -> int:
         """This actor's process (fault injection kills it)."""
         return os.getpid()
+
+    def arm_sigterm(self, directory: str, notice_s: float) -> bool:
+        """A spot worker: SIGTERM writes this worker's notice into `directory` (runtime/preempt.py)."""
+        arm_sigterm(directory, lambda: self.worker.id, notice_s)
+        return True
 
     def run(self, unit: Unit, t_ref: Optional[float] = None, *inputs) -> Slept:
         """`inputs` are refs of the units this one consumes (resolved by Ray: real messages).
@@ -164,6 +172,15 @@ class EmulatedBackend:
         self.overhead_ws: dict[str, float] = {}
         self._ref: Optional[float] = None  # end of the latest batch of completions
         self._new_batch = True
+        self.sigterm: Optional[tuple[str, float]] = None  # spot workers: (notice dir, notice_s), `arm`
+        self.spare: dict[str, "ray.actor.ActorHandle"] = {}  # started ahead for a trace's joins (`prestart`)
+
+    def arm(self, directory: str, notice_s: float) -> None:
+        """Spot rollout workers: SIGTERM to one (a joiner too) writes its notice into `directory`."""
+        self.sigterm = (directory, notice_s)
+        wait_all({wid: self.handles[wid].arm_sigterm.remote(directory, notice_s)
+                  for wid, w in self.workers.items() if w.role == "rollout"},
+                 timeout_s=START_S, what="spot workers arming SIGTERM", key="digenrl.runtime.emulated.START_S")
 
     def _spawn(self, w: Worker) -> None:
         self.workers[w.id] = w
@@ -171,6 +188,8 @@ class EmulatedBackend:
             w, self._fn_ref, self.scale, self.latency)
         self.cache.handles.append(h)
         self.handles[w.id] = h
+        if self.sigterm is not None and w.role == "rollout":
+            h.arm_sigterm.remote(*self.sigterm)  # before any unit: an actor runs calls in order
 
     def _drop(self, wid: str) -> None:
         """Take a dead actor out of the cache (a later run must not be handed it)."""
@@ -206,6 +225,38 @@ class EmulatedBackend:
         self._spawn(new)
         self._ref = None  # after a loss: time from the dispatch
         return new
+
+    def kill(self, wid: str) -> None:
+        """A spot worker past its deadline: its actor dies now (its unit in flight is lost)."""
+        h = self.handles.get(wid)
+        if h is not None:
+            ray.kill(h, no_restart=True)
+
+    def add(self, join: Join, loop: EventLoop) -> None:
+        """A spot replacement arrives and joins at once: its actor started ahead (`prestart`),
+        else a fresh one (its first unit, a WeightSync, then waits in Ray's queue until the
+        actor is up, and that start-up counts as modelled time)."""
+        w = Worker(join.worker, "rollout")
+        h = self.spare.pop(w.id, None)
+        if h is None:
+            self._spawn(w)
+        else:
+            self.workers[w.id], self.handles[w.id] = w, h
+        loop.join(w)
+
+    def prestart(self, worker_ids: Iterable[str]) -> None:
+        """Start the actors of rollout workers that will join later (a trace's joins), so that
+        each is up when it joins: a provider's replacement arrives ready, as the simulator has it."""
+        for wid in worker_ids:
+            w = Worker(wid, "rollout")
+            h = ray.remote(EmulatedWorker).options(num_cpus=self.num_cpus, max_restarts=0).remote(
+                w, self._fn_ref, self.scale, self.latency)
+            if self.sigterm is not None:
+                h.arm_sigterm.remote(*self.sigterm)
+            self.cache.handles.append(h)
+            self.spare[wid] = h
+        wait_all({wid: h.ready.remote() for wid, h in self.spare.items()}, timeout_s=START_S,
+                 what="spot replacements starting", key="digenrl.runtime.emulated.START_S")
 
     def retire(self, worker: Worker, lost: bool = False) -> None:
         """A drained worker left: its actor is not reused (it may still be finishing a call)."""
@@ -273,16 +324,40 @@ def _modelled_end(ref) -> float:
 
 
 def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.0, *, latency: str = "real",
-                           cache: Optional[ActorCache] = None, stall_s: float = STALL_S) -> Trace:
+                           cache: Optional[ActorCache] = None, stall_s: float = STALL_S,
+                           preemption: Optional[Preemption] = None) -> Trace:
     """Drive `sched` with EmulatedWorker actors (Ray must be initialised); modelled-seconds Trace.
     `stall_s`: the event loop's watchdog (wall seconds without a unit finishing).
+
+    `preemption`: spot rollout workers (runtime/preempt.py), its notices on the modelled
+    clock; its kill and add (when None) are this backend's, and its stats and log are
+    filled in as the run goes. The actors of a trace's joins are started before the run
+    (`EmulatedBackend.prestart`), so a replacement's start-up is not charged as modelled time. The loop then wakes every PREEMPT_POLL_S wall seconds, so a
+    deadline is met within PREEMPT_POLL_S / time_scale modelled seconds.
 
     Baseline overheads the actors' copies of a DurationFn paid are added to
     `duration_fn.overhead_ws` (as a simulated run would have them).
     """
     backend = EmulatedBackend(sched.workers, duration_fn, time_scale, latency=latency, cache=cache)
+    extra = {}
+    if preemption is not None:
+        if preemption.clock is None:  # the modelled clock: the virtual one when round trips are hidden
+            preemption.clock = ((lambda loop: backend._now) if latency == "hidden"
+                                else (lambda loop: loop.now() / time_scale))
+        preemption.kill = preemption.kill or backend.kill
+        preemption.add = preemption.add or backend.add
+        for src in preemption.sources:
+            if isinstance(src, FileNotices):  # SIGTERM writes there
+                backend.arm(str(src.dir), src.default_s)
+        if preemption.add == backend.add:  # a trace's replacements: up before they join
+            backend.prestart(e.worker for src in preemption.sources if isinstance(src, TraceNotices)
+                             for e in src.events if isinstance(e, Join))
+        extra = dict(poll=preemption.poll, poll_s=PREEMPT_POLL_S)
     try:
-        trace = EmulatedLoop(sched, backend, stall_s=stall_s).run()
+        loop = EmulatedLoop(sched, backend, stall_s=stall_s, **extra)
+        trace = loop.run()
+        if preemption is not None:
+            preemption.finish(loop)
     finally:
         backend.close()
     over = getattr(duration_fn, "overhead_ws", None)

@@ -195,6 +195,10 @@ class RolloutRank(_PolicyRank):
         self.sp_group = None  # a sequence-parallel rollout gang's process group (init_sp)
         self.policy = build_policy(cfg.model, progress=False)
         self.rewarder = build_rewarder(cfg)
+        if cfg.runtime.rollout.preemptible:  # a spot worker: SIGTERM is its notice, not an exit
+            from digenrl.runtime.preempt import arm_sigterm, notice_dir
+
+            arm_sigterm(notice_dir(cfg), lambda: self.id, cfg.runtime.rollout.notice_s)
 
     @on_ranks(FIRST, FIRST)  # rank 0 pairs with the relay and broadcasts to the rest
     def relay_connect(self, address) -> None:

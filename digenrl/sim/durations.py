@@ -301,7 +301,9 @@ class DurationFn:
         worker state (gathered parameters, reloaded optimizer state), cost the same: the first
         is priced, the others replay its seconds and its overhead increments (`memo`; the
         equivalence is tested against memo=False, tests/sim/test_simulate.py)."""
-        dev = self.layout.device[worker.id]
+        dev = self.layout.device.get(worker.id)
+        if dev is None:  # a replacement ("rollout-3+1": a spot join; "rollout-3'": after a loss) runs on its line's device
+            dev = self.layout.device[worker.id.split("+")[0].rstrip("'")]
         if not self.memo:
             return _UNIT_COST[type(unit)](self, worker, dev, unit)
         wid = worker.id

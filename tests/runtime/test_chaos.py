@@ -36,3 +36,22 @@ def test_chaos_short(tmp_path):
     assert r["exactly_once"] and r["trained_twice"] == 0 and r["never_trained"] == 0
     assert r["rss_mb"]["flat"], r["rss_mb"]
     assert out.returncode == 0 and "OK" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+def test_chaos_preempt_short(tmp_path):
+    # spot notices instead of SIGKILLs: half with no time left (killed), half honoured
+    report = tmp_path / "chaos.json"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "chaos.py"), "--preempt", "--steps", "150",
+                          "--ms", "5", "--notice-every", "1", "--notice-s", "5", "--stall", "30",
+                          "--json", str(report)],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                         cwd=ROOT, timeout=600)
+    r = json.loads(report.read_text())
+    assert r["deadlock"] is None, r["deadlock"]
+    assert r["steps_done"] == 150
+    sp = r["spot"]
+    assert sp["notices"] >= 2 and sp["honoured"] + sp["killed"] + sp["pending"] == sp["notices"]
+    assert sp["joins"] >= 1
+    assert r["samples_lost"] == 0 and r["samples_duplicated"] == 0 and r["exactly_once"]
+    assert out.returncode == 0 and "samples lost: 0, samples trained twice: 0" in out.stdout, \
+        out.stdout + out.stderr[-2000:]

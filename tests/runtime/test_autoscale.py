@@ -1,0 +1,166 @@
+"""Autoscaled rollout pools (runtime/autoscale.py): what is asked of Ray's autoscaler, one
+worker added per poll while there is room, and (tier `nodes`) a cluster whose autoscaler
+starts fake nodes: the request made, spot workers joined as their nodes came up, one
+preempted (a notice, a drain), and the pool refilled on the node it freed."""
+
+import pytest
+import ray
+
+from digenrl.config.schema import load_config
+from digenrl.runtime.autoscale import Autoscaler, cluster_request, pool_bundles
+from digenrl.runtime.emulated import PREEMPT_POLL_S, EmulatedBackend, EmulatedLoop, EmulatedWorker
+from digenrl.runtime.preempt import Preemption, polls
+from digenrl.sched import SchedConfig, Scheduler, Worker
+from digenrl.sched.preemption import Notice
+
+from ..sched.sched_helpers import COST, const_cost
+from tests.helpers.autoscaling_cluster import autoscaling_cluster
+from tests.helpers.ray_cluster import leave_shared_ray_cluster
+
+
+def _cfg(*extra):
+    return load_config(None, ["run.mode=gap", "runtime.rollout.workers=1", "runtime.rollout.max_workers=3",
+                              "runtime.trainer.workers=2", *extra])
+
+
+def test_the_request_is_every_pool_with_the_rollout_pool_at_max_workers():
+    cfg = _cfg("runtime.rollout.num_cpus=2", "runtime.rollout.num_gpus=1", "runtime.rollout.accelerator=L40S",
+               "runtime.rollout.resources={spot: 1}")
+    spot = {"CPU": 2.0, "GPU": 1.0, "accelerator_type:L40S": 0.001, "spot": 1}
+    assert cluster_request(cfg) == [{"CPU": 1.0}] * 2 + [spot] * 3  # trainers as they are, rollout at 3
+    gang = _cfg("runtime.rollout.gang=2", "model.name=wan", "model.path=/m").runtime.rollout
+    assert pool_bundles(gang, 3) == [{"CPU": 1.0}] * 6  # a rank per bundle
+
+
+def test_poll_adds_one_worker_per_poll_while_there_is_room_up_to_max():
+    asked, added = [], []
+    room = [True]
+    pool = {"n": 1}
+
+    def add(why):
+        added.append(why)
+        pool["n"] += 1
+        return f"rollout-{pool['n']}"
+
+    a = Autoscaler(_cfg(), lambda loop: pool["n"], add, every_s=0.0, request=lambda **kw: asked.append(kw),
+                   room=lambda: room[0])
+    a.start()
+    assert len(asked[0]["bundles"]) == 5
+    a.poll(None)
+    assert a.added == ["rollout-2"] and "1 of runtime.rollout.max_workers=3" in added[0]
+    room[0] = False  # no free node: nothing started
+    a.poll(None)
+    assert a.added == ["rollout-2"]
+    room[0] = True
+    a.poll(None)
+    a.poll(None)  # at max_workers: no more
+    assert a.added == ["rollout-2", "rollout-3"]
+    pool["n"] = 2  # one left (drained on a notice, or lost): refilled when there is room
+    a.poll(None)
+    assert a.added == ["rollout-2", "rollout-3", "rollout-3"]
+    a.close()
+    assert asked[-1] == {"bundles": []}  # the request withdrawn
+
+
+class _Inbox:
+    def __init__(self):
+        self.events = []
+
+    def poll(self, now_s):
+        out, self.events = self.events, []
+        return out
+
+
+class _SpotJoiner:
+    """Starts emulated rollout workers that need a `spot` node and joins each once it is up."""
+
+    def __init__(self, backend: EmulatedBackend):
+        self.backend = backend
+        self.joining, self.joined, self.raylet, self.spot_nodes = {}, [], {}, {}
+
+    def add(self, why: str) -> str:
+        wid = f"spot-{len(self.joined) + len(self.joining)}"
+        b = self.backend
+        h = ray.remote(EmulatedWorker).options(num_cpus=1, resources={"spot": 1}, max_restarts=0).remote(
+            Worker(wid, "rollout"), b._fn_ref, b.scale, b.latency)
+        self.joining[wid] = (h, h.pid.remote())
+        return wid
+
+    def poll(self, loop) -> None:
+        for wid, (h, pid) in list(self.joining.items()):
+            if not ray.wait([pid], timeout=0)[0]:
+                continue
+            del self.joining[wid]
+            self.raylet[wid] = _parent(ray.get(pid))  # the node's raylet started the worker process
+            self.spot_nodes[wid] = ray.cluster_resources().get("spot", 0)
+            w = Worker(wid, "rollout")
+            self.backend.handles[wid], self.backend.workers[wid] = h, w
+            self.backend.cache.handles.append(h)
+            loop.join(w)
+            self.joined.append(wid)
+
+    def count(self, loop) -> int:
+        sched = loop.sched
+        return sum(1 for w in sched.workers if w.role == "rollout" and w.id not in sched.draining) + len(self.joining)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+class _Enough(Exception):
+    pass
+
+
+@pytest.mark.nodes  # a head and 2 fake nodes started by Ray's autoscaler (~1-2 min on 2 shared cores)
+def test_autoscaler_brings_nodes_and_refills_after_a_preemption():
+    leave_shared_ray_cluster()
+    with autoscaling_cluster(head_cpus=2, spot_cpus=1, max_spot=2):
+        assert ray.cluster_resources().get("spot", 0) == 0  # no spot node before the request
+        cfg = _cfg("runtime.rollout.resources={spot: 1}")  # max_workers=3: one on the head, two on spot nodes
+        sc = SchedConfig(mode="gap", rl_steps=100000, groups_per_step=2, samples_per_group=2, micro_batch_groups=1,
+                         num_steps=2, tsp_chunk=2, rollout_segment=1)
+        sched = Scheduler(sc, [Worker("r0", "rollout"), Worker("t0", "trainer")])
+        backend = EmulatedBackend(sched.workers, const_cost(COST, sc.samples_per_group), time_scale=0.01)
+        joiner, inbox, asked = _SpotJoiner(backend), _Inbox(), []
+        request = ray.autoscaler.sdk.request_resources
+
+        def record(**kw):
+            asked.append(kw)
+            request(**kw)
+
+        scaler = Autoscaler(cfg, joiner.count, joiner.add, every_s=0.5, request=record)
+        spot = Preemption([inbox], clock=lambda loop: loop.now(), kill=backend.kill)
+        seen = {}
+
+        def phases(loop):
+            workers = {w.id for w in loop.sched.workers}
+            if "victim" not in seen and len(joiner.joined) == 2:  # both spot nodes up and in use
+                seen["victim"] = joiner.joined[0]
+                inbox.events.append(Notice(0.0, seen["victim"], 1e6))  # drained well before its deadline
+            elif "victim" in seen and "left" not in seen and seen["victim"] not in workers:
+                seen["left"] = loop.now()
+            elif len(joiner.joined) == 3:
+                raise _Enough
+
+        loop = EmulatedLoop(sched, backend, stall_s=300, poll_s=PREEMPT_POLL_S,
+                            poll=polls(joiner.poll, spot.poll, phases, scaler.poll))
+        scaler.start()
+        try:
+            with pytest.raises(_Enough):  # the run itself is 10^5 steps long: it stops here
+                loop.run()
+            stats = spot.finish(loop)
+        finally:
+            scaler.close()
+            backend.close()
+        assert asked[0] == {"bundles": cluster_request(cfg)} and asked[-1] == {"bundles": []}
+        assert sum(1 for b in asked[0]["bundles"] if b.get("spot")) == 3
+        assert joiner.joined == ["spot-0", "spot-1", "spot-2"]
+        assert joiner.spot_nodes["spot-1"] == 2  # the autoscaler started both nodes
+        assert stats["notices"] == 1 and stats["honoured"] == 1 and stats["killed"] == 0
+        # the refill joined after the preempted worker had drained and left, on the node it freed
+        tr = loop.trace
+        assert tr.alive["spot-0"][1] is not None and tr.alive["spot-2"][0] >= seen["left"]
+        assert joiner.raylet["spot-2"] == joiner.raylet["spot-0"]
+        assert any(s.worker == "spot-0" and s.kind == "generate" for s in tr.spans)
