@@ -184,3 +184,25 @@ def test_nft_old_policy_on_gangs_runs_as_charged(ray_cluster, tmp_path, case):
     assert records[0]["loss/nft_old_deviation"] == 0.0 < records[1]["loss/nft_old_deviation"]
     assert_comm_as_predicted(overrides, rt, records)
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
+
+
+# -- AWM (issue 27) --
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["lora", "full"])
+def test_awm_on_gangs_runs_as_one_device_and_as_charged(ray_cluster, tmp_path, case):
+    """train.loss=awm (ODE rollouts, the KL to the base model on) on 2 gangs x 2 FSDP ranks: the
+    run ends at the single-device weights, each collective's bytes are what the simulator
+    charges, and every (sample, slot) is trained once."""
+    extra = [*CASES[case], "train.loss=awm", "sampling.sde=ode", "sampling.window_draw=sample", "train.beta=0.01"]
+    local = tmp_path / "local"
+    Trainer(load_config(None, tiny(local, "local", *extra)), progress=False).train()
+    run = tmp_path / "gangs"
+    overrides = tiny(run, MODE[case], "train.tsp_chunk=1", *GANGS, *extra)
+    rt = RayDriver(load_config(None, overrides), progress=False, evaluate=False)
+    rt.train()
+    assert_matches_single_device(run, local)
+    records = [r for r in read_metrics(run) if r["step"] > 0]
+    assert all(r["loss/ratio_mean"] == 1.0 and r["loss/kl"] > 0 for r in records)
+    assert_comm_as_predicted(overrides, rt, records)
+    assert_trained_exactly_once(rt.trained, rt.cfg, 2)
+# -- end AWM --
