@@ -349,7 +349,7 @@ class TrainConfig:
     # (sampling.window, window_draw=sample: each sample its own noise levels).
     awm_adv_max: float = 1.0
     # the error's weighting: uniform | t (x sigma) | t2 (x sigma^2) | ghuber (the authors' SD3.5
-    # configs, power awm_ghuber_power 0.25): train_sd3_awm.py:238-250
+    # configs, power awm_ghuber_power 0.25): train_sd3_awm.py:240-251
     awm_weighting: str = "uniform"
     awm_ghuber_power: float = 0.25
     # -- end AWM --
