@@ -122,7 +122,7 @@ class SamplingConfig:
     sigmas: str = "digenrl"
     shift: float = 1.0  # SD3 time shift of the digenrl grid
     # the stochastic step of the SDE window: flow-sde (Flow-GRPO), dance-sde (DanceGRPO), cps
-    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft only); digenrl.math.sde
+    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft or awm only); digenrl.math.sde
     sde: str = "flow-sde"
     # the SDE's noise scale: `a` of flow-sde and cps, `eta` of dance-sde (ode draws none)
     noise_level: float = 0.7
