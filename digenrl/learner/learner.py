@@ -5,7 +5,9 @@ step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores th
 recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
 variant, `LearnerConfig.loss`) against the behaviour log-prob: the one recorded at rollout,
 or the trainer's own (`behaviour_logp=recompute`), with the rollout-train gap reported and,
-if asked, corrected per row (`is_correction`; digenrl.math.consistency).
+if asked, corrected per row (`is_correction`; digenrl.math.consistency). DiffusionNFT and
+Advantage Weighted Matching (`loss` nft, awm) instead score the clean sample, noised afresh
+for each trained slot (rollout.sampler.forward_targets): no recorded log-prob is read.
 Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
 over every (sample, trained step) pair of the step, whatever the unit layout; then
 `optimizer_step` clips, checks and steps.
