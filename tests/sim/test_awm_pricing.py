@@ -2,7 +2,7 @@
 noise draw one forward + backward per sample, the KL reference's no-grad forward when train.beta
 > 0, and no old-policy forward (its old log-prob is the loss forward's, detached). So a Train unit
 costs what grpo's and DiffusionNFT's (no kept old policy) cost for the same slots; the runtime side
-of the same count is tests/runtime/test_gangs.py::test_awm_on_gangs_runs_as_one_device_and_as_charged."""
+of the same count is tests/runtime/test_gangs.py::test_awm_on_gangs_runs_as_charged."""
 
 from dataclasses import replace
 
