@@ -158,6 +158,33 @@ def test_nft_keys_reach_the_learner_or_are_refused():
     _refused(["train.loss=nft", "sampling.sde=ode", "sampling.noise_level=0.3"], "sampling.noise_level", "ode")
 
 
+# -- AWM (issue 27) --
+def test_awm_keys_reach_the_learner_or_are_refused():
+    """train.loss=awm and its keys act (tests/learner/test_awm_learner.py); ODE rollouts are
+    accepted, every sample draws its own noise levels among all of the grid's; what AWM cannot
+    act on (a ratio 1 in value, no rollout log-prob) is refused with the key named."""
+    from digenrl.data import PromptSource, load_prompts
+    from digenrl.train.trainer import learner_config, plan_step
+
+    awm = ["train.loss=awm", "sampling.sde=ode"]
+    cfg = load_config(None, [*awm, "sampling.window_size=3", "sampling.window_draw=sample", "reward.adv_clip=3",
+                             "train.awm_adv_max=0.5", "train.awm_weighting=ghuber", "train.awm_ghuber_power=0.5"])
+    lc = learner_config(cfg)
+    assert (lc.loss, lc.adv_clip, lc.awm_adv_max, lc.awm_weighting, lc.awm_ghuber_power) == (
+        "awm", 3.0, 0.5, "ghuber", 0.5)
+    plan = plan_step(cfg, PromptSource(load_prompts("toy"), 0, cfg.data.groups_per_step), 0)
+    assert plan.spec.draw_levels == 10 and plan.spec.sde_steps == () and plan.trained_steps == [0, 1, 2]
+    assert load_config(None, ["train.loss=awm"]).sampling.sde == "flow-sde"  # any sampler serves
+    _refused([*awm, "train.clip_range=0.01"], "train.clip_range", "1 in value")
+    _refused([*awm, "train.behaviour_logp=recompute"], "train.behaviour_logp", "awm")
+    _refused(["train.awm_adv_max=2"], "train.awm_adv_max", "train.loss=awm")
+    _refused(["train.awm_weighting=t"], "train.awm_weighting", "train.loss=awm")
+    _refused([*awm, "train.awm_weighting=huber"], "train.awm_weighting", "uniform, t, t2, ghuber")
+    _refused([*awm, "train.awm_ghuber_power=0.5"], "train.awm_ghuber_power", "ghuber")
+    _refused([*awm, "train.awm_adv_max=0"], "train.awm_adv_max", "> 0")
+# -- end AWM --
+
+
 def test_window_draw_reaches_the_plan_or_is_refused():
     """sampling.window_draw=sample turns the step's trained steps into slots that each
     sample maps to its own steps (SampleSpec.draw_levels)."""

@@ -24,6 +24,7 @@ from digenrl.math.advantages import AGGREGATE_KINDS, STD_KINDS
 from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, ROLLOUT_DTYPES
 from digenrl.math.grad_sum import GRAD_SUMS
 from digenrl.math.loss import LOSS_KINDS
+from digenrl.math.loss import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES  # AWM (issue 27)
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
@@ -124,7 +125,7 @@ class SamplingConfig:
     sigmas: str = "digenrl"
     shift: float = 1.0  # SD3 time shift of the digenrl grid
     # the stochastic step of the SDE window: flow-sde (Flow-GRPO), dance-sde (DanceGRPO), cps
-    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft only); digenrl.math.sde
+    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft or awm only); digenrl.math.sde
     sde: str = "flow-sde"
     # the SDE's noise scale: `a` of flow-sde and cps, `eta` of dance-sde (ode draws none)
     noise_level: float = 0.7
@@ -343,8 +344,21 @@ class TrainConfig:
     # and the loss is scaled by 1 / beta (digenrl.math.loss.nft_loss); it acts only with an
     # old policy kept (train.nft_decay > 0). Not train.beta, the KL weight.
     nft_beta: float = 1.0
+    # -- Advantage Weighted Matching (issue 27) --
+    # train.loss=awm: the flow-matching error of the clean sample noised afresh, weighted by its
+    # advantage A' = clip(A, -reward.adv_clip, reward.adv_clip) * awm_adv_max / reward.adv_clip
+    # (scxue/advantage_weighted_matching scripts/train_sd3_awm.py:1293-1299: their advantage_max 1
+    # over adv_clip_max 5); digenrl.math.loss.awm_loss. Noise draws per sample = trained slots
+    # (sampling.window, window_draw=sample: each sample its own noise levels).
+    awm_adv_max: float = 1.0
+    # the error's weighting: uniform | t (x sigma) | t2 (x sigma^2) | ghuber (the authors' SD3.5
+    # configs, power awm_ghuber_power 0.25): train_sd3_awm.py:240-251
+    awm_weighting: str = "uniform"
+    awm_ghuber_power: float = 0.25
+    # -- end AWM --
 
     def __post_init__(self) -> None:
+        self._check_awm()
         self._check_nft_old_policy()
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.behaviour_logp, "train.behaviour_logp", BEHAVIOUR_KINDS)
@@ -370,6 +384,28 @@ class TrainConfig:
         _check(0 <= self.ema_decay < 1, "train.ema_decay", "must be in [0, 1)")
         _check(self.tsp_chunk >= 0, "train.tsp_chunk", "must be >= 0")
         _check(self.backward_batch >= 0, "train.backward_batch", "must be >= 0 (0 = whole micro-batch)")
+
+    def _check_awm(self) -> None:
+        """The AWM keys act only with train.loss=awm; what AWM cannot act on is refused."""
+        awm = self.loss == "awm"
+        _check(self.awm_adv_max > 0, "train.awm_adv_max", "must be > 0")
+        _check(self.awm_adv_max == 1.0 or awm, "train.awm_adv_max", "scales AWM's advantages: set train.loss=awm, or 1.0")
+        _one_of(self.awm_weighting, "train.awm_weighting", AWM_WEIGHTINGS)
+        _check(self.awm_weighting == "uniform" or awm, "train.awm_weighting",
+               "weights AWM's flow-matching error: set train.loss=awm, or uniform")
+        _check(self.awm_ghuber_power > 0, "train.awm_ghuber_power", "must be > 0")
+        _check(self.awm_ghuber_power == 0.25 or (awm and self.awm_weighting == "ghuber"), "train.awm_ghuber_power",
+               "is the power of train.awm_weighting=ghuber: set it (with train.loss=awm), or leave 0.25")
+        if awm:
+            _check(self.behaviour_logp == "rollout", "train.behaviour_logp",
+                   "AWM trains on clean samples, without a rollout log-prob: leave it at rollout with train.loss=awm")
+            _check(self.is_correction == "none", "train.is_correction",
+                   "AWM has no rollout log-prob to correct: leave it at none with train.loss=awm")
+            # one optimizer step per RL step: the old policy is the live one, the ratio 1 in value
+            # (the authors' on-policy runs, train_sd3_awm.py:1282-1284, set clip_range 1: it never acts)
+            _check(self.clip_range == 1e-4, "train.clip_range",
+                   "AWM's ratio is 1 in value here (its old policy is the step's own weights): "
+                   "leave train.clip_range at its default 1e-4 with train.loss=awm")
 
     def _check_nft_old_policy(self) -> None:
         """The DiffusionNFT old-policy keys: each acts only with train.loss=nft and a kept old
@@ -732,16 +768,16 @@ class Config:
                "flow-sde's noise explodes (std ~ 1000 / ~58 x noise_level); use sigmas=digenrl with flow-sde, "
                "or another sampling.sde")
         # an ODE rollout records no log-probs: only DiffusionNFT trains on it
-        _check(s.sde != "ode" or self.train.loss == "nft", "sampling.sde",
+        _check(s.sde != "ode" or self.train.loss in CLEAN_SAMPLE_LOSSES, "sampling.sde",
                f"ode records no log-probs for train.loss={self.train.loss} to train on: use an SDE kind "
-               "(flow-sde, dance-sde, cps), or train.loss=nft (trains on the clean samples)")
+               "(flow-sde, dance-sde, cps), or train.loss=nft or awm (train on the clean samples)")
         # RatioNorm undoes the Gaussian log-ratio's drift -|d mean|^2 / (2 std^2); cps scores
         # the surrogate -|x' - mean|^2, which has no std to normalise by
         _check(self.train.loss != "grpo-guard" or s.sde in ("flow-sde", "dance-sde"), "train.loss",
                f"grpo-guard normalises a Gaussian log-prob ratio; sampling.sde={s.sde} scores a surrogate: "
                "use sampling.sde=flow-sde or dance-sde, or train.loss=grpo")
         # a per-sample draw among the SDE steps needs every step but the last to be SDE
-        _check(s.window_draw == "step" or self.train.loss == "nft" or s.window in ("all-but-last", "fraction"),
+        _check(s.window_draw == "step" or self.train.loss in CLEAN_SAMPLE_LOSSES or s.window in ("all-but-last", "fraction"),
                "sampling.window_draw",
                f"sample draws each sample's trained steps among all SDE steps; sampling.window={s.window} "
                "samples only its window with the SDE: use window fraction or all-but-last, or window_draw=step")

@@ -5,7 +5,9 @@ step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores th
 recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
 variant, `LearnerConfig.loss`) against the behaviour log-prob: the one recorded at rollout,
 or the trainer's own (`behaviour_logp=recompute`), with the rollout-train gap reported and,
-if asked, corrected per row (`is_correction`; digenrl.math.consistency).
+if asked, corrected per row (`is_correction`; digenrl.math.consistency). DiffusionNFT and
+Advantage Weighted Matching (`loss` nft, awm) instead score the clean sample, noised afresh
+for each trained slot (rollout.sampler.forward_targets): no recorded log-prob is read.
 Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
 over every (sample, trained step) pair of the step, whatever the unit layout; then
 `optimizer_step` clips, checks and steps.
@@ -28,6 +30,7 @@ from digenrl.learner.old_policy import OldPolicy
 from digenrl.math.grad_sum import GradSum, resolve_grad_sum
 from digenrl.math import (BEHAVIOUR_KINDS, IS_KINDS, LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss,
                           logp_gap_metrics, nft_loss, nft_old_decay, rollout_correction, sde_step)
+from digenrl.math import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, awm_loss  # AWM (issue 27)
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
 from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
@@ -73,6 +76,14 @@ class LearnerConfig:
     nft_decay_rate: float = 0.001
     nft_decay_flat: int = 0
     nft_beta: float = 1.0
+    # -- AWM (issue 27) --
+    # awm: A' = clip(A, -adv_clip, adv_clip) * awm_adv_max / adv_clip; the flow-matching error is
+    # weighted by awm_weighting (uniform | t | t2 | ghuber, ghuber's power awm_ghuber_power);
+    # math.loss.awm_loss. The noise draws per sample are the trained slots.
+    awm_adv_max: float = 1.0
+    awm_weighting: str = "uniform"
+    awm_ghuber_power: float = 0.25
+    # -- end AWM --
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -92,6 +103,9 @@ class LearnerConfig:
             raise ValueError(f"nft_decay must be in [0, 1) and nft_beta > 0, got {self.nft_decay}, {self.nft_beta}")
         if self.nft_decay > 0 and self.loss != "nft":
             raise ValueError(f"nft_decay keeps DiffusionNFT's old policy: it needs loss nft, not {self.loss}")
+        if self.awm_weighting not in AWM_WEIGHTINGS or self.awm_adv_max <= 0 or self.awm_ghuber_power <= 0:
+            raise ValueError(f"awm_weighting must be one of {', '.join(AWM_WEIGHTINGS)} and awm_adv_max, "
+                             f"awm_ghuber_power > 0; got {self.awm_weighting}, {self.awm_adv_max}, {self.awm_ghuber_power}")
 
 
 class Learner:
@@ -214,7 +228,7 @@ class Learner:
         ghosts = max(passes - len(chunks), 0)
         metrics: dict[str, float] = {}
         for t in t_steps:
-            if self.config.loss != "nft" and last > first:  # nft trains on clean samples: no log-prob needed
+            if self.config.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # nft, awm: clean samples, no log-prob
                 steps, logp = self._recorded_log_probs(traj, t, spec, slice(first, last))
                 if bool(torch.isnan(logp).any()):
                     raise ValueError(f"denoising step {int(steps[torch.isnan(logp)][0])} was sampled with the ODE: "
@@ -231,7 +245,7 @@ class Learner:
     ) -> dict[str, float]:
         """Loss and backward of rows `rows` at trained step t, weighted into the step mean.
         A ghost pass (see `accumulate`) backwards weight 0 and records nothing."""
-        unit_loss = self._nft_loss if self.config.loss == "nft" else self._grpo_loss
+        unit_loss = {"nft": self._nft_loss, "awm": self._awm_loss}.get(self.config.loss, self._grpo_loss)
         loss, m, weight = unit_loss(traj, t, rows, spec, adv, denominator)
         finite = bool(torch.isfinite(loss))
         if ghost or not finite:
@@ -317,6 +331,29 @@ class Learner:
                            beta=self.config.nft_beta, adv_clip=self.config.adv_clip, v_ref=v_ref,
                            kl_beta=self.config.beta)
         return loss, m, x0.shape[0] / denominator
+
+    # -- AWM (issue 27) --
+    def _awm_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
+                  denominator: int):
+        """Advantage Weighted Matching on trained slot t of `rows`: the clean samples x0 =
+        latents[:, T] noised afresh (`forward_targets`, as DiffusionNFT), the velocity scored
+        against eps - x0 (math.loss.awm_loss). One optimizer step per RL step: the old policy
+        is these weights, so the old log-prob is this forward's, detached (the authors'
+        on-policy form), and the ratio is 1 in value; no second forward."""
+        device = self.params[0].device
+        x0 = traj.latents[rows, spec.num_steps].to(device).float()  # (b, *latent)
+        x_t, sigma = forward_targets(x0, spec, traj.coords[rows], t)
+        target = (x_t - x0) / sigma.reshape(-1, *([1] * (x0.ndim - 1)))  # eps - x0 (every sigma > 0)
+        v = self._velocity(traj, x_t, sigma, spec, rows)
+        v_ref = None
+        if self.config.beta > 0:
+            v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
+        c = self.config
+        loss, m = awm_loss(v, target, sigma, adv[rows], adv_clip=c.adv_clip, adv_max=c.awm_adv_max,
+                           clip_range=c.clip_range, weighting=c.awm_weighting, ghuber_power=c.awm_ghuber_power,
+                           v_ref=v_ref, kl_beta=c.beta)
+        return loss, m, x0.shape[0] / denominator
+    # -- end AWM --
 
     def sampling_weights(self):
         """A context in which the module holds the weights that sample rollouts: DiffusionNFT's

@@ -8,10 +8,15 @@ from digenrl.math.advantages import combine_rewards, group_advantages
 from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, logp_gap_metrics, rollout_correction
 from digenrl.math.loss import (LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, nft_old_decay,
                                nft_optimality)
+from digenrl.math.loss import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, awm_log_likelihood, awm_loss  # AWM (issue 27)
 from digenrl.math.schedule import SdeWindow, sigma_schedule
 from digenrl.math.sde import SDE_KINDS, StepOut, sde_step
 
 __all__ = [
+    "AWM_WEIGHTINGS",
+    "CLEAN_SAMPLE_LOSSES",
+    "awm_log_likelihood",
+    "awm_loss",
     "BEHAVIOUR_KINDS",
     "IS_KINDS",
     "logp_gap_metrics",

@@ -1,5 +1,6 @@
 """The clipped GRPO objective on (sample, denoising step) units, its GRPO-Guard variant,
-the KL to a reference, and DiffusionNFT's forward-process objective."""
+the KL to a reference, DiffusionNFT's forward-process objective and Advantage Weighted
+Matching's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from typing import Optional, Union
 import torch
 
 LOSS_KINDS = ("grpo", "grpo-guard", "nft")
+# -- AWM (issue 27) --
+LOSS_KINDS += ("awm",)
+AWM_WEIGHTINGS = ("uniform", "t", "t2", "ghuber")
+# the objectives trained on forward-process targets of the clean sample, not on recorded
+# log-probs: any sampler serves them, the ODE included (rollout.sampler.forward_targets)
+CLEAN_SAMPLE_LOSSES = ("nft", "awm")
+# -- end AWM --
 
 
 def gaussian_mean_kl(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -230,3 +238,92 @@ def nft_old_decay(updates: int, ceiling: float, rate: float, flat: int) -> float
     if updates < flat:
         return 0.0
     return min((updates - flat) * rate, ceiling)
+
+
+# -- AWM (issue 27) ---------------------------------------------------------------------------
+def awm_log_likelihood(v: torch.Tensor, target: torch.Tensor, sigma: torch.Tensor, *, weighting: str = "uniform",
+                       ghuber_power: float = 0.25) -> torch.Tensor:
+    """AWM's per-row surrogate log-likelihood of the clean sample, (B,): minus its weighted
+    flow-matching error. With e = mean((v - target)^2) over the row's elements (target = eps - x0):
+
+        uniform  -e                   t2      -e sigma^2
+        t        -e sigma             ghuber  -((e + 1e-10)^p - 1e-10^p) sigma / p
+
+    scxue/advantage_weighted_matching at be51372, scripts/train_sd3_awm.py:210-252
+    (compute_log_prob_awm; their names Uniform, t, t**2, ghuber; their huber is ghuber at
+    p = 0.5 halved). Computed in float32 (theirs: float64).
+    """
+    b = v.shape[0]
+    err = ((v.float() - target.detach().float()) ** 2).reshape(b, -1).mean(dim=1)  # (B,)
+    s = sigma.detach().float().reshape(b)
+    if weighting == "uniform":
+        return -err
+    if weighting == "t":
+        return -err * s
+    if weighting == "t2":
+        return -err * s**2
+    if weighting == "ghuber":
+        p = ghuber_power
+        return -((err + 1e-10) ** p - 1e-10**p) * s / p
+    raise ValueError(f"AWM weighting {weighting!r} unknown; allowed: {', '.join(AWM_WEIGHTINGS)}")
+
+
+def awm_loss(
+    v: torch.Tensor,
+    target: torch.Tensor,
+    sigma: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    adv_clip: float,
+    adv_max: float = 1.0,
+    clip_range: float = 1.0,
+    weighting: str = "uniform",
+    ghuber_power: float = 0.25,
+    logp_old: Optional[torch.Tensor] = None,
+    v_ref: Optional[torch.Tensor] = None,
+    kl_beta: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Advantage Weighted Matching (Xue et al. 2025, arXiv 2509.25050) on forward-process targets.
+
+    A clean rollout sample x0 is noised afresh, x_t = (1 - s) x0 + s eps, and scored by the
+    pretraining flow-matching error of v = v_theta(x_t, s) against target = eps - x0, as a
+    log-likelihood surrogate logp (awm_log_likelihood). The authors wrap it in PPO's clip
+    (scripts/train_sd3_awm.py:1301-1327, loss_type exp_first: one ratio per noise draw):
+
+        A'    = clip(A, -c, c) * adv_max / c               (:1293-1299, c = adv_clip_max)
+        ratio = exp(logp - logp_old)
+        loss  = mean_B( max(-A' ratio, -A' clip(ratio, 1 - eps, 1 + eps)) )
+                + kl_beta * mean_B( mean((v - v_ref)^2) )  (:1328-1352, kl_weight Uniform)
+
+    On-policy (logp_old None: logp detached, the authors' off_policy=False, where each
+    micro-batch's old log-prob is its own detached log-prob, :1227-1229 and :1282-1284,
+    with gradient_accumulation_steps = num_batches_per_epoch in all their configs) the ratio is 1 in
+    value and the gradient of the policy term in v is A' w'(e) 2 (v - target) / D per row
+    (D elements; w'(e) = 1 for uniform): advantage-weighted flow matching, which pulls the
+    velocity towards the sample's own noise-to-data direction where A > 0 and pushes it away
+    where A < 0. logp_old (B,) gives the off-policy ratio.
+
+    Shapes: v, target, v_ref (B, ...); sigma, advantages, logp_old (B,). Everything but v is
+    detached. Per row: no statistic spans rows.
+    """
+    logp = awm_log_likelihood(v, target, sigma, weighting=weighting, ghuber_power=ghuber_power)
+    logratio = logp - (logp.detach() if logp_old is None else logp_old.detach().float())
+    ratio = torch.exp(logratio)
+    adv = torch.clamp(advantages.detach().float(), -adv_clip, adv_clip) * (adv_max / adv_clip)
+    policy = _clipped(ratio, adv, clip_range).mean()
+    loss = policy
+    kl_mean = torch.zeros((), device=v.device)
+    if v_ref is not None:
+        b = v.shape[0]
+        kl_mean = ((v.float() - v_ref.detach().float()) ** 2).reshape(b, -1).mean(dim=1).mean()
+        loss = loss + kl_beta * kl_mean
+    with torch.no_grad():
+        metrics = {
+            "loss/policy": policy.detach(),
+            "loss/kl": kl_mean.detach(),
+            "loss/clipfrac": ((ratio - 1.0).abs() > clip_range).float().mean(),
+            "loss/ratio_mean": ratio.mean(),
+            "loss/awm_logp": logp.detach().mean(),
+        }
+    return loss, metrics
+# -- end AWM --

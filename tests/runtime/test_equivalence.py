@@ -217,15 +217,20 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
 
 
 NFT = ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]
+OBJECTIVES = {"nft": NFT, "grpo-guard": ["train.loss=grpo-guard"]}
+# -- AWM (issue 27): ODE rollouts, each sample its own two noise levels, KL to the base model on --
+AWM = ["train.loss=awm", "sampling.sde=ode", "sampling.window_draw=sample", "train.beta=0.01"]
+OBJECTIVES["awm"] = AWM
+# -- end AWM --
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(ON_POLICY))
-@pytest.mark.parametrize("loss", ["nft", "grpo-guard"])
+@pytest.mark.parametrize("loss", list(OBJECTIVES))
 def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp_path, mode, loss):
     """Slow tier (`pytest -m slow tests/runtime/test_equivalence.py`): the matrix of objectives
     x on-policy modes; the default tier runs one mode of each."""
-    extra = NFT if loss == "nft" else ["train.loss=grpo-guard"]
+    extra = OBJECTIVES[loss]
     ref = tmp_path / "local"
     Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
     run = tmp_path / "ray"
@@ -234,9 +239,11 @@ def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp
 
 
 @pytest.mark.slow
-def test_nft_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path):
+@pytest.mark.parametrize("loss", ["nft", "awm"])
+def test_clean_sample_objectives_train_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path, loss):
     run = tmp_path / "digenrl"
-    rt = RayDriver(load_config(None, tiny(run, "digenrl", *NFT, steps=4)), progress=False, evaluate=False)
+    rt = RayDriver(load_config(None, tiny(run, "digenrl", *OBJECTIVES[loss], steps=4)), progress=False,
+                   evaluate=False)
     rt.train()
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
     assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")
