@@ -362,14 +362,15 @@ class Learner:
         pairs = dpo_pairs(adv, traj.group_ids.tolist(), self.config.dpo_pairs, self.config.dpo_margin)
         mine = [p for p in pairs if first <= p[0] < last]
         group_size = int(torch.bincount(traj.group_ids).max())
-        ghosts = max(passes - (1 if mine else 0), 0) if pairs else 0
+        ghosts = max(passes - (1 if mine else 0), 0)
+        ghost_pair = pairs[:1] or [(0, min(1, len(traj) - 1))]  # a unit without pairs still runs its passes
         metrics: dict[str, float] = {}
         for t in t_steps:
             if mine:
                 loss, m = self._dpo_loss(traj, t, mine, spec)
                 metrics = self._backward(loss, m, len(mine) * group_size / denominator, traj.step, t, False)
             for _ in range(ghosts):
-                loss, m = self._dpo_loss(traj, t, pairs[:1], spec)
+                loss, m = self._dpo_loss(traj, t, ghost_pair, spec)
                 self._backward(loss, m, 0.0, traj.step, t, True)
         return metrics
 

@@ -267,7 +267,9 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
     return replace(tb, denoise_steps=sde.num_steps, trained_steps=len(trained_steps(cfg, 0)), group_size=d.group_size,
                    groups_per_step=d.groups_per_step, lora=cfg.model.lora_rank > 0,
                    lora_rank=cfg.model.lora_rank or tb.lora_rank, cfg=sde.guided,
-                   kl=cfg.train.beta > 0, old_forward=cfg.train.nft_decay > 0, grad_ckpt=cfg.model.grad_ckpt,
+                   # the KL reference, or Diffusion-DPO's (always): a no-grad forward per trained chunk
+                   kl=cfg.train.beta > 0 or cfg.train.loss == "dpo", old_forward=cfg.train.nft_decay > 0,
+                   grad_ckpt=cfg.model.grad_ckpt,
                    micro_batch=cfg.train.backward_batch or tb.micro_batch, weight_sync=rt.weight_sync)
 
 

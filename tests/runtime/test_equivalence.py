@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digenrl.config.schema import load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
 from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
@@ -217,15 +217,23 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
 
 
 NFT = ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]
+# online Diffusion-DPO (best-worst pairs of each group) on ODE rollouts; Flow-DPPO on flow-sde
+OBJECTIVES = {"nft": NFT, "grpo-guard": ["train.loss=grpo-guard"], "dpo": ["train.loss=dpo", "sampling.sde=ode"],
+              "flow-dppo": ["train.loss=flow-dppo"]}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", list(ON_POLICY))
-@pytest.mark.parametrize("loss", ["nft", "grpo-guard"])
+@pytest.mark.parametrize("loss", list(OBJECTIVES))
 def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp_path, mode, loss):
     """Slow tier (`pytest -m slow tests/runtime/test_equivalence.py`): the matrix of objectives
-    x on-policy modes; the default tier runs one mode of each."""
-    extra = NFT if loss == "nft" else ["train.loss=grpo-guard"]
+    x on-policy modes; the default tier runs one mode of each. dpo pairs samples within a
+    prompt group, so the mode that cuts groups (data.micro_batch_samples) is refused, named."""
+    extra = OBJECTIVES[loss]
+    if loss == "dpo" and "data.micro_batch_samples=3" in ON_POLICY[mode]:
+        with pytest.raises(ConfigError, match="data.micro_batch_samples"):
+            load_config(None, tiny(tmp_path, mode.split(" ")[0], *ON_POLICY[mode], *extra))
+        return
     ref = tmp_path / "local"
     Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
     run = tmp_path / "ray"
@@ -234,9 +242,11 @@ def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp
 
 
 @pytest.mark.slow
-def test_nft_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path):
+@pytest.mark.parametrize("loss", ["nft", "dpo", "flow-dppo"])
+def test_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path, loss):
     run = tmp_path / "digenrl"
-    rt = RayDriver(load_config(None, tiny(run, "digenrl", *NFT, steps=4)), progress=False, evaluate=False)
+    rt = RayDriver(load_config(None, tiny(run, "digenrl", *OBJECTIVES[loss], steps=4)), progress=False,
+                   evaluate=False)
     rt.train()
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
     assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")
