@@ -6,6 +6,9 @@ recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRP
 variant, `LearnerConfig.loss`) against the behaviour log-prob: the one recorded at rollout,
 or the trainer's own (`behaviour_logp=recompute`), with the rollout-train gap reported and,
 if asked, corrected per row (`is_correction`; digenrl.math.consistency).
+DiffusionNFT (`nft`) and online Diffusion-DPO (`dpo`, on pairs of a unit's prompt groups)
+train on the clean samples noised along the forward process instead; Flow-DPPO
+(`flow-dppo`) replaces the clip by a divergence mask.
 Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
 over every (sample, trained step) pair of the step, whatever the unit layout; then
 `optimizer_step` clips, checks and steps.
@@ -231,7 +234,7 @@ class Learner:
             return self._accumulate_pairs(traj, t_steps, spec, adv, first, last, total_samples * total_steps, passes)
         metrics: dict[str, float] = {}
         for t in t_steps:
-            if self.config.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # nft trains on clean samples: no log-prob needed
+            if self.config.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # clean samples: no log-prob
                 steps, logp = self._recorded_log_probs(traj, t, spec, slice(first, last))
                 if bool(torch.isnan(logp).any()):
                     raise ValueError(f"denoising step {int(steps[torch.isnan(logp)][0])} was sampled with the ODE: "

@@ -80,7 +80,7 @@ def dpo_loss(
         metrics = {
             "loss/policy": loss.detach(),
             "loss/dpo_implicit_acc": (z > 0).float().mean(),
-            "loss/dpo_margin": z.mean(),
+            "loss/dpo_implicit_margin": z.mean(),
             "loss/dpo_err_winner": err[:p].detach().mean(),
             "loss/dpo_err_loser": err[p:].detach().mean(),
         }

@@ -50,7 +50,7 @@ def test_loss_and_gradient_by_hand():
     loss, m = dpo_loss(err, err_ref, beta=2.0)
     sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
     assert loss.item() == pytest.approx((-math.log(sig(0.4)) - math.log(sig(-0.2))) / 2, rel=1e-6)
-    assert m["loss/dpo_implicit_acc"].item() == 0.5 and m["loss/dpo_margin"].item() == pytest.approx(0.1)
+    assert m["loss/dpo_implicit_acc"].item() == 0.5 and m["loss/dpo_implicit_margin"].item() == pytest.approx(0.1)
     # dL/derr_w = sigmoid(-z) * beta / 2 / P, dL/derr_l its negative: beta / 2 = 1, P = 2
     loss.backward()
     g0, g1 = sig(-0.4) / 2, sig(0.2) / 2
@@ -76,7 +76,7 @@ def test_gradient_through_the_velocity_by_hand():
 def test_policy_equal_to_reference_gives_log_two():
     err = torch.tensor([0.7, 0.2, 0.9, 1.3])
     loss, m = dpo_loss(err, err.clone(), beta=100.0)
-    assert loss.item() == pytest.approx(math.log(2.0)) and m["loss/dpo_margin"].item() == 0.0
+    assert loss.item() == pytest.approx(math.log(2.0)) and m["loss/dpo_implicit_margin"].item() == 0.0
 
 
 def test_refuses_an_odd_batch():
