@@ -217,8 +217,10 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
 
 
 NFT = ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]
-# online Diffusion-DPO (best-worst pairs of each group) on ODE rollouts; Flow-DPPO on flow-sde
+# online Diffusion-DPO (best-worst pairs of each group) on ODE rollouts, LoRA (reference: the
+# adapters off) and full fine-tune (a frozen copy); Flow-DPPO on flow-sde
 OBJECTIVES = {"nft": NFT, "grpo-guard": ["train.loss=grpo-guard"], "dpo": ["train.loss=dpo", "sampling.sde=ode"],
+              "dpo full": ["train.loss=dpo", "sampling.sde=ode", "model.lora_rank=0", "train.lr=1e-4"],
               "flow-dppo": ["train.loss=flow-dppo"]}
 
 
@@ -230,7 +232,7 @@ def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp
     x on-policy modes; the default tier runs one mode of each. dpo pairs samples within a
     prompt group, so the mode that cuts groups (data.micro_batch_samples) is refused, named."""
     extra = OBJECTIVES[loss]
-    if loss == "dpo" and "data.micro_batch_samples=3" in ON_POLICY[mode]:
+    if loss.startswith("dpo") and "data.micro_batch_samples=3" in ON_POLICY[mode]:
         with pytest.raises(ConfigError, match="data.micro_batch_samples"):
             load_config(None, tiny(tmp_path, mode.split(" ")[0], *ON_POLICY[mode], *extra))
         return
