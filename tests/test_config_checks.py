@@ -293,3 +293,30 @@ def test_a_preemption_trace_is_read_before_the_run(tmp_path):
     cfg = load_config(None, ["runtime.rollout.preemptible=true", f"runtime.rollout.preemptions={good}",
                              "runtime.rollout.max_workers=4"])
     assert cfg.runtime.rollout.preemptible and cfg.runtime.rollout.max_workers == 4
+
+
+def test_dpo_and_flow_dppo_keys_reach_the_learner_or_are_refused():
+    """train.loss=dpo's keys (dpo_beta, dpo_pairs, dpo_margin) and flow-dppo's kl_mask_threshold
+    act with their loss (tests/learner/test_dpo_learner.py); elsewhere, and the settings that
+    cut a prompt group across Train units or a pair across passes, are refused, named."""
+    from digenrl.train.trainer import learner_config
+
+    lc = learner_config(load_config(None, ["train.loss=dpo", "train.dpo_beta=20", "train.dpo_pairs=margin",
+                                           "train.dpo_margin=0.5", "sampling.sde=ode"]))
+    assert (lc.loss, lc.dpo_beta, lc.dpo_pairs, lc.dpo_margin) == ("dpo", 20.0, "margin", 0.5)
+    assert learner_config(load_config(None, ["train.loss=flow-dppo", "train.kl_mask_threshold=1e-4"])
+                          ).kl_mask_threshold == 1e-4
+    _refused(["train.dpo_beta=20"], "train.dpo_beta", "train.loss=grpo")
+    _refused(["train.loss=dpo", "train.dpo_pairs=all"], "train.dpo_pairs", "best-worst, margin")
+    _refused(["train.loss=dpo", "train.dpo_margin=0.5"], "train.dpo_margin", "margin")
+    _refused(["train.kl_mask_threshold=1e-4"], "train.kl_mask_threshold", "flow-dppo")
+    _refused(["train.loss=dpo", "train.beta=0.01"], "train.beta", "train.dpo_beta")
+    _refused(["train.loss=dpo", "train.backward_batch=2"], "train.backward_batch", "one pass")
+    _refused(["train.loss=dpo", "train.behaviour_logp=recompute"], "train.behaviour_logp", "rollout")
+    _refused(["train.loss=flow-dppo", "train.clip_range=0.2"], "train.clip_range", "no ratio clip")
+    _refused(["train.loss=flow-dppo", "sampling.sde=cps"], "train.loss", "sampling.sde=cps")
+    _refused(["train.loss=flow-dppo", "sampling.sde=ode"], "sampling.sde", "no log-probs")
+    _refused(["train.loss=dpo", "run.mode=gap", "data.micro_batch_samples=2"], "data.micro_batch_samples", "dpo")
+    _refused(["train.loss=dpo", "run.mode=gap+tsp", "runtime.train_shard=2"], "runtime.train_shard", "dpo")
+    _refused(["train.loss=dpo", "run.mode=gap+tsp", "runtime.trainer.workers=2", "runtime.trainer.gang=2",
+              "runtime.trainer.shard=fsdp", "model.lora_rank=0"], "train.loss", "use LoRA")

@@ -23,8 +23,8 @@ import yaml
 from digenrl.math.advantages import AGGREGATE_KINDS, STD_KINDS
 from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, ROLLOUT_DTYPES
 from digenrl.math.grad_sum import GRAD_SUMS
-from digenrl.math.loss import LOSS_KINDS
-from digenrl.math.loss import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES  # AWM (issue 27)
+from digenrl.math.dpo import DPO_PAIRS
+from digenrl.math.loss import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, LOSS_KINDS
 from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.math.sde import SDE_KINDS
 from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
@@ -125,7 +125,7 @@ class SamplingConfig:
     sigmas: str = "digenrl"
     shift: float = 1.0  # SD3 time shift of the digenrl grid
     # the stochastic step of the SDE window: flow-sde (Flow-GRPO), dance-sde (DanceGRPO), cps
-    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft or awm only); digenrl.math.sde
+    # (coefficients-preserving) or ode (no noise, no log-probs: train.loss=nft, dpo or awm only); digenrl.math.sde
     sde: str = "flow-sde"
     # the SDE's noise scale: `a` of flow-sde and cps, `eta` of dance-sde (ode draws none)
     noise_level: float = 0.7
@@ -356,10 +356,23 @@ class TrainConfig:
     awm_weighting: str = "uniform"
     awm_ghuber_power: float = 0.25
     # -- end AWM --
+    # -- online Diffusion-DPO and Flow-DPPO (issue 27; docs/models.md) --
+    # train.loss=dpo: -log sigmoid(-dpo_beta / 2 ((err_w - err_ref_w) - (err_l - err_ref_l))) on
+    # (winner, loser) pairs of each prompt group (digenrl.math.dpo), the reference being the base
+    # model. dpo_beta: the peers' beta (flow_grpo config/dpo.py and veRL-Omni's online DPO: 100).
+    dpo_beta: float = 100.0
+    # best-worst: one pair per group, its highest and lowest advantage (both peers); margin:
+    # every pair whose advantages differ by more than train.dpo_margin
+    dpo_pairs: str = "best-worst"
+    dpo_margin: float = 0.0  # train.dpo_pairs=margin: the advantage gap a pair must exceed
+    # train.loss=flow-dppo: a unit whose Gaussian step divergence to the behaviour policy is
+    # >= this, and still moving away, is dropped (veRL-Omni / UniRL kl_mask_threshold, 1e-5)
+    kl_mask_threshold: float = 1e-5
 
     def __post_init__(self) -> None:
         self._check_awm()
         self._check_nft_old_policy()
+        self._check_dpo()
         _check(self.steps >= 1, "train.steps", "must be >= 1")
         _one_of(self.behaviour_logp, "train.behaviour_logp", BEHAVIOUR_KINDS)
         _one_of(self.is_correction, "train.is_correction", IS_KINDS)
@@ -406,6 +419,35 @@ class TrainConfig:
             _check(self.clip_range == 1e-4, "train.clip_range",
                    "AWM's ratio is 1 in value here (its old policy is the step's own weights): "
                    "leave train.clip_range at its default 1e-4 with train.loss=awm")
+
+    def _check_dpo(self) -> None:
+        """The keys of train.loss=dpo and flow-dppo: each acts only with its loss, and the keys
+        those losses have no use for are refused, named."""
+        _one_of(self.dpo_pairs, "train.dpo_pairs", DPO_PAIRS)
+        _check(self.dpo_beta > 0, "train.dpo_beta", "must be > 0")
+        _check(self.dpo_margin >= 0, "train.dpo_margin", "must be >= 0")
+        _check(self.kl_mask_threshold > 0, "train.kl_mask_threshold", "must be > 0")
+        dpo = self.loss == "dpo"
+        for key, default in (("dpo_beta", 100.0), ("dpo_pairs", "best-worst")):
+            _check(dpo or getattr(self, key) == default, f"train.{key}",
+                   f"shapes online Diffusion-DPO; train.loss={self.loss}: set train.loss=dpo, or leave it at its default")
+        _check(self.dpo_margin == 0 or (dpo and self.dpo_pairs == "margin"), "train.dpo_margin",
+               "is the advantage gap of train.dpo_pairs=margin (with train.loss=dpo): set those, or leave it at 0")
+        _check(self.kl_mask_threshold == 1e-5 or self.loss == "flow-dppo", "train.kl_mask_threshold",
+               f"is Flow-DPPO's trust region; train.loss={self.loss}: set train.loss=flow-dppo, or leave it at 1e-5")
+        if dpo:
+            _check(self.beta == 0, "train.beta", "is the KL weight; Diffusion-DPO is anchored to its reference by "
+                   "its own loss (train.dpo_beta): leave it at 0 with train.loss=dpo")
+            _check(self.backward_batch == 0, "train.backward_batch",
+                   "cuts a Train unit's rows, and a DPO pair must be trained in one pass: leave it at 0 with train.loss=dpo")
+        if self.loss in ("dpo", "flow-dppo"):
+            _check(self.clip_range == 1e-4, "train.clip_range",
+                   f"{self.loss} has no ratio clip: leave train.clip_range at its default 1e-4")
+        if dpo:
+            _check(self.behaviour_logp == "rollout", "train.behaviour_logp",
+                   "Diffusion-DPO trains on clean samples, without a log-prob ratio: leave it at rollout")
+            _check(self.is_correction == "none", "train.is_correction",
+                   "Diffusion-DPO has no log-prob ratio to correct: leave it at none")
 
     def _check_nft_old_policy(self) -> None:
         """The DiffusionNFT old-policy keys: each acts only with train.loss=nft and a kept old
@@ -692,6 +734,7 @@ class Config:
             "runtime.weight_sync",
             "lora-only sends adapters only: set model.lora_rank > 0",
         )
+        self._check_pairs_whole()
         _check(not (self.data.micro_batch_samples and self.reward.aggregate == "gdpo"), "reward.aggregate",
                "gdpo standardises each reward within its prompt group on the micro-batch that holds it, and "
                "data.micro_batch_samples cuts groups; use sum, or whole groups (data.micro_batch_groups)")
@@ -708,6 +751,9 @@ class Config:
             _check(self.model.dtype != "float16", "model.dtype",
                    "sharded trainers compute in bfloat16 or float32 (fp32 master weights); float16 would need "
                    "loss scaling, which is not built")
+            _check(self.train.loss != "dpo" or self.model.lora_rank > 0, "train.loss",
+                   "dpo needs its reference, and one for a sharded full fine-tune (a second sharded copy of "
+                   "the base model) is not built: use LoRA (the reference is the adapters switched off)")
             _check(self.train.beta == 0 or self.model.lora_rank > 0, "train.beta",
                    "a KL reference for a sharded full fine-tune (a second sharded copy of the base model) is not "
                    "built; use LoRA (the reference is the adapters switched off) or beta 0")
@@ -770,12 +816,12 @@ class Config:
         # an ODE rollout records no log-probs: only DiffusionNFT trains on it
         _check(s.sde != "ode" or self.train.loss in CLEAN_SAMPLE_LOSSES, "sampling.sde",
                f"ode records no log-probs for train.loss={self.train.loss} to train on: use an SDE kind "
-               "(flow-sde, dance-sde, cps), or train.loss=nft or awm (train on the clean samples)")
+               "(flow-sde, dance-sde, cps), or train.loss=nft, dpo or awm (they train on the clean samples)")
         # RatioNorm undoes the Gaussian log-ratio's drift -|d mean|^2 / (2 std^2); cps scores
         # the surrogate -|x' - mean|^2, which has no std to normalise by
-        _check(self.train.loss != "grpo-guard" or s.sde in ("flow-sde", "dance-sde"), "train.loss",
-               f"grpo-guard normalises a Gaussian log-prob ratio; sampling.sde={s.sde} scores a surrogate: "
-               "use sampling.sde=flow-sde or dance-sde, or train.loss=grpo")
+        _check(self.train.loss not in ("grpo-guard", "flow-dppo") or s.sde in ("flow-sde", "dance-sde"),
+               "train.loss", f"{self.train.loss} measures a Gaussian step (RatioNorm, Flow-DPPO's divergence); "
+               f"sampling.sde={s.sde} scores a surrogate: use sampling.sde=flow-sde or dance-sde, or train.loss=grpo")
         # a per-sample draw among the SDE steps needs every step but the last to be SDE
         _check(s.window_draw == "step" or self.train.loss in CLEAN_SAMPLE_LOSSES or s.window in ("all-but-last", "fraction"),
                "sampling.window_draw",
@@ -794,6 +840,19 @@ class Config:
                     "reward.weights.toy-geneval",
                     "judges toy-world prompts only: set data.prompts=toy",
                 )
+
+    def _check_pairs_whole(self) -> None:
+        """train.loss=dpo draws its pairs within a prompt group, so every Train unit must hold
+        whole groups: the settings that cut one are refused, named."""
+        if self.train.loss != "dpo":
+            return
+        _check(not self.data.micro_batch_samples, "data.micro_batch_samples",
+               "cuts prompt groups, and train.loss=dpo pairs samples within a group in one Train unit: "
+               "use data.micro_batch_groups")
+        _check(self.runtime.train_shard == 1, "runtime.train_shard",
+               "cuts a micro-batch's prompt groups across Train units, and train.loss=dpo pairs samples "
+               "within a group in one unit: leave it at 1")
+        _check(self.data.group_size >= 2, "data.group_size", "train.loss=dpo pairs samples of a prompt group: set >= 2")
 
     def _check_ray_only(self) -> None:
         """run.mode=local runs one process without Ray: the one place that refuses the runtime

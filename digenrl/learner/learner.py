@@ -5,9 +5,11 @@ step t the learner recomputes the policy's velocity at (x_t, sigma_t), scores th
 recorded x_{t+1} under the SDE step, and takes the clipped GRPO loss (or its GRPO-Guard
 variant, `LearnerConfig.loss`) against the behaviour log-prob: the one recorded at rollout,
 or the trainer's own (`behaviour_logp=recompute`), with the rollout-train gap reported and,
-if asked, corrected per row (`is_correction`; digenrl.math.consistency). DiffusionNFT and
-Advantage Weighted Matching (`loss` nft, awm) instead score the clean sample, noised afresh
-for each trained slot (rollout.sampler.forward_targets): no recorded log-prob is read.
+if asked, corrected per row (`is_correction`; digenrl.math.consistency).
+DiffusionNFT (`nft`), Advantage Weighted Matching (`awm`) and online Diffusion-DPO (`dpo`, on
+pairs of a unit's prompt groups) train on the clean samples noised along the forward process
+instead (rollout.sampler.forward_targets): no recorded log-prob is read. Flow-DPPO
+(`flow-dppo`) replaces the clip by a divergence mask.
 Gradients of all units of an RL step accumulate, each scaled so that the sum is the mean
 over every (sample, trained step) pair of the step, whatever the unit layout; then
 `optimizer_step` clips, checks and steps.
@@ -28,9 +30,10 @@ from digenrl.learner.ema import EMA
 from digenrl.learner.metrics import add_metric, step_means
 from digenrl.learner.old_policy import OldPolicy
 from digenrl.math.grad_sum import GradSum, resolve_grad_sum
-from digenrl.math import (BEHAVIOUR_KINDS, IS_KINDS, LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss,
-                          logp_gap_metrics, nft_loss, nft_old_decay, rollout_correction, sde_step)
-from digenrl.math import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, awm_loss  # AWM (issue 27)
+from digenrl.math import (AWM_WEIGHTINGS, BEHAVIOUR_KINDS, CLEAN_SAMPLE_LOSSES, DPO_PAIRS, IS_KINDS, LOSS_KINDS,
+                          awm_loss, dpo_loss, dpo_pairs, flow_dppo_loss, flow_matching_error, gaussian_mean_kl,
+                          grpo_guard_loss, grpo_loss, logp_gap_metrics, nft_loss, nft_old_decay, rollout_correction,
+                          sde_step)
 from digenrl.models.lora import adapters_disabled, has_lora
 from digenrl.models.protocol import Policy, guided_velocity
 from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
@@ -84,6 +87,14 @@ class LearnerConfig:
     awm_weighting: str = "uniform"
     awm_ghuber_power: float = 0.25
     # -- end AWM --
+    # dpo: online Diffusion-DPO (math.dpo) on (winner, loser) pairs of each prompt group
+    # (dpo_pairs: best-worst | margin, with dpo_margin in advantage units); dpo_beta: the
+    # peers' beta in -log sigmoid(-beta / 2 (d_w - d_l)). The reference is the KL's (below).
+    dpo_beta: float = 100.0
+    dpo_pairs: str = "best-worst"
+    dpo_margin: float = 0.0
+    # flow-dppo: the divergence past which a unit still moving away is dropped (math.loss.flow_dppo_loss)
+    kl_mask_threshold: float = 1e-5
 
     def __post_init__(self) -> None:
         if self.loss not in LOSS_KINDS:
@@ -106,6 +117,12 @@ class LearnerConfig:
         if self.awm_weighting not in AWM_WEIGHTINGS or self.awm_adv_max <= 0 or self.awm_ghuber_power <= 0:
             raise ValueError(f"awm_weighting must be one of {', '.join(AWM_WEIGHTINGS)} and awm_adv_max, "
                              f"awm_ghuber_power > 0; got {self.awm_weighting}, {self.awm_adv_max}, {self.awm_ghuber_power}")
+        if self.dpo_pairs not in DPO_PAIRS:
+            raise ValueError(f"dpo_pairs {self.dpo_pairs!r} unknown; allowed: {', '.join(DPO_PAIRS)}")
+        if self.dpo_beta <= 0 or self.dpo_margin < 0 or self.kl_mask_threshold <= 0:
+            raise ValueError("dpo_beta and kl_mask_threshold must be > 0 and dpo_margin >= 0")
+        if self.loss == "dpo" and self.backward_batch:
+            raise ValueError("dpo trains whole pairs in one pass: backward_batch must be 0")
 
 
 class Learner:
@@ -122,10 +139,10 @@ class Learner:
         self.ema = EMA(policy.module, config.ema_decay) if config.ema_decay > 0 else None
         # DiffusionNFT's old policy: samples every rollout and gives the loss its v_old
         self.old = OldPolicy(policy.module) if config.nft_decay > 0 else None
-        # The KL reference is the base policy: LoRA disables its adapters; a full
+        # The KL reference (and DPO's) is the base policy: LoRA disables its adapters; a full
         # fine-tune keeps a frozen copy of the starting weights.
         self._reference: Optional[torch.nn.Module] = None
-        if config.beta > 0 and not has_lora(policy.module):
+        if (config.beta > 0 or config.loss == "dpo") and not has_lora(policy.module):
             self._reference = copy.deepcopy(policy.module).requires_grad_(False).eval()
         self._sums: dict[str, float] = defaultdict(float)
         self._weight = 0.0
@@ -226,9 +243,11 @@ class Learner:
         if passes and passes < len(chunks):
             raise ValueError(f"{passes} passes cannot train rows [{first}, {last}) in chunks of {size}")
         ghosts = max(passes - len(chunks), 0)
+        if self.config.loss == "dpo":
+            return self._accumulate_pairs(traj, t_steps, spec, adv, first, last, total_samples * total_steps, passes)
         metrics: dict[str, float] = {}
         for t in t_steps:
-            if self.config.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # nft, awm: clean samples, no log-prob
+            if self.config.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # clean samples: no log-prob
                 steps, logp = self._recorded_log_probs(traj, t, spec, slice(first, last))
                 if bool(torch.isnan(logp).any()):
                     raise ValueError(f"denoising step {int(steps[torch.isnan(logp)][0])} was sampled with the ODE: "
@@ -247,10 +266,15 @@ class Learner:
         A ghost pass (see `accumulate`) backwards weight 0 and records nothing."""
         unit_loss = {"nft": self._nft_loss, "awm": self._awm_loss}.get(self.config.loss, self._grpo_loss)
         loss, m, weight = unit_loss(traj, t, rows, spec, adv, denominator)
+        return self._backward(loss, m, weight, traj.step, t, ghost)
+
+    def _backward(self, loss: torch.Tensor, m: dict, weight: float, step: int, t: int, ghost: bool) -> dict[str, float]:
+        """Backward `loss * weight` into the step's gradient and record its metrics; a ghost
+        (or a non-finite loss) backwards weight 0 on a sharded module and records nothing."""
         finite = bool(torch.isfinite(loss))
         if ghost or not finite:
             if not ghost:
-                log.warning("non-finite loss at step %d, denoising step %d: skipped", traj.step, t)
+                log.warning("non-finite loss at step %d, denoising step %d: skipped", step, t)
                 self._sums["train/skipped_units"] += 1
             if self.sharded:  # every rank of a gang runs the same backwards (FSDP collectives)
                 self.grads.before_backward()
@@ -288,8 +312,14 @@ class Learner:
         if self.config.is_correction != "none":
             is_weights, is_metrics = rollout_correction(logp_train, logp_rollout, self.config.is_correction,
                                                         self.config.is_band)
-        if self.config.loss == "grpo-guard":
+        if self.config.loss in ("grpo-guard", "flow-dppo"):
             mean_old = out.mean.detach() if recompute else self._behaviour_mean(traj, t, spec, rows, out.std)
+        if self.config.loss == "flow-dppo":
+            loss, m = flow_dppo_loss(
+                out.log_prob, logp_old, adv[rows], mean=out.mean, mean_old=mean_old, std=out.std,
+                threshold=self.config.kl_mask_threshold, kl=kl, beta=self.config.beta, is_weights=is_weights,
+            )
+        elif self.config.loss == "grpo-guard":
             loss, m = grpo_guard_loss(
                 out.log_prob, logp_old, adv[rows],
                 mean=out.mean, mean_old=mean_old,
@@ -353,7 +383,50 @@ class Learner:
                            clip_range=c.clip_range, weighting=c.awm_weighting, ghuber_power=c.awm_ghuber_power,
                            v_ref=v_ref, kl_beta=c.beta)
         return loss, m, x0.shape[0] / denominator
+
     # -- end AWM --
+    # -- online Diffusion-DPO: a unit's pairs --------------------------------------------
+    def _accumulate_pairs(self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, adv: torch.Tensor,
+                          first: int, last: int, denominator: int, passes: int) -> dict[str, float]:
+        """DPO's `accumulate`: the unit's (winner, loser) pairs (math.dpo.dpo_pairs over all its
+        rows: its prompt groups are whole, which config.schema ensures) whose winner lies in
+        [first, last) are this learner's, so the ranks of a gang split the pairs and each pair
+        is trained once. One pass per trained step: the pairs' 2P rows through the policy and
+        the reference; a rank with no pair (or an extra pass) runs a zero-weight ghost on the
+        unit's first pair, so every rank of an FSDP gang issues the same forwards.
+
+        Each pair weighs group_size / denominator in the step mean: with best-worst (one pair
+        per group) the step's loss is the mean over pairs and trained steps; with margin, a
+        group's pairs add up."""
+        pairs = dpo_pairs(adv, traj.group_ids.tolist(), self.config.dpo_pairs, self.config.dpo_margin)
+        mine = [p for p in pairs if first <= p[0] < last]
+        group_size = int(torch.bincount(traj.group_ids).max())
+        ghosts = max(passes - (1 if mine else 0), 0)
+        ghost_pair = pairs[:1] or [(0, min(1, len(traj) - 1))]  # a unit without pairs still runs its passes
+        metrics: dict[str, float] = {}
+        for t in t_steps:
+            if mine:
+                loss, m = self._dpo_loss(traj, t, mine, spec)
+                metrics = self._backward(loss, m, len(mine) * group_size / denominator, traj.step, t, False)
+            for _ in range(ghosts):
+                loss, m = self._dpo_loss(traj, t, ghost_pair, spec)
+                self._backward(loss, m, 0.0, traj.step, t, True)
+        return metrics
+
+    def _dpo_loss(self, traj: Trajectories, t: int, pairs: list[tuple[int, int]], spec: SampleSpec):
+        """Diffusion-DPO on trained slot t of `pairs`: the clean samples x0 = latents[:, T] of
+        winners then losers, each pair noised with the winner's forward noise and level (one
+        eps and one sigma per pair, as Diffusion-DPO and flow_grpo's train_sd3_dpo.py:884-899
+        draw them), scored by the policy and by the reference."""
+        device = self.params[0].device
+        rows = torch.tensor([w for w, _ in pairs] + [l for _, l in pairs], dtype=torch.long)
+        coords = [traj.coords[w] for w, _ in pairs] * 2  # the winner's noise for both rows
+        x0 = traj.latents[rows, spec.num_steps].to(device)
+        x_t, sigma = forward_targets(x0, spec, coords, t)
+        v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
+        v = self._velocity(traj, x_t, sigma, spec, rows)
+        return dpo_loss(flow_matching_error(v, x_t, x0, sigma), flow_matching_error(v_ref, x_t, x0, sigma),
+                        beta=self.config.dpo_beta)
 
     def sampling_weights(self):
         """A context in which the module holds the weights that sample rollouts: DiffusionNFT's

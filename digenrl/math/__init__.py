@@ -6,17 +6,23 @@ overview. All SDE math runs in float32 whatever the model dtype (bf16 log-probs 
 
 from digenrl.math.advantages import combine_rewards, group_advantages
 from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, logp_gap_metrics, rollout_correction
-from digenrl.math.loss import (LOSS_KINDS, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, nft_old_decay,
+from digenrl.math.dpo import DPO_PAIRS, dpo_loss, dpo_pairs, flow_matching_error
+from digenrl.math.loss import (AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, LOSS_KINDS, awm_log_likelihood, awm_loss,
+                               flow_dppo_loss, gaussian_mean_kl, grpo_guard_loss, grpo_loss, nft_loss, nft_old_decay,
                                nft_optimality)
-from digenrl.math.loss import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, awm_log_likelihood, awm_loss  # AWM (issue 27)
 from digenrl.math.schedule import SdeWindow, sigma_schedule
 from digenrl.math.sde import SDE_KINDS, StepOut, sde_step
 
 __all__ = [
     "AWM_WEIGHTINGS",
     "CLEAN_SAMPLE_LOSSES",
+    "DPO_PAIRS",
     "awm_log_likelihood",
     "awm_loss",
+    "dpo_loss",
+    "dpo_pairs",
+    "flow_dppo_loss",
+    "flow_matching_error",
     "BEHAVIOUR_KINDS",
     "IS_KINDS",
     "logp_gap_metrics",

@@ -8,14 +8,11 @@ from typing import Optional, Union
 
 import torch
 
-LOSS_KINDS = ("grpo", "grpo-guard", "nft")
-# -- AWM (issue 27) --
-LOSS_KINDS += ("awm",)
+LOSS_KINDS = ("grpo", "grpo-guard", "nft", "dpo", "flow-dppo", "awm")
 AWM_WEIGHTINGS = ("uniform", "t", "t2", "ghuber")
 # the objectives trained on forward-process targets of the clean sample, not on recorded
 # log-probs: any sampler serves them, the ODE included (rollout.sampler.forward_targets)
-CLEAN_SAMPLE_LOSSES = ("nft", "awm")
-# -- end AWM --
+CLEAN_SAMPLE_LOSSES = ("nft", "dpo", "awm")
 
 
 def gaussian_mean_kl(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
@@ -327,3 +324,70 @@ def awm_loss(
         }
     return loss, metrics
 # -- end AWM --
+# -- Flow-DPPO (issue 27) ---------------------------------------------------------------
+
+
+def flow_dppo_loss(
+    logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    mean: torch.Tensor,
+    mean_old: torch.Tensor,
+    std: torch.Tensor,
+    threshold: float,
+    kl: Optional[torch.Tensor] = None,
+    beta: float = 0.0,
+    is_weights: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Flow-DPPO (arXiv 2606.11025): Flow-GRPO's ratio objective with PPO's clip replaced by
+    a divergence trust region. The old and the current SDE step share their std, so their
+    per-step divergence is the Gaussian KL of the means (elementwise mean, as the log-probs):
+
+        D    = mean((mean - mean_old)^2) / (2 std^2)                       (B,)
+        drop = D >= threshold  and  ((A > 0 and r > 1) or (A < 0 and r < 1))
+        loss = mean_B( -A r  where not drop, else 0 )
+
+    so a unit is cut only when it is past the threshold and still moving away from the
+    behaviour policy; corrective updates stay. As veRL-Omni implements it (FlowDPPOLoss,
+    verl_omni/trainer/diffusion/diffusion_algos.py:362-443, docs/algo/flowdppo.md, with
+    add_kl_coefficient=True: D divided by the step's std^2) and UniRL's
+    _flowdppo_kl_adv_loss (Tencent-Hunyuan/UniRL unirl/algorithms/flowdppo.py, the reference
+    veRL-Omni's page cites; the same mask, threshold default 1e-5).
+
+    Shapes as in grpo_guard_loss: logp, logp_old, advantages (B,); mean, mean_old (B, ...);
+    std (B, 1, ...) or (B,). Gradient flows through logp only (the mask is detached); per
+    unit, so how units cut a batch never changes a unit's term. Under one optimizer step per
+    RL step, on-policy rows have mean = mean_old and r = 1: D = 0, nothing is dropped, and the
+    gradient is grpo_loss's; the mask acts on rows trained one version late (run.mode=digenrl)
+    and on a rollout-train precision gap.
+    """
+    logratio = logp - logp_old.detach()
+    ratio = torch.exp(logratio)
+    adv = advantages.detach()
+    b = logp.shape[0]
+    scale = std.float().reshape(b, -1)[:, 0]  # (B,)
+    drift = ((mean.float() - mean_old.float().detach()) ** 2).reshape(b, -1).mean(dim=1)
+    divergence = (drift / (2.0 * scale**2)).detach()  # (B,)
+    high = divergence >= threshold
+    drop = high & (((ratio > 1.0) & (adv > 0)) | ((ratio < 1.0) & (adv < 0)))
+    per_row = torch.where(drop, torch.zeros_like(ratio), -adv * ratio)
+    pg_loss = _weighted(per_row, is_weights).mean()
+    loss = pg_loss
+    kl_mean = torch.zeros((), device=logp.device)
+    if kl is not None:
+        kl_mean = kl.mean()
+        loss = loss + beta * kl_mean
+    with torch.no_grad():
+        metrics = {
+            "loss/policy": pg_loss.detach(),
+            "loss/kl": kl_mean.detach(),
+            "loss/ratio_mean": ratio.mean(),
+            "loss/ratio_max": ratio.max(),
+            "loss/approx_kl": 0.5 * (logratio**2).mean(),
+            "loss/dppo_divergence_mean": divergence.mean(),
+            "loss/dppo_divergence_max": divergence.max(),
+            "loss/dppo_high_frac": high.float().mean(),
+            "loss/dppo_masked_frac": drop.float().mean(),
+        }
+    return loss, metrics

@@ -398,6 +398,7 @@ class DurationFn:
 
     def _train_unit(self, worker: Worker, dev: str, unit: Train) -> float:
         n, _ = self._rows(unit)
+        n = self.tb.trained_rows(n)  # dpo: only its pairs' rows run forward/backward
         k = len(unit.t_steps)
         if self.system is not None and self.system.optimizer_steps > 1 and n > 1:
             t = self._mini_batches_s(worker, dev, n, k)

@@ -242,7 +242,7 @@ class GangComm:
     gangs: int  # trainer gangs (HSDP replicas)
     after_step: bool  # reshard=after-step
     backward_batch: int  # samples per forward/backward chunk (0: one chunk)
-    ref_forward: bool  # a no-grad reference forward per chunk (KL under LoRA)
+    ref_forward: bool  # a no-grad reference forward per chunk (KL or Diffusion-DPO, under LoRA)
     sp: int = 1  # sequence-parallel degree inside the gang: gang / sp data groups share the rows
     adapters_only: bool = False  # the published payload is the trainable tensors (lora-only; nccl under LoRA)
     grad_bytes: int = REDUCE_BYTES  # per element of the cross-gang all-reduce (train.grad_sum)
@@ -254,7 +254,7 @@ class GangComm:
         n = t.gang if t.shard == "fsdp" else 1
         engine, lora = cfg.runtime.weight_sync, cfg.model.lora_rank > 0
         return cls(layout, n, t.workers, t.reshard == "after-step", cfg.train.backward_batch,
-                   cfg.train.beta > 0 and lora, t.sp if n > 1 else 1,
+                   (cfg.train.beta > 0 or cfg.train.loss == "dpo") and lora, t.sp if n > 1 else 1,
                    engine == "lora-only" or (engine == "nccl" and lora), layout.grad_sum_bytes(cfg.train.grad_sum),
                    cfg.train.nft_decay > 0)
 
@@ -414,7 +414,7 @@ class _SpComm:
             dims, tokens = sp.SpDims.from_catalogue(model, shape), sp.image_tokens_for(model, shape)
         return cls(dims, tokens or 0, DTYPE_BYTES[cfg.model.dtype], cfg.sampling.guided,
                    rt.trainer.gang, rt.trainer.sp, rgang, cfg.train.backward_batch, cfg.model.grad_ckpt,
-                   int(cfg.train.beta > 0) + int(cfg.train.nft_decay > 0))
+                   int(cfg.train.beta > 0 or cfg.train.loss == "dpo") + int(cfg.train.nft_decay > 0))
 
     def train(self, rows: int, trained_steps: int) -> dict:
         from digenrl.sim.sp import train_unit_bytes

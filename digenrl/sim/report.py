@@ -393,7 +393,7 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
     reward    VAE decode + reward model, in batches of rollout_batch
     train     every trained step of every sample, in micro-batches of micro_batch (with `kl`,
               + the reference policy's no-grad forward the KL term needs; with `old_forward`,
-              + DiffusionNFT's old-policy forward)
+              + DiffusionNFT's old-policy forward; dpo: the rows of its pairs only)
     optimizer one fused AdamW step over the trainable parameters (once, however sharded)
     Not useful (so not here): collectives, weight syncs, phase switches, offload/reload,
     recomputed log-probs, waiting.
@@ -410,7 +410,7 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
             lambda b: float(cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
             + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0)
             + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.old_forward else 0.0),
-            n, tb.micro_batch),
+            tb.trained_rows(n), tb.micro_batch),
         "optimizer": float(cm.optimizer_step_s(trainable, device)),
     }
 

@@ -81,6 +81,10 @@ class Testbed:
     # DiffusionNFT's kept old policy (train.nft_decay > 0): one more no-grad forward per trained
     # chunk, its v_old (learner.Learner._nft_loss)
     old_forward: bool = False
+    # Diffusion-DPO (train.loss=dpo) trains the 2 rows of each pair, not every sample: the rows a
+    # prompt group trains (best-worst: 2; margin: every pair, group_size (group_size - 1), an
+    # upper bound); 0 = every sample (the other objectives)
+    pair_rows: int = 0
     reward: str = "pickscore"
     weight_sync: str = "nccl"
     text_tokens: int | None = None  # text tokens in the joint sequence (the recipe's prompt length; None: the model's)
@@ -118,6 +122,10 @@ class Testbed:
         """Every GPU may take either role (pools of role "any"): the run sizes its rollout and
         trainer pools itself, and colocated modes can run here."""
         return all(p.role == "any" for p in self.pools)
+
+    def trained_rows(self, n: int) -> int:
+        """Rows a Train unit of n samples (whole groups) trains: n, or its groups' pair rows (dpo)."""
+        return n if not self.pair_rows else -(-n // self.group_size) * self.pair_rows
 
     @property
     def samples_per_step(self) -> int:
@@ -277,6 +285,7 @@ def _validate(tb: Testbed) -> None:
               "micro_batch", "rollout_batch", "lora_rank"):
         _int(k, getattr(tb, k))
     _int("trained_steps", tb.trained_steps)
+    _int("pair_rows", tb.pair_rows, lo=0)
     if tb.trained_steps > tb.denoise_steps:
         raise TestbedError(f"key 'trained_steps': {tb.trained_steps} > denoise_steps ({tb.denoise_steps}); "
                            f"allowed: 1..{tb.denoise_steps}")

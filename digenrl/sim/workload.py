@@ -276,8 +276,20 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
     return replace(tb, denoise_steps=sde.num_steps, trained_steps=len(trained_steps(cfg, 0)), group_size=d.group_size,
                    groups_per_step=d.groups_per_step, lora=cfg.model.lora_rank > 0,
                    lora_rank=cfg.model.lora_rank or tb.lora_rank, cfg=sde.guided,
-                   kl=cfg.train.beta > 0, old_forward=cfg.train.nft_decay > 0, grad_ckpt=cfg.model.grad_ckpt,
+                   # the KL reference, or Diffusion-DPO's (always): a no-grad forward per trained chunk
+                   kl=cfg.train.beta > 0 or cfg.train.loss == "dpo", old_forward=cfg.train.nft_decay > 0,
+                   grad_ckpt=cfg.model.grad_ckpt, pair_rows=_pair_rows(cfg),
                    micro_batch=cfg.train.backward_batch or tb.micro_batch, weight_sync=rt.weight_sync)
+
+
+def _pair_rows(cfg: Config) -> int:
+    """Rows a prompt group trains under train.loss=dpo (learner._accumulate_pairs): 2 for its
+    best-worst pair, every pair's 2 rows with margin (an upper bound: the pairs past the margin
+    depend on the rewards); 0 (every sample) for the other objectives."""
+    if cfg.train.loss != "dpo":
+        return 0
+    g = cfg.data.group_size
+    return 2 if cfg.train.dpo_pairs == "best-worst" else g * (g - 1)
 
 
 def duration_fn(cfg: Config, tb: Testbed, cm: CostModel, run: Optional[RunContract] = None, *,

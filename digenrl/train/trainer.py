@@ -26,8 +26,7 @@ from digenrl.config.contract import step_shape, tsp_chunk
 from digenrl.data import PromptSource, check_conditioning, load_images, load_rows
 from digenrl.train.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
-from digenrl.math import group_advantages
-from digenrl.math import CLEAN_SAMPLE_LOSSES  # AWM (issue 27)
+from digenrl.math import CLEAN_SAMPLE_LOSSES, group_advantages
 from digenrl.models import build_policy, sampling_sigmas
 from digenrl.models.lora import trainable_state_dict
 from digenrl.io.recorder import RunRecorder
@@ -65,7 +64,7 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     s = cfg.sampling
     sigmas = sampling_sigmas(cfg.model, s, s.num_steps)
     sde_steps, trained = s.sde_window().select(s.num_steps, cfg.run.seed, step)
-    nft = cfg.train.loss in CLEAN_SAMPLE_LOSSES  # nft, awm: noise levels of the clean sample
+    nft = cfg.train.loss in CLEAN_SAMPLE_LOSSES  # DiffusionNFT, Diffusion-DPO, AWM: forward-process levels
     draw_levels = 0
     if s.window_draw == "sample":
         # the scheduler's trained steps become slots 0..k-1; each sample maps slot j to its own
@@ -117,9 +116,9 @@ def learner_config(cfg: Config) -> LearnerConfig:
                          loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum,
                          behaviour_logp=t.behaviour_logp, is_correction=t.is_correction, is_band=t.is_band,
                          nft_decay=t.nft_decay, nft_decay_rate=t.nft_decay_rate, nft_decay_flat=t.nft_decay_flat,
-                         nft_beta=t.nft_beta,
-                         awm_adv_max=t.awm_adv_max, awm_weighting=t.awm_weighting,
-                         awm_ghuber_power=t.awm_ghuber_power)
+                         nft_beta=t.nft_beta, dpo_beta=t.dpo_beta, dpo_pairs=t.dpo_pairs, dpo_margin=t.dpo_margin,
+                         kl_mask_threshold=t.kl_mask_threshold, awm_adv_max=t.awm_adv_max,
+                         awm_weighting=t.awm_weighting, awm_ghuber_power=t.awm_ghuber_power)
 
 
 def assign_advantages(trajs: list[Trajectories], cfg: Config) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digenrl.config.schema import load_config
+from digenrl.config.schema import ConfigError, load_config
 from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
 from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
@@ -217,11 +217,13 @@ def test_per_sample_trained_steps_match_single_device(ray_cluster, tmp_path, mod
 
 
 NFT = ["train.loss=nft", "sampling.sde=ode", "sampling.window_draw=sample"]
-OBJECTIVES = {"nft": NFT, "grpo-guard": ["train.loss=grpo-guard"]}
-# -- AWM (issue 27): ODE rollouts, each sample its own two noise levels, KL to the base model on --
-AWM = ["train.loss=awm", "sampling.sde=ode", "sampling.window_draw=sample", "train.beta=0.01"]
-OBJECTIVES["awm"] = AWM
-# -- end AWM --
+# online Diffusion-DPO (best-worst pairs of each group) on ODE rollouts, LoRA (reference: the
+# adapters off) and full fine-tune (a frozen copy); Flow-DPPO on flow-sde
+OBJECTIVES = {"nft": NFT, "grpo-guard": ["train.loss=grpo-guard"], "dpo": ["train.loss=dpo", "sampling.sde=ode"],
+              "dpo full": ["train.loss=dpo", "sampling.sde=ode", "model.lora_rank=0", "train.lr=1e-4"],
+              "flow-dppo": ["train.loss=flow-dppo"]}
+# AWM (issue 27): ODE rollouts, each sample its own two noise levels, KL to the base model on
+OBJECTIVES["awm"] = ["train.loss=awm", "sampling.sde=ode", "sampling.window_draw=sample", "train.beta=0.01"]
 
 
 @pytest.mark.slow
@@ -229,8 +231,13 @@ OBJECTIVES["awm"] = AWM
 @pytest.mark.parametrize("loss", list(OBJECTIVES))
 def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp_path, mode, loss):
     """Slow tier (`pytest -m slow tests/runtime/test_equivalence.py`): the matrix of objectives
-    x on-policy modes; the default tier runs one mode of each."""
+    x on-policy modes; the default tier runs one mode of each. dpo pairs samples within a
+    prompt group, so the mode that cuts groups (data.micro_batch_samples) is refused, named."""
     extra = OBJECTIVES[loss]
+    if loss.startswith("dpo") and "data.micro_batch_samples=3" in ON_POLICY[mode]:
+        with pytest.raises(ConfigError, match="data.micro_batch_samples"):
+            load_config(None, tiny(tmp_path, mode.split(" ")[0], *ON_POLICY[mode], *extra))
+        return
     ref = tmp_path / "local"
     Trainer(load_config(None, tiny(ref, "local", *extra)), progress=False).train()
     run = tmp_path / "ray"
@@ -239,8 +246,8 @@ def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loss", ["nft", "awm"])
-def test_clean_sample_objectives_train_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path, loss):
+@pytest.mark.parametrize("loss", ["nft", "awm", "dpo", "flow-dppo"])
+def test_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path, loss):
     run = tmp_path / "digenrl"
     rt = RayDriver(load_config(None, tiny(run, "digenrl", *OBJECTIVES[loss], steps=4)), progress=False,
                    evaluate=False)

@@ -209,4 +209,24 @@ def test_awm_on_gangs_runs_as_charged(ray_cluster, tmp_path, case):
     assert (records[-1]["loss/kl"] > 0) == (case == "lora"), records[-1]["loss/kl"]
     assert_comm_as_predicted(overrides, rt, records)
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
+
+
 # -- end AWM --
+@pytest.mark.slow
+@pytest.mark.parametrize("loss", ["dpo", "flow-dppo"])
+def test_preference_and_dppo_objectives_on_gangs(ray_cluster, tmp_path, loss):
+    """train.loss=dpo and flow-dppo on 2 LoRA gangs x 2 ranks (TAG): a dpo pair is trained by
+    the rank that holds its winner (the other runs a ghost pass with the same forwards, the
+    reference's included), so the counted collective bytes are what the simulator charges,
+    every (sample, slot) is reported once, and the run ends at the single-device weights."""
+    extra = ["train.loss=dpo", "sampling.sde=ode"] if loss == "dpo" else ["train.loss=flow-dppo"]
+    local = tmp_path / "local"
+    Trainer(load_config(None, tiny(local, "local", *extra)), progress=False).train()
+    run = tmp_path / "gangs"
+    overrides = tiny(run, MODE["lora"], "train.tsp_chunk=1", *GANGS, *extra)
+    rt = RayDriver(load_config(None, overrides), progress=False, evaluate=False)
+    rt.train()
+    records = [r for r in read_metrics(run) if r["step"] > 0]
+    assert_comm_as_predicted(overrides, rt, records)
+    assert_trained_exactly_once(rt.trained, rt.cfg, 2)
+    assert_matches_single_device(run, local)

@@ -344,3 +344,32 @@ def test_gang_collectives_cost_time_and_are_reported():
     s = run_spec(tb, RunSpec("gap+tsp", n_rollout=8, reshard="after-step", gang=4), 4)
     f = run_spec(tb, RunSpec("gap+tsp", n_rollout=8, gang=4), 4)
     assert s.breakdown_s["comm"] < f.breakdown_s["comm"]
+
+
+def test_dpo_charges_its_reference_forward():
+    # train.loss=dpo scores every pair under the reference too (learner._dpo_loss): under LoRA on
+    # a gang one more gather per pass, and a reference forward per trained chunk in the testbed
+    # the durations price, as train.beta > 0 charges the KL's; flow-dppo issues grpo's passes
+    from digenrl.config.schema import load_config
+    from digenrl.sim.testbed import load_testbed
+    from digenrl.sim.workload import testbed_for
+
+    gangs = ["run.mode=gap+tsp", "runtime.trainer.workers=2", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp"]
+    dpo = load_config(None, [*gangs, "train.loss=dpo", "model.lora_rank=4"])
+    assert GangComm.from_config(dpo, _layout(4)).ref_forward
+    assert not GangComm.from_config(load_config(None, [*gangs, "train.loss=flow-dppo", "model.lora_rank=4"]),
+                                    _layout(4)).ref_forward
+    tb = load_testbed("small-h200x16-sd35")
+    dpo_tb = testbed_for(load_config("recipes/sd35_dpo_pickscore.yaml"), tb)
+    dppo_tb = testbed_for(load_config("recipes/sd35_flow_dppo_pickscore.yaml"), tb)
+    assert dpo_tb.kl and not dppo_tb.kl
+    # the pair forwards: a unit of 2 groups of 24 trains 2 x 2 rows (best-worst), margin at most every pair's
+    assert (dpo_tb.pair_rows, dpo_tb.trained_rows(48), dppo_tb.trained_rows(48)) == (2, 4, 48)
+    margin = load_config("recipes/sd35_dpo_pickscore.yaml", ["train.dpo_pairs=margin", "train.dpo_margin=0.5"])
+    assert testbed_for(margin, tb).trained_rows(24) == 24 * 23
+    # priced: dpo's ideal train work is its 2 rows of 24 per group, plus the reference forward
+    from digenrl.sim.report import useful_work
+
+    every = useful_work(replace(dpo_tb, pair_rows=0), "H200")["train"]
+    pairs = useful_work(dpo_tb, "H200")["train"]
+    assert 0 < pairs < every / 6
