@@ -354,7 +354,7 @@ class TrainConfig:
     # the error's weighting: uniform | t (x sigma) | t2 (x sigma^2) | ghuber (the authors' SD3.5
     # configs, power awm_ghuber_power 0.25): train_sd3_awm.py:240-251
     awm_weighting: str = "uniform"
-    awm_ghuber_power: float = 0.25
+    awm_ghuber_power: float = 0.25  # the power of awm_weighting=ghuber (the authors: 0.25)
     # -- end AWM --
     # -- online Diffusion-DPO and Flow-DPPO (issue 27; docs/models.md) --
     # train.loss=dpo: -log sigmoid(-dpo_beta / 2 ((err_w - err_ref_w) - (err_l - err_ref_l))) on
