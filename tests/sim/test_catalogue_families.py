@@ -116,7 +116,7 @@ def test_plan_config_names_the_family_and_simulates(model, tmp_path):
 
     name = family_of(model)
     if name not in FAMILIES:
-        pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28, branch i35-famnew); "
+        pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28: not built yet); "
                     "the schema refuses model.name until it is")
     tb = _testbed(model, tmp_path)
     spec = RunSpec("digenrl", n_rollout=8)
@@ -200,7 +200,7 @@ def test_new_preset_plans_as_a_config_train_accepts(name, tmp_path):
     from digenrl.sim.workload import RunSpec, config_for
 
     if name not in FAMILIES:
-        pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28, branch i35-famnew); "
+        pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28: not built yet); "
                     "the schema refuses model.name until it is")
     tb = load_testbed(TESTBEDS / f"h200x16-{name}.yaml")
     path = tmp_path / "plan.yaml"
