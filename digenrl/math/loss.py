@@ -38,10 +38,11 @@ def _weighted(per_row: torch.Tensor, is_weights: Optional[torch.Tensor]) -> torc
 
 
 def _with_kl(
-    pg_loss: torch.Tensor, ratio: torch.Tensor, logratio: torch.Tensor, clip_range: float,
+    pg_loss: torch.Tensor, ratio: torch.Tensor, logratio: torch.Tensor, clip_range: Optional[float],
     kl: Optional[torch.Tensor], beta: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """pg_loss + beta * mean KL, and the metrics both losses report."""
+    """pg_loss + beta * mean KL, and the metrics the ratio losses report (clip_range None: a
+    loss without a ratio clip, no clip fraction)."""
     loss = pg_loss
     kl_mean = torch.zeros((), device=pg_loss.device)
     if kl is not None:
@@ -51,7 +52,7 @@ def _with_kl(
         metrics = {
             "loss/policy": pg_loss.detach(),
             "loss/kl": kl_mean.detach(),
-            "loss/clipfrac": ((ratio - 1.0).abs() > clip_range).float().mean(),
+            **({} if clip_range is None else {"loss/clipfrac": ((ratio - 1.0).abs() > clip_range).float().mean()}),
             "loss/ratio_mean": ratio.mean(),
             "loss/ratio_max": ratio.max(),
             "loss/approx_kl": 0.5 * (logratio**2).mean(),
@@ -372,22 +373,12 @@ def flow_dppo_loss(
     high = divergence >= threshold
     drop = high & (((ratio > 1.0) & (adv > 0)) | ((ratio < 1.0) & (adv < 0)))
     per_row = torch.where(drop, torch.zeros_like(ratio), -adv * ratio)
-    pg_loss = _weighted(per_row, is_weights).mean()
-    loss = pg_loss
-    kl_mean = torch.zeros((), device=logp.device)
-    if kl is not None:
-        kl_mean = kl.mean()
-        loss = loss + beta * kl_mean
+    loss, metrics = _with_kl(_weighted(per_row, is_weights).mean(), ratio, logratio, None, kl, beta)
     with torch.no_grad():
-        metrics = {
-            "loss/policy": pg_loss.detach(),
-            "loss/kl": kl_mean.detach(),
-            "loss/ratio_mean": ratio.mean(),
-            "loss/ratio_max": ratio.max(),
-            "loss/approx_kl": 0.5 * (logratio**2).mean(),
+        metrics.update({
             "loss/dppo_divergence_mean": divergence.mean(),
             "loss/dppo_divergence_max": divergence.max(),
             "loss/dppo_high_frac": high.float().mean(),
             "loss/dppo_masked_frac": drop.float().mean(),
-        }
+        })
     return loss, metrics
