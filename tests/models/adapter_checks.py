@@ -89,6 +89,22 @@ def check_rollout_decode_step_and_sync(policy, reload) -> None:
     check_lora_step_and_sync(policy, cond, latents, logps, reload)
 
 
+def check_full_finetune_step(policy) -> None:
+    """A full fine-tune (`train="full"`, gradient checkpointing on): one rollout and one SGD step
+    recompute the rollout's log-probs exactly (checkpointed recomputation too), every parameter
+    is trainable, and an attention weight moves."""
+    assert policy.module.gradient_checkpointing
+    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)
+    latents, logps = rollout(policy, cond)
+    weight = next(p for n, p in policy.module.named_parameters() if n.endswith("to_q.weight"))
+    w0 = weight.detach().clone()
+    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1e-1)
+    logp, logp_old, _ = train_step(policy, cond, latents, logps, step=0, optimizer=optimizer)
+    assert torch.equal(logp, logp_old)
+    assert len(policy.trainable_parameters()) == len(list(policy.module.parameters()))
+    assert not torch.equal(w0, weight.detach())
+
+
 def check_lora_step_and_sync(policy, cond, latents, logps, reload) -> None:
     """One LoRA train step on a rollout (ratio == 1, only adapters get gradients and move),
     then weight sync: `reload()` builds a second copy, which samples what the trained one

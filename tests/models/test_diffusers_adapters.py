@@ -26,8 +26,8 @@ pytest.importorskip("peft")
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES, load_policy  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2, unpack_2x2  # noqa: E402
-from digenrl.models.protocol import Policy, cond_repeat, guided_velocity  # noqa: E402
-from tests.models.adapter_checks import (GROUP, NUM_STEPS, PROMPTS, check_lora_step_and_sync,  # noqa: E402, F401
+from digenrl.models.protocol import Policy, guided_velocity  # noqa: E402
+from tests.models.adapter_checks import (check_full_finetune_step, GROUP, NUM_STEPS, PROMPTS, check_lora_step_and_sync,  # noqa: E402, F401
                                          check_rollout_decode_step_and_sync, load_tiny, rollout, tiny_folder,
                                          train_step)
 from tests.models.tiny_diffusers import FAMILY_SETUPS  # noqa: E402
@@ -65,16 +65,7 @@ def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, t
 @pytest.mark.parametrize("family", ["sd3", "wan"])
 def test_full_finetune_step(family, folders, tmp_path_factory, tmp_path):
     policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="full", gradient_checkpointing=True)
-    assert policy.module.gradient_checkpointing
-    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)
-    latents, logps = rollout(policy, cond)
-    weight = next(p for n, p in policy.module.named_parameters() if n.endswith("to_q.weight"))
-    w0 = weight.detach().clone()
-    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1e-1)
-    logp, logp_old, _ = train_step(policy, cond, latents, logps, step=0, optimizer=optimizer)
-    assert torch.equal(logp, logp_old)  # checkpointed recomputation is exact too
-    assert len(policy.trainable_parameters()) == len(list(policy.module.parameters()))
-    assert not torch.equal(w0, weight.detach())
+    check_full_finetune_step(policy)
 
 
 def _pipeline_latents(family: str, pipe, cond, x0: torch.Tensor):

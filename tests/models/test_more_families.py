@@ -20,9 +20,9 @@ pytest.importorskip("peft")
 
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import load_policy  # noqa: E402
-from digenrl.models.protocol import Policy, cond_repeat  # noqa: E402
-from tests.models.adapter_checks import (GROUP, PROMPTS, assert_lora_landed,  # noqa: E402
-                                         check_rollout_decode_step_and_sync, load_tiny, rollout, train_step)
+from digenrl.models.protocol import Policy  # noqa: E402
+from tests.models.adapter_checks import (check_full_finetune_step, PROMPTS, assert_lora_landed,  # noqa: E402
+                                         check_rollout_decode_step_and_sync, load_tiny)
 from tests.models.tiny_diffusers_more import MORE_SETUPS  # noqa: E402
 
 for name in ("diffusers", "transformers"):
@@ -74,16 +74,7 @@ def test_rollout_train_step_and_weight_sync(family, folders, tmp_path_factory, t
                                     for f in MORE])
 def test_full_finetune_step(family, folders, tmp_path_factory, tmp_path):
     policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="full", gradient_checkpointing=True)
-    assert policy.module.gradient_checkpointing
-    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)
-    latents, logps = rollout(policy, cond)
-    weight = next(p for n, p in policy.module.named_parameters() if n.endswith("to_q.weight"))
-    w0 = weight.detach().clone()
-    optimizer = torch.optim.SGD(policy.trainable_parameters(), lr=1e-1)
-    logp, logp_old, _ = train_step(policy, cond, latents, logps, step=0, optimizer=optimizer)
-    assert torch.equal(logp, logp_old)
-    assert len(policy.trainable_parameters()) == len(list(policy.module.parameters()))
-    assert not torch.equal(w0, weight.detach())
+    check_full_finetune_step(policy)
 
 
 def _pipeline(family: str, folder):
