@@ -1,7 +1,8 @@
 """Autoscaled rollout pools (runtime/autoscale.py): what is asked of Ray's autoscaler, one
 worker added per poll while there is room, and (tier `nodes`) a cluster whose autoscaler
-starts fake nodes: the request made, spot workers joined as their nodes came up, one
-preempted (a notice, a drain), and the pool refilled on the node it freed."""
+starts fake nodes: the request made, spot workers joined as their nodes came up, their nodes
+reclaimed (one after a drain, one under its unit), and the pool refilled on the nodes started
+in their place."""
 
 import pytest
 import ray
@@ -14,7 +15,7 @@ from digenrl.sched import SchedConfig, Scheduler, Worker
 from digenrl.sched.preemption import Notice
 
 from ..sched.sched_helpers import COST, const_cost
-from tests.helpers.autoscaling_cluster import autoscaling_cluster
+from tests.helpers.autoscaling_cluster import HEAD_ID, autoscaling_cluster, parent_pid, reclaim
 from tests.helpers.ray_cluster import leave_shared_ray_cluster
 
 
@@ -72,17 +73,18 @@ class _Inbox:
 
 
 class _SpotJoiner:
-    """Starts emulated rollout workers that need a `spot` node and joins each once it is up."""
+    """Starts emulated rollout workers that need a `spot` node and joins each once it is up.
+    slow: {worker: factor} for workers whose units take that much longer in wall time."""
 
-    def __init__(self, backend: EmulatedBackend):
-        self.backend = backend
+    def __init__(self, backend: EmulatedBackend, slow: dict[str, float]):
+        self.backend, self.slow = backend, slow
         self.joining, self.joined, self.raylet, self.spot_nodes = {}, [], {}, {}
 
     def add(self, why: str) -> str:
         wid = f"spot-{len(self.joined) + len(self.joining)}"
         b = self.backend
         h = ray.remote(EmulatedWorker).options(num_cpus=1, resources={"spot": 1}, max_restarts=0).remote(
-            Worker(wid, "rollout"), b._fn_ref, b.scale, b.latency)
+            Worker(wid, "rollout"), b._fn_ref, b.scale * self.slow.get(wid, 1.0), b.latency)
         self.joining[wid] = (h, h.pid.remote())
         return wid
 
@@ -91,7 +93,7 @@ class _SpotJoiner:
             if not ray.wait([pid], timeout=0)[0]:
                 continue
             del self.joining[wid]
-            self.raylet[wid] = _parent(ray.get(pid))  # the node's raylet started the worker process
+            self.raylet[wid] = parent_pid(ray.get(pid))  # the node's raylet started the worker process
             self.spot_nodes[wid] = ray.cluster_resources().get("spot", 0)
             w = Worker(wid, "rollout")
             self.backend.handles[wid], self.backend.workers[wid] = h, w
@@ -100,30 +102,36 @@ class _SpotJoiner:
             self.joined.append(wid)
 
     def count(self, loop) -> int:
+        """The spot workers in the pool and not draining, and those starting (r0, the on-demand
+        worker on the head, is outside what the autoscaler keeps)."""
         sched = loop.sched
-        return sum(1 for w in sched.workers if w.role == "rollout" and w.id not in sched.draining) + len(self.joining)
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+        spot = [w for w in sched.workers if w.id.startswith("spot-") and w.id not in sched.draining]
+        return len(spot) + len(self.joining)
 
 
 class _Enough(Exception):
     pass
 
 
-@pytest.mark.nodes  # a head and 2 fake nodes started by Ray's autoscaler (~1-2 min on 2 shared cores)
-def test_autoscaler_brings_nodes_and_refills_after_a_preemption():
+@pytest.mark.nodes  # a head and 4 fake nodes started by Ray's autoscaler (~1-2 min on 2 shared cores)
+def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted():
+    """Two spot nodes come up for the request and their workers join. The provider reclaims
+    both: spot-0 is noticed well ahead, drains, leaves, and then its node goes; spot-1 is
+    noticed with no time left while it works, so its node goes at once, under its unit, which
+    the scheduler gives to another worker. Each time the autoscaler notices the dead node,
+    terminates it, starts another for the standing request, and the pool is refilled there."""
     leave_shared_ray_cluster()
     with autoscaling_cluster(head_cpus=2, spot_cpus=1, max_spot=2):
         assert ray.cluster_resources().get("spot", 0) == 0  # no spot node before the request
-        cfg = _cfg("runtime.rollout.resources={spot: 1}")  # max_workers=3: one on the head, two on spot nodes
+        # two spot workers, one per node; r0 is an on-demand worker on the head, so the pool has a
+        # worker before any node is up, and it is not in the request
+        cfg = _cfg("runtime.rollout.resources={spot: 1}", "runtime.rollout.max_workers=2")
         sc = SchedConfig(mode="gap", rl_steps=100000, groups_per_step=2, samples_per_group=2, micro_batch_groups=1,
                          num_steps=2, tsp_chunk=2, rollout_segment=1)
         sched = Scheduler(sc, [Worker("r0", "rollout"), Worker("t0", "trainer")])
         backend = EmulatedBackend(sched.workers, const_cost(COST, sc.samples_per_group), time_scale=0.01)
-        joiner, inbox, asked = _SpotJoiner(backend), _Inbox(), []
+        # spot-1's units last 100x longer (2 s of wall time): one is surely in flight when its node goes
+        joiner, inbox, asked = _SpotJoiner(backend, slow={"spot-1": 100.0}), _Inbox(), []
         request = ray.autoscaler.sdk.request_resources
 
         def record(**kw):
@@ -131,17 +139,22 @@ def test_autoscaler_brings_nodes_and_refills_after_a_preemption():
             request(**kw)
 
         scaler = Autoscaler(cfg, joiner.count, joiner.add, every_s=0.5, request=record)
-        spot = Preemption([inbox], clock=lambda loop: loop.now(), kill=backend.kill)
+        # past a deadline the provider takes the node, the worker's process with it
+        spot = Preemption([inbox], clock=lambda loop: loop.now(), kill=lambda wid: reclaim(joiner.raylet[wid]))
         seen = {}
 
         def phases(loop):
             workers = {w.id for w in loop.sched.workers}
-            if "victim" not in seen and len(joiner.joined) == 2:  # both spot nodes up and in use
-                seen["victim"] = joiner.joined[0]
-                inbox.events.append(Notice(0.0, seen["victim"], 1e6))  # drained well before its deadline
-            elif "victim" in seen and "left" not in seen and seen["victim"] not in workers:
+            if "honoured" not in seen and len(joiner.joined) == 2:  # both spot nodes up and in use
+                seen["honoured"] = "spot-0"
+                inbox.events.append(Notice(0.0, "spot-0", 1e6))  # drained well before its deadline
+            elif "honoured" in seen and "left" not in seen and "spot-0" not in workers:
                 seen["left"] = loop.now()
-            elif len(joiner.joined) == 3:
+                reclaim(joiner.raylet["spot-0"])  # drained and gone: now its node goes
+            elif "cut" not in seen and len(joiner.joined) == 3 and "spot-1" in loop.sched.in_flight:
+                seen["cut"] = loop.sched.in_flight["spot-1"]
+                inbox.events.append(Notice(0.0, "spot-1", 0.0))  # no time to drain: its node goes under it
+            elif len(joiner.joined) == 4:
                 raise _Enough
 
         loop = EmulatedLoop(sched, backend, stall_s=300, poll_s=PREEMPT_POLL_S,
@@ -151,16 +164,23 @@ def test_autoscaler_brings_nodes_and_refills_after_a_preemption():
             with pytest.raises(_Enough):  # the run itself is 10^5 steps long: it stops here
                 loop.run()
             stats = spot.finish(loop)
+            nodes = [n for n in ray.nodes() if n["NodeID"] != HEAD_ID]
         finally:
             scaler.close()
             backend.close()
         assert asked[0] == {"bundles": cluster_request(cfg)} and asked[-1] == {"bundles": []}
-        assert sum(1 for b in asked[0]["bundles"] if b.get("spot")) == 3
-        assert joiner.joined == ["spot-0", "spot-1", "spot-2"]
+        assert sum(1 for b in asked[0]["bundles"] if b.get("spot")) == 2
+        assert joiner.joined == ["spot-0", "spot-1", "spot-2", "spot-3"]
         assert joiner.spot_nodes["spot-1"] == 2  # the autoscaler started both nodes
-        assert stats["notices"] == 1 and stats["honoured"] == 1 and stats["killed"] == 0
-        # the refill joined after the preempted worker had drained and left, on the node it freed
+        assert stats["notices"] == 2 and stats["honoured"] == 1 and stats["killed"] == 1
+        # four nodes in all, one per worker: the two reclaimed are dead, their replacements alive
+        raylets = [joiner.raylet[w] for w in joiner.joined]
+        assert len(set(raylets)) == 4, raylets
+        assert sorted(n["Alive"] for n in nodes) == [False, False, True, True], nodes
         tr = loop.trace
-        assert tr.alive["spot-0"][1] is not None and tr.alive["spot-2"][0] >= seen["left"]
-        assert joiner.raylet["spot-2"] == joiner.raylet["spot-0"]
-        assert any(s.worker == "spot-0" and s.kind == "generate" for s in tr.spans)
+        assert any(s.worker == "spot-0" and s.kind == "generate" and not s.extra.get("lost") for s in tr.spans)
+        assert tr.alive["spot-2"][0] >= seen["left"]  # the refill came after spot-0 had left
+        # spot-1's unit was lost with its node, and another worker did it again
+        lost = [s for s in tr.spans if s.worker == "spot-1" and s.extra.get("lost")]
+        assert [s.unit for s in lost] == [seen["cut"]]
+        assert any(s.unit == seen["cut"] and s.worker != "spot-1" and not s.extra.get("lost") for s in tr.spans)
