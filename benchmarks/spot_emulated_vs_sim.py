@@ -9,9 +9,8 @@ planned rollout workers, horizon twice the on-demand simulated run), and runs it
   - in the simulator (sim.spot.run_spot with the trace's events: drains at notices, losses at
     deadlines, joins, on the virtual clock), and
   - on the emulated runtime (runtime.emulated.run_scheduler_emulated with a Preemption of the
-    same events; Ray round trips hidden, so units complete in modelled order; notices reach
-    the event loop by its poll, every PREEMPT_POLL_S wall seconds, so a notice lands up to
-    PREEMPT_POLL_S / time_scale modelled seconds late),
+    same events; Ray round trips hidden, so units complete in modelled order, and the loop
+    polls at each notice, join and deadline on the modelled clock),
 each measured as sim.spot measures a preempted run: trained samples over the steady window's
 wall time (report.steady_window). Prints one line per seed:
 throughput of each, their ratio, and notices / drained / missed deadlines of each. Starts a

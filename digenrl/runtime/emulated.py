@@ -49,6 +49,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 import ray
+from ray.exceptions import ActorDiedError
 
 from digenrl.runtime.loop import EventLoop
 from digenrl.runtime.preempt import FileNotices, Preemption, TraceNotices, arm_sigterm
@@ -174,6 +175,8 @@ class EmulatedBackend:
         self._new_batch = True
         self.sigterm: Optional[tuple[str, float]] = None  # spot workers: (notice dir, notice_s), `arm`
         self.spare: dict[str, "ray.actor.ActorHandle"] = {}  # started ahead for a trace's joins (`prestart`)
+        self.killed: set[str] = set()  # workers `kill` took, until EmulatedLoop has lost their units
+        self.cut: set[int] = set()  # units lost at a deadline, their `modelled` span ending there
 
     def arm(self, directory: str, notice_s: float) -> None:
         """Spot rollout workers: SIGTERM to one (a joiner too) writes its notice into `directory`."""
@@ -230,6 +233,7 @@ class EmulatedBackend:
         """A spot worker past its deadline: its actor dies now (its unit in flight is lost)."""
         h = self.handles.get(wid)
         if h is not None:
+            self.killed.add(wid)
             ray.kill(h, no_restart=True)
 
     def add(self, join: Join, loop: EventLoop) -> None:
@@ -288,11 +292,21 @@ class EmulatedLoop(EventLoop):
     clock breaks them). The schedule then depends on the modelled durations only, not on how
     late a loaded machine delivers a completion: the emulated run makes the simulator's
     decisions in the simulator's order.
+
+    `wake()`: the next modelled time at which `poll` has something to do (a spot notice, a
+    deadline, a join: Preemption.next_at), or None. With latency="hidden", before a completion
+    that ends at or after it is delivered, the modelled clock is set to that time and `poll`
+    runs there, as the simulator's event at that time would (its timed events come before
+    completions at the same time). The unit of a worker it kills (`EmulatedBackend.kill`) is
+    lost there and then, before anything is launched: its micro-batch is regenerated at the
+    deadline, as in the simulator, not at the modelled end of the unit it cut.
     """
 
-    def __init__(self, scheduler: Scheduler, backend: "EmulatedBackend", **kwargs):
+    def __init__(self, scheduler: Scheduler, backend: "EmulatedBackend", *,
+                 wake: Optional[Callable[[], Optional[float]]] = None, **kwargs):
         super().__init__(scheduler, backend, **kwargs)
         self.held: set = set()  # finished refs waiting for an earlier one (latency="hidden")
+        self.wake = wake
 
     def _waiting(self) -> list:
         return [r for r in self.pending if r not in self.held]
@@ -310,10 +324,41 @@ class EmulatedLoop(EventLoop):
             running = [expected[r] for r in self.pending if r not in self.held and r in expected]
             if running and min(running) < expected.get(first, (float("-inf"), -1)):
                 return  # a call still running ends earlier: wait for it
+            if self._woken(expected.get(first, (float("-inf"), -1))[0]):
+                continue  # the poll may have killed a worker: its loss comes first now
             self.held.discard(first)
             expected.pop(first, None)
             self._event(first)
             self._launch()
+
+    def _woken(self, end: float) -> bool:
+        """Run `poll` at the wake-up time if it comes no later than `end` (the next completion's
+        modelled end); then lose the units of the workers it killed, and launch, as the simulator
+        does after a deadline. True if it ran."""
+        at = self.wake() if self.wake is not None and self.poll is not None else None
+        if at is None or at > end:
+            return False
+        b = self.backend
+        b._now = max(b._now, at)
+        self.poll(self)
+        for wid in list(b.killed):
+            b.killed.discard(wid)
+            # In modelled time the unit ends after the deadline (everything ending earlier was
+            # delivered first), so it is lost here, whether or not the actor, killed a few wall
+            # ms before its sleep ends, has already returned: that race is the machine's, not
+            # the model's.
+            for call in {id(c): c for c in self.pending.values() if c.wid == wid}.values():
+                for ref in call.refs:
+                    self.pending.pop(ref, None)
+                    self.held.discard(ref)
+                    b.expected.pop(ref, None)
+                start = b.modelled.get(id(call.unit), (b._now, b._now))[0]
+                b.modelled[id(call.unit)] = (start, b._now)  # its span: dispatch to deadline
+                b.cut.add(id(call.unit))
+                self._lost(wid, call.unit, call.t, ActorDiedError())
+        self._retire()
+        self._launch()
+        return self.wake() != at  # nothing consumed (cannot happen): deliver, do not spin
 
 
 def _modelled_end(ref) -> float:
@@ -332,8 +377,11 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
     `preemption`: spot rollout workers (runtime/preempt.py), its notices on the modelled
     clock; its kill and add (when None) are this backend's, and its stats and log are
     filled in as the run goes. The actors of a trace's joins are started before the run
-    (`EmulatedBackend.prestart`), so a replacement's start-up is not charged as modelled time. The loop then wakes every PREEMPT_POLL_S wall seconds, so a
-    deadline is met within PREEMPT_POLL_S / time_scale modelled seconds.
+    (`EmulatedBackend.prestart`), so a replacement's start-up is not charged as modelled time.
+    With latency="hidden" the loop polls at each notice, join and deadline on the modelled clock
+    (EmulatedLoop's `wake`: Preemption.next_at), as the simulator does; otherwise it polls every
+    PREEMPT_POLL_S wall seconds, so a deadline is met within PREEMPT_POLL_S / time_scale
+    modelled seconds.
 
     Baseline overheads the actors' copies of a DurationFn paid are added to
     `duration_fn.overhead_ws` (as a simulated run would have them).
@@ -352,7 +400,8 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
         if preemption.add == backend.add:  # a trace's replacements: up before they join
             backend.prestart(e.worker for src in preemption.sources if isinstance(src, TraceNotices)
                              for e in src.events if isinstance(e, Join))
-        extra = dict(poll=preemption.poll, poll_s=PREEMPT_POLL_S)
+        extra = dict(poll=preemption.poll, poll_s=PREEMPT_POLL_S,
+                     wake=preemption.next_at if latency == "hidden" else None)
     try:
         loop = EmulatedLoop(sched, backend, stall_s=stall_s, **extra)
         trace = loop.run()
@@ -365,7 +414,8 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
         for k, v in backend.overhead_ws.items():
             over[k] = over.get(k, 0.0) + v
     for s in trace.spans:  # (latency_ms, behind_ms: Slept.trace_extra, as each span was made)
-        modelled = backend.modelled.get(id(s.unit)) if s.unit is not None and not (s.extra or {}).get("lost") else None
+        lost = (s.extra or {}).get("lost") and id(s.unit) not in backend.cut
+        modelled = backend.modelled.get(id(s.unit)) if s.unit is not None and not lost else None
         s.start, s.end = modelled or (s.start / time_scale, s.end / time_scale)
     trace.end = trace.end / time_scale if latency == "scaled" else max((s.end for s in trace.spans), default=0.0)
     trace.alive = {w: [a / time_scale, None if b is None else b / time_scale] for w, (a, b) in trace.alive.items()}

@@ -59,6 +59,10 @@ class TraceNotices:
         self.events = sorted(events, key=lambda e: (e.at_s, isinstance(e, Join), e.worker))
         self._next = 0
 
+    def next_at(self) -> Optional[float]:
+        """When the next event is due (None: none left)."""
+        return self.events[self._next].at_s if self._next < len(self.events) else None
+
     def poll(self, now_s: float) -> list[Event]:
         start = self._next
         while self._next < len(self.events) and self.events[self._next].at_s <= now_s:
@@ -221,6 +225,13 @@ class Preemption:
                 log.warning("spot worker %s still working at its deadline (%.1f s): killed, its work regenerated",
                             wid, deadline)
                 self.kill(wid)
+
+    def next_at(self) -> Optional[float]:
+        """The next time on the run's clock at which `poll` acts: a deadline, or a source's next
+        event (sources that know it ahead: TraceNotices). None: nothing known ahead."""
+        times = list(self.deadlines.values())
+        times += [t for src in self.sources if hasattr(src, "next_at") and (t := src.next_at()) is not None]
+        return min(times, default=None)
 
     def finish(self, loop: "EventLoop") -> dict[str, int]:
         """After the run: noticed workers that left count as honoured; the rest as pending."""
