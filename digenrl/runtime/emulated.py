@@ -319,12 +319,14 @@ class EmulatedLoop(EventLoop):
                 self._launch()
             return
         self.held.update(refs)
+        unknown = (float("-inf"), -1)  # a call with no modelled end is delivered first
         while self.held:
-            first = min(self.held, key=lambda r: expected.get(r, (float("-inf"), -1)))
+            first = min(self.held, key=lambda r: expected.get(r, unknown))
+            end = expected.get(first, unknown)
             running = [expected[r] for r in self.pending if r not in self.held and r in expected]
-            if running and min(running) < expected.get(first, (float("-inf"), -1)):
+            if running and min(running) < end:
                 return  # a call still running ends earlier: wait for it
-            if self._woken(expected.get(first, (float("-inf"), -1))[0]):
+            if self._woken(end[0]):
                 continue  # the poll may have killed a worker: its loss comes first now
             self.held.discard(first)
             expected.pop(first, None)
