@@ -221,3 +221,13 @@ def build_hunyuan_video15_i2v(root: Path) -> Path:
         guider=ClassifierFreeGuidance(guidance_scale=1.0), image_encoder=encoder, feature_extractor=extractor)
     pipe.save_pretrained(root)
     return root
+
+
+# Conditioned families built here, as tiny_diffusers.CONDITIONED_SETUPS (HunyuanVideo 1.5 I2V:
+# 32x32 pixels, 5 frames, its text through the prompt cache as text-to-video's)
+MORE_CONDITIONED_SETUPS = {
+    "hunyuan-video-1.5-i2v": (build_hunyuan_video15_i2v,
+                              dict(height=32, width=32, num_frames=5, max_sequence_length=8, text_encoders=False),
+                              {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8),
+                               "prompt_embeds_2": (1, 8, 8), "prompt_embeds_mask_2": (1, 8)}),
+}
