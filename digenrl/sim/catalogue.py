@@ -162,6 +162,11 @@ MODELS: dict[str, ModelSpec] = {
         # 4x in time, 32 channels, patch 1. Joint text: 1000 Qwen2.5-VL + 256 byT5 tokens (padded).
         ModelSpec("hunyuanvideo-1.5-8b", 8.327, "video", 2048, 54, 2.72, 1256, Shape(480, 848, 121),
                   "hunyuan15-vae", "qwen2.5-vl-7b+byt5", 54 * 8, scaled_from="wan2.1-14b", token_values=32),
+        # HunyuanVideo-1.5 I2V (HunyuanVideo15ImageToVideoPipeline): the same transformer (its
+        # text-to-video input already carries the zero condition channels); the first frame adds
+        # SigLIP's 729 image tokens to the joint text stream (vision_num_semantic_tokens).
+        ModelSpec("hunyuanvideo-1.5-i2v-8b", 8.327, "video", 2048, 54, 2.72, 1256 + 729, Shape(480, 848, 121),
+                  "hunyuan15-vae", "qwen2.5-vl-7b+byt5+siglip", 54 * 8, scaled_from="wan2.1-14b", token_values=32),
         # LTX-2 (Lightricks/LTX-2: 48 layers, video 32 heads x 128 = 4096, audio 32 x 64; VAE 32x in
         # space, 8x in time, 128 channels, patch 1): per video token (4 self + 2 cross + 8 FFN +
         # 2 audio-to-video q/o) d^2 * 48 = 12.88B. The audio stream (25 latent frames/s: ~126 tokens
@@ -243,6 +248,7 @@ TEXT_ENCODERS = {
     "qwen3-vl-8b": (8.770, 256),  # Qwen-Image-2.1 (the prompt's length: estimate)
     "gemma-2-2b": (2.614, 300),  # SANA, SANA-Video
     "qwen2.5-vl-7b+byt5": (7.290, 1256),  # HunyuanVideo-1.5: the 7.07B LM + byT5-small's encoder
+    "qwen2.5-vl-7b+byt5+siglip": (7.718, 1256),  # HunyuanVideo-1.5 I2V: + SigLIP so400m's vision tower (0.428B)
     "gemma-3-12b": (12.190, 1024),  # LTX-2
 }
 
@@ -251,7 +257,7 @@ TEXT_DIMS = {"t5xxl": 4096, "t5xxl+clip-l": 4096, "t5xxl+clip-l+clip-g": 4096, "
              "qwen2.5-vl-7b": 3584, "llava-llama3-8b+clip-l": 4096, "qwen2.5-vl-7b+image": 3584,
              "umt5-xxl+clip-h": 4096, "qwen3-4b": 2560, "qwen3-4b-x3": 3 * 2560, "qwen3-8b-x3": 3 * 4096,
              "mistral-small-3.1-24b-x3": 3 * 5120, "qwen3-vl-8b": 4096, "gemma-2-2b": 2304,
-             "qwen2.5-vl-7b+byt5": 3584, "gemma-3-12b": 3840}
+             "qwen2.5-vl-7b+byt5": 3584, "qwen2.5-vl-7b+byt5+siglip": 3584, "gemma-3-12b": 3840}
 
 # VAEs: decoder params_B, the calibration entry whose per-pixel cost it uses, and a factor.
 VAES = {
@@ -368,7 +374,8 @@ FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image"
                  "wan2.2": "wan2.2", "wan-i2v": "wan2.1-i2v", "flux-kontext": "flux.1-kontext",
                  "qwen-image-edit": "qwen-image-edit", "flux2-klein": "flux.2-klein", "z-image": "z-image",
                  "flux2": "flux.2", "qwen-image-2.1": "qwen-image-2.1", "sana": "sana", "sana-video": "sana-video",
-                 "hunyuan-video-1.5": "hunyuanvideo-1.5", "ltx2": "ltx-2"}
+                 "hunyuan-video-1.5": "hunyuanvideo-1.5", "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v",
+                 "ltx2": "ltx-2"}
 
 
 def family_of(model: str) -> str | None:

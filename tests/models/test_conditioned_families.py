@@ -72,7 +72,10 @@ def load(folders, family: str, cache_dir: Path, images: torch.Tensor | None = No
 def test_conditioned_families_are_registered():
     from digenrl.models.diffusers_adapters import policy_class
 
-    assert set(CONDITIONING) == set(CONDITIONED_SETUPS) and set(CONDITIONING) <= set(FAMILIES)
+    from tests.models.tiny_diffusers_more import MORE_CONDITIONED_SETUPS  # tested in test_hunyuan_video15_i2v.py
+
+    assert set(CONDITIONING) == set(CONDITIONED_SETUPS) | set(MORE_CONDITIONED_SETUPS)
+    assert set(CONDITIONING) <= set(FAMILIES)
     # the config's table (read without diffusers) says what the classes say
     assert {f: policy_class(f).conditioning for f in FAMILIES if policy_class(f).conditioning} == CONDITIONING
 

@@ -195,3 +195,39 @@ MORE_SETUPS = {
                           {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8),
                            "prompt_embeds_2": (1, 8, 8), "prompt_embeds_mask_2": (1, 8)}),
 }
+
+
+def build_hunyuan_video15_i2v(root: Path) -> Path:
+    """build_hunyuan_video15's transformer and VAE with the image-to-video pipeline's SigLIP image
+    encoder (hidden size = the transformer's image_embed_dim, 8) and feature extractor."""
+    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
+                           HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Transformer3DModel)
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    torch.manual_seed(0)
+    transformer = HunyuanVideo15Transformer3DModel(
+        in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
+        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(2, 2, 4),
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8,) * 5, layers_per_block=1)
+    torch.manual_seed(0)
+    encoder = SiglipVisionModel(SiglipVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                                   num_attention_heads=2, image_size=16, patch_size=4)).eval()
+    extractor = SiglipImageProcessor(size={"height": 16, "width": 16})
+    pipe = HunyuanVideo15ImageToVideoPipeline(
+        text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None, tokenizer_2=None,
+        guider=ClassifierFreeGuidance(guidance_scale=1.0), image_encoder=encoder, feature_extractor=extractor)
+    pipe.save_pretrained(root)
+    return root
+
+
+# Conditioned families built here, as tiny_diffusers.CONDITIONED_SETUPS (HunyuanVideo 1.5 I2V:
+# 32x32 pixels, 5 frames, its text through the prompt cache as text-to-video's)
+MORE_CONDITIONED_SETUPS = {
+    "hunyuan-video-1.5-i2v": (build_hunyuan_video15_i2v,
+                              dict(height=32, width=32, num_frames=5, max_sequence_length=8, text_encoders=False),
+                              {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8),
+                               "prompt_embeds_2": (1, 8, 8), "prompt_embeds_mask_2": (1, 8)}),
+}

@@ -37,6 +37,7 @@ def test_family_is_the_longest_prefix_in_any_order(monkeypatch):
             "wan2.1-i2v-14b": "wan-i2v", "wan2.2-a14b": "wan2.2", "qwen-image-20b": "qwen-image",
             "qwen-image-edit-20b": "qwen-image-edit", "qwen-image-2.1-7b": "qwen-image-2.1",
             "hunyuanvideo-13b": "hunyuan-video", "hunyuanvideo-1.5-8b": "hunyuan-video-1.5",
+            "hunyuanvideo-1.5-i2v-8b": "hunyuan-video-1.5-i2v",
             "sana-1.6b": "sana", "sana-video-2b": "sana-video", "ltx-2-19b": "ltx2"}
     assert {m: family_of(m) for m in want} == want
     # first-match in dict order (the old rule) would give "flux" for the Kontext entry when the

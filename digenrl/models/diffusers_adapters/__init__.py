@@ -33,10 +33,12 @@ FAMILIES = {
     "flux-kontext": ("digenrl.models.diffusers_adapters.flux_kontext", "FluxKontextPolicy"),
     "qwen-image-edit": ("digenrl.models.diffusers_adapters.qwen_image_edit", "QwenImageEditPolicy"),
     "wan-i2v": ("digenrl.models.diffusers_adapters.wan_i2v", "WanI2VPolicy"),
+    "hunyuan-video-1.5-i2v": ("digenrl.models.diffusers_adapters.hunyuan_video15_i2v", "HunyuanVideo15I2VPolicy"),
 }
 # what each conditioned family's image is (the classes' `conditioning`), readable without
 # importing diffusers: config checks that data rows carry images exactly for these
-CONDITIONING = {"flux-kontext": "reference-image", "qwen-image-edit": "reference-image", "wan-i2v": "first-frame"}
+CONDITIONING = {"flux-kontext": "reference-image", "qwen-image-edit": "reference-image", "wan-i2v": "first-frame",
+                "hunyuan-video-1.5-i2v": "first-frame"}
 # families whose transformer takes a guidance scale as an input (guidance-distilled:
 # FLUX.1-dev, HunyuanVideo, FLUX.2-dev): their classes set `embedded_guidance`; ModelConfig
 # reads this without importing diffusers
@@ -107,6 +109,7 @@ __all__ = [
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
     "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
     "Flux2Policy", "QwenImage21Policy", "SanaPolicy", "SanaVideoPolicy", "HunyuanVideo15Policy",
+    "HunyuanVideo15I2VPolicy",
     "FluxKontextPolicy", "QwenImageEditPolicy", "WanI2VPolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

@@ -85,7 +85,8 @@ GRID_FAMILIES = (*PUBLISHED_SCHEDULERS, *FOLDER_ONLY)  # sampling.sigmas=diffuse
 # Conditioned families sample on their base family's grid. Their published fallback is the base
 # family's too: we could not read the Kontext / Edit / I2V checkpoints' scheduler configs offline,
 # so a pipeline folder's own config (always preferred, see load_scheduler) is the one to trust.
-BASE_FAMILY = {"flux-kontext": "flux", "qwen-image-edit": "qwen-image", "wan-i2v": "wan"}
+BASE_FAMILY = {"flux-kontext": "flux", "qwen-image-edit": "qwen-image", "wan-i2v": "wan",
+               "hunyuan-video-1.5-i2v": "hunyuan-video-1.5"}
 # The defaults each pipeline's `scheduler.config.get(key, default)` falls back on when computing
 # mu (pipeline_stable_diffusion_3.py:1021-1027 has max_shift 1.16; the others 1.15).
 _MU_DEFAULTS = {
