@@ -37,7 +37,8 @@ from digenrl.sched import MODES as SCHED_MODES
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
 MODES = ("local", *SCHED_MODES)  # local: the single-device Trainer, no scheduler
 SHARD_KINDS = ("none", "fsdp")
-SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5")  # adapters with sequence-parallel attention
+# adapters with sequence-parallel attention
+SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5", "hunyuan-video-1.5-i2v")
 RESHARD_KINDS = ("after-forward", "after-step")
 # rollout-pool keys of spot workers and autoscaling (refused on the other pools)
 SPOT_KEYS = ("preemptible", "notice_s", "notices", "preemptions", "max_workers")

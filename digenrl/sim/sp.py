@@ -95,8 +95,9 @@ CATALOGUE = {
     "hunyuanvideo-13b": SpDims(24, 128, 20 + 40, 256, 64, (1, 2, 2)),
     # hunyuanvideo-community/HunyuanVideo-1.5-480p_t2v: 54 dual-stream layers, 16 heads x 128; VAE
     # latents of 32 channels, patch 1x1x1: C = 32; 1000 + 256 text tokens joint (ModelSpec).
-    # Planned only once its family runs Ulysses (runs_sp: config.schema.SP_FAMILIES).
     "hunyuanvideo-1.5-8b": SpDims(16, 128, 54, 1256, 32, (1, 1, 1)),
+    # -480p_i2v: the same transformer; SigLIP's 729 image tokens join the gathered text tokens.
+    "hunyuanvideo-1.5-i2v-8b": SpDims(16, 128, 54, 1256 + 729, 32, (1, 1, 1)),
 }
 
 

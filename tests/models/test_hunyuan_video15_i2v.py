@@ -97,3 +97,18 @@ def test_the_first_frame_acts(shared, tmp_path_factory, tmp_path):
         va = policy.velocity(x, sigma, a)
         for key in ("image_embeds", "first_frame_latents"):  # each of the two paths alone moves it
             assert not torch.allclose(va, policy.velocity(x, sigma, {**a, key: b[key]})), key
+
+
+def test_recipe_is_the_familys_and_its_lora_targets_are_linear_layers(shared, tmp_path_factory, tmp_path):
+    """recipes/hunyuan_video15_i2v_pickscore.yaml (tests/test_recipes.py validates every recipe):
+    each LoRA target it lists names an nn.Linear of this family's transformer."""
+    from pathlib import Path
+
+    from digenrl.config.schema import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / "hunyuan_video15_i2v_pickscore.yaml")
+    assert cfg.model.name == FAMILY and cfg.model.prompt_cache and cfg.model.lora_targets
+    policy = _load(shared, tmp_path_factory, tmp_path / "cache", train="frozen")
+    linear = [n for n, m in policy.module.named_modules() if isinstance(m, torch.nn.Linear)]
+    for t in cfg.model.lora_targets:
+        assert any(n == t or n.endswith("." + t) for n in linear), t

@@ -278,9 +278,11 @@ def test_training_gang_gradients_match_one_device(family, lora_rank, pipelines, 
 
 
 # ----------------------------------------------------------------------------- HunyuanVideo 1.5
-def _transformer15():
+def _transformer15(i2v: bool = False):
     """Tiny HunyuanVideo 1.5 with padded text in both encoders (its attention gets a (B, 1, Q, K)
-    query-and-key mask) and the empty image condition of text-to-video."""
+    query-and-key mask). Text-to-video: the empty image condition (zero image tokens, which the
+    transformer masks out, and zero condition latents). Image-to-video: image tokens it attends
+    to, and a first frame's latents with its mask on channels."""
     from diffusers import HunyuanVideo15Transformer3DModel
 
     torch.manual_seed(0)
@@ -290,17 +292,23 @@ def _transformer15():
     for p in module.parameters():
         p.data.add_(0.02 * torch.randn_like(p))
     g = torch.Generator().manual_seed(1)
-    x = torch.cat([torch.randn(2, 4, 3, 3, 5, generator=g), torch.zeros(2, 5, 3, 3, 5)], dim=1)  # 45 tokens
+    condition = torch.zeros(2, 5, 3, 3, 5)
+    image_embeds = torch.zeros(2, 5, 8)
+    if i2v:
+        condition[:, :4, 0] = torch.randn(2, 4, 3, 5, generator=g)
+        condition[:, 4, 0] = 1.0
+        image_embeds = torch.randn(2, 5, 8, generator=g)
+    x = torch.cat([torch.randn(2, 4, 3, 3, 5, generator=g), condition], dim=1)  # 45 tokens
     mask, mask_2 = torch.ones(2, 6, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)
     mask[1, 4:], mask_2[0, 2:] = 0, 0
     kwargs = dict(timestep=torch.tensor([500.0, 300.0]), encoder_hidden_states=torch.randn(2, 6, 16, generator=g),
                   encoder_attention_mask=mask, encoder_hidden_states_2=torch.randn(2, 4, 8, generator=g),
-                  encoder_attention_mask_2=mask_2, image_embeds=torch.zeros(2, 5, 8))
+                  encoder_attention_mask_2=mask_2, image_embeds=image_embeds)
     return module, x, kwargs
 
 
-def _transformer15_rank(rank, world):
-    module, x, kwargs = _transformer15()
+def _transformer15_rank(rank, world, i2v):
+    module, x, kwargs = _transformer15(i2v)
     sp_mod.enable(module, sp_mod.SequenceParallel(dist.group.WORLD))
     out, grads = _forward_backward(module, x, kwargs)
     for g in grads.values():
@@ -308,13 +316,15 @@ def _transformer15_rank(rank, world):
     return {"out": out, "grads": grads}
 
 
-@pytest.mark.slow  # 105 s on the shared 2-core machine (two spawned processes importing diffusers)
-def test_hunyuan_video15_output_and_gradients(tmp_path):
+@pytest.mark.slow  # 105 s each on the shared 2-core machine (two spawned processes importing diffusers)
+@pytest.mark.parametrize("i2v", [False, True], ids=["t2v", "i2v"])
+def test_hunyuan_video15_output_and_gradients(tmp_path, i2v):
     """HunyuanVideo 1.5 over 2 ranks: output and summed gradients equal one process's (45 tokens,
-    not divisible by 2; padded text in both encoders)."""
-    module, x, kwargs = _transformer15()
+    not divisible by 2; padded text in both encoders), with the empty image condition of
+    text-to-video and with the image tokens and first frame of image-to-video."""
+    module, x, kwargs = _transformer15(i2v)
     want_out, want_grads = _forward_backward(module, x, kwargs)
-    got = _spawn(_transformer15_rank, 2, tmp_path)
+    got = _spawn(_transformer15_rank, 2, tmp_path, i2v)
     torch.testing.assert_close(got["out"], want_out, rtol=1e-5, atol=1e-6)
     assert got["grads"].keys() == want_grads.keys()
     scale = max(g.abs().max().item() for g in want_grads.values())
