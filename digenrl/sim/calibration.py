@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from digenrl.sim.catalogue import BYTES_WEIGHT, GIB, MODELS, MS, forward_flops, get_model, tokens_for
+from digenrl.sim.catalogue import BYTES_WEIGHT, GIB, MODELS, MS, forward_flops, get_model, sample_flops, tokens_for
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def scale_model(table: dict, name: str, src: str) -> None:
     forward FLOPs at the calibration shapes, fixed (weight reads) by parameter count,
     activations by hidden * layers * tokens."""
     m, s = get_model(name), get_model(src)
-    k_flops = forward_flops(m, tokens_for(m)) / forward_flops(s, tokens_for(s))
+    k_flops = sample_flops(m) / sample_flops(s)
     k_params = m.active_B / s.active_B  # weights one forward reads (two experts: one)
     k_act = (m.hidden * m.layers * tokens_for(m)) / (s.hidden * s.layers * tokens_for(s))
     for (model, op), fit in list(table.items()):

@@ -39,6 +39,24 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class AudioStream:
+    """A second token stream beside the video's, in the same blocks (LTX-2's audio): its
+    latent frames follow the video's duration, frames / fps seconds at `latents_per_s`
+    (one token each, patch 1). tok_params_B: linear parameters an audio token passes
+    through; `hidden` the audio attention's inner width, used by its self-attention and by
+    both audio-video cross-attentions."""
+
+    latents_per_s: float
+    fps: float
+    hidden: int
+    tok_params_B: float
+    token_values: int
+
+    def tokens(self, frames: int) -> int:
+        return round(frames / self.fps * self.latents_per_s)
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What the cost model needs to know about a generator's architecture.
 
@@ -71,6 +89,7 @@ class ModelSpec:
     linear_attn_dim: int = 0  # > 0: linear (kernel) attention with this head dim, no T^2 term (SANA)
     fsdp: bool = True  # the runtime shards it in a trainer gang (False: two experts, schema refuses fsdp)
     active_params_B: float | None = None  # parameters one forward reads (two experts: one of them)
+    audio: AudioStream | None = None  # a joint audio stream (LTX-2), priced by sample_flops
 
     @property
     def active_B(self) -> float:
@@ -169,10 +188,15 @@ MODELS: dict[str, ModelSpec] = {
                   "hunyuan15-vae", "qwen2.5-vl-7b+byt5+siglip", 54 * 8, scaled_from="wan2.1-14b", token_values=32),
         # LTX-2 (Lightricks/LTX-2: 48 layers, video 32 heads x 128 = 4096, audio 32 x 64; VAE 32x in
         # space, 8x in time, 128 channels, patch 1): per video token (4 self + 2 cross + 8 FFN +
-        # 2 audio-to-video q/o) d^2 * 48 = 12.88B. The audio stream (25 latent frames/s: ~126 tokens
-        # for 121 frames at 24 fps, ~2% of the video's 6144) is left out of T.
+        # 1 audio-to-video q/o at the audio width + 1 video-to-audio k/v) d^2 * 48 = 12.88B. The
+        # audio stream (diffusers transformer_ltx2.py LTX2VideoTransformerBlock; pipeline_ltx2.py
+        # 1306-1310: 16 kHz / hop 160 / 4 = 25 latent frames per second of video, 126 for 121
+        # frames at the pipeline's 24 fps; 8 channels x 16 mel bins = 128 values each): per audio
+        # token (4 self + 2 cross + 8 FFN + 2 video-to-audio q/o + 2 audio-to-video k/v) at
+        # d_a = 2048, x 48 = 3.62B; priced by sample_flops, ~0.8% of a forward at 512x768x121.
         ModelSpec("ltx-2-19b", 18.876, "video", 4096, 48, 12.88, 0, Shape(512, 768, 121), "ltx2-vae",
-                  "gemma-3-12b", 48 * 8, scaled_from="wan2.1-14b", spatial=32, temporal=8, token_values=128),
+                  "gemma-3-12b", 48 * 8, scaled_from="wan2.1-14b", spatial=32, temporal=8, token_values=128,
+                  audio=AudioStream(25.0, 24.0, 2048, 18 * 2048**2 * 48 / 1e9, 128)),
     ]
 }
 
@@ -214,10 +238,18 @@ def tokens_for(model: str | ModelSpec, shape: Shape | None = None) -> int:
     return image_patches(m, s) * m.image_copies + (m.text_tokens if s.text_tokens is None else s.text_tokens)
 
 
-def latent_values(model: str | ModelSpec, shape: Shape | None = None) -> int:
-    """Values of one sample's latent (what a trajectory stores per step): its patches x token_values."""
+def audio_tokens(model: str | ModelSpec, shape: Shape | None = None) -> int:
+    """Tokens of one sample's audio stream (0: no audio)."""
     m = get_model(model) if isinstance(model, str) else model
-    return image_patches(m, shape) * m.token_values
+    return m.audio.tokens((shape or m.calib_shape).frames) if m.audio else 0
+
+
+def latent_values(model: str | ModelSpec, shape: Shape | None = None) -> int:
+    """Values of one sample's latent (what a trajectory stores per step): its patches x
+    token_values, plus its audio tokens x their values."""
+    m = get_model(model) if isinstance(model, str) else model
+    audio = audio_tokens(m, shape) * m.audio.token_values if m.audio else 0
+    return image_patches(m, shape) * m.token_values + audio
 
 
 def forward_flops(model: str | ModelSpec, tokens: int) -> float:
@@ -226,6 +258,19 @@ def forward_flops(model: str | ModelSpec, tokens: int) -> float:
     m = get_model(model) if isinstance(model, str) else model
     attn = tokens * m.linear_attn_dim if m.linear_attn_dim else tokens**2
     return 2e9 * m.tok_params_B * tokens + 4.0 * m.hidden * m.layers * attn
+
+
+def sample_flops(model: str | ModelSpec, shape: Shape | None = None) -> float:
+    """FLOPs of one forward for one sample at `shape` (default: the calibration shape):
+    forward_flops of its sequence (tokens_for), plus an audio stream's linear layers and
+    attention (its self-attention, and both cross-attentions with the video's patches, at the
+    audio width)."""
+    m = get_model(model) if isinstance(model, str) else model
+    flops = forward_flops(m, tokens_for(m, shape))
+    if m.audio:
+        ta, tv = audio_tokens(m, shape), image_patches(m, shape)
+        flops += 2e9 * m.audio.tok_params_B * ta + 4.0 * m.audio.hidden * m.layers * (ta * ta + 2 * ta * tv)
+    return flops
 
 
 # Text encoders: (params_B, text tokens per prompt). Only T5-XXL at 512 tokens is measured;

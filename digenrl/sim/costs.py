@@ -37,8 +37,7 @@ from pathlib import Path
 
 from digenrl.sim import memory
 from digenrl.sim.catalogue import (BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, GIB, MODELS, MS, REWARD_MFU,
-                                   TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, WEIGHT_SYNC_METHODS, Shape, forward_flops,
-                                   get_link, get_model, get_reward, lora_params_B, tokens_for)
+                                   TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, WEIGHT_SYNC_METHODS, Shape, get_link, get_model, get_reward, lora_params_B, sample_flops)
 from digenrl.sim.calibration import adamw_ms_per_B, fit_table, load_calibration
 from digenrl.sim.collectives import (allgather_s, allgather_traffic, broadcast_s, object_store_fanout_s,
                                      object_store_send_s, pcie_s)
@@ -70,7 +69,7 @@ class CostModel:
         m = get_model(model)
         if shape is None or shape == m.calib_shape:
             return 1.0, False
-        return forward_flops(m, tokens_for(m, shape)) / forward_flops(m, tokens_for(m)), True
+        return sample_flops(m, shape) / sample_flops(m), True
 
     def _timed(self, model: str, op: str, device, batch: float, shape: Shape | None,
                weight_passes: float, degree: int = 1) -> Cost:

@@ -207,3 +207,45 @@ def test_new_preset_plans_as_a_config_train_accepts(name, tmp_path):
     path = tmp_path / "plan.yaml"
     path.write_text(dump_config(config_for(tb, RunSpec("digenrl", n_rollout=8), 2)))
     assert load_config(path).model.name == name
+
+
+def test_ltx2_audio_stream_is_priced_as_its_blocks_compute():
+    """LTX-2's audio tokens: the pipeline's count (pipeline_ltx2.py 1306-1310: frames / 24 fps x
+    16 kHz / hop 160 / 4), linear parameters per audio token equal to those of one diffusers
+    LTX2VideoTransformerBlock's audio path x 48 (meta device, the released widths), and both in
+    what a forward costs and a trajectory stores."""
+    diffusers = pytest.importorskip("diffusers")
+    import torch
+
+    from digenrl.sim.catalogue import (Shape, audio_tokens, forward_flops, image_patches, latent_values,
+                                       sample_flops, tokens_for)
+
+    m = MODELS["ltx-2-19b"]
+    assert audio_tokens(m) == round(121 / 24 * 16000 / 160 / 4) == 126
+    assert audio_tokens(m, Shape(512, 768, 25)) == 26 and audio_tokens("wan2.1-14b") == 0
+    from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformerBlock
+
+    with torch.device("meta"):
+        block = LTX2VideoTransformerBlock(4096, 32, 128, 4096, 2048, 32, 64, 2048)
+    d_a = 2048
+    per_token = {  # weights an audio token's activations are multiplied by
+        "audio_attn1": ("to_q", "to_k", "to_v", "to_out.0"), "audio_attn2": ("to_q", "to_out.0"),
+        "audio_ff": None, "video_to_audio_attn": ("to_q", "to_out.0"), "audio_to_video_attn": ("to_k", "to_v")}
+    n = 0
+    for name, parts in per_token.items():
+        mod = getattr(block, name)
+        linears = [mod.get_submodule(p) for p in parts] if parts else \
+            [x for x in mod.modules() if isinstance(x, torch.nn.Linear)]
+        n += sum(x.weight.numel() for x in linears)
+    assert n == 18 * d_a**2
+    assert m.audio.tok_params_B == pytest.approx(48 * n / 1e9)
+    video = forward_flops(m, tokens_for(m))
+    ta, tv = 126, image_patches(m)
+    assert sample_flops(m) == pytest.approx(video + 2 * 48 * n * ta + 4.0 * d_a * 48 * (ta * ta + 2 * ta * tv))
+    assert 1.005 < sample_flops(m) / video < 1.02
+    assert latent_values(m) == tv * 128 + ta * 128
+    # the cost model's per-sample work scales by sample_flops, audio included
+    from digenrl.sim.costs import CostModel
+
+    cm, short = CostModel(), Shape(512, 768, 25)
+    assert cm._token_factor("ltx-2-19b", short)[0] == pytest.approx(sample_flops(m, short) / sample_flops(m))
