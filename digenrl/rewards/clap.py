@@ -9,9 +9,9 @@
 The score is the cosine of the audio embedding and the prompt's text embedding, with no
 logit scale: CLAP score as audio generators report it (Make-An-Audio, AudioLDM evaluation),
 and as the LTX-2.3 text-to-audio-video CLAP rewards score it (Tencent-Hunyuan/UniRL pull
-request 168, `CLAPRewardScorer`: normalised `audio_embeds` . `text_embeds` of ClapModel, fp32;
-verl-project/verl-omni issue 432 / pull request 640 wire a CLAP scorer for LTX-2.3 the same
-way). transformers' ClapModel.get_audio_features / get_text_features already return unit
+request 168, `CLAPRewardScorer`: normalised `audio_embeds` . `text_embeds` of ClapModel, fp32,
+mono, resampled to 48 kHz; verl-project/verl-omni's CLAP scorer for LTX-2.3, pull request 640
+per its issue 432, was not read here). transformers' ClapModel.get_audio_features / get_text_features already return unit
 vectors (modeling_clap.py, ~lines 1494 and 1530); the reward computes the same (tower,
 projection, normalise) and takes the dot product.
 
