@@ -7,13 +7,13 @@
 `laion/larger_clap_general` or `laion/clap-htsat-unfused` download. Nothing is downloaded.
 
 The score is the cosine of the audio embedding and the prompt's text embedding, with no
-logit scale: CLAP score as audio generators report it (Make-An-Audio, AudioLDM evaluation),
+logit scale: CLAP score as audio generators report it (Make-An-Audio, arXiv 2301.12661),
 and as the LTX-2.3 text-to-audio-video CLAP rewards score it (Tencent-Hunyuan/UniRL pull
 request 168, `CLAPRewardScorer`: normalised `audio_embeds` . `text_embeds` of ClapModel, fp32,
 mono, resampled to 48 kHz; verl-project/verl-omni's CLAP scorer for LTX-2.3, pull request 640
-per its issue 432, was not read here). transformers' ClapModel.get_audio_features / get_text_features already return unit
-vectors (modeling_clap.py, ~lines 1494 and 1530); the reward computes the same (tower,
-projection, normalise) and takes the dot product.
+per its issue 432, was not read here). transformers' ClapModel.get_audio_features /
+get_text_features already return unit vectors (modeling_clap.py, ~lines 1494 and 1530); the reward
+computes the same (tower, projection, normalise) and takes the dot product.
 
 Audio path: channels are averaged to mono, resampled in torch to the feature extractor's
 `sampling_rate` (48 kHz for CLAP) by `resample_audio`, and cut to its `max_length_s` (10 s)
