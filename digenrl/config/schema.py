@@ -879,9 +879,10 @@ class Config:
         """A conditioned family reads a conditioning image per prompt: both prompt lists are
         .jsonl rows (whether their rows carry images, and whether an unconditioned family's
         rows do not, is read from the files by digenrl/tools/preflight.py and the trainer); a reward
-        that compares with the source needs one."""
+        that compares with the source needs one; a reward that scores audio (AUDIO_REWARDS) needs
+        a family that generates it (AUDIO_FAMILIES)."""
         from digenrl.data import ROWS_SUFFIX
-        from digenrl.rewards import SOURCE_REWARDS
+        from digenrl.rewards import AUDIO_FAMILIES, AUDIO_REWARDS, SOURCE_REWARDS
 
         kind = CONDITIONING.get(self.model.name)
         if kind is not None:
@@ -895,6 +896,10 @@ class Config:
             _check(name not in SOURCE_REWARDS or kind is not None, f"reward.weights.{name}",
                    f"compares each sample with its source image; {self.model.name} has none "
                    f"(conditioned families: {', '.join(CONDITIONING)})")
+        for name in self.reward.weights:  # an audio reward needs a family that generates audio
+            _check(name not in AUDIO_REWARDS or self.model.name in AUDIO_FAMILIES, f"reward.weights.{name}",
+                   f"scores the generated audio; {self.model.name} generates none "
+                   f"(families with audio: {', '.join(AUDIO_FAMILIES)})")
 
     def _check_weights(self) -> None:
         from digenrl.rewards import BUILTIN_REWARDS

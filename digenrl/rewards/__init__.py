@@ -1,4 +1,5 @@
-"""Rewards: (images, prompts) -> Tensor[B]; edit rewards also see the source (SOURCE_REWARDS).
+"""Rewards: (images, prompts) -> Tensor[B]; edit rewards also see the source (SOURCE_REWARDS),
+audio rewards the generated audio track (AUDIO_REWARDS).
 
 Builders are looked up by name; model-based rewards load lazily from `reward.paths`
 (local folders; nothing is downloaded). `AsyncRewarder` scores micro-batches in a thread
@@ -29,6 +30,8 @@ REWARD_NAMES = (
     "remote",
     "vlm-judge",
     "source-similarity",
+    "clap",
+    "xclip",
 )
 
 # computed by program, on CPU: no reward.paths entry, no model to load
@@ -36,6 +39,12 @@ BUILTIN_REWARDS = ("toy-geneval", "jpeg-compressibility", "jpeg-incompressibilit
 # rewards that also compare each sample with its source image (edit / image-to-video runs):
 # their classes set `wants_sources = True` and are called with sources=(B, 3, H, W)
 SOURCE_REWARDS = ("source-similarity",)
+# rewards that score the generated audio: their classes set `wants_audio = True` and are called
+# with audio=(B, channels, samples) in [-1, 1] and audio_rate=<Hz>
+AUDIO_REWARDS = ("clap",)
+# model families that generate an audio track with the video (model.name); an audio reward
+# needs one of them
+AUDIO_FAMILIES = ("ltx2",)
 
 RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
 
@@ -80,21 +89,33 @@ class AsyncRewarder:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reward")
 
     def score(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None,
-              sources: Optional[torch.Tensor] = None, aggregate: Optional[str] = None):
+              sources: Optional[torch.Tensor] = None, aggregate: Optional[str] = None, *,
+              audio: Optional[torch.Tensor] = None, audio_rate: Optional[int] = None):
         """(combined (B,), {name: (B,)} incl. sub-scores a reward reports) — synchronous.
 
         sources: the conditioning images (B, 3, H, W) of an edit / image-to-video run; only
-        rewards that declare `wants_sources` receive them. aggregate: overrides the rewarder's
-        (held-out evaluation scores with "sum": a group-standardised score averages to 0).
+        rewards that declare `wants_sources` receive them. audio: the generated audio
+        (B, channels, samples) in [-1, 1] at audio_rate Hz; only rewards that declare
+        `wants_audio` receive them. aggregate: overrides the rewarder's (held-out evaluation
+        scores with "sum": a group-standardised score averages to 0).
         """
         parts: dict[str, torch.Tensor] = {}
         details: dict[str, torch.Tensor] = {}
         for name, fn in self.rewards.items():
+            extra = {}
             if getattr(fn, "wants_sources", False):
                 if sources is None:
                     raise ValueError(f"reward {name!r} compares each sample with its source image, "
                                      f"but this run has none (a conditioned model family has)")
-                parts[name] = fn(images, prompts, sources=sources).float().cpu()
+                extra["sources"] = sources
+            if getattr(fn, "wants_audio", False):
+                if audio is None or audio_rate is None:
+                    raise ValueError(f"reward {name!r} scores the generated audio, but this run passed "
+                                     f"{'no audio' if audio is None else 'no audio_rate'} "
+                                     f"(families with audio: {', '.join(AUDIO_FAMILIES)})")
+                extra.update(audio=audio, audio_rate=audio_rate)
+            if extra:
+                parts[name] = fn(images, prompts, **extra).float().cpu()
             elif hasattr(fn, "score"):  # rewards that report sub-criteria (toy-geneval)
                 out = fn.score(images, prompts)
                 parts[name] = out["reward"].float().cpu()
@@ -105,8 +126,9 @@ class AsyncRewarder:
         return total, {**parts, **details}
 
     def submit(self, images: torch.Tensor, prompts: list[str], group_ids: Optional[torch.Tensor] = None,
-               sources: Optional[torch.Tensor] = None) -> Future:
-        return self.pool.submit(self.score, images, prompts, group_ids, sources)
+               sources: Optional[torch.Tensor] = None, *, audio: Optional[torch.Tensor] = None,
+               audio_rate: Optional[int] = None) -> Future:
+        return self.pool.submit(self.score, images, prompts, group_ids, sources, audio=audio, audio_rate=audio_rate)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

@@ -7,6 +7,8 @@
     reward.paths.hpsv3=/models/HPSv3.safetensors                    needs digenrl[hpsv3]
     reward.paths.imagereward=/models/ImageReward/ImageReward.pt     needs digenrl[imagereward]
     reward.paths.geneval-detector="path=/models/owlv2&metadata=/data/geneval_metadata.jsonl"
+    reward.paths.clap=/models/larger_clap_general                   scores the audio track (ltx2)
+    reward.paths.xclip=/models/xclip-base-patch32                   scores videos
     reward.paths.remote=http://10.0.0.5:8000#pickscore               served by `digenrl reward-server`
     reward.paths.vlm-judge="url=http://10.0.0.5:8000&model=Qwen/Qwen2.5-VL-7B-Instruct&style=yes-no"
 
@@ -28,6 +30,8 @@ _FIRST_ARGUMENT = {
     "hpsv3": "checkpoint_path",
     "imagereward": "checkpoint_path",
     "geneval-detector": "path",
+    "clap": "path",
+    "xclip": "path",
 }
 _NO_DEVICE = ("ocr", "vlm-judge")  # OCR picks its own; a judge's device is its server's
 

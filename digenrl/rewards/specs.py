@@ -23,6 +23,8 @@ ALIASES = {
     "imagereward": "digenrl.rewards.preference_models:ImageRewardScore",
     "vlm-judge": "digenrl.rewards.vlm_judge:VLMJudge",
     "geneval-detector": "digenrl.rewards.detector:GenEvalDetector",
+    "clap": "digenrl.rewards.clap:ClapScore",
+    "xclip": "digenrl.rewards.xclip:XClipScore",
 }
 
 
