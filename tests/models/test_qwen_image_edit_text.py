@@ -33,7 +33,7 @@ from tests.models.tiny_diffusers import tiny_images  # noqa: E402
 from tests.models.tiny_qwen_vl import build_qwen_image_edit_text, build_qwen_image_text  # noqa: E402
 
 PROMPTS = ["make it red", "add a small dog on the left of the tree"]  # different token lengths
-N = 48  # max_sequence_length: rows here have 17-35 tokens after the drop index (no cut)
+N = 48  # max_sequence_length: rows here have up to 35 tokens after the drop index (no cut)
 
 for name in ("diffusers", "transformers"):
     logging.getLogger(name).setLevel(logging.ERROR)
