@@ -1,4 +1,4 @@
-"""Qwen-Image-Edit's and Qwen-Image's own text paths on tiny Qwen2.5-VL text encoders.
+"""Qwen-Image-Edit's, Qwen-Image's and Qwen-Image 2.1's own text paths on tiny Qwen-VL text encoders.
 
 The folders (tests/models/tiny_qwen_vl.py) carry a tiny Qwen2_5_VLForConditionalGeneration,
 a Qwen2Tokenizer whose template words are single tokens (so the pipelines' drop index cuts
@@ -13,7 +13,9 @@ time on the 8-bit image computed here, not by the adapter.
   or to pair rows with the wrong image fails it; the processor refuses the template without
   an image; another image changes a prompt's embedding;
 - a rollout with the text encoder loaded (no prompt cache) and a logp recompute;
-- Qwen-Image (text-to-image): encode_prompts equals QwenImagePipeline.encode_prompt.
+- Qwen-Image (text-to-image): encode_prompts equals QwenImagePipeline.encode_prompt;
+- Qwen-Image 2.1 (Qwen3-VL, its processor image-only without torchvision as the edit one):
+  encode_prompts equals QwenImage21Pipeline.encode_prompt.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from digenrl.models.diffusers_adapters import load_policy  # noqa: E402
 from digenrl.models.protocol import NEGATIVE_PREFIX, encode_inputs  # noqa: E402
 from digenrl.rollout import SampleSpec, generate  # noqa: E402
 from tests.models.tiny_diffusers import tiny_images  # noqa: E402
-from tests.models.tiny_qwen_vl import build_qwen_image_edit_text, build_qwen_image_text  # noqa: E402
+from tests.models.tiny_qwen_vl import (  # noqa: E402
+    build_qwen_image21_text, build_qwen_image_edit_text, build_qwen_image_text,
+)
 
 PROMPTS = ["make it red", "add a small dog on the left of the tree"]  # different token lengths
 N = 48  # max_sequence_length: rows here have up to 35 tokens after the drop index (no cut)
@@ -150,6 +154,28 @@ def test_qwen_image_text_matches_the_pipelines_encode_prompt(tmp_path):
     for i, prompt in enumerate(PROMPTS):
         with torch.no_grad():
             ref, mask = policy.text_pipeline.encode_prompt(prompt=[prompt], device="cpu", max_sequence_length=N)
+        n = ref.shape[1]
+        lengths.append(n)
+        assert cond["prompt_embeds_mask"][i].tolist() == [1] * n + [0] * (N - n)
+        torch.testing.assert_close(cond["prompt_embeds"][i, :n], ref[0], rtol=1e-5, atol=1e-5)
+    assert lengths[0] != lengths[1]
+
+
+def test_qwen_image21_text_matches_the_pipelines_encode_prompt(tmp_path):
+    root = build_qwen_image21_text(tmp_path / "qwen_image21_text")
+    policy = load_policy("qwen-image-2.1", str(root), height=32, width=32, max_sequence_length=N,
+                         device="cpu", dtype="float32", train="frozen")
+    pipe = policy.text_pipeline
+    assert type(pipe.processor).__name__ == "ImageOnlyQwen3VLProcessor"
+    # the system message (counted through the chat template) is exactly the template's prefix
+    ids = pipe.processor.tokenizer(pipe.prompt_template_t2i.format(PROMPTS[0]))["input_ids"]
+    assert pipe.processor.tokenizer.convert_ids_to_tokens(ids[pipe._drop_idx - 2: pipe._drop_idx + 2]) == [
+        "<|im_end|>", "Ċ", "<|im_start|>", "user"]
+    cond = policy.encode_prompts(PROMPTS)
+    lengths = []
+    for i, prompt in enumerate(PROMPTS):
+        with torch.no_grad():
+            ref, _, _ = pipe.encode_prompt(prompt=[prompt], device="cpu")
         n = ref.shape[1]
         lengths.append(n)
         assert cond["prompt_embeds_mask"][i].tolist() == [1] * n + [0] * (N - n)

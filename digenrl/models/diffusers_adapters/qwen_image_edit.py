@@ -20,16 +20,8 @@ decode as Qwen-Image, see qwen_image.py):
 - reference size: the pipeline resizes the reference to ~1 MP at its aspect ratio
   (`calculate_dimensions`, ~624); we use the output size (base._condition_pixels).
 - prompt cache: keyed by prompt and an image digest (sha256 of the 8-bit reference).
-- processor without torchvision: transformers 5.24 cannot load or build a Qwen2VLProcessor
-  when torchvision is missing (its constructor looks up the video processor's base class
-  `VideoProcessorMixin`, which the top-level module only exports with torchvision,
-  `processing_utils.py` `check_argument_for_proper_class` ~1075 / `get_possibly_dynamic_module`
-  ~2030; `from_pretrained` loads `AutoVideoProcessor`, which needs torchvision). Images never
-  reach the video processor, so `from_pretrained` then loads the processor's tokenizer and
-  image processor itself (`Qwen2VLImageProcessor` falls back to `Qwen2VLImageProcessorPil`)
-  and builds an image-only Qwen2VLProcessor (`image_only_processor`). Its resize is PIL's
-  bicubic instead of torchvision's, so pixel values may differ slightly from a torchvision
-  install.
+- processor without torchvision: transformers 5.24 cannot build or load a Qwen2VLProcessor
+  then, so `from_pretrained` passes the pipeline an image-only one (vl_processor.py).
 """
 
 from __future__ import annotations
@@ -42,26 +34,10 @@ import torch
 from digenrl.models.diffusers_adapters.base import pad_tokens
 from digenrl.models.diffusers_adapters.packing import pack_2x2, unpack_2x2
 from digenrl.models.diffusers_adapters.qwen_image import QwenImagePolicy
+from digenrl.models.diffusers_adapters.vl_processor import image_only_processor, torchvision_available
 from digenrl.models.protocol import NEGATIVE_PREFIX, Cond, cond_cat, merge_conds
 
 _TEXT_KEYS = ("prompt_embeds", "prompt_embeds_mask")
-
-
-def image_only_processor(path_or_id: str, subfolder: str = "processor", **kwargs):
-    """The pipeline's Qwen2VLProcessor for images and text only, loadable without torchvision:
-    its tokenizer and image processor from `subfolder`, no video processor (see the module
-    docstring). kwargs go to both `from_pretrained` calls (local_files_only, ...)."""
-    from transformers import AutoTokenizer, Qwen2VLImageProcessor, Qwen2VLProcessor
-
-    class ImageOnlyQwen2VLProcessor(Qwen2VLProcessor):
-        def check_argument_for_proper_class(self, argument_name, argument):
-            if argument_name == "video_processor" and argument is None:
-                return None
-            return super().check_argument_for_proper_class(argument_name, argument)
-
-    tokenizer = AutoTokenizer.from_pretrained(path_or_id, subfolder=subfolder, **kwargs)
-    image_processor = Qwen2VLImageProcessor.from_pretrained(path_or_id, subfolder=subfolder, **kwargs)
-    return ImageOnlyQwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=None)
 
 
 class QwenImageEditPolicy(QwenImagePolicy):
@@ -73,11 +49,9 @@ class QwenImageEditPolicy(QwenImagePolicy):
 
     @classmethod
     def _text_components_loaded(cls, path_or_id: str, local_files_only: bool) -> dict:
-        from transformers.utils import is_torchvision_available
-
-        if is_torchvision_available():
+        if torchvision_available():
             return {}
-        return {"processor": image_only_processor(path_or_id, local_files_only=local_files_only)}
+        return {"processor": image_only_processor(path_or_id, "Qwen2VLProcessor", local_files_only=local_files_only)}
 
     # ---- inputs ------------------------------------------------------------------------
 
