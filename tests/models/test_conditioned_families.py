@@ -11,9 +11,9 @@ through `load_policy` (CPU, float32):
   recomputed log-prob equals the recorded one exactly (ratio == 1) and the adapters move.
 - the conditioning acts: another image changes the velocity.
 
-Qwen-Image-Edit's Qwen2.5-VL text encoder reads the image, and its processor cannot be built
-tiny offline: its (prompt, image) embeddings come through the prompt cache
-(QwenImageEditPolicy.text_key), as tests/models does for Qwen-Image's text.
+Qwen-Image-Edit's Qwen2.5-VL text encoder reads the image: here its (prompt, image) embeddings
+come through the prompt cache (QwenImageEditPolicy.text_key); its own text path is tested in
+test_qwen_image_edit_text.py.
 """
 
 from __future__ import annotations

@@ -123,8 +123,8 @@ def build_wan(root: Path, heads: int = 2) -> Path:
 
 
 def build_qwen_image(root: Path) -> Path:
-    """Transformer + VAE only: a tiny Qwen2.5-VL text encoder and its BPE tokenizer are not
-    practical to build in-process, so tests feed prompts through the prompt cache."""
+    """Transformer + VAE only: tests here feed prompts through the prompt cache. The folder
+    with a tiny Qwen2.5-VL text encoder and tokenizer is tiny_qwen_vl.build_qwen_image_text."""
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline,
                            QwenImageTransformer2DModel)
 
@@ -220,11 +220,9 @@ def build_flux_kontext(root: Path) -> Path:
 
 
 def build_qwen_image_edit(root: Path) -> Path:
-    """Transformer + VAE only: the Qwen2.5-VL text encoder needs a Qwen2VLProcessor, and under
-    transformers 5.24 its constructor checks a video processor whose class lookup needs
-    torchvision (not installed here; a handmade byte-level Qwen2Tokenizer and a
-    Qwen2VLImageProcessor build fine). So (prompt, image) embeddings come through the prompt
-    cache (QwenImageEditPolicy.text_key)."""
+    """Transformer + VAE only: (prompt, image) embeddings come through the prompt cache
+    (QwenImageEditPolicy.text_key). The folder with its text side (tiny Qwen2.5-VL encoder,
+    tokenizer, Qwen2VLProcessor) is tiny_qwen_vl.build_qwen_image_edit_text."""
     from diffusers import (AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline,
                            QwenImageTransformer2DModel)
 

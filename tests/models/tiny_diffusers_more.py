@@ -4,10 +4,9 @@
 As tiny_diffusers.py: each `build_<family>(root)` saves a whole pipeline with 1-layer, 8-32-wide
 models and returns the folder. FLUX.2-dev gets a tiny Mistral-3 (31 hidden states: it reads
 layers 10, 20 and 30), SANA and SANA-Video a tiny Gemma-2, behind the one-character-per-token
-tokenizer of tiny_diffusers_new.py, so their text paths run. Qwen-Image 2.1's Qwen3-VL
-processor needs torchvision (its video processor), which is not installed here: its prompts
-come through the prompt cache, as Qwen-Image's do, and so do HunyuanVideo 1.5's (Qwen2.5-VL + ByT5),
-as HunyuanVideo's.
+tokenizer of tiny_diffusers_new.py, so their text paths run. Qwen-Image 2.1's prompts come
+through the prompt cache here (its Qwen3-VL text side: tiny_qwen_vl.build_qwen_image21_text),
+and so do HunyuanVideo 1.5's (Qwen2.5-VL + ByT5), as HunyuanVideo's.
 """
 
 from __future__ import annotations

@@ -244,8 +244,9 @@ class DiffusersPolicy:
         error: Optional[BaseException] = None
         for local in attempts:
             try:
+                given = skip if not text_encoders else cls._text_components_loaded(path_or_id, local)
                 pipe = pipeline_cls.from_pretrained(
-                    path_or_id, **{dtype_kwarg: dtype}, local_files_only=local, **skip
+                    path_or_id, **{dtype_kwarg: dtype}, local_files_only=local, **given
                 )
                 break
             except (OSError, ValueError, EnvironmentError) as e:  # hub/cache misses surface as these
@@ -268,6 +269,12 @@ class DiffusersPolicy:
         """What `from_pretrained(text_encoders=False)` passes the pipeline for its text components
         (None each; a family whose pipeline constructor reads one overrides this)."""
         return {name: None for name in cls.text_components}
+
+    @classmethod
+    def _text_components_loaded(cls, path_or_id: str, local_files_only: bool) -> dict[str, Any]:
+        """Text components `from_pretrained(text_encoders=True)` loads itself and passes the
+        pipeline, by name (none: the pipeline loads them all; see qwen_image_edit.py)."""
+        return {}
 
     @classmethod
     def _from_pipeline(cls, pipe: Any, text_modules: Optional[dict[str, Any]],

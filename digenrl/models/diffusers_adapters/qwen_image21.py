@@ -22,6 +22,8 @@ Conventions, from diffusers 0.42 `pipelines/qwenimage21/pipeline_qwenimage21.py`
   template, system tokens dropped, each prompt's masked tokens only (`encode_prompt`).
   Deviation: a prompt longer than max_sequence_length tokens is cut there (the pipeline
   has no limit).
+- processor without torchvision: transformers 5.24 cannot build or load a Qwen3VLProcessor
+  then, so `from_pretrained` passes the pipeline an image-only one (vl_processor.py).
 - decode: latents * latents_std + latents_mean on a one-frame (B, C, 1, H, W) (852), frame 0.
 - sigma grid: the pipeline's `sample_sigmas` (model_index.json) when set, else
   linspace(1, 1/N, N), with the dynamic shift mu from the image tokens (733-745), see sigmas.py.
@@ -32,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from digenrl.models.diffusers_adapters.base import DiffusersPolicy, pad_tokens
+from digenrl.models.diffusers_adapters.vl_processor import image_only_processor, torchvision_available
 from digenrl.models.protocol import Cond
 
 VAE_SCALE = 16  # the pipeline's vae_scale_factor (207), a constant there
@@ -70,6 +73,12 @@ class QwenImage21Policy(DiffusersPolicy):
     @classmethod
     def _text_components_skipped(cls) -> dict:
         return {"text_encoder": None, "processor": NoProcessor()}
+
+    @classmethod
+    def _text_components_loaded(cls, path_or_id: str, local_files_only: bool) -> dict:
+        if torchvision_available():
+            return {}
+        return {"processor": image_only_processor(path_or_id, "Qwen3VLProcessor", local_files_only=local_files_only)}
 
     def _latent_shape(self) -> tuple[int, ...]:
         channels = self.vae.config.z_dim if self.vae is not None else self.module.config.in_channels

@@ -20,6 +20,8 @@ decode as Qwen-Image, see qwen_image.py):
 - reference size: the pipeline resizes the reference to ~1 MP at its aspect ratio
   (`calculate_dimensions`, ~624); we use the output size (base._condition_pixels).
 - prompt cache: keyed by prompt and an image digest (sha256 of the 8-bit reference).
+- processor without torchvision: transformers 5.24 cannot build or load a Qwen2VLProcessor
+  then, so `from_pretrained` passes the pipeline an image-only one (vl_processor.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 from digenrl.models.diffusers_adapters.base import pad_tokens
 from digenrl.models.diffusers_adapters.packing import pack_2x2, unpack_2x2
 from digenrl.models.diffusers_adapters.qwen_image import QwenImagePolicy
+from digenrl.models.diffusers_adapters.vl_processor import image_only_processor, torchvision_available
 from digenrl.models.protocol import NEGATIVE_PREFIX, Cond, cond_cat, merge_conds
 
 _TEXT_KEYS = ("prompt_embeds", "prompt_embeds_mask")
@@ -43,6 +46,12 @@ class QwenImageEditPolicy(QwenImagePolicy):
     text_components = ("text_encoder", "tokenizer", "processor")
     conditioning = "reference-image"
     default_max_sequence_length = 1024
+
+    @classmethod
+    def _text_components_loaded(cls, path_or_id: str, local_files_only: bool) -> dict:
+        if torchvision_available():
+            return {}
+        return {"processor": image_only_processor(path_or_id, "Qwen2VLProcessor", local_files_only=local_files_only)}
 
     # ---- inputs ------------------------------------------------------------------------
 
