@@ -28,12 +28,23 @@ NEW_FAMILY_RECIPES = {
     "z-image": "z_image_pickscore.yaml",
 }
 
+# this round's (issue 28): Flow-Factory's, UniRL's and cosmos-rl's settings, each recipe citing its lines
+ROUND_RECIPES = {
+    "flux2": "flux2_pickscore.yaml",
+    "qwen-image-2.1": "qwen_image21_pickscore.yaml",
+    "sana": "sana_pickscore.yaml",
+    "sana-video": "sana_video_pickscore.yaml",
+    "hunyuan-video-1.5": "hunyuan_video15_pickscore.yaml",
+    "hunyuan-video-1.5-i2v": "hunyuan_video15_i2v_pickscore.yaml",
+}
+
 
 def test_recipes_found():
     names = {p.name for p in RECIPES}
     assert {"toy_full.yaml", "toy_fast.yaml"} <= names
     assert set(FAMILY_RECIPES.values()) <= names
     assert set(NEW_FAMILY_RECIPES.values()) <= names
+    assert set(ROUND_RECIPES.values()) <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -46,7 +57,7 @@ def test_recipe_validates(path):
     assert cfg2.model.path == "/somewhere/else" and cfg2.train.steps == 2
 
 
-@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES}.items()))
+@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES, **ROUND_RECIPES}.items()))
 def test_family_recipe_settings(family, recipe):
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
     assert cfg.model.name == family
@@ -54,7 +65,8 @@ def test_family_recipe_settings(family, recipe):
     assert cfg.model.path, "a hub id or placeholder the user overrides"
     assert cfg.model.prompt_cache, "diffusers recipes read prompt embeddings from a cache"
     assert "pickscore" in cfg.reward.weights and "pickscore" in cfg.reward.paths
-    if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v"):
+    if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v", "sana-video", "hunyuan-video-1.5",
+                  "hunyuan-video-1.5-i2v"):
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
     assert cfg.model.height % 16 == 0 and cfg.model.width % 16 == 0
 
@@ -63,10 +75,13 @@ def test_family_recipe_settings(family, recipe):
 COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-1.3b",
                     "qwen-image": "qwen-image-20b", "hunyuan-video": "hunyuanvideo-13b",
                     "wan2.2": "wan2.2-a14b", "wan-i2v": "wan2.1-i2v-14b", "flux-kontext": "flux.1-kontext-12b",
-                    "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b"}
+                    "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b",
+                    "flux2": "flux.2-dev-32b", "qwen-image-2.1": "qwen-image-2.1-7b", "sana": "sana-1.6b",
+                    "sana-video": "sana-video-2b", "hunyuan-video-1.5": "hunyuanvideo-1.5-8b",
+                    "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v-8b"}
 
 
-@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES}.items()))
+@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES, **ROUND_RECIPES}.items()))
 def test_family_recipe_roles_fit_one_h200(family, recipe):
     # what docs/models.md's tables say, as the recipe is written: a rollout worker generates a
     # micro-batch, a trainer holds the training state and backward_batch samples' activations
