@@ -304,5 +304,7 @@ def build_ltx2(root: Path) -> Path:
     return root
 
 
-# LTX-2 (video + audio): text through its own Gemma-3 + connectors
+# LTX-2 (video + audio): text through its own Gemma-3 + connectors. Apart from MORE_SETUPS: its
+# pipeline returns two latents, compared in test_ltx2.py
 LTX2_SETUP = (build_ltx2, dict(height=32, width=32, num_frames=5, max_sequence_length=8), None)
+AUDIO_SETUPS = {"ltx2": LTX2_SETUP}
