@@ -27,6 +27,8 @@ NEW_FAMILY_RECIPES = {
     "flux2-klein": "flux2_klein_pickscore.yaml",
     "z-image": "z_image_pickscore.yaml",
 }
+# this round's audio + video family (issue 28): Flow-Factory's LTX-2 example, its lines cited in the recipe
+AUDIO_FAMILY_RECIPES = {"ltx2": "ltx2_pickscore.yaml"}
 
 
 def test_recipes_found():
@@ -34,6 +36,7 @@ def test_recipes_found():
     assert {"toy_full.yaml", "toy_fast.yaml"} <= names
     assert set(FAMILY_RECIPES.values()) <= names
     assert set(NEW_FAMILY_RECIPES.values()) <= names
+    assert set(AUDIO_FAMILY_RECIPES.values()) <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -46,7 +49,8 @@ def test_recipe_validates(path):
     assert cfg2.model.path == "/somewhere/else" and cfg2.train.steps == 2
 
 
-@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES}.items()))
+@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES,
+                                                   **AUDIO_FAMILY_RECIPES}.items()))
 def test_family_recipe_settings(family, recipe):
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
     assert cfg.model.name == family
@@ -56,6 +60,8 @@ def test_family_recipe_settings(family, recipe):
     assert "pickscore" in cfg.reward.weights and "pickscore" in cfg.reward.paths
     if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v"):
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
+    if family == "ltx2":
+        assert (cfg.model.frames - 1) % 8 == 0 and cfg.model.height % 32 == 0 and cfg.model.width % 32 == 0
     assert cfg.model.height % 16 == 0 and cfg.model.width % 16 == 0
 
 
@@ -63,10 +69,12 @@ def test_family_recipe_settings(family, recipe):
 COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-1.3b",
                     "qwen-image": "qwen-image-20b", "hunyuan-video": "hunyuanvideo-13b",
                     "wan2.2": "wan2.2-a14b", "wan-i2v": "wan2.1-i2v-14b", "flux-kontext": "flux.1-kontext-12b",
-                    "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b"}
+                    "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b",
+                    "ltx2": "ltx-2-19b"}
 
 
-@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES}.items()))
+@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES,
+                                                   **AUDIO_FAMILY_RECIPES}.items()))
 def test_family_recipe_roles_fit_one_h200(family, recipe):
     # what docs/models.md's tables say, as the recipe is written: a rollout worker generates a
     # micro-batch, a trainer holds the training state and backward_batch samples' activations
@@ -178,6 +186,18 @@ def test_new_family_recipe_follows_flow_factory(family, recipe):
     assert (s.window, s.window_size, cfg.data.group_size, cfg.data.groups_per_step) == ("contiguous", 1, 16, 24)
     assert (m.guidance, s.cfg_scale_low) == ((2.5, 0.0) if family == "flux-kontext" else
                                              (0.0, 3.0) if family == "wan2.2" else (0.0, 0.0))
+
+
+def test_ltx2_recipe_follows_flow_factory():
+    """examples/grpo/lora/ltx2/t2av_pickscore.yaml (Flow-Factory a0b2bc5), as the recipe cites it."""
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / "ltx2_pickscore.yaml")
+    s, m, t, d = cfg.sampling, cfg.model, cfg.train, cfg.data
+    assert (m.height, m.width, m.frames, m.lora_rank, m.lora_alpha) == (512, 768, 121, 64, 128)
+    assert (s.num_steps, s.eval_num_steps, s.sde, s.noise_level, s.cfg_scale, s.sigmas) == (24, 50, "cps", 0.8, 1.0,
+                                                                                             "diffusers")
+    assert (s.window, s.window_size, d.group_size, d.groups_per_step) == ("contiguous", 3, 16, 24)
+    assert (t.lr, t.weight_decay, t.clip_range, t.beta, t.max_grad_norm, cfg.reward.adv_clip) == (3e-4, 1e-4, 1e-4,
+                                                                                                   0.0, 1.0, 5.0)
 
 
 def test_sd35_recipe_grid_ends_as_flow_grpos():
