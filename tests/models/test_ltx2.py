@@ -2,6 +2,7 @@
 pixels, 5 frames at 24 fps, 5 audio latents; CPU, float32; its own Gemma-3 + text connectors):
 - two ODE steps through our velocity reproduce LTX2Pipeline's own video AND audio latents
   (output_type="latent"), on the sigmas `sampling.sigmas=diffusers` computes;
+- classifier-free guidance (one scale for both streams) reproduces the pipeline's;
 - the decoded frames and the waveform (`decode_audio`) equal the pipeline's own outputs;
 - a rollout + LoRA step with ratio == 1 + weight sync, the default LoRA targets landing, a full
   fine-tune step, and every transformer block an FSDP unit;
@@ -99,6 +100,30 @@ def test_ode_sampling_matches_diffusers_pipeline_video_and_audio(folders, tmp_pa
     assert not torch.allclose(start_video, end_video) and not torch.allclose(start_audio, end_audio)
     # the layout round-trips
     torch.testing.assert_close(policy.packed_latents(ours_video, ours_audio), x, rtol=1e-5, atol=1e-5)
+
+
+def test_cfg_matches_the_pipelines_x0_space_guidance(folders, tmp_path_factory, tmp_path):
+    """The pipeline guides in x0 space (x0_c + (s - 1)(x0_c - x0_u)); with one scale for both
+    streams that is our guided_velocity on the negative prompt "" (the adapter's default)."""
+    from digenrl.models.protocol import guided_velocity
+
+    policy = _load(folders, tmp_path_factory, tmp_path / "cache", train="frozen")
+    pipe = _pipeline(folders[FAMILY])
+    x0 = torch.randn(len(PROMPTS), *policy.latent_shape, generator=torch.Generator().manual_seed(5))
+    video, audio = policy.unpacked_latents(x0)
+    guided = {**PIPELINE_OFF, "guidance_scale": 3.0, "audio_guidance_scale": 3.0}
+    theirs = pipe(prompt=list(PROMPTS), negative_prompt="", height=32, width=32, num_frames=5, num_inference_steps=2,
+                  max_sequence_length=8, latents=video, audio_latents=audio, output_type="latent", return_dict=False,
+                  **guided)
+    sigmas = pipe.scheduler.sigmas.float()
+    cond, negative = policy.encode_prompts(PROMPTS), policy.negative_cond(len(PROMPTS))
+    x = x0
+    with torch.no_grad():
+        for i in range(2):
+            v = guided_velocity(policy, x, sigmas[i].expand(len(x0)), cond, negative, 3.0)
+            x = sde_step(x, v, sigmas[i], sigmas[i + 1], kind="ode", noise_level=0.0).prev_sample
+    for ours, ref in zip(policy.unpacked_latents(x), theirs):
+        torch.testing.assert_close(ours, ref.float(), rtol=1e-4, atol=1e-4)
 
 
 def test_decode_and_decode_audio_equal_the_pipelines_outputs(folders, tmp_path_factory, tmp_path):
