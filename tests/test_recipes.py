@@ -36,6 +36,7 @@ ROUND_RECIPES = {
     "sana-video": "sana_video_pickscore.yaml",
     "hunyuan-video-1.5": "hunyuan_video15_pickscore.yaml",
     "hunyuan-video-1.5-i2v": "hunyuan_video15_i2v_pickscore.yaml",
+    "ltx2": "ltx2_pickscore.yaml",
 }
 
 
@@ -68,6 +69,8 @@ def test_family_recipe_settings(family, recipe):
     if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v", "sana-video", "hunyuan-video-1.5",
                   "hunyuan-video-1.5-i2v"):
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
+    if family == "ltx2":
+        assert (cfg.model.frames - 1) % 8 == 0 and cfg.model.height % 32 == 0 and cfg.model.width % 32 == 0
     assert cfg.model.height % 16 == 0 and cfg.model.width % 16 == 0
 
 
@@ -78,7 +81,7 @@ COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-
                     "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b",
                     "flux2": "flux.2-dev-32b", "qwen-image-2.1": "qwen-image-2.1-7b", "sana": "sana-1.6b",
                     "sana-video": "sana-video-2b", "hunyuan-video-1.5": "hunyuanvideo-1.5-8b",
-                    "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v-8b"}
+                    "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v-8b", "ltx2": "ltx-2-19b"}
 
 
 @pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES, **ROUND_RECIPES}.items()))
@@ -193,6 +196,18 @@ def test_new_family_recipe_follows_flow_factory(family, recipe):
     assert (s.window, s.window_size, cfg.data.group_size, cfg.data.groups_per_step) == ("contiguous", 1, 16, 24)
     assert (m.guidance, s.cfg_scale_low) == ((2.5, 0.0) if family == "flux-kontext" else
                                              (0.0, 3.0) if family == "wan2.2" else (0.0, 0.0))
+
+
+def test_ltx2_recipe_follows_flow_factory():
+    """examples/grpo/lora/ltx2/t2av_pickscore.yaml (Flow-Factory a0b2bc5), as the recipe cites it."""
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / "ltx2_pickscore.yaml")
+    s, m, t, d = cfg.sampling, cfg.model, cfg.train, cfg.data
+    assert (m.height, m.width, m.frames, m.lora_rank, m.lora_alpha) == (512, 768, 121, 64, 128)
+    assert (s.num_steps, s.eval_num_steps, s.sde, s.noise_level, s.cfg_scale, s.sigmas) == (24, 50, "cps", 0.8, 1.0,
+                                                                                             "diffusers")
+    assert (s.window, s.window_size, d.group_size, d.groups_per_step) == ("contiguous", 3, 16, 24)
+    assert (t.lr, t.weight_decay, t.clip_range, t.beta, t.max_grad_norm, cfg.reward.adv_clip) == (3e-4, 1e-4, 1e-4,
+                                                                                                   0.0, 1.0, 5.0)
 
 
 def test_sd35_recipe_grid_ends_as_flow_grpos():

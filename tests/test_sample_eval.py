@@ -218,6 +218,26 @@ def test_videos_become_animated_gifs_and_grid_shows_first_frames(tmp_path):
     assert right == round(3 / 6 * 255)
 
 
+def test_audio_becomes_a_16_bit_wav_at_its_rate(tmp_path):
+    import wave
+
+    from digenrl.io.media import save_wav
+
+    # 2 channels, 100 samples: a ramp on channel 0, its negative on channel 1, one value clipped
+    ramp = torch.linspace(-1.0, 1.0, 100)
+    audio = torch.stack([ramp, -ramp])
+    audio[0, 0] = -3.0
+    out = save_wav(audio, tmp_path / "a" / "s", 24000)
+    assert out.name == "s.wav"
+    with wave.open(str(out)) as f:
+        assert (f.getnchannels(), f.getsampwidth(), f.getframerate(), f.getnframes()) == (2, 2, 24000, 100)
+        pcm = torch.frombuffer(bytearray(f.readframes(100)), dtype=torch.int16).view(100, 2).T
+    assert pcm[0, 0] == -32767 and pcm[0, -1] == 32767 and torch.equal(pcm[1], -pcm[0])
+    torch.testing.assert_close(pcm.float() / 32767, audio.clamp(-1, 1), atol=1 / 32767, rtol=0)
+    with pytest.raises(ValueError, match="channels, samples"):
+        save_wav(ramp, tmp_path / "bad", 24000)
+
+
 def test_ema_flag_loads_the_ema_weights(run, tmp_path):
     from safetensors.torch import save_file
 

@@ -1,6 +1,8 @@
 """Image and video files of `digenrl sample`: one file per sample, and a grid with prompts.
 
     save_sample(x, path)            (3, H, W) -> PNG; (F, 3, H, W) -> animated GIF (Pillow)
+    save_wav(wave, path, rate)      (channels, samples) in [-1, 1] -> 16-bit PCM WAV (stdlib
+                                    `wave`): the audio track of an audio family's video (ltx2)
     save_prompt_grid(x, prompts, k, path)
                                     one row per prompt: its text, then its k samples
                                     (videos: their first frame)
@@ -12,6 +14,7 @@ Pillow, already a dependency, rather than MP4 through an optional encoder.
 from __future__ import annotations
 
 import math
+import wave as wavfile
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +43,22 @@ def save_sample(x: torch.Tensor, path: Path) -> Path:
     out = path.with_suffix(".gif")
     frames = [to_pil(f) for f in x]
     frames[0].save(out, save_all=True, append_images=frames[1:], duration=round(1000 / VIDEO_FPS), loop=0)
+    return out
+
+
+def save_wav(wave: torch.Tensor, path: Path, rate: int) -> Path:
+    """A (channels, samples) float waveform in [-1, 1] to `path` (suffix .wav) as 16-bit PCM at
+    `rate` Hz, channels interleaved; values outside [-1, 1] are clipped."""
+    if wave.ndim != 2:
+        raise ValueError(f"a waveform is (channels, samples), got shape {tuple(wave.shape)}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = path.with_suffix(".wav")
+    pcm = (wave.detach().float().clamp(-1, 1).cpu().numpy() * 32767).round().astype("<i2")  # (C, N)
+    with wavfile.open(str(out), "wb") as f:
+        f.setnchannels(pcm.shape[0])
+        f.setsampwidth(2)
+        f.setframerate(int(rate))
+        f.writeframes(np.ascontiguousarray(pcm.T).tobytes())  # frames: one sample of every channel
     return out
 
 

@@ -67,14 +67,19 @@ def build_policy(cfg: Any, progress: bool = True) -> Policy:
 
 
 @functools.lru_cache(maxsize=32)
-def _diffusers_sigmas(family: str, path: Optional[str], num_steps: int, height: int, width: int) -> torch.Tensor:
+def _diffusers_sigmas(family: str, path: Optional[str], num_steps: int, height: int, width: int,
+                      frames: int = 0) -> torch.Tensor:
     from digenrl.models.diffusers_adapters import policy_class
-    from digenrl.models.diffusers_adapters.sigmas import load_scheduler, pipeline_sigmas, sample_sigmas, vae_factor
+    from digenrl.models.diffusers_adapters.sigmas import (load_scheduler, pipeline_sigmas, sample_sigmas, vae_factor,
+                                                          vae_temporal_factor)
 
-    default_h, default_w = policy_class(family).default_size
+    cls = policy_class(family)
+    default_h, default_w = cls.default_size
     factor = vae_factor(path)
     latent_hw = ((height or default_h) // factor, (width or default_w) // factor)
-    return pipeline_sigmas(family, num_steps, load_scheduler(family, path), latent_hw, sample_sigmas(path))
+    latent_frames = ((frames or cls.default_num_frames) - 1) // vae_temporal_factor(path, 8) + 1  # read by ltx2 only
+    return pipeline_sigmas(family, num_steps, load_scheduler(family, path), latent_hw, sample_sigmas(path),
+                           latent_frames=latent_frames)
 
 
 def sampling_sigmas(model: Any, sampling: Any, num_steps: int) -> torch.Tensor:
@@ -89,4 +94,5 @@ def sampling_sigmas(model: Any, sampling: Any, num_steps: int) -> torch.Tensor:
     """
     if sampling.sigmas == "digenrl":
         return sigma_schedule(num_steps, sampling.shift)
-    return _diffusers_sigmas(model.name, model.path, num_steps, model.height, model.width).clone()
+    return _diffusers_sigmas(model.name, model.path, num_steps, model.height, model.width,
+                             getattr(model, "frames", 0)).clone()

@@ -84,6 +84,12 @@ def conditioning_of(policy: object) -> str | None:
     return getattr(policy, "conditioning", None)
 
 
+def has_audio(policy: object) -> bool:
+    """Whether a policy's samples carry an audio track: it then has `audio_sample_rate` (Hz, int)
+    and `decode_audio(latents) -> (B, channels, samples)` float32 in [-1, 1] (ltx2)."""
+    return getattr(policy, "audio_sample_rate", None) is not None and hasattr(policy, "decode_audio")
+
+
 def check_condition_images(images: torch.Tensor, batch: int) -> None:
     """Raise a ValueError that says what was expected when conditioning images are malformed."""
     if not isinstance(images, torch.Tensor) or images.ndim != 4 or images.shape[1] != 3:

@@ -9,11 +9,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES
+from digenrl.models.diffusers_adapters import AUDIO_FAMILIES, CONDITIONING, FAMILIES
 from digenrl.models.protocol import Cond
 
-# profiling a conditioned family (one image per prompt: edit, image-to-video) is not built
-DIFFUSERS_FAMILIES = tuple(f for f in FAMILIES if f not in CONDITIONING)
+# profiling a conditioned family (one image per prompt: edit, image-to-video) is not built, nor an
+# audio + video one (ltx2: its flat two-stream latent has no (C, F, H, W) geometry to count tokens on)
+DIFFUSERS_FAMILIES = tuple(f for f in FAMILIES if f not in CONDITIONING and f not in AUDIO_FAMILIES)
 # text tokens inside the joint attention sequence (wan, wan2.2: cross-attention, none)
 JOINT_TEXT = {"sd3": True, "flux": True, "wan": False, "qwen-image": True, "hunyuan-video": True,
               "wan2.2": False, "flux2-klein": True, "z-image": True, "flux2": True, "qwen-image-2.1": True,

@@ -17,7 +17,7 @@ import torch
 
 from digenrl.math import rng
 from digenrl.math import sde_step
-from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity
+from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity, has_audio
 
 MODEL_TIMESTEPS = ("exact", "floor")  # SampleSpec.model_timestep, sampling.model_timestep
 
@@ -84,6 +84,10 @@ class Trajectories:
     log_probs: torch.Tensor  # (B, T) float32 behaviour log-probs; NaN on ODE steps
     t_done: int = 0  # denoising steps completed
     images: Optional[torch.Tensor] = None  # decoded final samples, (B, 3, H, W) / (B, F, 3, H, W)
+    # the samples' audio track, (B, channels, samples) float32 in [-1, 1] at the policy's
+    # `audio_sample_rate`; set by `finish` for audio families (protocol.has_audio), else None
+    audio: Optional[torch.Tensor] = None
+    audio_rate: Optional[int] = None  # Hz of `audio` (the policy's audio_sample_rate); None without audio
     rewards: Optional[torch.Tensor] = None  # (B,)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)
     advantages: Optional[torch.Tensor] = None  # (B,)
@@ -230,12 +234,25 @@ def _rollout_precision(spec: SampleSpec, device: torch.device):
 
 @torch.no_grad()
 def finish(policy: Policy, traj: Trajectories) -> Trajectories:
-    """Decode the final latents for the rewards."""
+    """Decode the final latents for the rewards (and their audio track, for an audio family)."""
     if traj.t_done != traj.latents.shape[1] - 1:
         raise ValueError(f"trajectory is at step {traj.t_done}, not finished")
     device = next(policy.module.parameters()).device
-    traj.images = policy.decode(traj.latents[:, -1].to(device)).float().cpu()
+    final = traj.latents[:, -1].to(device)
+    traj.images = policy.decode(final).float().cpu()
+    if has_audio(policy):
+        traj.audio = policy.decode_audio(final).float().cpu()
+        traj.audio_rate = int(policy.audio_sample_rate)
     return traj
+
+
+def audio_kwargs(traj: Trajectories) -> dict:
+    """What a rewarder's score / submit gets besides the images: {audio, audio_rate} when the
+    samples have an audio track (rewards declaring `wants_audio` read it), else nothing, so a
+    video-only or image family calls the rewarder exactly as before."""
+    if traj.audio is None:
+        return {}
+    return {"audio": traj.audio, "audio_rate": traj.audio_rate}
 
 
 def generate(

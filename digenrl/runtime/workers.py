@@ -44,7 +44,7 @@ import torch
 
 from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
-from digenrl.rollout import SampleSpec, Trajectories, advance, finish, start
+from digenrl.rollout import SampleSpec, Trajectories, advance, audio_kwargs, finish, start
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
@@ -489,6 +489,6 @@ def _score(rewarder, shards: tuple[Trajectories, ...], source=None) -> Rewarded:
     t0 = time.time()
     traj = concat_trajectories(shards)
     sources = None if source is None else _row_images(source, traj.coords, *traj.images.shape[-2:])
-    rewards, parts = rewarder.score(traj.images, traj.prompts, traj.group_ids, sources)
+    rewards, parts = rewarder.score(traj.images, traj.prompts, traj.group_ids, sources, **audio_kwargs(traj))
     return Rewarded(**_times(t0), rewards=rewards, parts=parts, group_ids=traj.group_ids)
 

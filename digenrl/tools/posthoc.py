@@ -115,22 +115,27 @@ def sample_main(argv: Optional[list[str]] = None) -> int:
     snap, k = inputs.snap, inputs.cfg.data.eval_samples
     policy = load_policy(inputs.cfg, snap, ema=inputs.ema, progress=inputs.progress)
     with _bar(len(inputs.prompts) * k, f"sample {snap.name}", inputs.progress) as bar:
-        images = sample_images(inputs, policy, snap, bar=bar).last_images
-    files = write_samples(images, inputs, k)
+        ev = sample_images(inputs, policy, snap, bar=bar)
+    files = write_samples(ev.last_images, inputs, k, audio=ev.last_audio, audio_rate=ev.audio_rate)
     print(f"digenrl sample: {len(files)} samples of {snap.name} -> {inputs.out} (grid.png, samples.json)")
     return 0
 
 
-def write_samples(images, inputs: Inputs, k: int) -> list[str]:
-    """One file per sample (p<prompt>_s<sample>.png / .gif), grid.png and samples.json."""
-    from digenrl.io.media import save_prompt_grid, save_sample
+def write_samples(images, inputs: Inputs, k: int, audio=None, audio_rate: Optional[int] = None) -> list[str]:
+    """One file per sample (p<prompt>_s<sample>.png / .gif), grid.png and samples.json; with
+    `audio` (N, channels, samples) at `audio_rate` Hz (audio families), a .wav beside each .gif."""
+    from digenrl.io.media import save_prompt_grid, save_sample, save_wav
 
     inputs.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, prompt in enumerate(inputs.prompts):
         for j in range(k):
-            f = save_sample(images[i * k + j], inputs.out / f"p{i:04d}_s{j:02d}")
-            rows.append({"file": f.name, "prompt": prompt, "prompt_index": i, "sample": j})
+            name = inputs.out / f"p{i:04d}_s{j:02d}"
+            f = save_sample(images[i * k + j], name)
+            row = {"file": f.name, "prompt": prompt, "prompt_index": i, "sample": j}
+            if audio is not None:
+                row["audio"] = save_wav(audio[i * k + j], name, audio_rate).name
+            rows.append(row)
     save_prompt_grid(images, inputs.prompts, k, inputs.out / "grid.png")
     (inputs.out / "samples.json").write_text(json.dumps({**_meta(inputs), "samples": rows}, indent=1))
     return [r["file"] for r in rows]

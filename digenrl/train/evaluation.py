@@ -23,7 +23,7 @@ from digenrl.config.schema import Config
 from digenrl.data import check_conditioning, load_images, load_rows
 from digenrl.models import sampling_sigmas
 from digenrl.io.outputs import save_grid
-from digenrl.rollout import SampleSpec, generate
+from digenrl.rollout import SampleSpec, audio_kwargs, generate
 
 EVAL_STEP = -1  # coordinate of eval samples: the same noise at every evaluation
 
@@ -47,6 +47,8 @@ class Evaluator:
         self.last_rewards: Optional[torch.Tensor] = None  # per sample, prompt order: paired comparisons
         self.last_parts: dict[str, torch.Tensor] = {}  # per reward (and sub-score), per sample
         self.last_images: Optional[torch.Tensor] = None  # with keep_images: (P * K, 3, H, W) / (P * K, F, 3, H, W)
+        self.last_audio: Optional[torch.Tensor] = None  # with keep_images, audio families: (P * K, channels, samples)
+        self.audio_rate: Optional[int] = None  # Hz of last_audio
 
     @torch.no_grad()
     def evaluate(self, step: int, *, ema=None, save_images: bool = True, keep_images: bool = False,
@@ -66,7 +68,7 @@ class Evaluator:
         paths = None if self.images is None else [im for im in self.images for _ in range(n)]
         coords = [(EVAL_STEP, i, j) for i in range(len(self.prompts)) for j in range(n)]
         self.policy.module.eval()
-        images, rewards, parts = [], [], {}
+        images, audio, rewards, parts = [], [], [], {}
         bs = d.micro_batch_samples or d.micro_batch_groups * d.group_size  # the rollout batch
         with ema.applied() if ema is not None else contextlib.nullcontext():
             for i in range(0, len(prompts), bs):
@@ -75,16 +77,21 @@ class Evaluator:
                 traj = generate(self.policy, prompts[i : i + bs], coords[i : i + bs], spec, step=EVAL_STEP,
                                 version=step, images=sources)
                 images.append(traj.images)
+                if traj.audio is not None:  # audio families (ltx2): each sample's waveform
+                    audio.append(traj.audio)
+                    self.audio_rate = traj.audio_rate
                 if bar is not None:
                     bar.update(len(traj))
                 if self.rewarder is None:
                     continue
-                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids, sources, aggregate="sum")
+                total, p = self.rewarder.score(traj.images, traj.prompts, traj.group_ids, sources, aggregate="sum",
+                                               **audio_kwargs(traj))
                 rewards.append(total)
                 for k, v in p.items():
                     parts.setdefault(k, []).append(v)
         images_t = torch.cat(images)
         self.last_images = images_t if keep_images else None
+        self.last_audio = torch.cat(audio) if keep_images and audio else None  # (N, channels, samples)
         self.last_rewards = torch.cat(rewards) if rewards else None
         self.last_parts = {k: torch.cat(v) for k, v in parts.items()}
         if save_images and images_t.ndim == 4:

@@ -31,7 +31,7 @@ from digenrl.models import build_policy, sampling_sigmas
 from digenrl.models.lora import trainable_state_dict
 from digenrl.io.recorder import RunRecorder
 from digenrl.rewards import AsyncRewarder, build_reward
-from digenrl.rollout import SampleSpec, Trajectories, generate
+from digenrl.rollout import SampleSpec, Trajectories, audio_kwargs, generate
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,8 @@ class Trainer:
                 traj = generate(self.policy, mb.prompts, mb.coords, plan.spec, step=step, version=step,
                                 images=sources)
                 trajs.append(traj)
-                futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids, sources))
+                futures.append(self.rewarder.submit(traj.images, traj.prompts, traj.group_ids, sources,
+                                                    **audio_kwargs(traj)))
         gen_s = time.perf_counter() - t0
         for traj, fut in zip(trajs, futures):
             traj.rewards, traj.reward_parts = fut.result()

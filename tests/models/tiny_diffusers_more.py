@@ -230,3 +230,80 @@ MORE_CONDITIONED_SETUPS = {
                               {"prompt_embeds": (1, 8, 16), "prompt_embeds_mask": (1, 8),
                                "prompt_embeds_2": (1, 8, 8), "prompt_embeds_mask_2": (1, 8)}),
 }
+
+
+def gemma3_text():
+    """A tiny Gemma-3 (its text tower read by LTX2Pipeline: every layer's hidden states, 2 layers + the
+    embeddings = 3 x 8 wide) with a 1-layer SigLIP tower the class requires."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig
+
+    cfg = Gemma3Config(
+        text_config=Gemma3TextConfig(vocab_size=32, hidden_size=TEXT_HIDDEN, intermediate_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, num_key_value_heads=1, head_dim=4,
+                                     max_position_embeddings=64, pad_token_id=0, sliding_window=16),
+        vision_config=SiglipVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                         num_attention_heads=2, image_size=16, patch_size=4),
+        mm_tokens_per_image=4,
+    )
+    torch.manual_seed(0)
+    return Gemma3ForConditionalGeneration(cfg).eval()
+
+
+def build_ltx2(root: Path) -> Path:
+    """LTX-2 (issue 28): a 2-block audio-video transformer, a video VAE compressing 2x in space and
+    time (32x32 pixels, 5 frames -> (4, 3, 16, 16) latents), an audio VAE (8 mel bins -> 2 latent
+    bins, 2 channels: 4-wide audio tokens; 5 frames at 24 fps -> 5 audio latents), a 2-channel
+    vocoder at 16 kHz, the text connectors and a tiny Gemma-3 behind the character tokenizer. Both
+    VAEs get non-trivial latent statistics so the two normalisations are exercised. The scheduler
+    shifts dynamically, as the released LTX-2's."""
+    from diffusers import (AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video, FlowMatchEulerDiscreteScheduler,
+                           LTX2Pipeline, LTX2VideoTransformer3DModel)
+    from diffusers.pipelines.ltx2 import LTX2TextConnectors
+    from diffusers.pipelines.ltx2.vocoder import LTX2Vocoder
+
+    text = gemma3_text()
+    torch.manual_seed(0)
+    transformer = LTX2VideoTransformer3DModel(
+        in_channels=4, out_channels=4, patch_size=1, patch_size_t=1, num_attention_heads=2, attention_head_dim=8,
+        cross_attention_dim=16, audio_in_channels=4, audio_out_channels=4, audio_num_attention_heads=2,
+        audio_attention_head_dim=4, audio_cross_attention_dim=8, num_layers=2, caption_channels=TEXT_HIDDEN,
+        rope_double_precision=False, rope_type="split")
+    torch.manual_seed(0)
+    connectors = LTX2TextConnectors(
+        caption_channels=TEXT_HIDDEN, text_proj_in_factor=3, video_connector_num_attention_heads=2,
+        video_connector_attention_head_dim=4, video_connector_num_layers=1, video_connector_num_learnable_registers=None,
+        audio_connector_num_attention_heads=2, audio_connector_attention_head_dim=4, audio_connector_num_layers=1,
+        audio_connector_num_learnable_registers=None, connector_rope_base_seq_len=32, rope_double_precision=False,
+        rope_type="split")
+    torch.manual_seed(0)
+    vae = AutoencoderKLLTX2Video(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(8,), decoder_block_out_channels=(8,),
+        layers_per_block=(1,), decoder_layers_per_block=(1, 1), spatio_temporal_scaling=(True,),
+        decoder_spatio_temporal_scaling=(True,), decoder_inject_noise=(False, False), downsample_type=("spatial",),
+        upsample_residual=(False,), upsample_factor=(1,), timestep_conditioning=False, patch_size=1, patch_size_t=1,
+        encoder_causal=True, decoder_causal=False)
+    torch.manual_seed(0)
+    audio_vae = AutoencoderKLLTX2Audio(
+        base_channels=4, output_channels=2, ch_mult=(1,), num_res_blocks=1, attn_resolutions=None, in_channels=2,
+        resolution=32, latent_channels=2, norm_type="pixel", causality_axis="height", dropout=0.0,
+        mid_block_add_attention=False, sample_rate=16000, mel_hop_length=160, is_causal=True, mel_bins=8)
+    with torch.no_grad():
+        vae.latents_mean.copy_(torch.tensor([0.1, -0.2, 0.0, 0.3]))
+        vae.latents_std.copy_(torch.tensor([1.5, 0.5, 1.0, 2.0]))
+        audio_vae.latents_mean.copy_(torch.tensor([0.2, 0.0, -0.1, 0.1]))
+        audio_vae.latents_std.copy_(torch.tensor([0.5, 2.0, 1.0, 1.5]))
+    torch.manual_seed(0)
+    vocoder = LTX2Vocoder(in_channels=2 * 8, hidden_channels=32, out_channels=2, upsample_kernel_sizes=[4, 4],
+                          upsample_factors=[2, 2], resnet_kernel_sizes=[3], resnet_dilations=[[1, 3, 5]],
+                          leaky_relu_negative_slope=0.1, output_sampling_rate=16000)
+    pipe = LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True), vae=vae,
+                        audio_vae=audio_vae, text_encoder=text, tokenizer=qwen3_tokenizer(), connectors=connectors,
+                        transformer=transformer, vocoder=vocoder)
+    pipe.save_pretrained(root)
+    return root
+
+
+# LTX-2 (video + audio): text through its own Gemma-3 + connectors. Apart from MORE_SETUPS: its
+# pipeline returns two latents, compared in test_ltx2.py
+LTX2_SETUP = (build_ltx2, dict(height=32, width=32, num_frames=5, max_sequence_length=8), None)
+AUDIO_SETUPS = {"ltx2": LTX2_SETUP}

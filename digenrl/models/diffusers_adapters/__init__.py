@@ -1,6 +1,6 @@
 """Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo,
 Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image, FLUX.2-dev, Qwen-Image 2.1, SANA,
-SANA-Video, HunyuanVideo 1.5 (text-to-video), and the conditioned FLUX.1 Kontext, Qwen-Image-Edit and Wan2.1 I2V.
+SANA-Video, HunyuanVideo 1.5 (text-to-video), LTX-2 (video + audio), and the conditioned FLUX.1 Kontext, Qwen-Image-Edit and Wan2.1 I2V.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
@@ -29,6 +29,8 @@ FAMILIES = {
     "sana": ("digenrl.models.diffusers_adapters.sana", "SanaPolicy"),
     "sana-video": ("digenrl.models.diffusers_adapters.sana", "SanaVideoPolicy"),
     "hunyuan-video-1.5": ("digenrl.models.diffusers_adapters.hunyuan_video15", "HunyuanVideo15Policy"),
+    # video with an audio track: the trajectory latent holds both streams (ltx2.py)
+    "ltx2": ("digenrl.models.diffusers_adapters.ltx2", "LTX2Policy"),
     # conditioned: one image per prompt (protocol.encode_inputs)
     "flux-kontext": ("digenrl.models.diffusers_adapters.flux_kontext", "FluxKontextPolicy"),
     "qwen-image-edit": ("digenrl.models.diffusers_adapters.qwen_image_edit", "QwenImageEditPolicy"),
@@ -43,6 +45,9 @@ CONDITIONING = {"flux-kontext": "reference-image", "qwen-image-edit": "reference
 # FLUX.1-dev, HunyuanVideo, FLUX.2-dev): their classes set `embedded_guidance`; ModelConfig
 # reads this without importing diffusers
 EMBEDDED_GUIDANCE = ("flux", "hunyuan-video", "flux-kontext", "flux2")
+# families whose samples carry an audio track besides the video (their classes set
+# `audio_sample_rate` and have `decode_audio`); readable without importing diffusers
+AUDIO_FAMILIES = ("ltx2",)
 # families with a high- and a low-noise transformer (model.experts picks which train)
 TWO_EXPERTS = ("wan2.2",)
 EXPERT_CHOICES = ("both", "high", "low")  # the trained expert(s): AdapterOptions.experts, model.experts
@@ -104,12 +109,12 @@ def __getattr__(name: str) -> Any:  # lazy: importing the package does not impor
 
 
 __all__ = [
-    "CONDITIONING", "EMBEDDED_GUIDANCE", "EXPERT_CHOICES", "FAMILIES", "TWO_EXPERTS",
+    "AUDIO_FAMILIES", "CONDITIONING", "EMBEDDED_GUIDANCE", "EXPERT_CHOICES", "FAMILIES", "TWO_EXPERTS",
     "default_lora_targets", "load_policy", "policy_class",
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
     "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
     "Flux2Policy", "QwenImage21Policy", "SanaPolicy", "SanaVideoPolicy", "HunyuanVideo15Policy",
-    "HunyuanVideo15I2VPolicy",
+    "HunyuanVideo15I2VPolicy", "LTX2Policy",
     "FluxKontextPolicy", "QwenImageEditPolicy", "WanI2VPolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

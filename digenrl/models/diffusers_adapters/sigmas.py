@@ -80,7 +80,7 @@ PUBLISHED_SCHEDULERS: dict[str, dict[str, Any]] = {
     "hunyuan-video": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 7.0},
 }
 # families whose grid is built but has no published fallback: the folder's config is required
-FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5")
+FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2")
 GRID_FAMILIES = (*PUBLISHED_SCHEDULERS, *FOLDER_ONLY)  # sampling.sigmas=diffusers is built for these
 # Conditioned families sample on their base family's grid. Their published fallback is the base
 # family's too: we could not read the Kontext / Edit / I2V checkpoints' scheduler configs offline,
@@ -155,6 +155,8 @@ def vae_factor(path: Optional[str]) -> int:
         return 8
     with open(cfg_path) as f:
         cfg = json.load(f)
+    if "spatio_temporal_scaling" in cfg:  # LTX-2 (AutoencoderKLLTX2Video: patch_size * 2**sum(scaling))
+        return int(cfg.get("spatial_compression_ratio") or cfg["patch_size"] * 2 ** sum(cfg["spatio_temporal_scaling"]))
     if "spatial_compression_ratio" in cfg:  # HunyuanVideo
         return int(cfg["spatial_compression_ratio"])
     if "scale_factor_spatial" in cfg:  # Wan, Qwen-Image 2.1 (16: the pipeline's own constant)
@@ -168,6 +170,19 @@ def vae_factor(path: Optional[str]) -> int:
     return 8
 
 
+def vae_temporal_factor(path: Optional[str], default: int) -> int:
+    """Frames per latent frame of an LTX-2 video VAE (vae/config.json), `default` without one."""
+    cfg_path = os.path.join(path, "vae", "config.json") if path else ""
+    if not os.path.isfile(cfg_path):
+        return default
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    if "spatio_temporal_scaling" not in cfg:
+        return default
+    return int(cfg.get("temporal_compression_ratio")
+               or cfg.get("patch_size_t", 1) * 2 ** sum(cfg["spatio_temporal_scaling"]))
+
+
 def sample_sigmas(path: Optional[str]) -> Optional[list[float]]:
     """The pipeline's own `sample_sigmas` (model_index.json; Qwen-Image 2.1), or None."""
     index = os.path.join(path, "model_index.json") if path else ""
@@ -178,12 +193,13 @@ def sample_sigmas(path: Optional[str]) -> Optional[list[float]]:
 
 
 def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int, int],
-                    fixed_sigmas: Optional[list[float]] = None) -> torch.Tensor:
+                    fixed_sigmas: Optional[list[float]] = None, latent_frames: int = 1) -> torch.Tensor:
     """float32 (num_steps + 1,): the `scheduler.sigmas` the family's diffusers 0.42 pipeline
     sets for `num_steps` steps at latent size `latent_hw` (what the dynamic shift reads);
     the last entry is 0. `scheduler` is mutated (set_timesteps), as the pipeline would.
     fixed_sigmas: qwen-image-2.1's `sample_sigmas` (see `sample_sigmas`), used instead of the
-    linspace when set."""
+    linspace when set. latent_frames: the video's latent frames (ltx2's shift reads
+    frames x height x width tokens)."""
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     h, w = latent_hw
@@ -212,6 +228,15 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
                              f"sampling.num_steps is {num_steps}")
         sigmas = fixed_sigmas if fixed_sigmas is not None else np.linspace(1.0, 1 / num_steps, num_steps)
         _retrieve(family, scheduler, num_steps, sigmas, mu=_mu("qwen-image", cfg, h * w))  # unpacked tokens
+    elif family == "ltx2":
+        from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
+
+        # pipeline_ltx2.py 1345-1369: linspace(1, 1/N, N), mu from the packed video tokens (patch 1)
+        # with its own defaults (1024, 4096, 0.95, 2.05)
+        mu = calculate_shift(latent_frames * h * w, cfg.get("base_image_seq_len", 1024),
+                             cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.95),
+                             cfg.get("max_shift", 2.05))
+        _retrieve(family, scheduler, num_steps, np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
     elif family in ("hunyuan-video", "hunyuan-video-1.5"):
         _retrieve(family, scheduler, num_steps, np.linspace(1.0, 0.0, num_steps + 1)[:-1])
     else:
@@ -243,6 +268,7 @@ def _retrieve(family: str, scheduler, num_steps: int, sigmas, **kwargs) -> None:
     module = {"flux": "flux.pipeline_flux", "qwen-image": "qwenimage.pipeline_qwenimage",
               "hunyuan-video": "hunyuan_video.pipeline_hunyuan_video", "flux2": "flux2.pipeline_flux2",
               "qwen-image-2.1": "qwenimage21.pipeline_qwenimage21",
-              "hunyuan-video-1.5": "hunyuan_video1_5.pipeline_hunyuan_video1_5"}[family]
+              "hunyuan-video-1.5": "hunyuan_video1_5.pipeline_hunyuan_video1_5",
+              "ltx2": "ltx2.pipeline_ltx2"}[family]
     retrieve = importlib.import_module(f"diffusers.pipelines.{module}").retrieve_timesteps
     retrieve(scheduler, num_steps, "cpu", sigmas=sigmas, **kwargs)
