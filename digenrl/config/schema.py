@@ -882,7 +882,8 @@ class Config:
         that compares with the source needs one; a reward that scores audio (AUDIO_REWARDS) needs
         a family that generates it (AUDIO_FAMILIES)."""
         from digenrl.data import ROWS_SUFFIX
-        from digenrl.rewards import AUDIO_FAMILIES, AUDIO_REWARDS, SOURCE_REWARDS
+        from digenrl.models.diffusers_adapters import AUDIO_FAMILIES
+        from digenrl.rewards import AUDIO_REWARDS, SOURCE_REWARDS
 
         kind = CONDITIONING.get(self.model.name)
         if kind is not None:

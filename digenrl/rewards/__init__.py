@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Optional
 import torch
 
 from digenrl.math.advantages import combine_rewards
+from digenrl.models.diffusers_adapters import AUDIO_FAMILIES  # an audio reward needs one of them
 
 REWARD_NAMES = (
     "toy-geneval",
@@ -42,9 +43,6 @@ SOURCE_REWARDS = ("source-similarity",)
 # rewards that score the generated audio: their classes set `wants_audio = True` and are called
 # with audio=(B, channels, samples) in [-1, 1] and audio_rate=<Hz>
 AUDIO_REWARDS = ("clap",)
-# model families that generate an audio track with the video (model.name); an audio reward
-# needs one of them
-AUDIO_FAMILIES = ("ltx2",)
 
 RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
 

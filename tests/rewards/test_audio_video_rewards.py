@@ -3,7 +3,6 @@ to disk like the released ones, the torch resampler, and how AsyncRewarder hands
 
 import json
 import math
-import string
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ from digenrl.config.schema import ConfigError, load_config
 from digenrl.rewards import AUDIO_FAMILIES, AsyncRewarder, build_reward
 from digenrl.rewards.clap import ClapScore, resample_audio
 from digenrl.rewards.xclip import XClipScore, video_frame_indices
+from tests.helpers.tiny_clap import build_tiny_clap
 
 PROMPTS = ["a dog barks", "rain on a roof", "a dog barks"]
 AUDIO_RATE = 16_000  # not CLAP's 48 kHz: every call resamples
@@ -29,29 +29,7 @@ def _sine(freq: float, rate: int, seconds: float, phase: float = 0.0) -> torch.T
 
 @pytest.fixture(scope="module")
 def tiny_clap_dir(tmp_path_factory) -> str:
-    """ClapModel (RoBERTa text tower, HTS-AT audio tower), RobertaTokenizer over single
-    characters, ClapFeatureExtractor at 48 kHz with a 1 s window and 16 mel bins."""
-    from transformers import ClapConfig, ClapFeatureExtractor, ClapModel, RobertaTokenizer
-
-    path = tmp_path_factory.mktemp("tiny_clap")
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "<mask>": 4}
-    for c in string.ascii_lowercase + string.digits:  # a character inside a word, and after a space
-        vocab[c], vocab["\u0120" + c] = len(vocab), len(vocab) + 1
-    tokenizer = RobertaTokenizer(vocab=vocab, merges=[], model_max_length=38)
-    config = ClapConfig(
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=32, max_position_embeddings=40, projection_dim=8),
-        audio_config=dict(window_size=4, num_mel_bins=16, spec_size=64, patch_size=4, patch_stride=(4, 4),
-                          patch_embeds_hidden_size=8, hidden_size=16, depths=[1, 1], num_attention_heads=[2, 2],
-                          projection_dim=8, num_classes=4),
-        projection_dim=8,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    ClapModel(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    ClapFeatureExtractor(feature_size=16, sampling_rate=48_000, hop_length=480, max_length_s=1,
-                         fft_window_size=1024, truncation="rand_trunc", padding="repeatpad").save_pretrained(path)
-    return str(path)
+    return str(build_tiny_clap(tmp_path_factory.mktemp("tiny_clap")))
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 """Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo,
 Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image, FLUX.2-dev, Qwen-Image 2.1, SANA,
-SANA-Video, HunyuanVideo 1.5 (text-to-video), LTX-2 (video + audio), and the conditioned FLUX.1 Kontext, Qwen-Image-Edit and Wan2.1 I2V.
+SANA-Video, HunyuanVideo 1.5, LTX-2 (video + audio), and the conditioned FLUX.1 Kontext,
+Qwen-Image-Edit, Wan2.1 I2V and HunyuanVideo 1.5 I2V.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
