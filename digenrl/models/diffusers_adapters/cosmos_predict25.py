@@ -10,8 +10,12 @@ Conventions, from diffusers 0.42 `pipelines/cosmos/pipeline_cosmos2_5_predict.py
   output (778, 807). Image-/video-to-world pin their conditioning frames instead (their velocity
   replaced by the clean one, 807; their timestep 1e-4, 789-791): not built.
 - timestep: the transformer gets the scheduler's sigma itself, broadcast to (B, 1, T, 1, 1)
-  (788-791: "assumes sigma(t) in [0, 1]"), float32; its time projection takes it unscaled. So
-  the model input is sigma (no * 1000).
+  (788-791: "assumes sigma(t) in [0, 1]"), float32; its time projection (`Timesteps`, transformer
+  73) takes it unscaled. So the model input is sigma (no * 1000). We pass it as (B,), which the
+  transformer also takes (759-760): text-to-world gives every frame the same sigma, and the
+  (B, 1, T, 1, 1) form expands the time embedding to every token (761-773), so each block's adaLN
+  MLPs (~9% of a 2B block's linear weights) would run per token instead of once per sample. Same
+  values; the test compares with the pipeline's own (B, 1, T, 1, 1) call.
 - sign: the released scheduler is UniPC with `prediction_type="flow_prediction"`, whose x0 is
   `sample - sigma * model_output`: the output is the flow velocity eps - x0. We only take its
   sigma grid (`sampling.sigmas=diffusers`, sigmas.py); our steps stay Euler/SDE.
@@ -177,7 +181,7 @@ class CosmosPredict25Policy(DiffusersPolicy):
         return self.module(
             hidden_states=x,  # (B, C, F, H, W)
             condition_mask=x.new_zeros((b, 1, f, h, w)),  # text-to-world: nothing pinned
-            timestep=sigma.view(b, 1, 1, 1, 1).expand(b, 1, f, 1, 1),  # the input is sigma (module docstring)
+            timestep=sigma,  # (B,): the input is sigma, one per sample (module docstring)
             encoder_hidden_states=cond["prompt_embeds"].to(self.dtype),
             padding_mask=x.new_zeros((1, 1, self.height, self.width)),
             return_dict=False,
