@@ -172,6 +172,20 @@ def test_conditioning_images_and_a_missing_torchvision_are_refused(folders, tmp_
         load(folders, tmp_path_factory, tmp_path / "cache", train="frozen")
 
 
+def test_loads_where_the_pipeline_cannot_without_the_guardrail(folders, tmp_path_factory, tmp_path):
+    """The folder's model_index.json names cosmos_guardrail's CosmosSafetyChecker (not installed):
+    diffusers' from_pretrained refuses the folder, our component-wise load does not."""
+    import importlib.util
+
+    from diffusers import Cosmos2_5_PredictBasePipeline
+
+    policy = load(folders, tmp_path_factory, tmp_path / "cache", train="frozen")
+    assert policy.text_pipeline is not None and policy.vae is not None
+    if importlib.util.find_spec("cosmos_guardrail") is None:
+        with pytest.raises(ValueError, match="cosmos_guardrail"):
+            Cosmos2_5_PredictBasePipeline.from_pretrained(str(folders[FAMILY]))
+
+
 def test_textless_load_reads_the_prompt_cache(folders, tmp_path_factory, tmp_path):
     """text_encoders=False (a trainer): prompts come from the cache a text-encoder load filled."""
     with_text = load(folders, tmp_path_factory, tmp_path / "cache", train="frozen")
