@@ -807,13 +807,15 @@ class Config:
         _check(s.cfg_scale_low == 0 or self.model.name in TWO_EXPERTS, "sampling.cfg_scale_low",
                f"{self.model.name} has one transformer (only {', '.join(TWO_EXPERTS)} have a low-noise expert): "
                "leave it at 0 (sampling.cfg_scale guides every step)")
-        # SANA's DPM-Solver flow sigmas start at 0.9997 (flow_shift 3, 10 steps): std ~58 x noise_level
-        _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v", "sana", "sana-video")
+        # SANA's DPM-Solver flow sigmas start at 0.9997 (flow_shift 3, 10 steps): std ~58 x noise_level;
+        # Cosmos-Predict2.5's UniPC Karras flow sigmas at 200/201 = 0.995: std ~14 x noise_level
+        _check(not (s.sigmas == "diffusers" and self.model.name in ("wan", "wan-i2v", "sana", "sana-video",
+                                                                    "cosmos-predict2.5")
                     and s.sde == "flow-sde"),
                "sampling.sigmas",
-               f"diffusers on {self.model.name} starts just below sigma 1 (wan: 1 - 1e-6, sana: 0.9997), where "
-               "flow-sde's noise explodes (std ~ 1000 / ~58 x noise_level); use sigmas=digenrl with flow-sde, "
-               "or another sampling.sde")
+               f"diffusers on {self.model.name} starts just below sigma 1 (wan: 1 - 1e-6, sana: 0.9997, "
+               "cosmos-predict2.5: 0.995), where flow-sde's noise explodes (std ~ 1000 / ~58 / ~14 x noise_level); "
+               "use sigmas=digenrl with flow-sde, or another sampling.sde")
         # an ODE rollout records no log-probs: only DiffusionNFT trains on it
         _check(s.sde != "ode" or self.train.loss in CLEAN_SAMPLE_LOSSES, "sampling.sde",
                f"ode records no log-probs for train.loss={self.train.loss} to train on: use an SDE kind "

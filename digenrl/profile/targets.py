@@ -18,7 +18,8 @@ DIFFUSERS_FAMILIES = tuple(f for f in FAMILIES if f not in CONDITIONING and f no
 # text tokens inside the joint attention sequence (wan, wan2.2: cross-attention, none)
 JOINT_TEXT = {"sd3": True, "flux": True, "wan": False, "qwen-image": True, "hunyuan-video": True,
               "wan2.2": False, "flux2-klein": True, "z-image": True, "flux2": True, "qwen-image-2.1": True,
-              "sana": False, "sana-video": False, "hunyuan-video-1.5": True}
+              "sana": False, "sana-video": False, "hunyuan-video-1.5": True,
+              "cosmos-predict2.5": False}
 # latent positions per token side (2x2 patches), except FLUX.2's latents, patchified into
 # channels already, and Qwen-Image 2.1's and SANA's, unpatched (patch_size 1): one token per position
 LATENT_PATCH = {"flux2-klein": 1, "flux2": 1, "qwen-image-2.1": 1, "sana": 1}

@@ -277,12 +277,15 @@ def _new_family_worker(rank: int, tmp: str, family: str, folder: str) -> None:
 
     from digenrl.learner.sharded import shard_policy
     from tests.models.adapter_checks import PROMPTS, load_tiny
-    from tests.models.tiny_diffusers_more import AUDIO_SETUPS, MORE_SETUPS
+    from tests.models.tiny_diffusers_more import AUDIO_SETUPS, COSMOS_SETUPS, MORE_SETUPS, install_cosmos_resize_stand_in
 
     torch.set_num_threads(1)
+    if family in COSMOS_SETUPS:
+        install_cosmos_resize_stand_in()  # torchvision's resize, absent here (tiny_diffusers_more.py)
     dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
     try:
-        policy = load_tiny({**MORE_SETUPS, **AUDIO_SETUPS}, {family: Path(folder)}, None, family, Path(tmp) / f"cache{rank}",
+        policy = load_tiny({**MORE_SETUPS, **AUDIO_SETUPS, **COSMOS_SETUPS}, {family: Path(folder)}, None, family,
+                           Path(tmp) / f"cache{rank}",
                            train="lora", lora_rank=4)
         shard_policy(policy, init_device_mesh("cpu", (WORLD,)))
         units = sorted(name for name, m in policy.module.named_modules() if isinstance(m, FSDPModule))
@@ -298,15 +301,22 @@ def _new_family_worker(rank: int, tmp: str, family: str, folder: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2"])
-def test_new_family_blocks_are_fsdp_units(family, tmp_path):
+@pytest.mark.parametrize("family", ["flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2",
+                                    "cosmos-predict2.5"])
+def test_new_family_blocks_are_fsdp_units(family, tmp_path, monkeypatch):
     """Issue 28's families under shard_policy (LoRA injected first, as the trainer does): one FSDP
     unit per transformer block plus the root, and the sharded velocity is the unsharded one."""
     pytest.importorskip("diffusers")
     from tests.models.adapter_checks import PROMPTS, load_tiny
-    from tests.models.tiny_diffusers_more import AUDIO_SETUPS, MORE_SETUPS
+    from tests.models.tiny_diffusers_more import AUDIO_SETUPS, COSMOS_SETUPS, MORE_SETUPS, install_cosmos_resize_stand_in
 
-    setups = {**MORE_SETUPS, **AUDIO_SETUPS}  # ltx2: the flat video + audio latent, one velocity
+    setups = {**MORE_SETUPS, **AUDIO_SETUPS, **COSMOS_SETUPS}  # ltx2: the flat video + audio latent
+    if family in COSMOS_SETUPS:  # torchvision's resize, absent here; undone after the test
+        from diffusers.models.transformers import transformer_cosmos
+
+        monkeypatch.setattr(transformer_cosmos, "transforms", getattr(transformer_cosmos, "transforms", None),
+                            raising=False)
+        install_cosmos_resize_stand_in()
     folder = setups[family][0](tmp_path / "pipe")
     policy = load_tiny(setups, {family: folder}, None, family, tmp_path / "cache", train="lora", lora_rank=4)
     x = torch.randn(2, *policy.latent_shape, generator=torch.Generator().manual_seed(0))

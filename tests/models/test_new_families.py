@@ -47,12 +47,13 @@ def load(folders, tmp_path_factory, family: str, cache_dir: Path, **extra):
 def test_every_family_has_a_tiny_pipeline():
     """A family added to FAMILIES without a tiny build would go untested (prompt-only builds in
     tiny_diffusers.py, tiny_diffusers_new.py and tiny_diffusers_more.py, conditioned ones in
-    tiny_diffusers.py and tiny_diffusers_more.py, audio + video ones in tiny_diffusers_more.py)."""
+    tiny_diffusers.py and tiny_diffusers_more.py, audio + video ones and Cosmos-Predict2.5's in
+    tiny_diffusers_more.py)."""
     from tests.models.tiny_diffusers import CONDITIONED_SETUPS
-    from tests.models.tiny_diffusers_more import AUDIO_SETUPS, MORE_CONDITIONED_SETUPS, MORE_SETUPS
+    from tests.models.tiny_diffusers_more import AUDIO_SETUPS, COSMOS_SETUPS, MORE_CONDITIONED_SETUPS, MORE_SETUPS
 
     assert set(FAMILIES) == (set(FAMILY_SETUPS) | set(NEW_SETUPS) | set(CONDITIONED_SETUPS) | set(MORE_SETUPS)
-                             | set(MORE_CONDITIONED_SETUPS) | set(AUDIO_SETUPS))
+                             | set(MORE_CONDITIONED_SETUPS) | set(AUDIO_SETUPS) | set(COSMOS_SETUPS))
 
 
 def test_two_expert_families_match_the_adapter_classes():

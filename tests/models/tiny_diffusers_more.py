@@ -1,5 +1,5 @@
-"""Tiny random-weight pipelines of FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video and HunyuanVideo 1.5
-(issue 28).
+"""Tiny random-weight pipelines of FLUX.2-dev, Qwen-Image 2.1, SANA, SANA-Video, HunyuanVideo 1.5 and
+Cosmos-Predict2.5 (issue 28).
 
 As tiny_diffusers.py: each `build_<family>(root)` saves a whole pipeline with 1-layer, 8-32-wide
 models and returns the folder. FLUX.2-dev gets a tiny Mistral-3 (31 hidden states: it reads
@@ -307,3 +307,97 @@ def build_ltx2(root: Path) -> Path:
 # pipeline returns two latents, compared in test_ltx2.py
 LTX2_SETUP = (build_ltx2, dict(height=32, width=32, num_frames=5, max_sequence_length=8), None)
 AUDIO_SETUPS = {"ltx2": LTX2_SETUP}
+
+# ---- Cosmos-Predict2.5 (tests/models/test_cosmos_predict25.py) -------------------------------------
+
+COSMOS_TEXT_LAYERS = 2  # the tiny Qwen2.5-VL's layers: the transformer reads all of them, concatenated
+
+
+def qwen25vl_text():
+    """A tiny Qwen2.5-VL (2 layers, 8 wide): Cosmos-Predict2.5 runs only its language model on token
+    ids (no image processor), so its text path runs here, unlike Qwen-Image's."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    cfg = Qwen2_5_VLConfig(
+        text_config=dict(vocab_size=32, hidden_size=TEXT_HIDDEN, intermediate_size=16,
+                         num_hidden_layers=COSMOS_TEXT_LAYERS, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=1,
+                         rope_scaling={"type": "mrope", "mrope_section": [1, 1, 0]}),
+        vision_config=dict(depth=1, hidden_size=8, intermediate_size=16, num_heads=2, out_hidden_size=TEXT_HIDDEN,
+                           patch_size=2, spatial_merge_size=1, temporal_patch_size=1, fullatt_block_indexes=[0]),
+    )
+    torch.manual_seed(0)
+    return Qwen2_5_VLForConditionalGeneration(cfg).eval()
+
+
+def install_cosmos_resize_stand_in() -> bool:
+    """torchvision is not installed here, and the Cosmos transformer resizes its padding mask with
+    `torchvision.transforms.functional.resize(..., NEAREST)` (transformer_cosmos.py 734-737). This sets
+    a nearest-neighbour stand-in (torch's interpolate, mode "nearest") in that module when torchvision
+    is absent; our adapter and the reference pipeline then run the same forward. Returns whether it
+    was installed (False: the real torchvision is there)."""
+    from types import SimpleNamespace
+
+    from diffusers.models.transformers import transformer_cosmos
+
+    if getattr(transformer_cosmos, "transforms", None) is not None:
+        return False
+
+    def resize(t, size, interpolation=None):
+        return torch.nn.functional.interpolate(t, size=list(size), mode="nearest")
+
+    transformer_cosmos.transforms = SimpleNamespace(
+        functional=SimpleNamespace(resize=resize), InterpolationMode=SimpleNamespace(NEAREST="nearest"))
+    return True
+
+
+def cosmos_predict25_components() -> dict:
+    """Transformer (the released layout: condition-mask channel, padding-mask channel, cross-attention
+    projection from every text layer; 2 blocks, head dim 16: RoPE needs > 2 dims per axis) + Wan2.1 VAE (build_sana_video's) + UniPC with the
+    released flow-Karras grid (sigma_max 200, sigma_min 0.01), as order 1 with no corrector: then each
+    UniPC step is exactly an Euler step (x0 = x - sigma v; x' = sigma'/sigma x + (1 - sigma'/sigma) x0
+    = x + (sigma' - sigma) v), so the pipeline's own loop is the Euler ODE ours is compared with, on
+    the released grid."""
+    from diffusers import AutoencoderKLWan, CosmosTransformer3DModel, UniPCMultistepScheduler
+
+    torch.manual_seed(0)
+    transformer = CosmosTransformer3DModel(
+        in_channels=4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=16, num_layers=2, mlp_ratio=2.0,
+        text_embed_dim=16, adaln_lora_dim=4, max_size=(8, 8, 8), patch_size=(1, 2, 2), rope_scale=(1.0, 3.0, 3.0),
+        concat_padding_mask=True, extra_pos_embed_type=None, use_crossattn_projection=True,
+        crossattn_proj_in_channels=COSMOS_TEXT_LAYERS * TEXT_HIDDEN, encoder_hidden_states_channels=16,
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=3, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                           temperal_downsample=[False, True, True],
+                           latents_mean=[0.1, -0.1, 0.0, 0.2], latents_std=[1.5, 2.0, 1.0, 0.5])
+    scheduler = UniPCMultistepScheduler(use_karras_sigmas=True, use_flow_sigmas=True, prediction_type="flow_prediction",
+                                        sigma_max=200.0, sigma_min=0.01, solver_order=1, disable_corrector=[0, 1, 2, 3])
+    return dict(transformer=transformer, vae=vae, scheduler=scheduler, text_encoder=qwen25vl_text(),
+                tokenizer=mistral3_tokenizer())
+
+
+def build_cosmos_predict25(root: Path) -> Path:
+    """The components saved one by one (Cosmos2_5_PredictBasePipeline cannot be built without a safety
+    checker) with a model_index.json naming the guardrail's class, as a pipeline saved with it would:
+    our loader never imports it. The tokenizer's chat template renders the user turn only (a few-token
+    max_sequence_length would otherwise hold only the pipeline's system message)."""
+    import diffusers
+
+    parts = cosmos_predict25_components()
+    for name, module in parts.items():
+        module.save_pretrained(root / name)
+    libraries = {"transformer": "diffusers", "vae": "diffusers", "scheduler": "diffusers",
+                 "text_encoder": "transformers", "tokenizer": "transformers"}
+    index = {"_class_name": "Cosmos2_5_PredictBasePipeline", "_diffusers_version": diffusers.__version__,
+             **{name: [libraries[name], type(m).__name__] for name, m in parts.items()},
+             "safety_checker": ["cosmos_guardrail", "CosmosSafetyChecker"]}
+    (root / "model_index.json").write_text(json.dumps(index))
+    return root
+
+
+# 32x32 pixels, 5 frames -> (4, 2, 4, 4) latents; the text through the tiny Qwen2.5-VL
+COSMOS_SETUPS = {
+    "cosmos-predict2.5": (build_cosmos_predict25, dict(height=32, width=32, num_frames=5, max_sequence_length=8),
+                          None),
+}

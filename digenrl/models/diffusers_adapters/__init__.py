@@ -1,7 +1,7 @@
 """Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo,
 Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image, FLUX.2-dev, Qwen-Image 2.1, SANA,
-SANA-Video, HunyuanVideo 1.5, LTX-2 (video + audio), and the conditioned FLUX.1 Kontext,
-Qwen-Image-Edit, Wan2.1 I2V and HunyuanVideo 1.5 I2V.
+SANA-Video, HunyuanVideo 1.5, LTX-2 (video + audio), Cosmos-Predict2.5 (text-to-world), and the
+conditioned FLUX.1 Kontext, Qwen-Image-Edit, Wan2.1 I2V and HunyuanVideo 1.5 I2V.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
@@ -32,6 +32,7 @@ FAMILIES = {
     "hunyuan-video-1.5": ("digenrl.models.diffusers_adapters.hunyuan_video15", "HunyuanVideo15Policy"),
     # video with an audio track: the trajectory latent holds both streams (ltx2.py)
     "ltx2": ("digenrl.models.diffusers_adapters.ltx2", "LTX2Policy"),
+    "cosmos-predict2.5": ("digenrl.models.diffusers_adapters.cosmos_predict25", "CosmosPredict25Policy"),
     # conditioned: one image per prompt (protocol.encode_inputs)
     "flux-kontext": ("digenrl.models.diffusers_adapters.flux_kontext", "FluxKontextPolicy"),
     "qwen-image-edit": ("digenrl.models.diffusers_adapters.qwen_image_edit", "QwenImageEditPolicy"),
@@ -115,7 +116,7 @@ __all__ = [
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
     "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
     "Flux2Policy", "QwenImage21Policy", "SanaPolicy", "SanaVideoPolicy", "HunyuanVideo15Policy",
-    "HunyuanVideo15I2VPolicy", "LTX2Policy",
+    "HunyuanVideo15I2VPolicy", "LTX2Policy", "CosmosPredict25Policy",
     "FluxKontextPolicy", "QwenImageEditPolicy", "WanI2VPolicy",
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]

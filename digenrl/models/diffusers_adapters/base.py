@@ -230,14 +230,10 @@ class DiffusersPolicy:
         (a trainer's usual setup). local_files_only None: try the local cache first, then
         the hub.
         """
-        import diffusers
-
         AdapterOptions.from_kwargs(options)  # fail on a typo before loading gigabytes
         options.setdefault("model_id", path_or_id)
         device = torch.device(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = _as_dtype(options.get("dtype"), torch.bfloat16 if device.type == "cuda" else torch.float32)
-        dtype_kwarg = _dtype_kwarg()
-        pipeline_cls = getattr(diffusers, cls.pipeline_class)
         skip = {} if text_encoders else cls._text_components_skipped()
         is_dir = os.path.isdir(path_or_id)
         attempts = [True] if (is_dir or local_files_only) else ([False] if local_files_only is False else [True, False])
@@ -245,9 +241,7 @@ class DiffusersPolicy:
         for local in attempts:
             try:
                 given = skip if not text_encoders else cls._text_components_loaded(path_or_id, local)
-                pipe = pipeline_cls.from_pretrained(
-                    path_or_id, **{dtype_kwarg: dtype}, local_files_only=local, **given
-                )
+                pipe = cls._load_pipeline(path_or_id, local, dtype, given)
                 break
             except (OSError, ValueError, EnvironmentError) as e:  # hub/cache misses surface as these
                 error = e
@@ -263,6 +257,18 @@ class DiffusersPolicy:
         conditions = {name: getattr(pipe, name, None) for name in cls.condition_components}
         conditions = {name: m for name, m in conditions.items() if m is not None}
         return cls._from_pipeline(pipe, text or None, conditions or None, options)
+
+    @classmethod
+    def _load_pipeline(cls, path_or_id: str, local: bool, dtype: torch.dtype, given: dict[str, Any]) -> Any:
+        """The family's diffusers pipeline, loaded whole. `given`: components passed to it by name,
+        the text components as None when text_encoders=False (_text_components_skipped), else
+        those the family loads itself (_text_components_loaded, usually none). A family whose
+        pipeline cannot be built here overrides it and returns an object with the same component
+        attributes (cosmos_predict25.py)."""
+        import diffusers
+
+        pipeline_cls = getattr(diffusers, cls.pipeline_class)
+        return pipeline_cls.from_pretrained(path_or_id, **{_dtype_kwarg(): dtype}, local_files_only=local, **given)
 
     @classmethod
     def _text_components_skipped(cls) -> dict[str, Any]:

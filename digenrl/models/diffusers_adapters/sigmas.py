@@ -37,14 +37,21 @@ the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
                  set_timesteps(N) on the folder's scheduler (DPM-Solver / UniPC with flow sigmas
                  in the released checkpoints); pipeline_sana.py:880, pipeline_sana_video.py:913.
 
+  cosmos-predict2.5
+                 set_timesteps(N) on the folder's scheduler (pipeline_cosmos2_5_predict.py:773), for the
+                 released model UniPC with Karras sigmas in [0.01, 200] mapped to flow sigmas s / (1 + s)
+                 (diffusers scripts/convert_cosmos_to_diffusers.py, save_pipeline_cosmos2_5_predict): the
+                 grid starts at 200/201 = 0.995 and its last noisy sigma is 0.0099.
+
   flux-kontext, qwen-image-edit, wan-i2v: their base family's code exactly (pipeline_flux_kontext.py
                  ~965-980 and pipeline_qwenimage_edit.py ~720-735 compute mu from the sample's own
                  tokens, not the reference's; pipeline_wan_i2v.py ~708 calls set_timesteps(N)).
 
 Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
 published scheduler config below is used, with a warning. The families added in issue 28
-(flux2, qwen-image-2.1, sana, sana-video, hunyuan-video-1.5) have none recorded here (their configs could not be
-read offline): they need the folder's own.
+(flux2, qwen-image-2.1, sana, sana-video, hunyuan-video-1.5, cosmos-predict2.5) have none recorded here (their
+configs could not be read offline; cosmos-predict2.5's converter config above is not the hub folder's): they need
+the folder's own.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ PUBLISHED_SCHEDULERS: dict[str, dict[str, Any]] = {
     "hunyuan-video": {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 1000, "shift": 7.0},
 }
 # families whose grid is built but has no published fallback: the folder's config is required
-FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2")
+FOLDER_ONLY = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2", "cosmos-predict2.5")
 GRID_FAMILIES = (*PUBLISHED_SCHEDULERS, *FOLDER_ONLY)  # sampling.sigmas=diffusers is built for these
 # Conditioned families sample on their base family's grid. Their published fallback is the base
 # family's too: we could not read the Kontext / Edit / I2V checkpoints' scheduler configs offline,
@@ -205,7 +212,7 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
     h, w = latent_hw
     family = BASE_FAMILY.get(family, family)
     cfg = scheduler.config
-    if family in ("sd3", "wan", "sana", "sana-video"):
+    if family in ("sd3", "wan", "sana", "sana-video", "cosmos-predict2.5"):
         kwargs = {}
         if family == "sd3" and cfg.get("use_dynamic_shifting", None):
             kwargs["mu"] = _mu(family, cfg, (h // 2) * (w // 2))  # SD3 patch size 2
