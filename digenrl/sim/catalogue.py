@@ -194,6 +194,15 @@ MODELS: dict[str, ModelSpec] = {
         # frames at the pipeline's 24 fps; 8 channels x 16 mel bins = 128 values each): per audio
         # token (4 self + 2 cross + 8 FFN + 2 video-to-audio q/o + 2 audio-to-video k/v) at
         # d_a = 2048, x 48 = 3.62B; priced by sample_flops, ~0.8% of a forward at 512x768x121.
+        # Cosmos-Predict2.5 (nvidia/Cosmos-Predict2.5-2B and -14B, revision diffusers/base/post-trained;
+        # architecture from diffusers' scripts/convert_cosmos_to_diffusers.py TRANSFORMER_CONFIGS: 28 / 36
+        # blocks, 16 / 40 heads x 128, mlp_ratio 4, patch 1x2x2, Wan2.1 VAE): per video token (4 self +
+        # 2 cross q/o + 8 FFN) d^2 x layers = 1.644B / 13.21B; text by cross-attention from the 100352-wide
+        # stack of Cosmos-Reason1-7B's 28 layers, projected to 1024 (not counted per token).
+        ModelSpec("cosmos-predict2.5-2b", 2.059, "video", 2048, 28, 1.644, 0, Shape(704, 1280, 93), "wan-vae",
+                  "cosmos-reason1-7b", 28 * 8, scaled_from="wan2.1-1.3b"),
+        ModelSpec("cosmos-predict2.5-14b", 14.368, "video", 5120, 36, 13.21, 0, Shape(704, 1280, 93), "wan-vae",
+                  "cosmos-reason1-7b", 36 * 8, scaled_from="wan2.1-14b"),
         ModelSpec("ltx-2-19b", 18.876, "video", 4096, 48, 12.88, 0, Shape(512, 768, 121), "ltx2-vae",
                   "gemma-3-12b", 48 * 8, scaled_from="wan2.1-14b", spatial=32, temporal=8, token_values=128,
                   audio=AudioStream(25.0, 24.0, 2048, 18 * 2048**2 * 48 / 1e9, 128)),
@@ -293,7 +302,8 @@ TEXT_ENCODERS = {
     "qwen3-vl-8b": (8.770, 256),  # Qwen-Image-2.1 (the prompt's length: estimate)
     "gemma-2-2b": (2.614, 300),  # SANA, SANA-Video
     "qwen2.5-vl-7b+byt5": (7.290, 1256),  # HunyuanVideo-1.5: the 7.07B LM + byT5-small's encoder
-    "qwen2.5-vl-7b+byt5+siglip": (7.718, 1256),  # HunyuanVideo-1.5 I2V: + SigLIP so400m's vision tower (0.428B)
+    "qwen2.5-vl-7b+byt5+siglip": (7.718, 1256),
+    "cosmos-reason1-7b": (8.290, 512),  # Cosmos-Predict2.5: a Qwen2.5-VL-7B, every layer's states, 512 tokens  # HunyuanVideo-1.5 I2V: + SigLIP so400m's vision tower (0.428B)
     "gemma-3-12b": (12.190, 1024),  # LTX-2
 }
 
@@ -302,7 +312,8 @@ TEXT_DIMS = {"t5xxl": 4096, "t5xxl+clip-l": 4096, "t5xxl+clip-l+clip-g": 4096, "
              "qwen2.5-vl-7b": 3584, "llava-llama3-8b+clip-l": 4096, "qwen2.5-vl-7b+image": 3584,
              "umt5-xxl+clip-h": 4096, "qwen3-4b": 2560, "qwen3-4b-x3": 3 * 2560, "qwen3-8b-x3": 3 * 4096,
              "mistral-small-3.1-24b-x3": 3 * 5120, "qwen3-vl-8b": 4096, "gemma-2-2b": 2304,
-             "qwen2.5-vl-7b+byt5": 3584, "qwen2.5-vl-7b+byt5+siglip": 3584, "gemma-3-12b": 3840}
+             "qwen2.5-vl-7b+byt5": 3584, "qwen2.5-vl-7b+byt5+siglip": 3584, "gemma-3-12b": 3840,
+             "cosmos-reason1-7b": 28 * 3584}
 
 # VAEs: decoder params_B, the calibration entry whose per-pixel cost it uses, and a factor.
 VAES = {
@@ -420,7 +431,7 @@ FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image"
                  "qwen-image-edit": "qwen-image-edit", "flux2-klein": "flux.2-klein", "z-image": "z-image",
                  "flux2": "flux.2", "qwen-image-2.1": "qwen-image-2.1", "sana": "sana", "sana-video": "sana-video",
                  "hunyuan-video-1.5": "hunyuanvideo-1.5", "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v",
-                 "ltx2": "ltx-2"}
+                 "ltx2": "ltx-2", "cosmos-predict2.5": "cosmos-predict2.5"}
 
 
 def family_of(model: str) -> str | None:

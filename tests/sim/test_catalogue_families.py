@@ -18,13 +18,14 @@ from digenrl.sim import catalogue
 from digenrl.sim.catalogue import (FAMILY_PREFIX, MODELS, Shape, family_models, family_of, forward_flops,
                                    latent_values, tokens_for)
 
-# issue 28's new families: adapters written on another branch, catalogued here
-PENDING = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "ltx2")
+# issue 28's families, each with a 16-GPU testbed (benchmarks/testbeds/h200x16-<family>.yaml)
+ROUND = ("flux2", "qwen-image-2.1", "sana", "sana-video", "hunyuan-video-1.5", "hunyuan-video-1.5-i2v", "ltx2",
+         "cosmos-predict2.5")
 TESTBEDS = Path(__file__).resolve().parents[2] / "benchmarks" / "testbeds"
 
 
 def test_every_family_has_an_entry_and_every_entry_a_family():
-    assert set(FAMILY_PREFIX) == set(FAMILIES) | set(PENDING)
+    assert set(FAMILY_PREFIX) == set(FAMILIES) and set(ROUND) <= set(FAMILIES)
     for name in FAMILY_PREFIX:
         assert family_models(name), f"{name} has no catalogue entry"
     for name in MODELS:
@@ -38,7 +39,8 @@ def test_family_is_the_longest_prefix_in_any_order(monkeypatch):
             "qwen-image-edit-20b": "qwen-image-edit", "qwen-image-2.1-7b": "qwen-image-2.1",
             "hunyuanvideo-13b": "hunyuan-video", "hunyuanvideo-1.5-8b": "hunyuan-video-1.5",
             "hunyuanvideo-1.5-i2v-8b": "hunyuan-video-1.5-i2v",
-            "sana-1.6b": "sana", "sana-video-2b": "sana-video", "ltx-2-19b": "ltx2"}
+            "sana-1.6b": "sana", "sana-video-2b": "sana-video", "ltx-2-19b": "ltx2",
+            "cosmos-predict2.5-2b": "cosmos-predict2.5", "cosmos-predict2.5-14b": "cosmos-predict2.5"}
     assert {m: family_of(m) for m in want} == want
     # first-match in dict order (the old rule) would give "flux" for the Kontext entry when the
     # shorter prefix comes first, and the reverse order its mirror image: longest wins in both
@@ -116,9 +118,6 @@ def test_plan_config_names_the_family_and_simulates(model, tmp_path):
     from digenrl.sim.workload import RunSpec, config_for
 
     name = family_of(model)
-    if name not in FAMILIES:
-        pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28: not built yet); "
-                    "the schema refuses model.name until it is")
     tb = _testbed(model, tmp_path)
     spec = RunSpec("digenrl", n_rollout=8)
     cfg = config_for(tb, spec, 2)
@@ -159,7 +158,7 @@ def test_new_family_testbeds_load():
     presets are what sim_fingerprint and the preset tests run)."""
     from digenrl.sim.testbed import load_testbed
 
-    for name in PENDING:
+    for name in ROUND:
         tb = load_testbed(TESTBEDS / f"h200x16-{name}.yaml")
         assert family_of(tb.model) == name and tb.n_gpus == 16 and tb.name == f"h200x16-{name}"
 
@@ -176,6 +175,11 @@ def test_new_family_testbeds_load():
     ("sana-video-2b", "SanaVideoTransformer3DModel", {}),
     ("hunyuanvideo-1.5-8b", "HunyuanVideo15Transformer3DModel", {}),
     ("ltx-2-19b", "LTX2VideoTransformer3DModel", {}),
+    *[(name, "CosmosTransformer3DModel", dict(  # scripts/convert_cosmos_to_diffusers.py's Cosmos-2.5 configs
+        in_channels=17, out_channels=16, num_attention_heads=heads, attention_head_dim=128, num_layers=layers,
+        rope_scale=(1.0, 3.0, 3.0), extra_pos_embed_type=None, use_crossattn_projection=True,
+        crossattn_proj_in_channels=100352, encoder_hidden_states_channels=1024))
+      for name, heads, layers in (("cosmos-predict2.5-2b", 16, 28), ("cosmos-predict2.5-14b", 40, 36))],
     ("z-image-6b", "ZImageTransformer2DModel", {}),
     ("wan2.1-i2v-14b", "WanTransformer3DModel", dict(in_channels=36, image_dim=1280, added_kv_proj_dim=5120)),
 ])
@@ -194,15 +198,12 @@ def test_params_are_the_diffusers_configs(model, cls, config):
         module.config.get("attention_head_dim", m.hidden // max(1, module.config.get("n_heads", 1)))
 
 
-@pytest.mark.parametrize("name", PENDING)
+@pytest.mark.parametrize("name", ROUND)
 def test_new_preset_plans_as_a_config_train_accepts(name, tmp_path):
     """The preset's Config at the planner's starting point (a split pool), dumped and loaded back."""
     from digenrl.sim.testbed import load_testbed
     from digenrl.sim.workload import RunSpec, config_for
 
-    if name not in FAMILIES:
-        pytest.skip(f"{name}: its adapter is not registered in this tree (issue 28: not built yet); "
-                    "the schema refuses model.name until it is")
     tb = load_testbed(TESTBEDS / f"h200x16-{name}.yaml")
     path = tmp_path / "plan.yaml"
     path.write_text(dump_config(config_for(tb, RunSpec("digenrl", n_rollout=8), 2)))
