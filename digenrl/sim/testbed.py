@@ -292,6 +292,9 @@ def _validate(tb: Testbed) -> None:
     for k in ("cfg", "train_cfg", "lora", "grad_ckpt", "kl", "old_forward"):
         if not isinstance(getattr(tb, k), bool):
             raise TestbedError(f"key '{k}': must be true or false, got {getattr(tb, k)!r}")
+    if tb.pair_rows and not tb.kl:  # Diffusion-DPO always runs its reference (workload.testbed_for)
+        raise TestbedError("key 'pair_rows': Diffusion-DPO scores every pair against the reference model; "
+                           "needs kl: true")
     if tb.train_cfg and not tb.cfg:
         raise TestbedError("key 'train_cfg': true needs cfg: true")
     if tb.weight_sync == "lora-only" and not tb.lora:

@@ -28,6 +28,7 @@ from digenrl.sim.testbed import Testbed, resize
 
 CFG_SCALE = 4.5  # a guidance scale > 1 (the testbed only says "CFG on"); flow_grpo's SD3 default
 KL_BETA = 0.04  # likewise for "KL on": flow_grpo's default beta
+NFT_DECAY = 0.5  # "old policy kept" (old_forward): DiffusionNFT's decay type 1 cap, train.nft_decay
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                   "lora_rank": tb.lora_rank if tb.lora else 0, "grad_ckpt": tb.grad_ckpt,
                   "dtype": "bfloat16"},
         "sampling": {"num_steps": tb.denoise_steps, "cfg_scale": CFG_SCALE if tb.cfg else 1.0,
+                     **({"sde": "ode"} if tb.old_forward else {}),
                      **({"window": "all-but-last"} if trained == usable
                         else {"window": "contiguous", "window_size": trained})},
         "data": {**rows, "groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
@@ -163,7 +165,7 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                  "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
         "reward": {"weights": {tb.reward: 1.0}} if tb.reward in REWARD_NAMES else {},  # else: the default
         "train": {"steps": steps, "tsp_chunk": spec.tsp_chunk or 0, "beta": KL_BETA if tb.kl else 0.0,
-                  "backward_batch": tb.micro_batch},
+                  "backward_batch": tb.micro_batch, **_objective(tb)},
         "run": {"mode": spec.mode},
         "runtime": {"compute": "emulated", "testbed": testbed_ref or tb.name.split("@")[0],
                     "weight_sync": tb.weight_sync,
@@ -173,6 +175,27 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                     "train_shard": spec.train_shard or 1},
     }
     return load_config(None, tree=tree)
+
+
+def _objective(tb: Testbed) -> dict:
+    """train keys of the objective a testbed's workload flags imply, so that the Config a plan
+    writes trains what the testbed prices (testbed_for reads them back): `old_forward` is
+    DiffusionNFT keeping its old policy (train.loss=nft, DiffusionNFT's decay type 1, on ODE
+    samples), `pair_rows` 2 Diffusion-DPO's best-worst pair (train.loss=dpo). Empty: grpo."""
+    if tb.old_forward and tb.pair_rows:
+        raise ConfigError(f"train.loss: testbed {tb.name!r} sets old_forward (nft) and pair_rows (dpo); pick one")
+    if tb.old_forward:
+        return {"loss": "nft", "nft_decay": NFT_DECAY}
+    if tb.pair_rows:
+        every = tb.group_size * (tb.group_size - 1)  # train.dpo_pairs=margin's bound (_pair_rows)
+        if tb.pair_rows not in (2, every):
+            raise ConfigError(f"train.dpo_pairs: testbed {tb.name!r} has pair_rows {tb.pair_rows}; allowed: 0, "
+                              f"2 (best-worst), {every} (margin: every pair of a group of {tb.group_size})")
+        # its reference forward is the loss's own (train.beta, the KL weight, stays 0), and a pair
+        # trains in one pass (train.backward_batch 0): the schema's rules for train.loss=dpo
+        return {"loss": "dpo", "beta": 0.0, "backward_batch": 0,
+                **({"dpo_pairs": "margin"} if tb.pair_rows == every != 2 else {})}
+    return {}
 
 
 def degrees_of(tb: Testbed, spec: RunSpec) -> tuple[int, int]:

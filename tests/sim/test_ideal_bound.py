@@ -329,3 +329,44 @@ def test_units_that_cut_prompt_groups_encode_every_prompt_they_touch():
     enc = float(cm.text_encode_s(tb.model, "H20", 2))
     gen = float(cm.denoise_s(tb.model, "H20", 3, False, tb.shape))
     assert r.breakdown_s["generate"] == pytest.approx((4 * enc + 4 * 2 * gen) / 2, rel=1e-9)
+
+
+# A testbed's objective flags (old_forward: DiffusionNFT's kept old policy; pair_rows: Diffusion-DPO's
+# pairs) were priced by the ideal bound but not carried into the Config a plan writes, so every row
+# ran grpo: issue 28's Cosmos-Predict2.5 NFT testbed read 118% of the ideal. workload.config_for now
+# writes the objective, and testbed_for reads the same flags back.
+OBJECTIVE = {
+    "name": "objective", "pools": [{"name": "all", "count": 4, "device": "H100", "role": "any", "gpus_per_node": 4}],
+    "model": "sd3.5-medium", "height": 512, "width": 512, "denoise_steps": 6, "trained_steps": 5, "group_size": 4,
+    "groups_per_step": 4, "micro_batch": 1, "rollout_batch": 4, "lora": True, "kl": True, "reward": "pickscore",
+    "weight_sync": "lora-only",
+}
+
+
+@pytest.mark.parametrize("flags,loss", [({"old_forward": True}, "nft"), ({"pair_rows": 2}, "dpo"),
+                                        ({"pair_rows": 12}, "dpo"), ({}, "grpo")])
+def test_objective_flags_reach_the_plan_and_stay_within_the_bound(flags, loss):
+    from digenrl.sim.workload import config_for, testbed_for
+
+    d = {**OBJECTIVE, **flags}
+    tb = Testbed.from_dict(d)
+    cfg = config_for(tb, RunSpec("digenrl", n_rollout=0), 2)
+    assert cfg.train.loss == loss
+    back = testbed_for(cfg, tb)
+    assert (back.old_forward, back.pair_rows, back.kl) == (tb.old_forward, tb.pair_rows, tb.kl)
+    for label, spec in (("digenrl", RunSpec("digenrl", n_rollout=0, micro_batch_groups=1, tsp_chunk=1)),
+                        ("disagg-sync", RunSpec("disagg-sync", n_rollout=2, micro_batch_groups=1)),
+                        ("colocated", RunSpec("colocated", micro_batch_groups=1))):
+        _within_bound(d, label, spec)
+
+
+def test_objective_flags_that_no_config_expresses_are_refused():
+    from digenrl.config.schema import ConfigError
+    from digenrl.sim.workload import config_for
+
+    with pytest.raises(ConfigError, match="pair_rows 5"):
+        config_for(Testbed.from_dict({**OBJECTIVE, "pair_rows": 5}), RunSpec("digenrl", n_rollout=0), 2)
+    with pytest.raises(ConfigError, match="pick one"):
+        config_for(Testbed.from_dict({**OBJECTIVE, "pair_rows": 2, "old_forward": True}), RunSpec("digenrl", n_rollout=0), 2)
+    with pytest.raises(TestbedError, match="needs kl: true"):
+        Testbed.from_dict({**OBJECTIVE, "pair_rows": 2, "kl": False})
