@@ -37,6 +37,7 @@ ROUND_RECIPES = {
     "hunyuan-video-1.5": "hunyuan_video15_pickscore.yaml",
     "hunyuan-video-1.5-i2v": "hunyuan_video15_i2v_pickscore.yaml",
     "ltx2": "ltx2_pickscore.yaml",
+    "cosmos-predict2.5": "cosmos_predict25_pickscore.yaml",
 }
 
 
@@ -67,7 +68,7 @@ def test_family_recipe_settings(family, recipe):
     assert cfg.model.prompt_cache, "diffusers recipes read prompt embeddings from a cache"
     assert "pickscore" in cfg.reward.weights and "pickscore" in cfg.reward.paths
     if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v", "sana-video", "hunyuan-video-1.5",
-                  "hunyuan-video-1.5-i2v"):
+                  "hunyuan-video-1.5-i2v", "cosmos-predict2.5"):
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
     if family == "ltx2":
         assert (cfg.model.frames - 1) % 8 == 0 and cfg.model.height % 32 == 0 and cfg.model.width % 32 == 0
@@ -81,7 +82,8 @@ COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-
                     "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b",
                     "flux2": "flux.2-dev-32b", "qwen-image-2.1": "qwen-image-2.1-7b", "sana": "sana-1.6b",
                     "sana-video": "sana-video-2b", "hunyuan-video-1.5": "hunyuanvideo-1.5-8b",
-                    "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v-8b", "ltx2": "ltx-2-19b"}
+                    "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v-8b", "ltx2": "ltx-2-19b",
+                    "cosmos-predict2.5": "cosmos-predict2.5-2b"}
 
 
 @pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES, **ROUND_RECIPES}.items()))
