@@ -89,12 +89,13 @@ def check_rollout_decode_step_and_sync(policy, reload) -> None:
     check_lora_step_and_sync(policy, cond, latents, logps, reload)
 
 
-def check_full_finetune_step(policy) -> None:
+def check_full_finetune_step(policy, cond=None) -> None:
     """A full fine-tune (`train="full"`, gradient checkpointing on): one rollout and one SGD step
     recompute the rollout's log-probs exactly (checkpointed recomputation too), every parameter
-    is trainable, and an attention weight moves."""
+    is trainable, and an attention weight moves. cond: a conditioned family's rows (default: the
+    prompts, GROUP samples each)."""
     assert policy.module.gradient_checkpointing
-    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP)
+    cond = cond_repeat(policy.encode_prompts(PROMPTS), GROUP) if cond is None else cond
     latents, logps = rollout(policy, cond)
     weight = next(p for n, p in policy.module.named_parameters() if n.endswith("to_q.weight"))
     w0 = weight.detach().clone()

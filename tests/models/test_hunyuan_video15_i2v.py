@@ -6,7 +6,9 @@ cache, as for text-to-video in test_more_families.py):
 - a group rollout from per-row first frames, one LoRA step (ratio == 1, adapters move) and a
   weight sync (adapter_checks.check_lora_step_and_sync);
 - the first frame acts: another image changes the velocity, through both the image tokens and
-  the condition latents.
+  the condition latents;
+- a full fine-tune step, and every transformer block found as an FSDP unit (the sharded run of
+  the same transformer class: test_sharded.py's HunyuanVideo 1.5 case).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import CONDITIONING  # noqa: E402
 from digenrl.models.protocol import cond_repeat, conditioning_of, encode_inputs  # noqa: E402
 from tests.models.adapter_checks import (  # noqa: E402
-    GROUP, PROMPTS, check_lora_step_and_sync, load_tiny, rollout,
+    GROUP, PROMPTS, check_full_finetune_step, check_lora_step_and_sync, load_tiny, rollout,
 )
 from tests.models.tiny_diffusers import tiny_images  # noqa: E402
 from tests.models.tiny_diffusers_more import MORE_CONDITIONED_SETUPS  # noqa: E402
@@ -112,3 +114,14 @@ def test_recipe_is_the_familys_and_its_lora_targets_are_linear_layers(shared, tm
     linear = [n for n, m in policy.module.named_modules() if isinstance(m, torch.nn.Linear)]
     for t in cfg.model.lora_targets:
         assert any(n == t or n.endswith("." + t) for n in linear), t
+
+
+def test_full_finetune_step_and_fsdp_units(shared, tmp_path_factory, tmp_path):
+    from digenrl.learner.sharded import transformer_blocks
+
+    policy = _load(shared, tmp_path_factory, tmp_path / "cache", train="full", gradient_checkpointing=True)
+    blocks = transformer_blocks(policy.module)
+    assert len(blocks) >= 1 and all(a is b for a, b in zip(blocks, policy.module.transformer_blocks))
+    assert len(blocks) == len(policy.module.transformer_blocks)
+    cond = cond_repeat(encode_inputs(policy, PROMPTS, tiny_images(len(PROMPTS), seed=5, size=32)), GROUP)
+    check_full_finetune_step(policy, cond)
