@@ -2,7 +2,8 @@
 `save_pretrained` and loaded back through `load_policy` (CPU, float32; text through the prompt
 cache, as for text-to-video in test_more_families.py):
 - two ODE steps equal HunyuanVideo15ImageToVideoPipeline's own (output_type="latent") from the
-  same first frame, text embeddings and initial noise;
+  same first frame, text embeddings and initial noise, on the grid `sampling.sigmas=diffusers`
+  computes from the folder (equal to the pipeline's);
 - a group rollout from per-row first frames, one LoRA step (ratio == 1, adapters move) and a
   weight sync (adapter_checks.check_lora_step_and_sync);
 - the first frame acts: another image changes the velocity, through both the image tokens and
@@ -67,7 +68,14 @@ def test_ode_sampling_matches_diffusers_pipeline(shared, tmp_path_factory, tmp_p
         pipe(image=_pil(images)[i], **{k: cond[k][i : i + 1] for k in text}, num_frames=5, num_inference_steps=2,
              latents=x0[i : i + 1], output_type="latent", return_dict=False)[0]
         for i in range(len(PROMPTS))])
-    sigmas = pipe.scheduler.sigmas  # what the pipeline used, ending in 0
+    # sampling.sigmas=diffusers computes, from the folder, the grid the pipeline just used
+    from digenrl.config.schema import ModelConfig, SamplingConfig
+    from digenrl.models import sampling_sigmas
+
+    model = ModelConfig(name=FAMILY, path=str(shared[FAMILY]), height=policy.height, width=policy.width, frames=5)
+    sigmas = sampling_sigmas(model, SamplingConfig(sigmas="diffusers"), 2)
+    torch.testing.assert_close(sigmas, pipe.scheduler.sigmas.float(), rtol=0, atol=0)
+    assert sigmas[1] != 0.5  # a shifted grid, not linspace
 
     x = x0
     with torch.no_grad():
