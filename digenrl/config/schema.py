@@ -281,6 +281,11 @@ class RewardConfig:
             _check(url.startswith(("http://", "https://")) and bool(served), "reward.paths.remote",
                    f"{self.paths['remote']!r} is not <http(s)://host:port>#<served reward name>, "
                    "e.g. http://10.0.0.5:8000#pickscore")
+            from digenrl.rewards import AUDIO_REWARDS, SOURCE_REWARDS
+
+            _check(served not in AUDIO_REWARDS + SOURCE_REWARDS, "reward.paths.remote",
+                   f"#{served} scores the generated audio or each sample's source image, which a reward "
+                   f"server's requests do not carry (images and prompts only): use reward.weights.{served}")
         for name in self.weights:  # keys a model reward does not take fail here, not on a worker
             if name in self.paths:
                 try:

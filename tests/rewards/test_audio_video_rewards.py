@@ -274,3 +274,18 @@ def test_config_refuses_clap_without_an_audio_family():
         load_config(None, ["reward.weights={xclip: 1.0}", "reward.paths.xclip=path=/m&frames=8"])
     cfg = load_config(None, ["reward.weights={xclip: 1.0}", "reward.paths.xclip=/models/xclip"])
     assert cfg.reward.paths["xclip"] == "/models/xclip"
+
+
+def test_a_reward_server_carries_no_audio_so_audio_rewards_are_refused_there(tiny_clap_dir):
+    """The reward server's requests hold images and prompts: serving clap (or source-similarity)
+    is refused when the server starts, before Ray, and so is a config that names one as remote."""
+    from digenrl.runtime.serving.reward_server import RewardServer
+
+    for spec in (f"clap?path={tiny_clap_dir}", "digenrl.rewards.source:SourceSimilarity"):
+        with pytest.raises(ValueError, match="requests do not carry"):
+            RewardServer(spec).start()
+    with pytest.raises(ValueError, match="requests do not carry"):
+        RewardServer(ClapScore(tiny_clap_dir)).start()
+    for served in ("clap", "source-similarity"):
+        with pytest.raises(ConfigError, match=f"reward.paths.remote: #{served} scores"):
+            load_config(None, ["reward.weights={remote: 1.0}", f"reward.paths.remote=http://h:8000#{served}"])

@@ -72,7 +72,9 @@ class RewardServer:
     def start(self) -> "RewardServer":
         o = self.options
         if isinstance(self.reward_spec, str):  # an unknown name fails here, not in every replica
-            resolve_factory(self.reward_spec.partition("?")[0])
+            _check_wire(resolve_factory(self.reward_spec.partition("?")[0]), self.reward_spec.partition("?")[0])
+        else:
+            _check_wire(self.reward_spec, getattr(self.reward_spec, "name", type(self.reward_spec).__name__))
         try:
             self._started_ray = _connect(self.address, o)
             if o.replicas == 0:
@@ -204,6 +206,16 @@ def auto_replicas(o: ServeOptions, cpus_here: int, cluster: dict[str, float]) ->
         if per > 0:
             n = min(n, int(cluster.get(key, 0.0) // per))
     return max(n, 1)
+
+
+def _check_wire(reward: object, name: str) -> None:
+    """Refuse a reward that scores more than the wire carries (images and prompts): the generated
+    audio (`wants_audio`, e.g. clap) or each sample's source image (`wants_sources`). Its
+    in-process form gets them (AsyncRewarder)."""
+    for attr, what in (("wants_audio", "the generated audio"), ("wants_sources", "each sample's source image")):
+        if getattr(reward, attr, False):
+            raise ValueError(f"{name}: scores {what}, which the reward server's requests do not carry "
+                             f"(images and prompts only); score it in the trainer (reward.weights.{name})")
 
 
 def _check_resources(o: ServeOptions) -> None:
