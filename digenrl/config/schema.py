@@ -889,8 +889,8 @@ class Config:
         that compares with the source needs one; a reward that scores audio (AUDIO_REWARDS) needs
         a family that generates it (AUDIO_FAMILIES)."""
         from digenrl.data import ROWS_SUFFIX
-        from digenrl.models.diffusers_adapters import AUDIO_FAMILIES
-        from digenrl.rewards import AUDIO_REWARDS, SOURCE_REWARDS
+        from digenrl.models.diffusers_adapters import AUDIO_FAMILIES, VIDEO_FAMILIES
+        from digenrl.rewards import AUDIO_REWARDS, SOURCE_REWARDS, VIDEO_REWARDS
 
         kind = CONDITIONING.get(self.model.name)
         if kind is not None:
@@ -904,10 +904,12 @@ class Config:
             _check(name not in SOURCE_REWARDS or kind is not None, f"reward.weights.{name}",
                    f"compares each sample with its source image; {self.model.name} has none "
                    f"(conditioned families: {', '.join(CONDITIONING)})")
-        for name in self.reward.weights:  # an audio reward needs a family that generates audio
+        for name in self.reward.weights:  # audio and video rewards need a family that generates them
             _check(name not in AUDIO_REWARDS or self.model.name in AUDIO_FAMILIES, f"reward.weights.{name}",
                    f"scores the generated audio; {self.model.name} generates none "
                    f"(families with audio: {', '.join(AUDIO_FAMILIES)})")
+            _check(name not in VIDEO_REWARDS or self.model.name in VIDEO_FAMILIES, f"reward.weights.{name}",
+                   f"scores videos; {self.model.name} generates images (video families: {', '.join(VIDEO_FAMILIES)})")
 
     def _check_weights(self) -> None:
         from digenrl.rewards import BUILTIN_REWARDS

@@ -43,6 +43,8 @@ SOURCE_REWARDS = ("source-similarity",)
 # rewards that score the generated audio: their classes set `wants_audio = True` and are called
 # with audio=(B, channels, samples) in [-1, 1] and audio_rate=<Hz>
 AUDIO_REWARDS = ("clap",)
+# rewards that score videos only (model.name must be one of VIDEO_FAMILIES)
+VIDEO_REWARDS = ("xclip",)
 
 RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
 

@@ -271,8 +271,10 @@ def test_config_refuses_clap_without_an_audio_family():
     with pytest.raises(ConfigError, match=r"reward.weights.clap: scores the generated audio; tiny-dit generates none"):
         load_config(None, ["reward.weights={clap: 1.0}", "reward.paths.clap=/models/clap"])
     with pytest.raises(ConfigError, match=r"reward.paths.xclip: unknown key.*frames"):
-        load_config(None, ["reward.weights={xclip: 1.0}", "reward.paths.xclip=path=/m&frames=8"])
-    cfg = load_config(None, ["reward.weights={xclip: 1.0}", "reward.paths.xclip=/models/xclip"])
+        load_config(None, ["model.name=wan", "model.path=/models/wan", "reward.weights={xclip: 1.0}",
+                           "reward.paths.xclip=path=/m&frames=8"])
+    cfg = load_config(None, ["model.name=wan", "model.path=/models/wan", "reward.weights={xclip: 1.0}",
+                             "reward.paths.xclip=/models/xclip"])
     assert cfg.reward.paths["xclip"] == "/models/xclip"
 
 
@@ -289,3 +291,10 @@ def test_a_reward_server_carries_no_audio_so_audio_rewards_are_refused_there(tin
     for served in ("clap", "source-similarity"):
         with pytest.raises(ConfigError, match=f"reward.paths.remote: #{served} scores"):
             load_config(None, ["reward.weights={remote: 1.0}", f"reward.paths.remote=http://h:8000#{served}"])
+
+
+def test_config_refuses_xclip_for_an_image_family():
+    for name in ("flux", "tiny-dit"):
+        with pytest.raises(ConfigError, match=f"reward.weights.xclip: scores videos; {name} generates images"):
+            load_config(None, [f"model.name={name}", "model.path=/models/m", "reward.weights={xclip: 1.0}",
+                               "reward.paths.xclip=/x"])

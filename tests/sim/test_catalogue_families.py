@@ -215,7 +215,7 @@ def test_ltx2_audio_stream_is_priced_as_its_blocks_compute():
     16 kHz / hop 160 / 4), linear parameters per audio token equal to those of one diffusers
     LTX2VideoTransformerBlock's audio path x 48 (meta device, the released widths), and both in
     what a forward costs and a trajectory stores."""
-    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("diffusers")
     import torch
 
     from digenrl.sim.catalogue import (Shape, audio_tokens, forward_flops, image_patches, latent_values,
@@ -250,3 +250,13 @@ def test_ltx2_audio_stream_is_priced_as_its_blocks_compute():
 
     cm, short = CostModel(), Shape(512, 768, 25)
     assert cm._token_factor("ltx-2-19b", short)[0] == pytest.approx(sample_flops(m, short) / sample_flops(m))
+
+
+def test_video_families_are_the_catalogues_video_entries():
+    """digenrl.models.diffusers_adapters.VIDEO_FAMILIES (what the config reads, e.g. for xclip)
+    names the families whose catalogue entries are video models, and only those."""
+    from digenrl.models.diffusers_adapters import VIDEO_FAMILIES
+
+    video = {family_of(name) for name, m in MODELS.items() if m.kind == "video"}
+    image = {family_of(name) for name, m in MODELS.items() if m.kind == "image"}
+    assert set(VIDEO_FAMILIES) == video and not video & image

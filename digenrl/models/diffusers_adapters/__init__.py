@@ -47,6 +47,10 @@ CONDITIONING = {"flux-kontext": "reference-image", "qwen-image-edit": "reference
 # FLUX.1-dev, HunyuanVideo, FLUX.2-dev): their classes set `embedded_guidance`; ModelConfig
 # reads this without importing diffusers
 EMBEDDED_GUIDANCE = ("flux", "hunyuan-video", "flux-kontext", "flux2")
+# families whose samples are videos, (B, F, 3, H, W) from decode (model.frames acts); readable
+# without importing diffusers
+VIDEO_FAMILIES = ("wan", "hunyuan-video", "wan2.2", "wan-i2v", "sana-video", "hunyuan-video-1.5",
+                  "hunyuan-video-1.5-i2v", "ltx2", "cosmos-predict2.5")
 # families whose samples carry an audio track besides the video (their classes set
 # `audio_sample_rate` and have `decode_audio`); readable without importing diffusers
 AUDIO_FAMILIES = ("ltx2",)
@@ -111,7 +115,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing the package does not impor
 
 
 __all__ = [
-    "AUDIO_FAMILIES", "CONDITIONING", "EMBEDDED_GUIDANCE", "EXPERT_CHOICES", "FAMILIES", "TWO_EXPERTS",
+    "AUDIO_FAMILIES", "VIDEO_FAMILIES", "CONDITIONING", "EMBEDDED_GUIDANCE", "EXPERT_CHOICES", "FAMILIES", "TWO_EXPERTS",
     "default_lora_targets", "load_policy", "policy_class",
     "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
     "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
