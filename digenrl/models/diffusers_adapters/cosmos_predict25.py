@@ -54,6 +54,7 @@ from typing import Any, Optional
 import torch
 
 from digenrl.models.diffusers_adapters.base import DiffusersPolicy
+from digenrl.models.diffusers_adapters.wan import decode_wan_vae
 from digenrl.models.protocol import Cond
 
 _PIXEL_MULTIPLE = 16  # check_inputs (502)
@@ -188,9 +189,4 @@ class CosmosPredict25Policy(DiffusersPolicy):
         )[0]
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
-        cfg = self.vae.config
-        shape = (1, cfg.z_dim, 1, 1, 1)
-        mean = torch.tensor(cfg.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
-        std = torch.tensor(cfg.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
-        video = self.vae.decode(latents * std + mean, return_dict=False)[0]  # (B, 3, F, H, W)
-        return video.permute(0, 2, 1, 3, 4)  # (B, F, 3, H, W)
+        return decode_wan_vae(self.vae, latents)

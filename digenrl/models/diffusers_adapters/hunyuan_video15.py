@@ -68,10 +68,16 @@ class HunyuanVideo15Policy(DiffusersPolicy):
         return {"prompt_embeds": embeds, "prompt_embeds_mask": mask,
                 "prompt_embeds_2": embeds_2, "prompt_embeds_mask_2": mask_2}
 
-    def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
+    def _image_condition(self, x: torch.Tensor, cond: Cond) -> tuple[torch.Tensor, torch.Tensor]:
+        """(condition latents + mask on channels (B, C + 1, F, H, W), image tokens (B, N, D)) of the
+        model input: text-to-video's are zeros (the image-to-video family fills them)."""
         b, _, f, h, w = x.shape
         condition = torch.zeros(b, x.shape[1] + 1, f, h, w, dtype=x.dtype, device=x.device)  # latents + mask
         image = torch.zeros(b, IMAGE_TOKENS, self.module.config.image_embed_dim, dtype=x.dtype, device=x.device)
+        return condition, image
+
+    def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
+        condition, image = self._image_condition(x, cond)
         return self.module(
             hidden_states=torch.cat([x, condition], dim=1),  # (B, 2C + 1, F, H, W)
             image_embeds=image,

@@ -52,19 +52,9 @@ class HunyuanVideo15I2VPolicy(HunyuanVideo15Policy):
         return {"image_embeds": image_embeds.to(self.dtype),
                 "first_frame_latents": (frame * self.vae.config.scaling_factor).to(self.dtype)}
 
-    def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
+    def _image_condition(self, x: torch.Tensor, cond: Cond) -> tuple[torch.Tensor, torch.Tensor]:
         b, c, f, h, w = x.shape
-        condition = x.new_zeros(b, c, f, h, w)
-        condition[:, :, :1] = cond["first_frame_latents"].to(self.dtype)  # latent frame 0 is the given frame
-        mask = x.new_zeros(b, 1, f, h, w)
-        mask[:, :, 0] = 1.0
-        return self.module(
-            hidden_states=torch.cat([x, condition, mask], dim=1),  # (B, 2C + 1, F, H, W)
-            image_embeds=cond["image_embeds"].to(self.dtype),
-            timestep=sigma * 1000.0,
-            encoder_hidden_states=cond["prompt_embeds"].to(self.dtype),
-            encoder_attention_mask=cond["prompt_embeds_mask"],
-            encoder_hidden_states_2=cond["prompt_embeds_2"].to(self.dtype),
-            encoder_attention_mask_2=cond["prompt_embeds_mask_2"],
-            return_dict=False,
-        )[0]
+        condition = x.new_zeros(b, c + 1, f, h, w)  # [latents, mask] on channels
+        condition[:, :c, :1] = cond["first_frame_latents"].to(x.dtype)  # latent frame 0 is the given frame
+        condition[:, c, 0] = 1.0
+        return condition, cond["image_embeds"].to(self.dtype)

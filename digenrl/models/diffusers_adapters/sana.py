@@ -34,6 +34,7 @@ from typing import Any, Optional
 import torch
 
 from digenrl.models.diffusers_adapters.base import DiffusersPolicy
+from digenrl.models.diffusers_adapters.wan import decode_wan_vae
 from digenrl.models.protocol import Cond
 
 
@@ -152,9 +153,4 @@ class SanaVideoPolicy(_GemmaText, DiffusersPolicy):
         return _first_half_if_learned_sigma(out, x.shape[1])
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
-        cfg = self.vae.config
-        shape = (1, cfg.z_dim, 1, 1, 1)
-        mean = torch.tensor(cfg.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
-        std = torch.tensor(cfg.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
-        video = self.vae.decode(latents * std + mean, return_dict=False)[0]  # (B, 3, F, H, W)
-        return video.permute(0, 2, 1, 3, 4)  # (B, F, 3, H, W)
+        return decode_wan_vae(self.vae, latents)

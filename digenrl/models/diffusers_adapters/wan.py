@@ -75,9 +75,16 @@ class WanPolicy(DiffusersPolicy):
         )[0]
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
-        cfg = self.vae.config
-        shape = (1, cfg.z_dim, 1, 1, 1)
-        mean = torch.tensor(cfg.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
-        std = torch.tensor(cfg.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
-        video = self.vae.decode(latents * std + mean, return_dict=False)[0]  # (B, 3, F, H, W)
-        return video.permute(0, 2, 1, 3, 4)  # (B, F, 3, H, W)
+        return decode_wan_vae(self.vae, latents)
+
+
+def decode_wan_vae(vae, latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, F, H, W) latents of the Wan2.1 VAE (AutoencoderKLWan) -> (B, F, 3, H, W) frames:
+    denormalised per channel (latents * std + mean, WanPipeline's decode), then decoded. Shared by
+    the families on this VAE (SANA-Video, Cosmos-Predict2.5)."""
+    cfg = vae.config
+    shape = (1, cfg.z_dim, 1, 1, 1)
+    mean = torch.tensor(cfg.latents_mean, device=latents.device, dtype=latents.dtype).view(shape)
+    std = torch.tensor(cfg.latents_std, device=latents.device, dtype=latents.dtype).view(shape)
+    video = vae.decode(latents * std + mean, return_dict=False)[0]  # (B, 3, F, H, W)
+    return video.permute(0, 2, 1, 3, 4)  # (B, F, 3, H, W)
