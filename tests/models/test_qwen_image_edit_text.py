@@ -181,3 +181,21 @@ def test_qwen_image21_text_matches_the_pipelines_encode_prompt(tmp_path):
         assert cond["prompt_embeds_mask"][i].tolist() == [1] * n + [0] * (N - n)
         torch.testing.assert_close(cond["prompt_embeds"][i, :n], ref[0], rtol=1e-5, atol=1e-5)
     assert lengths[0] != lengths[1]
+    # its pipeline keeps every text token too: a prompt past model.max_sequence_length is refused
+    policy.max_sequence_length = max(lengths) - 1
+    with pytest.raises(ValueError, match=f"qwen-image-2.1: a prompt encodes to {max(lengths)} tokens"):
+        policy.encode_prompts(PROMPTS)
+
+
+def test_a_pair_longer_than_max_sequence_length_is_refused_not_cut(edit_policy, monkeypatch):
+    """QwenImageEditPipeline.encode_prompt keeps every token of a (prompt, image) pair (its
+    max_sequence_length goes unused there), and the edit template puts the image's tokens before
+    the instruction: cutting at model.max_sequence_length would drop the instruction. A pair
+    that does not fit is an error naming the key (Qwen-Image 2.1's text: its test above)."""
+    images = tiny_images(2, seed=7, size=16)
+    full = encode_inputs(edit_policy, PROMPTS[:2], images)
+    longest = int(full["prompt_embeds_mask"].sum(dim=1).max())
+    monkeypatch.setattr(edit_policy, "max_sequence_length", longest - 1)
+    monkeypatch.setattr(edit_policy, "cache", None)
+    with pytest.raises(ValueError, match=f"raise model.max_sequence_length to at least {longest}"):
+        encode_inputs(edit_policy, PROMPTS[:2], images)

@@ -462,9 +462,15 @@ class DiffusersPolicy:
         raise NotImplementedError
 
 
-def pad_tokens(t: torch.Tensor, length: int) -> torch.Tensor:
+def pad_tokens(t: torch.Tensor, length: int, *, uncut: str | None = None) -> torch.Tensor:
     """Zero-pad (or cut) dim 1 of (B, L, ...) to `length`: every batch gets one fixed text length,
-    so conditions concatenate and an embedding never depends on its batch-mates."""
+    so conditions concatenate and an embedding never depends on its batch-mates. uncut: the
+    family, for a pipeline that keeps every text token (no length limit of its own): a longer
+    embedding is then an error naming model.max_sequence_length, not silently cut."""
+    if uncut is not None and t.shape[1] > length:
+        raise ValueError(f"{uncut}: a prompt encodes to {t.shape[1]} tokens, more than model.max_sequence_length="
+                         f"{length}; the pipeline keeps every one (a reference image's tokens count too): raise "
+                         f"model.max_sequence_length to at least {t.shape[1]}")
     if t.shape[1] >= length:
         return t[:, :length]
     pad = t.new_zeros((t.shape[0], length - t.shape[1], *t.shape[2:]))

@@ -92,7 +92,8 @@ class QwenImage21Policy(DiffusersPolicy):
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         n = self.max_sequence_length
-        return {"prompt_embeds": pad_tokens(embeds, n), "prompt_embeds_mask": pad_tokens(mask.long(), n)}
+        return {"prompt_embeds": pad_tokens(embeds, n, uncut=self.family),
+                "prompt_embeds_mask": pad_tokens(mask.long(), n, uncut=self.family)}
 
     def _forward(self, x: torch.Tensor, sigma: torch.Tensor, cond: Cond) -> torch.Tensor:
         b, c, h, w = x.shape

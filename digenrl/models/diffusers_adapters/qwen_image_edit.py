@@ -121,7 +121,8 @@ class QwenImageEditPolicy(QwenImagePolicy):
         if mask is None:  # the pipeline drops an all-ones mask
             mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
         n = self.max_sequence_length
-        return {"prompt_embeds": pad_tokens(embeds, n), "prompt_embeds_mask": pad_tokens(mask, n)}
+        return {"prompt_embeds": pad_tokens(embeds, n, uncut=self.family),
+                "prompt_embeds_mask": pad_tokens(mask, n, uncut=self.family)}
 
     # ---- the velocity field --------------------------------------------------------------
 
