@@ -145,3 +145,16 @@ def assert_lora_landed(module: torch.nn.Module, targets, prefixes=("",)) -> None
     for prefix in prefixes:
         for target in targets:
             assert any(n.startswith(prefix) and n.endswith("." + target) for n in adapted), (prefix, target)
+
+
+def assert_blocks_are_fsdp_units(module: torch.nn.Module) -> None:
+    """shard_policy wraps each block `transformer_blocks` finds: it must find every block of the
+    family's transformer, in forward order (else the whole model is one unit, gathered whole)."""
+    from digenrl.learner.sharded import transformer_blocks
+
+    expected = list(module.transformer_blocks) + list(getattr(module, "single_transformer_blocks", []))
+    blocks = transformer_blocks(module)
+    assert len(blocks) == len(expected) >= 1 and all(a is b for a, b in zip(blocks, expected))
+    block_params = {id(p) for b in blocks for p in b.parameters()}
+    assert all(".transformer_blocks." not in f".{n}" for n, p in module.named_parameters()
+               if id(p) not in block_params)

@@ -27,8 +27,8 @@ pytest.importorskip("peft")
 
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.protocol import Policy, encode_inputs, guided_velocity  # noqa: E402
-from tests.models.adapter_checks import (PROMPTS, assert_lora_landed, check_full_finetune_step,  # noqa: E402
-                                         check_rollout_decode_step_and_sync, load_tiny)
+from tests.models.adapter_checks import (PROMPTS, assert_blocks_are_fsdp_units, assert_lora_landed,  # noqa: E402
+                                         check_full_finetune_step, check_rollout_decode_step_and_sync, load_tiny)
 from tests.models.tiny_diffusers_more import COSMOS_SETUPS, install_cosmos_resize_stand_in  # noqa: E402
 
 for name in ("diffusers", "transformers"):
@@ -141,14 +141,11 @@ def test_flow_sde_on_the_diffusers_grid_is_refused():
 def test_rollout_train_step_and_weight_sync(folders, tmp_path_factory, tmp_path):
     """Also: the default LoRA targets all land on Linear layers (peft skips unknown names silently),
     and every transformer block is an FSDP unit."""
-    from digenrl.learner.sharded import transformer_blocks
-
     policy = load(folders, tmp_path_factory, tmp_path / "cache", train="lora", lora_rank=4)
     assert isinstance(policy, Policy) and policy.output == "video"
     assert_lora_landed(policy.module, policy.default_lora_targets)
-    blocks = transformer_blocks(policy.module)
-    assert len(blocks) == len(policy.module.transformer_blocks) == 2
-    assert all(a is b for a, b in zip(blocks, policy.module.transformer_blocks))
+    assert len(policy.module.transformer_blocks) == 2
+    assert_blocks_are_fsdp_units(policy.module)
     check_rollout_decode_step_and_sync(
         policy, lambda: load(folders, tmp_path_factory, tmp_path / "cache", train="lora", lora_rank=4))
 

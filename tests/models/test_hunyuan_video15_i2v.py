@@ -24,7 +24,8 @@ from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import CONDITIONING  # noqa: E402
 from digenrl.models.protocol import cond_repeat, conditioning_of, encode_inputs  # noqa: E402
 from tests.models.adapter_checks import (  # noqa: E402
-    GROUP, PROMPTS, check_full_finetune_step, check_lora_step_and_sync, load_tiny, rollout,
+    GROUP, PROMPTS, assert_blocks_are_fsdp_units, check_full_finetune_step, check_lora_step_and_sync, load_tiny,
+    rollout,
 )
 from tests.models.tiny_diffusers import tiny_images  # noqa: E402
 from tests.models.tiny_diffusers_more import MORE_CONDITIONED_SETUPS  # noqa: E402
@@ -125,11 +126,7 @@ def test_recipe_is_the_familys_and_its_lora_targets_are_linear_layers(shared, tm
 
 
 def test_full_finetune_step_and_fsdp_units(shared, tmp_path_factory, tmp_path):
-    from digenrl.learner.sharded import transformer_blocks
-
     policy = _load(shared, tmp_path_factory, tmp_path / "cache", train="full", gradient_checkpointing=True)
-    blocks = transformer_blocks(policy.module)
-    assert len(blocks) >= 1 and all(a is b for a, b in zip(blocks, policy.module.transformer_blocks))
-    assert len(blocks) == len(policy.module.transformer_blocks)
+    assert_blocks_are_fsdp_units(policy.module)
     cond = cond_repeat(encode_inputs(policy, PROMPTS, tiny_images(len(PROMPTS), seed=5, size=32)), GROUP)
     check_full_finetune_step(policy, cond)

@@ -29,7 +29,8 @@ pytest.importorskip("peft")
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.protocol import Policy  # noqa: E402
 from tests.models.adapter_checks import (  # noqa: E402
-    PROMPTS, assert_lora_landed, check_full_finetune_step, check_rollout_decode_step_and_sync, load_tiny,
+    PROMPTS, assert_blocks_are_fsdp_units, assert_lora_landed, check_full_finetune_step,
+    check_rollout_decode_step_and_sync, load_tiny,
 )
 from tests.models.tiny_diffusers_more import AUDIO_SETUPS  # noqa: E402
 
@@ -161,13 +162,10 @@ def test_audio_tokens_act_on_both_streams(folders, tmp_path_factory, tmp_path):
 def test_rollout_train_step_and_weight_sync(folders, tmp_path_factory, tmp_path):
     """The default LoRA targets all land (each names a real Linear), every block is an FSDP unit,
     then the shared rollout / decode / LoRA step (ratio == 1) / weight sync check."""
-    from digenrl.learner.sharded import transformer_blocks
-
     policy = _load(folders, tmp_path_factory, tmp_path / "cache", train="lora", lora_rank=4)
     assert_lora_landed(policy.module, policy.default_lora_targets)
-    blocks = transformer_blocks(policy.module)
-    assert len(blocks) == len(policy.module.transformer_blocks) == 2
-    assert all(a is b for a, b in zip(blocks, policy.module.transformer_blocks))
+    assert len(policy.module.transformer_blocks) == 2
+    assert_blocks_are_fsdp_units(policy.module)
     check_rollout_decode_step_and_sync(
         policy, lambda: _load(folders, tmp_path_factory, tmp_path / "cache", train="lora", lora_rank=4))
 

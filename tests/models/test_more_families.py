@@ -21,8 +21,8 @@ pytest.importorskip("peft")
 from digenrl.math import sde_step  # noqa: E402
 from digenrl.models.diffusers_adapters import load_policy  # noqa: E402
 from digenrl.models.protocol import Policy  # noqa: E402
-from tests.models.adapter_checks import (check_full_finetune_step, PROMPTS, assert_lora_landed,  # noqa: E402
-                                         check_rollout_decode_step_and_sync, load_tiny)
+from tests.models.adapter_checks import (check_full_finetune_step, PROMPTS, assert_blocks_are_fsdp_units,  # noqa: E402
+                                         assert_lora_landed, check_rollout_decode_step_and_sync, load_tiny)
 from tests.models.tiny_diffusers_more import MORE_SETUPS  # noqa: E402
 
 for name in ("diffusers", "transformers"):
@@ -36,19 +36,6 @@ MORE = list(MORE_SETUPS)
 
 def load(folders, tmp_path_factory, family: str, cache_dir, **extra):
     return load_tiny(MORE_SETUPS, folders, tmp_path_factory, family, cache_dir, **extra)
-
-
-def assert_blocks_are_fsdp_units(module: torch.nn.Module) -> None:
-    """shard_policy wraps each block `transformer_blocks` finds: it must find every block of the
-    family's transformer, in forward order (else the whole model is one unit, gathered whole)."""
-    from digenrl.learner.sharded import transformer_blocks
-
-    expected = list(module.transformer_blocks) + list(getattr(module, "single_transformer_blocks", []))
-    blocks = transformer_blocks(module)
-    assert len(blocks) == len(expected) >= 1 and all(a is b for a, b in zip(blocks, expected))
-    block_params = {id(p) for b in blocks for p in b.parameters()}
-    assert all(".transformer_blocks." not in f".{n}" for n, p in module.named_parameters()
-               if id(p) not in block_params)
 
 
 # The slowest two (FLUX.2-dev: its 30-layer text encoder loaded twice; HunyuanVideo 1.5: four
