@@ -159,12 +159,10 @@ def build_sana_video(root: Path) -> Path:
     return root
 
 
-def build_hunyuan_video15(root: Path) -> Path:
-    """Transformer + VAE + guider (CFG off: guidance_scale 1); prompts through the prompt cache
-    (the Qwen2.5-VL + ByT5 text side, as HunyuanVideo's). The VAE compresses 16x in space and 4x
-    in time (5 blocks): 32x32 pixels, 5 frames -> (4, 2, 2, 2) latents."""
-    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
-                           HunyuanVideo15Pipeline, HunyuanVideo15Transformer3DModel)
+def _hunyuan_video15_parts():
+    """The tiny HunyuanVideo 1.5 transformer (1 block; image_embed_dim 8) and VAE (16x in space, 4x
+    in time, 4 latent channels) both HunyuanVideo 1.5 builders save, each seeded."""
+    from diffusers import AutoencoderKLHunyuanVideo15, HunyuanVideo15Transformer3DModel
 
     torch.manual_seed(0)
     transformer = HunyuanVideo15Transformer3DModel(
@@ -173,6 +171,16 @@ def build_hunyuan_video15(root: Path) -> Path:
     )
     torch.manual_seed(0)
     vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8,) * 5, layers_per_block=1)
+    return transformer, vae
+
+
+def build_hunyuan_video15(root: Path) -> Path:
+    """Transformer + VAE + guider (CFG off: guidance_scale 1); prompts through the prompt cache
+    (the Qwen2.5-VL + ByT5 text side, as HunyuanVideo's). The VAE compresses 16x in space and 4x
+    in time (5 blocks): 32x32 pixels, 5 frames -> (4, 2, 2, 2) latents."""
+    from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15Pipeline
+
+    transformer, vae = _hunyuan_video15_parts()
     pipe = HunyuanVideo15Pipeline(text_encoder=None, tokenizer=None, transformer=transformer, vae=vae,
                                   scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0), text_encoder_2=None,
                                   tokenizer_2=None, guider=ClassifierFreeGuidance(guidance_scale=1.0))
@@ -199,17 +207,10 @@ MORE_SETUPS = {
 def build_hunyuan_video15_i2v(root: Path) -> Path:
     """build_hunyuan_video15's transformer and VAE with the image-to-video pipeline's SigLIP image
     encoder (hidden size = the transformer's image_embed_dim, 8) and feature extractor."""
-    from diffusers import (AutoencoderKLHunyuanVideo15, ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler,
-                           HunyuanVideo15ImageToVideoPipeline, HunyuanVideo15Transformer3DModel)
+    from diffusers import ClassifierFreeGuidance, FlowMatchEulerDiscreteScheduler, HunyuanVideo15ImageToVideoPipeline
     from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
 
-    torch.manual_seed(0)
-    transformer = HunyuanVideo15Transformer3DModel(
-        in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=8, num_layers=1,
-        num_refiner_layers=1, text_embed_dim=16, text_embed_2_dim=8, image_embed_dim=8, rope_axes_dim=(2, 2, 4),
-    )
-    torch.manual_seed(0)
-    vae = AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8,) * 5, layers_per_block=1)
+    transformer, vae = _hunyuan_video15_parts()
     torch.manual_seed(0)
     encoder = SiglipVisionModel(SiglipVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                                                    num_attention_heads=2, image_size=16, patch_size=4)).eval()
