@@ -153,15 +153,22 @@ def _read_scheduler_config(path: str) -> Optional[tuple[dict, str]]:
         return None
 
 
+def _vae_config(path: Optional[str]) -> dict[str, Any]:
+    """The folder's vae/config.json ({} without one)."""
+    cfg_path = os.path.join(path, "vae", "config.json") if path else ""
+    if not os.path.isfile(cfg_path):
+        return {}
+    with open(cfg_path) as f:
+        return json.load(f)
+
+
 def vae_factor(path: Optional[str]) -> int:
     """Pixels per latent along height/width, from the folder's vae/config.json as the adapters
     compute it (AutoencoderKL: 2**(blocks-1); Qwen-Image/Wan VAEs: 2**len(temperal_downsample));
     8, every released family's factor, when the folder has none."""
-    cfg_path = os.path.join(path, "vae", "config.json") if path else ""
-    if not os.path.isfile(cfg_path):
+    cfg = _vae_config(path)
+    if not cfg:
         return 8
-    with open(cfg_path) as f:
-        cfg = json.load(f)
     if "spatio_temporal_scaling" in cfg:  # LTX-2 (AutoencoderKLLTX2Video: patch_size * 2**sum(scaling))
         return int(cfg.get("spatial_compression_ratio") or cfg["patch_size"] * 2 ** sum(cfg["spatio_temporal_scaling"]))
     if "spatial_compression_ratio" in cfg:  # HunyuanVideo
@@ -179,11 +186,7 @@ def vae_factor(path: Optional[str]) -> int:
 
 def vae_temporal_factor(path: Optional[str], default: int) -> int:
     """Frames per latent frame of an LTX-2 video VAE (vae/config.json), `default` without one."""
-    cfg_path = os.path.join(path, "vae", "config.json") if path else ""
-    if not os.path.isfile(cfg_path):
-        return default
-    with open(cfg_path) as f:
-        cfg = json.load(f)
+    cfg = _vae_config(path)
     if "spatio_temporal_scaling" not in cfg:
         return default
     return int(cfg.get("temporal_compression_ratio")
