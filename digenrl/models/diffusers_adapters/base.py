@@ -293,15 +293,20 @@ class DiffusersPolicy:
         """The family's diffusers pipeline holding only its text side: we call its encode_prompt."""
         import diffusers
 
+        self._prepare_text_modules(text_modules)
+        pipeline_cls = getattr(diffusers, self.text_pipeline_class or self.pipeline_class)
+        return pipeline_cls(transformer=None, vae=None, scheduler=None, **text_modules)
+
+    def _prepare_text_modules(self, text_modules: dict[str, Any]) -> None:
+        """Refuse a text module the family does not have; put its modules on the device, frozen
+        (what every family's _build_text_pipeline does first)."""
         unknown = sorted(set(text_modules) - set(self.text_components))
         if unknown:
             allowed = ", ".join(self.text_components)
             raise ValueError(f"{self.family}: unknown text module(s) {unknown}; allowed: {allowed}")
-        for name, m in text_modules.items():
+        for m in text_modules.values():
             if isinstance(m, torch.nn.Module):
                 m.to(self.device).eval().requires_grad_(False)
-        pipeline_cls = getattr(diffusers, self.text_pipeline_class or self.pipeline_class)
-        return pipeline_cls(transformer=None, vae=None, scheduler=None, **text_modules)
 
     # ---- training mode ---------------------------------------------------------------
 

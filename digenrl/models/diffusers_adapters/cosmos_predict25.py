@@ -135,15 +135,12 @@ class CosmosPredict25Policy(DiffusersPolicy):
         return super()._from_pipeline(pipe, text_modules, condition_modules, options)
 
     def _build_text_pipeline(self, text_modules: dict[str, Any]) -> Any:
-        unknown = sorted(set(text_modules) - set(self.text_components))
-        if unknown:
-            raise ValueError(f"{self.family}: unknown text module(s) {unknown}; allowed: {', '.join(self.text_components)}")
+        self._prepare_text_modules(text_modules)
         missing = sorted(set(self.text_components) - set(text_modules))
         if missing:
             raise ValueError(f"{self.family}: text module(s) {missing} missing (the tokenizer and the text encoder "
                              f"are used together)")
-        encoder = text_modules["text_encoder"].to(self.device).eval().requires_grad_(False)
-        return _TextSide(text_modules["tokenizer"], encoder)
+        return _TextSide(text_modules["tokenizer"], text_modules["text_encoder"])
 
     # ---- geometry ------------------------------------------------------------------
 

@@ -96,12 +96,7 @@ class LTX2Policy(DiffusersPolicy):
     def _build_text_pipeline(self, text_modules: dict[str, Any]) -> Any:
         import diffusers
 
-        unknown = sorted(set(text_modules) - set(self.text_components))
-        if unknown:
-            raise ValueError(f"{self.family}: unknown text module(s) {unknown}; allowed: {', '.join(self.text_components)}")
-        for m in text_modules.values():
-            if isinstance(m, torch.nn.Module):
-                m.to(self.device).eval().requires_grad_(False)
+        self._prepare_text_modules(text_modules)
         full = {name: text_modules.get(name) for name in self.text_components}
         return diffusers.LTX2Pipeline(transformer=None, vae=None, scheduler=None, audio_vae=None, vocoder=None, **full)
 
