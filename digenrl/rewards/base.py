@@ -100,3 +100,11 @@ def to_pil_images(images: torch.Tensor) -> list:
     arrays = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8)  # (N, 3, H, W)
     arrays = arrays.permute(0, 2, 3, 1).cpu().numpy()  # (N, H, W, 3), what PIL reads
     return [Image.fromarray(a) for a in arrays]  # uint8 (H, W, 3) reads as RGB
+
+
+def embed_each_prompt_once(embed, prompts: Sequence[str]) -> torch.Tensor:
+    """embed(distinct prompts) -> (N, D), indexed back to every prompt's row: the samples of a
+    GRPO group share their prompt, so each distinct one is encoded once."""
+    unique = list(dict.fromkeys(prompts))
+    out = embed(unique)
+    return out[torch.tensor([unique.index(p) for p in prompts], device=out.device)]

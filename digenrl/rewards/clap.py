@@ -33,7 +33,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from digenrl.rewards.base import check_media
+from digenrl.rewards.base import check_media, embed_each_prompt_once
 
 
 def _lowpass_kernels(up: int, down: int, zeros: int, rolloff: float) -> tuple[torch.Tensor, int]:
@@ -155,8 +155,7 @@ class ClapScore:
         if isinstance(audio, torch.Tensor) and audio.ndim >= 1 and audio.shape[0] != images.shape[0]:
             raise ValueError(f"got {images.shape[0]} samples but audio for {audio.shape[0]}")
         waves = self.waveforms(audio, audio_rate)
-        unique = list(dict.fromkeys(prompts))  # a GRPO group shares its prompt: encode it once
-        text = self.text_embeds(unique).cpu()[[unique.index(p) for p in prompts]]  # (B, D)
+        text = embed_each_prompt_once(self.text_embeds, prompts).cpu()  # (B, D)
         scores = []
         for i in range(0, waves.shape[0], self.batch_size):
             a = self.audio_embeds(waves[i : i + self.batch_size]).cpu()

@@ -28,7 +28,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from digenrl.rewards.base import score_media
+from digenrl.rewards.base import embed_each_prompt_once, score_media
 
 # OpenAI CLIP normalisation; open_clip ViT-H-14 (HPSv2) uses the same numbers.
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -165,9 +165,7 @@ class ClipBackbone:
 
     def image_text_cosine(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         """(N,) cos(image_i, prompt_i). Each distinct prompt is encoded once (groups share prompts)."""
-        unique = list(dict.fromkeys(prompts))
-        index = torch.tensor([unique.index(p) for p in prompts], device=self.device)
-        text = self.text_embeds(unique)[index]  # (N, D)
+        text = embed_each_prompt_once(self.text_embeds, prompts)  # (N, D)
         return (self.image_embeds(images) * text).sum(dim=-1)
 
 

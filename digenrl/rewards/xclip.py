@@ -31,7 +31,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from digenrl.rewards.base import check_media, frame_indices
+from digenrl.rewards.base import check_media, embed_each_prompt_once, frame_indices
 from digenrl.rewards.clip_models import ClipPreprocess
 
 
@@ -112,8 +112,7 @@ class XClipScore:
         if images.ndim != 5:
             raise ValueError(f"xclip scores videos (B, F, 3, H, W); got images of shape {tuple(images.shape)}: "
                              "use an image reward (clip-score, pickscore) for an image model")
-        unique = list(dict.fromkeys(prompts))  # a GRPO group shares its prompt: encode it once
-        text = self.text_embeds(unique)[torch.tensor([unique.index(p) for p in prompts], device=self.device)]
+        text = embed_each_prompt_once(self.text_embeds, prompts)  # (B, D)
         scores = []
         for i in range(0, images.shape[0], self.batch_size):
             pixels = self.pixel_values(images[i : i + self.batch_size])
