@@ -317,6 +317,11 @@ class TrainConfig:
     # digenrl), else all trained steps in one unit. See digenrl.config.contract.tsp_chunk.
     tsp_chunk: int = 0
     backward_batch: int = 0  # samples per forward/backward (activation memory); 0 = whole micro-batch
+    # TSP's batched replay (digenrl.learner.passes): a Train unit's (sample, trained step) pairs,
+    # flattened across its trained steps, run this many to a forward/backward, each pair at its
+    # own timestep; 0 = one pass per trained step (and backward_batch chunk), the per-timestep
+    # loop. train.loss=dpo packs whole pairs of a group, as many trained steps as fit.
+    pairs_per_pass: int = 0
     # grpo: Flow-GRPO's clipped ratio; grpo-guard: GRPO-Guard's RatioNorm + 1/dt reweighting
     # (arXiv 2510.22319, digenrl.math.loss.grpo_guard_loss)
     loss: str = "grpo"
@@ -403,6 +408,10 @@ class TrainConfig:
         _check(0 <= self.ema_decay < 1, "train.ema_decay", "must be in [0, 1)")
         _check(self.tsp_chunk >= 0, "train.tsp_chunk", "must be >= 0")
         _check(self.backward_batch >= 0, "train.backward_batch", "must be >= 0 (0 = whole micro-batch)")
+        _check(self.pairs_per_pass >= 0, "train.pairs_per_pass", "must be >= 0 (0 = one pass per trained step)")
+        _check(self.pairs_per_pass == 0 or self.backward_batch == 0, "train.pairs_per_pass",
+               "and train.backward_batch both size a pass: set one of them (pairs_per_pass counts "
+               "(sample, trained step) pairs, backward_batch samples of one step)")
 
     def _check_awm(self) -> None:
         """The AWM keys act only with train.loss=awm; what AWM cannot act on is refused."""

@@ -22,14 +22,15 @@ import copy
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional, Sequence
 
 import torch
 
 from digenrl.learner.ema import EMA
 from digenrl.learner.metrics import add_metric, step_means
 from digenrl.learner.old_policy import OldPolicy
-from digenrl.math.grad_sum import GradSum, resolve_grad_sum
+from digenrl.learner.passes import Segment, plan_passes
+from digenrl.math.grad_sum import AUTO_FLOAT64_PARAMS, GradSum, resolve_grad_sum
 from digenrl.math import (AWM_WEIGHTINGS, BEHAVIOUR_KINDS, CLEAN_SAMPLE_LOSSES, DPO_PAIRS, IS_KINDS, LOSS_KINDS,
                           awm_loss, dpo_loss, dpo_pairs, flow_dppo_loss, flow_matching_error, gaussian_mean_kl,
                           grpo_guard_loss, grpo_loss, logp_gap_metrics, nft_loss, nft_old_decay, rollout_correction,
@@ -39,6 +40,14 @@ from digenrl.models.protocol import Policy, guided_velocity
 from digenrl.rollout.sampler import SampleSpec, Trajectories, forward_targets, sde_noise, trained_steps
 
 log = logging.getLogger(__name__)
+
+
+class Pairs(NamedTuple):
+    """The (sample, trained slot) pairs of one pass, flattened (learner.passes)."""
+
+    rows: torch.Tensor  # (n,) long: the micro-batch row of each pair (a row repeats once per slot)
+    steps: torch.Tensor  # (n,) long: the denoising step each pair trains (its timestep)
+    segments: list  # the pass's (slot, first, last) segments, in the order of `rows`
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,10 @@ class LearnerConfig:
     # big models. Ratio == 1 is exact only when this equals the rollout batch (or the
     # kernels are batch-invariant, as the tiny DiT's are on CPU).
     backward_batch: int = 0
+    # TSP's batched replay (learner.passes): up to this many (sample, trained slot) pairs per
+    # forward/backward, across slots, each pair with its own timestep; 0 = the per-timestep
+    # reference (one pass per slot and backward_batch chunk)
+    pairs_per_pass: int = 0
     # grpo | grpo-guard (RatioNorm + 1/dt reweighting, math.loss.grpo_guard_loss); guard
     # needs a Gaussian log-prob: flow-sde or dance-sde, not cps
     loss: str = "grpo"
@@ -121,6 +134,10 @@ class LearnerConfig:
             raise ValueError(f"dpo_pairs {self.dpo_pairs!r} unknown; allowed: {', '.join(DPO_PAIRS)}")
         if self.dpo_beta <= 0 or self.dpo_margin < 0 or self.kl_mask_threshold <= 0:
             raise ValueError("dpo_beta and kl_mask_threshold must be > 0 and dpo_margin >= 0")
+        if self.pairs_per_pass < 0:
+            raise ValueError(f"pairs_per_pass must be >= 0, got {self.pairs_per_pass}")
+        if self.pairs_per_pass and self.backward_batch:
+            raise ValueError("pairs_per_pass and backward_batch both size a pass: set one of them")
         if self.loss == "dpo" and self.backward_batch:
             raise ValueError("dpo trains whole pairs in one pass: backward_batch must be 0")
 
@@ -132,7 +149,8 @@ class Learner:
         self.params = [p for p in policy.module.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the policy has no trainable parameters")
-        self.grads = GradSum(self.params, resolve_grad_sum(config.grad_sum, sum(p.numel() for p in self.params)))
+        self._trainable = sum(p.numel() for p in self.params)
+        self.grads = GradSum(self.params, resolve_grad_sum(config.grad_sum, self._trainable))
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
@@ -149,30 +167,19 @@ class Learner:
         # FSDP2-sharded module: ranks must issue the same forwards/backwards (ghost passes)
         self.sharded = any(type(p).__name__ == "DTensor" for p in self.params)
 
-    # -- one trained step of one unit ------------------------------------------------
+    # -- the pairs of one pass ---------------------------------------------------------
+    def _pairs(self, traj: Trajectories, segments: Sequence[Segment], spec: SampleSpec) -> Pairs:
+        """The rows and denoising steps of a pass's (sample, slot) pairs, in segment order."""
+        rows = torch.cat([torch.arange(a, b) for _, a, b in segments])
+        steps = torch.tensor([s for t, a, b in segments for s in trained_steps(spec, traj.coords[a:b], t)],
+                             dtype=torch.long)
+        return Pairs(rows, steps, list(segments))
+
     def score(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice = slice(None)):
         """Recompute the policy's SDE step at trained slot t (the denoising step t, or each
         row's own step under `spec.draw_levels`) with grad: StepOut."""
-        device = self.params[0].device
-        steps = self._steps(traj, t, spec, rows)
-        ar = torch.arange(len(steps))
-        x = traj.latents[rows][ar, steps].to(device)
-        sigma = spec.sigmas[steps].to(device)  # (b,)
-        v = self._velocity(traj, x, sigma, spec, rows)
-        return sde_step(
-            x,
-            v,
-            sigma,
-            spec.sigmas[steps + 1].to(device),
-            kind=spec.kind,
-            noise_level=spec.noise_level,
-            prev_sample=traj.latents[rows][ar, steps + 1].to(device),
-        )
-
-    @staticmethod
-    def _steps(traj: Trajectories, t: int, spec: SampleSpec, rows: slice) -> torch.Tensor:
-        """(b,) long: the denoising step each row of `rows` trains in slot t."""
-        return torch.tensor(trained_steps(spec, traj.coords[rows], t), dtype=torch.long)
+        first, last, _ = rows.indices(len(traj))
+        return self._score(traj, self._pairs(traj, [(t, first, last)], spec), spec)
 
     @staticmethod
     def _recorded_log_probs(
@@ -180,11 +187,29 @@ class Learner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(steps, behaviour log-probs), both (b,): each row's step in slot t and the log-prob
         the rollout recorded there (NaN where that step was sampled with the ODE)."""
-        steps = Learner._steps(traj, t, spec, rows)
+        steps = torch.tensor(trained_steps(spec, traj.coords[rows], t), dtype=torch.long)
         return steps, traj.log_probs[rows][torch.arange(len(steps)), steps]
 
-    def _velocity(self, traj: Trajectories, x: torch.Tensor, sigma: torch.Tensor, spec: SampleSpec, rows: slice):
-        """The policy's (guided) velocity at (x, sigma) under the conditions of `rows`."""
+    def _score(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec):
+        """The policy's SDE step of every pair at once: x_t, x_t+1 and sigma per pair, the
+        conditioning repeated per pair (one forward for the whole pass)."""
+        device = self.params[0].device
+        x = traj.latents[pairs.rows, pairs.steps].to(device)  # (n, *latent)
+        sigma = spec.sigmas[pairs.steps].to(device)  # (n,)
+        v = self._velocity(traj, x, sigma, spec, pairs.rows)
+        return sde_step(
+            x,
+            v,
+            sigma,
+            spec.sigmas[pairs.steps + 1].to(device),
+            kind=spec.kind,
+            noise_level=spec.noise_level,
+            prev_sample=traj.latents[pairs.rows, pairs.steps + 1].to(device),
+        )
+
+    def _velocity(self, traj: Trajectories, x: torch.Tensor, sigma: torch.Tensor, spec: SampleSpec, rows):
+        """The policy's (guided) velocity at (x, sigma) under the conditions of `rows` (a slice
+        or a (n,) index, repeated rows repeating their conditions)."""
         negative = self.policy.negative_cond(x.shape[0]) if spec.guided else None
         cond = {k: v[rows] for k, v in traj.cond.items()}
         return guided_velocity(self.policy, x, spec.model_sigma(sigma), cond, negative, spec.cfg_scale,
@@ -203,70 +228,113 @@ class Learner:
         finally:
             self.policy.module = live
 
-    def _reference_mean(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice) -> torch.Tensor:
-        return self._with_reference(lambda: self.score(traj, t, spec, rows).mean)
-
     @staticmethod
-    def _behaviour_mean(traj: Trajectories, t: int, spec: SampleSpec, rows: slice, std: torch.Tensor) -> torch.Tensor:
-        """The rollout policy's SDE mean at slot t for `rows`, (b, *latent): the sampler drew
+    def _behaviour_mean(traj: Trajectories, pairs: Pairs, spec: SampleSpec, std: torch.Tensor) -> torch.Tensor:
+        """The rollout policy's SDE mean of each pair, (n, *latent): the sampler drew
         x_{t+1} = mean_old + std * noise with noise a pure function of (seed, coords, t), so
         mean_old = x_{t+1} - std * noise, whichever policy version and worker generated it."""
         if spec.kind not in ("flow-sde", "dance-sde"):
             raise ValueError(f"grpo-guard needs a Gaussian SDE log-prob (flow-sde or dance-sde), not {spec.kind}")
-        steps = Learner._steps(traj, t, spec, rows)
-        x_next = traj.latents[rows][torch.arange(len(steps)), steps + 1].to(std.device)
-        noise = sde_noise(x_next.shape[1:], spec, traj.coords[rows], steps.tolist()).to(std.device)
+        x_next = traj.latents[pairs.rows, pairs.steps + 1].to(std.device)
+        coords = [traj.coords[r] for r in pairs.rows.tolist()]
+        noise = sde_noise(x_next.shape[1:], spec, coords, pairs.steps.tolist()).to(std.device)
         return x_next - std.detach() * noise
 
+    def _forward_targets(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec):
+        """(x0, x_t, sigma) of every pair for the clean-sample losses: each segment's rows
+        noised along the forward process for its slot (`forward_targets`)."""
+        device = self.params[0].device
+        x0 = traj.latents[pairs.rows, spec.num_steps].to(device)  # (n, *latent)
+        parts, at = [], 0
+        for t, a, b in pairs.segments:
+            parts.append(forward_targets(x0[at:at + b - a], spec, traj.coords[a:b], t))
+            at += b - a
+        return x0, torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    # -- one unit -----------------------------------------------------------------------
     def accumulate(
         self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, *, total_samples: int, total_steps: int,
         rows: Optional[slice] = None, passes: int = 0,
     ) -> dict[str, float]:
-        """Backward the loss of one unit: trained steps `t_steps` of micro-batch `traj`.
+        """Backward the loss of one unit: trained slots `t_steps` of micro-batch `traj`.
 
-        The loss of the rows trained is scaled by len(rows) / (total_samples * total_steps),
-        so the gradients of all units of a step add up to the mean over (sample, step) pairs.
+        The unit's (sample, slot) pairs are cut into passes (`learner.passes.plan_passes`:
+        `pairs_per_pass` packed pairs per pass, or the per-timestep layout), one forward and
+        one backward each. Each pair weighs 1 / (total_samples * total_steps), so the
+        gradients of all units of a step add up to the mean over (sample, step) pairs,
+        whatever the layout.
 
         rows: the rows of `traj` this learner trains (default all): a rank of a sharded gang
-        trains its share of the unit. passes: forward/backward passes to run per trained
-        step (0 = as many as the rows need); the extra ones are zero-weight "ghost" passes
-        on the unit's first row, so that every rank of an FSDP gang issues the same
-        collectives whatever its share (a rank with no rows runs ghosts only).
+        trains its share of the unit. passes: forward/backward passes to run for the whole
+        unit (0 = as many as the rows need); the extra ones are zero-weight "ghost" passes on
+        the unit's first pair, so that every rank of an FSDP gang issues the same collectives
+        whatever its share (a rank with no rows runs ghosts only). On a sharded module the
+        gradient is reduced once, after the unit's last pass, when the unsharded trainable
+        gradient is small (`defers_reduction`).
         """
         if traj.advantages is None:
             raise ValueError("trajectories have no advantages yet: compute rewards and advantages first")
         self.policy.module.train()
         adv = traj.advantages.to(self.params[0].device)
         first, last, _ = (rows or slice(0, len(traj))).indices(len(traj))
-        size = self.config.backward_batch or max(last - first, 1)
-        chunks = [slice(a, min(a + size, last)) for a in range(first, last, size)]
-        if passes and passes < len(chunks):
-            raise ValueError(f"{passes} passes cannot train rows [{first}, {last}) in chunks of {size}")
-        ghosts = max(passes - len(chunks), 0)
-        if self.config.loss == "dpo":
-            return self._accumulate_pairs(traj, t_steps, spec, adv, first, last, total_samples * total_steps, passes)
+        c = self.config
+        if c.loss == "dpo":
+            return self._accumulate_pairs(traj, t_steps, spec, adv, first, last, total_samples * total_steps)
+        plan = plan_passes(first, last, t_steps, c.backward_batch, c.pairs_per_pass)
+        if passes and passes < len(plan):
+            raise ValueError(f"{passes} passes cannot train rows [{first}, {last}) x {len(t_steps)} slots "
+                             f"in {len(plan)} passes")
+        if c.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # clean samples: no log-prob
+            every = self._pairs(traj, [(t, first, last) for t in t_steps], spec)
+            logp = traj.log_probs[every.rows, every.steps]
+            if bool(torch.isnan(logp).any()):
+                raise ValueError(f"denoising step {int(every.steps[torch.isnan(logp)][0])} was sampled with the ODE: "
+                                 "it has no log-prob to train")
+        ghost = [(t_steps[0], 0, 1)]
+        plan = plan + [None] * (max(passes - len(plan), 0))  # None: a ghost pass
         metrics: dict[str, float] = {}
-        for t in t_steps:
-            if self.config.loss not in CLEAN_SAMPLE_LOSSES and last > first:  # clean samples: no log-prob
-                steps, logp = self._recorded_log_probs(traj, t, spec, slice(first, last))
-                if bool(torch.isnan(logp).any()):
-                    raise ValueError(f"denoising step {int(steps[torch.isnan(logp)][0])} was sampled with the ODE: "
-                                     "it has no log-prob to train")
-            for chunk in chunks:
-                metrics = self._backward_rows(traj, t, chunk, spec, adv, total_samples * total_steps)
-            for _ in range(ghosts):
-                self._backward_rows(traj, t, slice(0, 1), spec, adv, total_samples * total_steps, ghost=True)
+        with self._reduce_once(len(plan)) as before_pass:
+            for i, segments in enumerate(plan):
+                before_pass(i)
+                if segments is None:
+                    self._backward_pairs(traj, self._pairs(traj, ghost, spec), spec, adv, 1, ghost=True)
+                else:
+                    metrics = self._backward_pairs(traj, self._pairs(traj, segments, spec), spec, adv,
+                                                   total_samples * total_steps)
         return metrics
 
-    def _backward_rows(
-        self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor, denominator: int,
-        ghost: bool = False,
-    ) -> dict[str, float]:
-        """Loss and backward of rows `rows` at trained step t, weighted into the step mean.
-        A ghost pass (see `accumulate`) backwards weight 0 and records nothing."""
+    @property
+    def defers_reduction(self) -> bool:
+        """A sharded module reduces its gradient once per unit (FSDP2 no_sync between the
+        unit's passes) when holding the unsharded trainable gradient costs at most what
+        `train.grad_sum=auto` allows a float64 sum (LoRA adapters, small models); a large
+        full fine-tune reduces after every pass instead."""
+        return self.sharded and self._trainable <= AUTO_FLOAT64_PARAMS
+
+    @contextlib.contextmanager
+    def _reduce_once(self, n: int):
+        """Yields before_pass(i): on a module that defers its reduction, gradient sync is off
+        for passes 0 .. n-2 and on for the last; always on again afterwards."""
+        module = self.policy.module
+        defer = self.defers_reduction and n > 1 and hasattr(module, "set_requires_gradient_sync")
+
+        def before_pass(i: int) -> None:
+            if defer:
+                module.set_requires_gradient_sync(i == n - 1)
+
+        try:
+            yield before_pass
+        finally:
+            if defer:
+                module.set_requires_gradient_sync(True)
+
+    def _backward_pairs(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec, adv: torch.Tensor,
+                        denominator: int, ghost: bool = False) -> dict[str, float]:
+        """Loss and backward of one pass, weighted into the step mean. A ghost pass (see
+        `accumulate`) backwards weight 0 and records nothing."""
         unit_loss = {"nft": self._nft_loss, "awm": self._awm_loss}.get(self.config.loss, self._grpo_loss)
-        loss, m, weight = unit_loss(traj, t, rows, spec, adv, denominator)
-        return self._backward(loss, m, weight, traj.step, t, ghost)
+        loss, m, weight = unit_loss(traj, pairs, spec, adv, denominator)
+        return self._backward(loss, m, weight, traj.step, pairs.segments[0][0], ghost)
 
     def _backward(self, loss: torch.Tensor, m: dict, weight: float, step: int, t: int, ghost: bool) -> dict[str, float]:
         """Backward `loss * weight` into the step's gradient and record its metrics; a ghost
@@ -274,7 +342,7 @@ class Learner:
         finite = bool(torch.isfinite(loss))
         if ghost or not finite:
             if not ghost:
-                log.warning("non-finite loss at step %d, denoising step %d: skipped", step, t)
+                log.warning("non-finite loss at step %d, trained slot %d: skipped", step, t)
                 self._sums["train/skipped_units"] += 1
             if self.sharded:  # every rank of a gang runs the same backwards (FSDP collectives)
                 self.grads.before_backward()
@@ -289,20 +357,20 @@ class Learner:
         self._weight += weight
         return {k: float(v) for k, v in m.items()}
 
-    def _grpo_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
-                   denominator: int):
-        """(loss, metrics, weight in the step mean) of grpo / grpo-guard on slot t of `rows`."""
-        out = self.score(traj, t, spec, rows)
+    def _grpo_loss(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec, adv: torch.Tensor, denominator: int):
+        """(loss, metrics, weight in the step mean) of grpo / grpo-guard / flow-dppo on a pass."""
+        out = self._score(traj, pairs, spec)
         weight = out.prev_sample.shape[0] / denominator
         kl = None
         if self.config.beta > 0:
-            kl = gaussian_mean_kl(out.mean, self._reference_mean(traj, t, spec, rows), out.std)
-        steps, logp_rollout = self._recorded_log_probs(traj, t, spec, rows)
-        logp_rollout = logp_rollout.to(out.log_prob.device)
+            mean_ref = self._with_reference(lambda: self._score(traj, pairs, spec).mean)
+            kl = gaussian_mean_kl(out.mean, mean_ref, out.std)
+        logp_rollout = traj.log_probs[pairs.rows, pairs.steps].to(out.log_prob.device)
+        a = adv[pairs.rows.to(adv.device)]
         # The trainer's own log-prob of the recorded step under the behaviour weights: this
         # forward's, detached (no optimizer step falls between a step's rollout and its units;
-        # at policy lag 1 (run.mode=digenrl) a row from the previous version also carries that
-        # version's change). It is what a separate no-grad forward returns
+        # at policy lag 1 (TCSS) a row from the previous version also carries that version's
+        # change). It is what a separate no-grad forward returns
         # (tests/learner/test_consistency_learner.py), so recompute costs no forward.
         logp_train = out.log_prob.detach()
         gap = logp_gap_metrics(logp_rollout, logp_train, self.config.clip_range)
@@ -313,32 +381,31 @@ class Learner:
             is_weights, is_metrics = rollout_correction(logp_train, logp_rollout, self.config.is_correction,
                                                         self.config.is_band)
         if self.config.loss in ("grpo-guard", "flow-dppo"):
-            mean_old = out.mean.detach() if recompute else self._behaviour_mean(traj, t, spec, rows, out.std)
+            mean_old = out.mean.detach() if recompute else self._behaviour_mean(traj, pairs, spec, out.std)
         if self.config.loss == "flow-dppo":
             loss, m = flow_dppo_loss(
-                out.log_prob, logp_old, adv[rows], mean=out.mean, mean_old=mean_old, std=out.std,
+                out.log_prob, logp_old, a, mean=out.mean, mean_old=mean_old, std=out.std,
                 threshold=self.config.kl_mask_threshold, kl=kl, beta=self.config.beta, is_weights=is_weights,
             )
         elif self.config.loss == "grpo-guard":
             loss, m = grpo_guard_loss(
-                out.log_prob, logp_old, adv[rows],
+                out.log_prob, logp_old, a,
                 mean=out.mean, mean_old=mean_old,
-                std=out.std, dt=(spec.sigmas[steps] - spec.sigmas[steps + 1]).to(out.std.device),
+                std=out.std, dt=(spec.sigmas[pairs.steps] - spec.sigmas[pairs.steps + 1]).to(out.std.device),
                 clip_range=self.config.clip_range, kl=kl, beta=self.config.beta, is_weights=is_weights,
             )
         else:
             loss, m = grpo_loss(
-                out.log_prob, logp_old, adv[rows], clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
+                out.log_prob, logp_old, a, clip_range=self.config.clip_range, kl=kl, beta=self.config.beta,
                 is_weights=is_weights,
             )
         m.update(gap)
         m.update(is_metrics)
         return loss, m, weight
 
-    def _nft_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
-                  denominator: int):
-        """DiffusionNFT on trained slot t of `rows`: the clean samples x0 = latents[:, T] noised
-        along the forward process (`forward_targets`).
+    def _nft_loss(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec, adv: torch.Tensor, denominator: int):
+        """DiffusionNFT on a pass: the clean samples x0 = latents[:, T] noised along the
+        forward process (`forward_targets`), each pair at its slot's level.
 
         With `nft_decay` 0 the old policy is the one at the start of this RL step, which is
         these very weights (one optimizer step per RL step): v_old is v detached, from the
@@ -346,9 +413,8 @@ class Learner:
         (math.loss.nft_loss), so nft_beta must stay 1. With a decayed old policy (`self.old`)
         v_old is its own no-grad forward, made before the policy's so that the in-place swap
         never touches a tensor the backward needs; then beta acts."""
-        device = self.params[0].device
-        x0 = traj.latents[rows, spec.num_steps].to(device)
-        x_t, sigma = forward_targets(x0, spec, traj.coords[rows], t)
+        x0, x_t, sigma = self._forward_targets(traj, pairs, spec)
+        rows = pairs.rows
         v_old = None
         if self.old is not None:
             with torch.no_grad(), self.old.swapped():
@@ -357,72 +423,89 @@ class Learner:
         v_ref = None
         if self.config.beta > 0:
             v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
-        loss, m = nft_loss(v, v.detach() if v_old is None else v_old, x_t, x0, sigma, adv[rows],
+        loss, m = nft_loss(v, v.detach() if v_old is None else v_old, x_t, x0, sigma, adv[rows.to(adv.device)],
                            beta=self.config.nft_beta, adv_clip=self.config.adv_clip, v_ref=v_ref,
                            kl_beta=self.config.beta)
         return loss, m, x0.shape[0] / denominator
 
-    # -- AWM (issue 27) --
-    def _awm_loss(self, traj: Trajectories, t: int, rows: slice, spec: SampleSpec, adv: torch.Tensor,
-                  denominator: int):
-        """Advantage Weighted Matching on trained slot t of `rows`: the clean samples x0 =
-        latents[:, T] noised afresh (`forward_targets`, as DiffusionNFT), the velocity scored
-        against eps - x0 (math.loss.awm_loss). One optimizer step per RL step: the old policy
-        is these weights, so the old log-prob is this forward's, detached (the authors'
-        on-policy form), and the ratio is 1 in value; no second forward."""
-        device = self.params[0].device
-        x0 = traj.latents[rows, spec.num_steps].to(device).float()  # (b, *latent)
-        x_t, sigma = forward_targets(x0, spec, traj.coords[rows], t)
+    def _awm_loss(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec, adv: torch.Tensor, denominator: int):
+        """Advantage Weighted Matching on a pass: the clean samples x0 = latents[:, T] noised
+        afresh (`forward_targets`, as DiffusionNFT), the velocity scored against eps - x0
+        (math.loss.awm_loss). One optimizer step per RL step: the old policy is these weights,
+        so the old log-prob is this forward's, detached (the authors' on-policy form), and the
+        ratio is 1 in value; no second forward."""
+        x0, x_t, sigma = self._forward_targets(traj, pairs, spec)
+        x0 = x0.float()  # (n, *latent)
         target = (x_t - x0) / sigma.reshape(-1, *([1] * (x0.ndim - 1)))  # eps - x0 (every sigma > 0)
+        rows = pairs.rows
         v = self._velocity(traj, x_t, sigma, spec, rows)
         v_ref = None
         if self.config.beta > 0:
             v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
         c = self.config
-        loss, m = awm_loss(v, target, sigma, adv[rows], adv_clip=c.adv_clip, adv_max=c.awm_adv_max,
+        loss, m = awm_loss(v, target, sigma, adv[rows.to(adv.device)], adv_clip=c.adv_clip, adv_max=c.awm_adv_max,
                            clip_range=c.clip_range, weighting=c.awm_weighting, ghuber_power=c.awm_ghuber_power,
                            v_ref=v_ref, kl_beta=c.beta)
         return loss, m, x0.shape[0] / denominator
 
-    # -- end AWM --
     # -- online Diffusion-DPO: a unit's pairs --------------------------------------------
+    def dpo_slots_per_pass(self, pairs: int, slots: int) -> int:
+        """Trained slots per DPO pass: 1 per-timestep; packed, as many slots of the unit's
+        `pairs` (2 rows each) as `pairs_per_pass` rows hold (at least one)."""
+        if not self.config.pairs_per_pass or pairs <= 0:
+            return 1
+        return max(1, min(slots, self.config.pairs_per_pass // (2 * pairs)))
+
     def _accumulate_pairs(self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, adv: torch.Tensor,
-                          first: int, last: int, denominator: int, passes: int) -> dict[str, float]:
+                          first: int, last: int, denominator: int) -> dict[str, float]:
         """DPO's `accumulate`: the unit's (winner, loser) pairs (math.dpo.dpo_pairs over all its
         rows: its prompt groups are whole, which config.schema ensures) whose winner lies in
         [first, last) are this learner's, so the ranks of a gang split the pairs and each pair
-        is trained once. One pass per trained step: the pairs' 2P rows through the policy and
-        the reference; a rank with no pair (or an extra pass) runs a zero-weight ghost on the
+        is trained once. A pass takes the pairs' 2P rows at `dpo_slots_per_pass` slots, through
+        the policy and the reference. Every rank runs the same passes, counted from the unit's
+        pairs (which every rank sees): a rank without pairs runs zero-weight ghosts on the
         unit's first pair, so every rank of an FSDP gang issues the same forwards.
 
-        Each pair weighs group_size / denominator in the step mean: with best-worst (one pair
-        per group) the step's loss is the mean over pairs and trained steps; with margin, a
-        group's pairs add up."""
+        Each pair weighs group_size / denominator per slot in the step mean: with best-worst
+        (one pair per group) the step's loss is the mean over pairs and trained steps; with
+        margin, a group's pairs add up."""
         pairs = dpo_pairs(adv, traj.group_ids.tolist(), self.config.dpo_pairs, self.config.dpo_margin)
         mine = [p for p in pairs if first <= p[0] < last]
         group_size = int(torch.bincount(traj.group_ids).max())
-        ghosts = max(passes - (1 if mine else 0), 0)
         ghost_pair = pairs[:1] or [(0, min(1, len(traj) - 1))]  # a unit without pairs still runs its passes
+        k = self.dpo_slots_per_pass(len(pairs), len(t_steps))
         metrics: dict[str, float] = {}
-        for t in t_steps:
-            if mine:
-                loss, m = self._dpo_loss(traj, t, mine, spec)
-                metrics = self._backward(loss, m, len(mine) * group_size / denominator, traj.step, t, False)
-            for _ in range(ghosts):
-                loss, m = self._dpo_loss(traj, t, ghost_pair, spec)
-                self._backward(loss, m, 0.0, traj.step, t, True)
+        with self._reduce_once(-(-len(t_steps) // k)) as before_pass:
+            for i, at in enumerate(range(0, len(t_steps), k)):
+                before_pass(i)
+                slots = t_steps[at:at + k]
+                if mine:
+                    loss, m = self._dpo_loss(traj, slots, mine, spec)
+                    metrics = self._backward(loss, m, len(slots) * len(mine) * group_size / denominator, traj.step,
+                                             slots[0], False)
+                elif self.sharded:
+                    loss, m = self._dpo_loss(traj, slots[:1], ghost_pair, spec)
+                    self._backward(loss, m, 0.0, traj.step, slots[0], True)
         return metrics
 
-    def _dpo_loss(self, traj: Trajectories, t: int, pairs: list[tuple[int, int]], spec: SampleSpec):
-        """Diffusion-DPO on trained slot t of `pairs`: the clean samples x0 = latents[:, T] of
-        winners then losers, each pair noised with the winner's forward noise and level (one
-        eps and one sigma per pair, as Diffusion-DPO and flow_grpo's train_sd3_dpo.py:884-899
-        draw them), scored by the policy and by the reference."""
+    def _dpo_loss(self, traj: Trajectories, slots: list[int], pairs: list[tuple[int, int]], spec: SampleSpec):
+        """Diffusion-DPO on `pairs` at trained `slots`: the clean samples x0 = latents[:, T] of
+        winners then losers (each slot's in turn), each pair noised with the winner's forward
+        noise and level (one eps and one sigma per pair, as Diffusion-DPO and flow_grpo's
+        train_sd3_dpo.py:884-899 draw them), scored by the policy and by the reference."""
         device = self.params[0].device
-        rows = torch.tensor([w for w, _ in pairs] + [l for _, l in pairs], dtype=torch.long)
+        winners = torch.tensor([w for w, _ in pairs], dtype=torch.long)
+        losers = torch.tensor([l for _, l in pairs], dtype=torch.long)
         coords = [traj.coords[w] for w, _ in pairs] * 2  # the winner's noise for both rows
+        xw, xl, sw, sl = [], [], [], []
+        for t in slots:
+            x0 = traj.latents[torch.cat([winners, losers]), spec.num_steps].to(device)
+            x_t, sigma = forward_targets(x0, spec, coords, t)
+            n = len(pairs)
+            xw.append(x_t[:n]), xl.append(x_t[n:]), sw.append(sigma[:n]), sl.append(sigma[n:])
+        rows = torch.cat([winners.repeat(len(slots)), losers.repeat(len(slots))])
         x0 = traj.latents[rows, spec.num_steps].to(device)
-        x_t, sigma = forward_targets(x0, spec, coords, t)
+        x_t, sigma = torch.cat(xw + xl), torch.cat(sw + sl)
         v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
         v = self._velocity(traj, x_t, sigma, spec, rows)
         return dpo_loss(flow_matching_error(v, x_t, x0, sigma), flow_matching_error(v_ref, x_t, x0, sigma),

@@ -38,6 +38,7 @@ from torch.distributed.tensor import DTensor
 from digenrl.config.schema import Config, with_overrides
 from digenrl.learner import Learner
 from digenrl.learner.comm import CommCounter, count_fsdp, fsdp_units
+from digenrl.learner.passes import pass_count
 from digenrl.math.grad_sum import GradSum, local
 from digenrl.learner.sharded import shard_policy
 from digenrl.runtime.gang import row_share
@@ -90,16 +91,18 @@ class GangRank:
         trainer.learner = Learner(trainer.policy, trainer.learner.config)  # on the sharded parameters
         self.module = module
         self.backward_batch = trainer.learner.config.backward_batch
+        self.pairs_per_pass = trainer.learner.config.pairs_per_pass
         # the cross-gang gradient reduction's group (all_reduce_grads); none with one gang
         self.replicas: Optional[dist.ProcessGroup] = self.mesh.get_group("replicate") if gangs > 1 else None
         self.group: dist.ProcessGroup = self.mesh.get_group("shard")  # this gang's ranks (checkpoints)
 
-    def share(self, n: int) -> tuple[slice, int]:
-        """This rank's rows of a unit of n rows (its sequence-parallel group's), and the passes
-        per trained step every rank runs."""
+    def share(self, n: int, slots: int) -> tuple[slice, int]:
+        """This rank's rows of a unit of n rows and `slots` trained slots (its sequence-parallel
+        group's), and the passes every rank runs for the unit: those of the largest share
+        (learner.passes.pass_count), the others padded with ghost passes."""
         groups = self.size // self.sp
         most = -(-n // groups)
-        passes = -(-most // self.backward_batch) if self.backward_batch else 1
+        passes = pass_count(most, slots, self.backward_batch, self.pairs_per_pass)
         return row_share(n, groups, self.rank // self.sp), passes
 
     def after_step(self) -> None:

@@ -290,7 +290,7 @@ class TrainerRank(_PolicyRank):
         t0 = time.time()
         traj = select_rows(concat_trajectories(shards), *rows)
         traj.advantages = advantages
-        mine, passes = self.gang.share(len(traj)) if self.gang is not None else (slice(0, len(traj)), 0)
+        mine, passes = self.gang.share(len(traj), len(unit.t_steps)) if self.gang is not None else (slice(0, len(traj)), 0)
         self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
                                 total_steps=total_steps, rows=mine, passes=passes)
         # the ranks of a sequence-parallel group train the same rows: the first one reports them

@@ -113,7 +113,7 @@ def learner_config(cfg: Config) -> LearnerConfig:
     t = cfg.train
     return LearnerConfig(lr=t.lr, weight_decay=t.weight_decay, clip_range=t.clip_range, beta=t.beta,
                          max_grad_norm=t.max_grad_norm, ema_decay=t.ema_decay, backward_batch=t.backward_batch,
-                         loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum,
+                         pairs_per_pass=t.pairs_per_pass, loss=t.loss, adv_clip=cfg.reward.adv_clip, grad_sum=t.grad_sum,
                          behaviour_logp=t.behaviour_logp, is_correction=t.is_correction, is_band=t.is_band,
                          nft_decay=t.nft_decay, nft_decay_rate=t.nft_decay_rate, nft_decay_flat=t.nft_decay_flat,
                          nft_beta=t.nft_beta, dpo_beta=t.dpo_beta, dpo_pairs=t.dpo_pairs, dpo_margin=t.dpo_margin,

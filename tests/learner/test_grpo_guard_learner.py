@@ -24,9 +24,10 @@ def test_behaviour_mean_is_the_rollouts_mean(kind):
     learner = Learner(policy, LearnerConfig(loss="grpo-guard"))
     for t in spec.sde_steps:
         out = learner.score(traj, t, spec, slice(0, 2))
-        rebuilt = learner._behaviour_mean(traj, t, spec, slice(0, 2), out.std)
+        rebuilt = learner._behaviour_mean(traj, learner._pairs(traj, [(t, 0, 2)], spec), spec, out.std)
         assert torch.allclose(rebuilt, out.mean, atol=1e-5), float((rebuilt - out.mean).abs().max())
-        other = learner._behaviour_mean(traj, t, dataclasses.replace(spec, seed=4), slice(0, 2), out.std)
+        other = learner._behaviour_mean(traj, learner._pairs(traj, [(t, 0, 2)], spec),
+                                        dataclasses.replace(spec, seed=4), out.std)
         assert not torch.allclose(other, out.mean, atol=1e-2)  # the noise is what makes it right
 
 

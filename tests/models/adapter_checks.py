@@ -106,10 +106,26 @@ def check_full_finetune_step(policy, cond=None) -> None:
     assert not torch.equal(w0, weight.detach())
 
 
+def check_per_row_timesteps(policy, cond, latents) -> None:
+    """TSP's packed pass (learner.passes) puts pairs of several denoising steps in one batch,
+    each row at its own timestep: the family's velocity of rows at different sigmas in one
+    call equals each row's own call (no row reads another's timestep)."""
+    batch = latents.shape[0]
+    sigmas = sigma_schedule(batch, shift=3.0)[:batch]  # (B,) distinct, 1 -> small
+    x = latents[:, 1]
+    rows = lambda i: {k: (v[i : i + 1] if torch.is_tensor(v) and v.shape[:1] == (batch,) else v)
+                      for k, v in cond.items()}
+    with torch.no_grad():
+        together = policy.velocity(x, sigmas, cond)
+        alone = torch.cat([policy.velocity(x[i : i + 1], sigmas[i : i + 1], rows(i)) for i in range(batch)])
+    assert torch.allclose(together, alone, atol=1e-5, rtol=1e-4), float((together - alone).abs().max())
+
+
 def check_lora_step_and_sync(policy, cond, latents, logps, reload) -> None:
-    """One LoRA train step on a rollout (ratio == 1, only adapters get gradients and move),
-    then weight sync: `reload()` builds a second copy, which samples what the trained one
-    does once it loads the adapters."""
+    """Each row takes its own timestep (`check_per_row_timesteps`); one LoRA train step on a
+    rollout (ratio == 1, only adapters get gradients and move), then weight sync: `reload()`
+    builds a second copy, which samples what the trained one does once it loads the adapters."""
+    check_per_row_timesteps(policy, cond, latents)
     before = {k: v.clone() for k, v in trainable_state_dict(policy.module).items()}
     params = policy.trainable_parameters()
     assert params and all("lora_" in n for n, p in policy.module.named_parameters() if p.requires_grad)

@@ -38,6 +38,7 @@ from digenrl.models.protocol import (  # noqa: E402
     ConditionedPolicy, conditioning_of, encode_inputs, guided_velocity,
 )
 from digenrl.rollout import SampleSpec, generate  # noqa: E402
+from tests.models.adapter_checks import check_per_row_timesteps  # noqa: E402
 from tests.models.tiny_diffusers import CONDITIONED_SETUPS, fake_text_cond, tiny_images  # noqa: E402
 
 PROMPTS = ["make it red", "add a dog"]
@@ -212,6 +213,36 @@ def test_rollout_and_train_step_ratio_one(family, folders, tmp_path):
     assert metrics["loss/ratio_mean"] == 1.0
     after = trainable_state_dict(policy.module)
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("train", ["lora", "full"])
+def test_packed_pass_gradient_equals_the_per_timestep_loop(train, folders, tmp_path):
+    """TSP's batched replay on a diffusers family with true CFG (Qwen-Image-Edit: each row's own
+    negative prompt and reference image, repeated per pair): the gradient of the unit's 4 x 2
+    (sample, step) pairs in one pass, and cut across the two steps, equals the per-step loop's
+    (float32, rtol 1e-4)."""
+    family = "qwen-image-edit"
+    images = tiny_images(len(PROMPTS), seed=2)
+    policy = load(folders, family, tmp_path / "cache", images, train=train, lora_rank=4)
+    prompts = [p for p in PROMPTS for _ in range(GROUP)]
+    coords = [(0, g, s) for g in range(len(PROMPTS)) for s in range(GROUP)]
+    spec = SampleSpec(sigmas=sigma_schedule(3, shift=3.0), sde_steps=(0, 1), noise_level=0.7, cfg_scale=2.0, seed=5)
+    traj = generate(policy, prompts, coords, spec, step=0, version=0, images=images.repeat_interleave(GROUP, dim=0))
+    traj.advantages = torch.tensor([-1.0, 1.0, -0.5, 0.5])
+    check_per_row_timesteps(policy, traj.cond, traj.latents)
+    grads = {}
+    for pairs in (0, 8, 3):
+        learner = Learner(policy, LearnerConfig(grad_sum="float32", pairs_per_pass=pairs))
+        learner.accumulate(traj, [0, 1], spec, total_samples=4, total_steps=2)
+        grads[pairs] = [None if p.grad is None else p.grad.clone() for p in learner.params]
+        learner.zero_grad()
+    for pairs in (8, 3):
+        assert any(g is not None for g in grads[0])
+        for got, want in zip(grads[pairs], grads[0]):
+            assert (got is None) == (want is None)
+            if want is None:  # a parameter the forward does not reach (none has a gradient either way)
+                continue
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-5 * (float(want.abs().max()) + 1e-12)), pairs
 
 
 # ---- the conditioning acts -------------------------------------------------------------------
