@@ -40,6 +40,7 @@ class StepShape:
     samples_per_group: int  # samples per scheduler group
     micro_batch_groups: int  # scheduler groups per micro-batch
     group_size: int  # samples per prompt group (the GRPO group)
+    pairs_per_pass: int = 0  # train.pairs_per_pass: (sample, trained step) pairs per packed pass (0: per step)
 
     def micro_batches(self) -> list[tuple[int, ...]]:
         """Scheduler groups of each micro-batch, in order."""
@@ -54,8 +55,9 @@ class StepShape:
 def step_shape(cfg: Config) -> StepShape:
     d = cfg.data
     if d.micro_batch_samples:
-        return StepShape(d.groups_per_step * d.group_size, 1, d.micro_batch_samples, d.group_size)
-    return StepShape(d.groups_per_step, d.group_size, d.micro_batch_groups, d.group_size)
+        return StepShape(d.groups_per_step * d.group_size, 1, d.micro_batch_samples, d.group_size,
+                         cfg.train.pairs_per_pass)
+    return StepShape(d.groups_per_step, d.group_size, d.micro_batch_groups, d.group_size, cfg.train.pairs_per_pass)
 
 
 def trained_steps(cfg: Config, step: int) -> list[int]:

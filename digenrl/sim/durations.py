@@ -192,6 +192,7 @@ class DurationFn:
     system: System | None = None  # a shipped peer's mechanisms (colocated only; None: ours or colocated-ideal)
     memo: bool = True  # replay the cost of a unit already priced (__call__)
     _no_sync: bool = False  # colocated layout accumulating under no_sync (baselines.Layout.no_sync)
+    pairs_per_pass: int = 0  # train.pairs_per_pass: TSP's packed passes (0: one pass per trained step)
     _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
     _log: list | None = None  # overhead increments of the unit being priced
 
@@ -205,7 +206,7 @@ class DurationFn:
         self.trainer_device = self.trainer_pool.device
         self.fsdp = catalogue_layout(tb.model, tb.lora, tb.lora_rank, BYTES_WEIGHT)  # bf16 gathers
         self._cache: dict = {}
-        fit = self.cm.fits(tb.model, ["trainer"], self.trainer_device, train_batch=tb.micro_batch,
+        fit = self.cm.fits(tb.model, ["trainer"], self.trainer_device, train_batch=self.pairs_per_pass or tb.micro_batch,
                            lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
                            lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
                            offload=self.offload, gang=self.gang > 1, sp=self.trainer_sp)
@@ -218,8 +219,8 @@ class DurationFn:
                 self._shipped_costs()
             else:  # the baseline's own memory plan (baselines.style_plan) says how it shards
                 self._colocated_costs()
-            self.comm = GangComm(self.fsdp, self.col_shards, 1, False, tb.micro_batch, tb.kl and tb.lora,
-                                 old_forward=tb.old_forward)
+            self.comm = GangComm(self.fsdp, self.col_shards, 1, False, self._bb, tb.kl and tb.lora,
+                                 old_forward=tb.old_forward, pairs_per_pass=self.pairs_per_pass)
             self.gang_link = tb.link(self.trainer_pool, self.col_shards)
         else:
             if not fit.fits:
@@ -228,10 +229,10 @@ class DurationFn:
                     f"training state ({fit.peak_gib:.0f} GiB per GPU of {fit.usable_gib:.0f} usable): raise "
                     "runtime.trainer.gang (FSDP over more GPUs) or set runtime.trainer.offload")
             self.opt_shards = self.gang
-            self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, tb.micro_batch,
+            self.comm = GangComm(self.fsdp, self.gang, self.n_trainers, self.after_step, self._bb,
                                  tb.kl and tb.lora, self.trainer_sp,
                                  tb.weight_sync == "lora-only" or (tb.weight_sync == "nccl" and tb.lora),
-                                 old_forward=tb.old_forward)
+                                 old_forward=tb.old_forward, pairs_per_pass=self.pairs_per_pass)
             self.gang_link = tb.gang_link(self.trainer_pool, self.gang, self.n_trainers)
 
     # ---- colocated baseline costs --------------------------------------------
@@ -415,7 +416,7 @@ class DurationFn:
             t += self._overhead("gang_train", self._train_comm_s(worker, gang_rows, k, t),
                                 self.gang if self.mode != "colocated" else 1)
         if self.trainer_sp > 1 and self.mode != "colocated":
-            t += self._overhead("gang_sp_train", k * self._sp_train_s(-(-n // (self.gang // self.trainer_sp))),
+            t += self._overhead("gang_sp_train", self._sp_train_s(-(-n // (self.gang // self.trainer_sp)), k),
                                 self.gang)
         if self._recompute:
             t += self._overhead("recompute_logp", self._recompute_s(dev, n, len(unit.t_steps)))
@@ -480,16 +481,25 @@ class DurationFn:
             return _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape))
         return self._memo(("reward", dev, n), f)
 
+    @property
+    def _bb(self) -> int:
+        """train.backward_batch: samples per pass of one trained step (0 with packed passes)."""
+        return 0 if self.pairs_per_pass else self.tb.micro_batch
+
     def _train(self, dev: str, n: int, k: int, sp: int = 1) -> float:
+        """k trained steps of n samples: per step in passes of micro_batch samples, or packed,
+        the n * k (sample, step) pairs in passes of pairs_per_pass (learner.passes); each pass
+        one training forward + backward (+ the KL reference forward, + DiffusionNFT's
+        old-policy forward), priced at its batch by the calibration."""
         tb, cm = self.tb, self.cm
 
-        def per_step():  # one trained denoising step of n samples, in micro-batches (+ the KL reference
-            # forward, + DiffusionNFT's old-policy forward)
-            return _in_batches(n, tb.micro_batch,
-                               lambda b: cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape, sp)
-                               + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.kl else 0.0)
-                               + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.old_forward else 0.0))
-        return k * self._memo(("train", dev, n, sp), per_step)
+        def one(b: int) -> float:
+            return (cm.train_s(tb.model, dev, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape, sp)
+                    + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.kl else 0.0)
+                    + (self._fwd(dev, b, tb.train_cfg, 1, sp) if tb.old_forward else 0.0))
+        if self.pairs_per_pass:
+            return self._memo(("train-packed", dev, n, k, sp), lambda: _in_batches(n * k, self.pairs_per_pass, one))
+        return k * self._memo(("train", dev, n, sp), lambda: _in_batches(n, tb.micro_batch, one))
 
     def _fwd(self, dev: str, b: int, cfg: bool, calls: int, sp: int = 1) -> float:
         """One no-grad transformer forward of b samples (CostModel.recompute_logp_s for one step):
@@ -614,13 +624,19 @@ class DurationFn:
         c = 2 if self.tb.cfg else 1
         return _in_batches(n, self.tb.rollout_batch, lambda b: self._sp_call_s(b * c, sp, pool))
 
-    def _sp_train_s(self, n: int) -> float:
-        """One trained step of n samples on a trainer group: per micro-batch the training
-        forward + backward (+ recompute), and the KL reference forward."""
+    def _sp_train_s(self, n: int, k: int) -> float:
+        """k trained steps of n samples on a trainer group: per pass (learner.passes: per step in
+        micro-batches, or packed pairs) the training forward + backward (+ recompute), and the KL
+        reference forward."""
         tb, sp, c = self.tb, self.trainer_sp, 2 if self.tb.train_cfg else 1
-        return _in_batches(n, tb.micro_batch, lambda b: self._sp_call_s(b * c, sp, "trainer", True)
-                           + (self._sp_call_s(b * c, sp, "trainer") if tb.kl else 0.0)
-                           + (self._sp_call_s(b * c, sp, "trainer") if tb.old_forward else 0.0))
+
+        def one(b: int) -> float:
+            return (self._sp_call_s(b * c, sp, "trainer", True)
+                    + (self._sp_call_s(b * c, sp, "trainer") if tb.kl else 0.0)
+                    + (self._sp_call_s(b * c, sp, "trainer") if tb.old_forward else 0.0))
+        if self.pairs_per_pass:
+            return _in_batches(n * k, self.pairs_per_pass, one)
+        return k * _in_batches(n, tb.micro_batch, one)
 
     # ---- gang collectives (sim.gangs: the bytes the runtime counts) -------------
     def _gather_s(self) -> float:
@@ -763,7 +779,7 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     if r is not None:
         gang["rollout_gang"] = r.resources.gang
     return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, memory=memory,
-                      check_memory=check_memory, **gang)
+                      check_memory=check_memory, pairs_per_pass=run.shape.pairs_per_pass, **gang)
 
 
 def _in_batches(n: int, batch: int, cost) -> float:

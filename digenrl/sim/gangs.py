@@ -36,7 +36,8 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from digenrl.math.grad_sum import grad_sum_bytes
+from digenrl.learner.passes import pass_count
+from digenrl.math.grad_sum import AUTO_FLOAT64_PARAMS, grad_sum_bytes
 from digenrl.sim.catalogue import get_model, lora_params_B
 
 if TYPE_CHECKING:
@@ -247,6 +248,7 @@ class GangComm:
     adapters_only: bool = False  # the published payload is the trainable tensors (lora-only; nccl under LoRA)
     grad_bytes: int = REDUCE_BYTES  # per element of the cross-gang all-reduce (train.grad_sum)
     old_forward: bool = False  # DiffusionNFT's old-policy forward per chunk (train.nft_decay > 0)
+    pairs_per_pass: int = 0  # train.pairs_per_pass: packed (sample, step) pairs per pass (learner.passes)
 
     @classmethod
     def from_config(cls, cfg: "Config", layout: ModelLayout) -> "GangComm":
@@ -256,7 +258,13 @@ class GangComm:
         return cls(layout, n, t.workers, t.reshard == "after-step", cfg.train.backward_batch,
                    (cfg.train.beta > 0 or cfg.train.loss == "dpo") and lora, t.sp if n > 1 else 1,
                    engine == "lora-only" or (engine == "nccl" and lora), layout.grad_sum_bytes(cfg.train.grad_sum),
-                   cfg.train.nft_decay > 0)
+                   cfg.train.nft_decay > 0, cfg.train.pairs_per_pass)
+
+    @property
+    def defers_reduction(self) -> bool:
+        """The gradient is reduce-scattered once per Train unit, after its last pass, when the
+        unsharded trainable gradient is small (learner.Learner.defers_reduction's rule)."""
+        return self.layout.trainable_numel <= AUTO_FLOAT64_PARAMS
 
     @property
     def gather(self) -> int:
@@ -269,11 +277,11 @@ class GangComm:
         return self.gang * self.layout.payload_gather_bytes(self.gang, self.adapters_only)
 
     def passes(self, rows: int, trained_steps: int) -> int:
-        """Forward/backward passes each rank runs for a Train unit: ceil(ceil(rows/(N/sp))/bb)
-        chunks per trained step (ranks with fewer rows run zero-weight ghost passes to match)."""
+        """Forward/backward passes each rank runs for a Train unit: those of the largest share,
+        ceil(rows / (N / sp)) rows, cut as learner.passes cuts them (ranks with fewer rows run
+        zero-weight ghost passes to match)."""
         per_rank = -(-rows // (self.gang // self.sp))
-        chunks = -(-per_rank // self.backward_batch) if self.backward_batch else 1
-        return trained_steps * max(chunks, 1)
+        return max(pass_count(max(per_rank, 1), trained_steps, self.backward_batch, self.pairs_per_pass), 1)
 
     def train(self, rows: int, trained_steps: int, gathered: bool) -> tuple[int, int]:
         """(all-gather, reduce-scatter) bytes of a Train unit; `gathered`: after-step params
@@ -281,7 +289,7 @@ class GangComm:
         if self.gang <= 1:
             return 0, 0
         p = self.passes(rows, trained_steps)
-        rs = p * self.gang * self.layout.reduce_scatter_bytes(self.gang)
+        rs = (1 if self.defers_reduction else p) * self.gang * self.layout.reduce_scatter_bytes(self.gang)
         if self.after_step:
             return (0 if gathered else self.gather), rs
         forwards = 1 + self.ref_forward + self.old_forward
@@ -396,6 +404,7 @@ class _SpComm:
     backward_batch: int
     recompute: bool
     ref_forward: int  # no-grad forwards per pass besides the trained one: KL reference, NFT old policy
+    pairs_per_pass: int = 0  # train.pairs_per_pass (learner.passes)
 
     @classmethod
     def from_config(cls, cfg: "Config", model: Optional[str], dims, tokens: Optional[int]) -> "_SpComm":
@@ -414,7 +423,8 @@ class _SpComm:
             dims, tokens = sp.SpDims.from_catalogue(model, shape), sp.image_tokens_for(model, shape)
         return cls(dims, tokens or 0, DTYPE_BYTES[cfg.model.dtype], cfg.sampling.guided,
                    rt.trainer.gang, rt.trainer.sp, rgang, cfg.train.backward_batch, cfg.model.grad_ckpt,
-                   int(cfg.train.beta > 0 or cfg.train.loss == "dpo") + int(cfg.train.nft_decay > 0))
+                   int(cfg.train.beta > 0 or cfg.train.loss == "dpo") + int(cfg.train.nft_decay > 0),
+                   cfg.train.pairs_per_pass)
 
     def train(self, rows: int, trained_steps: int) -> dict:
         from digenrl.sim.sp import train_unit_bytes
@@ -423,7 +433,7 @@ class _SpComm:
             return {}
         return train_unit_bytes(self.dims, rows, trained_steps, self.trainer_gang, self.trainer_sp,
                                 self.backward_batch, self.tokens, self.elem_bytes, self.cfg, self.recompute,
-                                self.ref_forward)
+                                self.ref_forward, self.pairs_per_pass)
 
     def generate(self, rows: int, steps: int, role: str) -> dict:
         from digenrl.sim.sp import gang_generate_bytes

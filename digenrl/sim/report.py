@@ -391,7 +391,7 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
     generate  every sample's denoising steps, in forwards of rollout_batch (CFG included)
     encode    one text-encoder pass per prompt
     reward    VAE decode + reward model, in batches of rollout_batch
-    train     every trained step of every sample, in micro-batches of micro_batch (with `kl`,
+    train     every trained (sample, step) pair, packed micro_batch to a pass (learner.passes; with `kl`,
               + the reference policy's no-grad forward the KL term needs; with `old_forward`,
               + DiffusionNFT's old-policy forward; dpo: the rows of its pairs only)
     optimizer one fused AdamW step over the trainable parameters (once, however sharded)
@@ -406,11 +406,11 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
                                                 tb.rollout_batch),
         "encode": float(cm.text_encode_s(m, device, tb.groups_per_step)),
         "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape), n, tb.rollout_batch),
-        "train": tb.trained_steps * _batched(
+        "train": _batched(
             lambda b: float(cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
             + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0)
             + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.old_forward else 0.0),
-            tb.trained_rows(n), tb.micro_batch),
+            tb.trained_rows(n) * tb.trained_steps, tb.micro_batch),
         "optimizer": float(cm.optimizer_step_s(trainable, device)),
     }
 

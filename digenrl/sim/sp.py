@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from digenrl.config.schema import SP_FAMILIES
+from digenrl.learner.passes import pairs_in, pass_count, plan_passes
 from digenrl.sim.catalogue import Shape, family_of, get_model, tokens_for
 
 KINDS = ("all_to_all", "all_gather", "reduce_scatter")
@@ -216,26 +217,28 @@ def group_rows(n: int, groups: int) -> list[int]:
 
 
 def train_unit_bytes(dims: SpDims, rows: int, trained_steps: int, gang: int, degree: int, backward_batch: int,
-                     tokens: int, elem_bytes: int, cfg: bool, recompute: bool, ref_forward: int) -> dict[str, int]:
+                     tokens: int, elem_bytes: int, cfg: bool, recompute: bool, ref_forward: int,
+                     pairs_per_pass: int = 0) -> dict[str, int]:
     """A Train unit on a trainer gang of `gang` ranks, `degree` of them per data group, summed
-    over the gang's ranks. Each group's rows run in chunks of backward_batch (0: one chunk);
-    every group runs as many passes per trained step as rank 0's group, the missing ones as
-    ghost passes over one row (learner.Learner.accumulate), which move bytes too."""
+    over the gang's ranks. Each group's (row, trained step) pairs run in the passes
+    learner.passes cuts (per step in chunks of backward_batch, or packed pairs_per_pass at a
+    time); every group runs as many passes as rank 0's group, the missing ones as ghost passes
+    over one pair (learner.Learner.accumulate), which move bytes too."""
     total = dict.fromkeys(KINDS, 0)
     if degree <= 1:
         return total
     per = group_rows(rows, gang // degree)
-    passes = -(-per[0] // backward_batch) if backward_batch else 1
+    slots = range(trained_steps)
+    passes = pass_count(per[0], trained_steps, backward_batch, pairs_per_pass)
 
     def one(b: int) -> dict:
         return train_pass_bytes(dims, b, tokens, degree, elem_bytes, cfg, recompute, ref_forward)
 
     for n in per:
-        chunks = ([backward_batch] * (n // backward_batch) + ([n % backward_batch] if n % backward_batch else [])
-                  if backward_batch else ([n] if n else []))
-        for b in chunks:
-            add(total, one(b), degree * trained_steps)
-        add(total, one(1), degree * trained_steps * (passes - len(chunks)))  # ghost passes: the unit's first row
+        mine = [pairs_in(p) for p in plan_passes(0, n, slots, backward_batch, pairs_per_pass)]
+        for b in mine:
+            add(total, one(b), degree)
+        add(total, one(1), degree * (passes - len(mine)))  # ghost passes: the unit's first pair
     return total
 
 

@@ -20,6 +20,7 @@ from digenrl.config.schema import Config, ConfigError, load_config
 from digenrl.models.diffusers_adapters import CONDITIONING
 from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.rewards import REWARD_NAMES
+from digenrl.sched import TSP_MODES
 from digenrl.sim.catalogue import FAMILY_PREFIX, family_of, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
@@ -165,7 +166,7 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                  "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
         "reward": {"weights": {tb.reward: 1.0}} if tb.reward in REWARD_NAMES else {},  # else: the default
         "train": {"steps": steps, "tsp_chunk": spec.tsp_chunk or 0, "beta": KL_BETA if tb.kl else 0.0,
-                  "backward_batch": tb.micro_batch, **_objective(tb)},
+                  **_passes(tb, spec), **_objective(tb)},
         "run": {"mode": spec.mode},
         "runtime": {"compute": "emulated", "testbed": testbed_ref or tb.name.split("@")[0],
                     "weight_sync": tb.weight_sync,
@@ -175,6 +176,21 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                     "train_shard": spec.train_shard or 1},
     }
     return load_config(None, tree=tree)
+
+
+def packs(spec: RunSpec) -> bool:
+    """Whether a plan trains in TSP's packed passes (learner.passes): the TSP modes, and the
+    colocated-ideal bound (a perfect colocated system would pack too); not the modes the
+    ablation runs without TSP, nor a peer as it ships (their trainers loop over timesteps)."""
+    return spec.mode in TSP_MODES or (spec.mode == "colocated" and spec.style in (None, "colocated-ideal"))
+
+
+def _passes(tb: Testbed, spec: RunSpec) -> dict:
+    """train keys of a pass: the testbed's micro_batch samples per trained step, or, packed,
+    that many (sample, step) pairs (the same activation memory)."""
+    if packs(spec):
+        return {"pairs_per_pass": tb.micro_batch, "backward_batch": 0}
+    return {"backward_batch": tb.micro_batch}
 
 
 def _objective(tb: Testbed) -> dict:
@@ -302,7 +318,8 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
                    # the KL reference, or Diffusion-DPO's (always): a no-grad forward per trained chunk
                    kl=cfg.train.beta > 0 or cfg.train.loss == "dpo", old_forward=cfg.train.nft_decay > 0,
                    grad_ckpt=cfg.model.grad_ckpt, pair_rows=_pair_rows(cfg),
-                   micro_batch=cfg.train.backward_batch or tb.micro_batch, weight_sync=rt.weight_sync)
+                   micro_batch=cfg.train.backward_batch or cfg.train.pairs_per_pass or tb.micro_batch,
+                   weight_sync=rt.weight_sync)
 
 
 def _pair_rows(cfg: Config) -> int:

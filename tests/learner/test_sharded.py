@@ -10,6 +10,7 @@ the same weights.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -100,6 +101,60 @@ def test_full_finetune_matches_single_device(tmp_path):
 
 def test_lora_matches_single_device(tmp_path):
     _run(tmp_path, lora_rank=4)
+
+
+def _packed_worker(rank: int, tmp: str, lora_rank: int, pairs: int) -> None:
+    """Rank 0 trains rows [0, 3), rank 1 row 3 (unequal shares: rank 1 pads with ghost passes),
+    in passes of `pairs` (sample, slot) pairs; collectives counted per accumulate."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from digenrl.learner.comm import CommCounter, count_fsdp
+    from digenrl.learner.passes import pass_count
+    from digenrl.learner.sharded import shard_policy
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=WORLD)
+    try:
+        mesh = init_device_mesh("cpu", (WORLD,), mesh_dim_names=("shard",))
+        policy = tiny_policy(2, lora_rank)
+        traj = torch.load(f"{tmp}/batch.pt", weights_only=False)
+        shard_policy(policy, mesh)
+        counter = CommCounter()
+        count_fsdp(policy.module, counter)
+        learner = Learner(policy, dataclasses.replace(CONFIG, pairs_per_pass=pairs))
+        rows = slice(0, 3) if rank == 0 else slice(3, 4)
+        passes = pass_count(3, len(T_STEPS), 0, pairs)
+        learner.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS), rows=rows,
+                           passes=passes)
+        comm = counter.take()
+        grads = {n: p.grad.full_tensor().clone() for n, p in policy.module.named_parameters() if p.requires_grad}
+        if rank == 0:
+            torch.save({"grads": grads, "comm": comm, "passes": passes, "defers": learner.defers_reduction},
+                       f"{tmp}/rank0.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.slow  # two spawned ranks
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+def test_packed_passes_on_a_gang_match_the_per_timestep_single_device(tmp_path, lora_rank):
+    """TSP's packed passes on an FSDP gang of 2, unequal shares (ghost passes pad rank 1):
+    the gathered gradient equals the single device's per-timestep loop; every pass gathers
+    each unit in forward and backward, and the gradient is reduce-scattered once per unit
+    (no_sync between the passes: the tiny model's gradient is small)."""
+    want = _single_device(lora_rank)["grads"]
+    torch.save(four_sample_batch(tiny_policy(2, lora_rank)), tmp_path / "batch.pt")
+    mp.spawn(_packed_worker, args=(str(tmp_path), lora_rank, 4), nprocs=WORLD, join=True)
+    got = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    for name, g in want.items():
+        torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"grad of {name}: {m}")
+    assert got["passes"] == 2 and got["defers"]  # 3 rows x 2 slots in passes of 4 pairs
+    units = 3  # two blocks + the root
+    assert got["comm"]["comm/train/all_gather_calls"] == got["passes"] * 2 * units  # forward + backward
+    trained = units if lora_rank == 0 else 2  # LoRA: the root unit holds no adapter, nothing to reduce
+    assert got["comm"]["comm/train/reduce_scatter_calls"] == trained  # once per unit, after the last pass
 
 
 @pytest.mark.slow  # the default tier keeps the full and LoRA cases

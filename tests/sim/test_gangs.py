@@ -97,9 +97,19 @@ def test_train_passes_follow_rank_zero_rows():
     assert comm.passes(5, 3) == 6
     ag, rs = comm.train(5, 3, gathered=False)
     assert ag == 6 * 2 * 2 * 185408  # passes x (forward + backward) x ranks x one gather
-    assert rs == 6 * 2 * 185408
+    assert comm.defers_reduction  # a small gradient: reduce-scattered once per unit, after its last pass
+    assert rs == 1 * 2 * 185408
     step = GangComm(_layout(0), gang=2, gangs=1, after_step=True, backward_batch=2, ref_forward=False)
     assert step.train(5, 3, gathered=False) == (2 * 185408, rs)
+    # TSP's packed passes: rank 0's 3 rows x 3 steps = 9 pairs in passes of 4 -> 3 passes
+    packed = GangComm(_layout(0), gang=2, gangs=1, after_step=False, backward_batch=0, ref_forward=False,
+                      pairs_per_pass=4)
+    assert packed.passes(5, 3) == 3 and packed.train(5, 3, gathered=False) == (3 * 2 * 2 * 185408, rs)
+    # a 12B full fine-tune holds no unsharded gradient across passes: it reduces after each
+    big = GangComm(catalogue_layout("flux.1-12b", lora=False), gang=8, gangs=1, after_step=False, backward_batch=1,
+                   ref_forward=False)
+    assert not big.defers_reduction
+    assert big.train(16, 2, gathered=False)[1] == 2 * 2 * 8 * big.layout.reduce_scatter_bytes(8)
     assert step.train(5, 3, gathered=True) == (0, rs)
 
 
@@ -109,7 +119,7 @@ def test_nft_old_policy_forward_gathers_once_more_per_pass():
     comm = GangComm(_layout(0), gang=2, gangs=1, after_step=False, backward_batch=2, ref_forward=False,
                     old_forward=True)
     ag, rs = comm.train(5, 3, gathered=False)
-    assert ag == 6 * 3 * 2 * 185408 and rs == 6 * 2 * 185408
+    assert ag == 6 * 3 * 2 * 185408 and rs == 1 * 2 * 185408  # one reduce-scatter per unit (small gradient)
 
 
 # ----------------------------------------------------------------------------- measured
@@ -145,8 +155,11 @@ def _gang_run(counter, lora_rank: int, after_step: bool, kl: bool, bf16: bool) -
     tok = torch.zeros(BB, 8, dtype=torch.long)
     x, sigma = torch.randn(BB, 3, 8, 8), torch.rand(BB)
     out = {}
+    passes = T_STEPS * chunks
     with counter.phase("train"):
-        for _ in range(T_STEPS * chunks):
+        for i in range(passes):
+            # learner.Learner._reduce_once: a small gradient is reduce-scattered after the unit's last pass
+            module.set_requires_gradient_sync(i == passes - 1)
             v = module(x, sigma, tok)
             if kl:
                 with torch.no_grad(), adapters_disabled(module):
