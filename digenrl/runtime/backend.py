@@ -22,7 +22,7 @@ import ray
 import torch
 
 from digenrl.config.schema import Config
-from digenrl.math import group_advantages
+from digenrl.math import combine_rewards, group_advantages
 from digenrl.io.recorder import RunRecorder
 from digenrl.learner.metrics import merge_sums, step_means
 from digenrl.runtime.actors import Actors
@@ -61,7 +61,9 @@ class RealBackend:
         # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
         # of it) -> its latest segment
         self.trajs: dict[tuple[int, int], dict] = {}
-        self.rewards: dict[tuple[int, int], Rewarded] = {}
+        self.rewards: dict[tuple[int, int], Rewarded] = {}  # assembled micro-batches
+        # GAP's generation fragments scored so far: (step, mb) -> rows [first, last) -> Rewarded
+        self.fragments: dict[tuple[int, int], dict[tuple[int, int], Rewarded]] = {}
         self.adv: dict[tuple[int, int], torch.Tensor] = {}
         self.weights: dict[int, ray.ObjectRef] = {base: weights0}  # version -> payload (base: the run's first)
         self.opt: dict[int, dict[str, Stepped]] = {}  # step -> worker -> its optimizer step
@@ -115,9 +117,11 @@ class RealBackend:
         return dones
 
     def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
-        shards = self.trajs[(unit.step, unit.mb)]  # every Generate shard, in row order
+        """Score one generation fragment (the whole micro-batch when unsharded): the Generate
+        shards covering its rows, in row order."""
+        shards = self.trajs[(unit.step, unit.mb)]
         n = len(self.plans(unit.step).micro_batches[unit.mb].coords)
-        refs, _ = covering(shards, (0, n), n)
+        refs, _ = covering(shards, row_range(unit.samples, n), n)
         if self._sp(wid) == len(h) > 1:  # one sequence-parallel group: its ranks hold the same images, rank 0 scores
             return [h.ranks[0].reward.remote(unit, *refs)]
         return h.reward(unit, *refs)
@@ -179,7 +183,17 @@ class RealBackend:
             self.gen_comm[unit.step] = _add([self.gen_comm.get(unit.step, {}), done.comm])
 
     def _rewarded(self, wid: str, unit: Reward, done: Rewarded) -> None:
-        self.rewards[(unit.step, unit.mb)] = done
+        """A fragment's rewards; once the fragments cover the micro-batch, its groups are
+        assembled in row order, whatever order the fragments finished in (the scheduler makes
+        its Train units then)."""
+        key = (unit.step, unit.mb)
+        n = len(self.plans(unit.step).micro_batches[unit.mb].coords)
+        frags = self.fragments.setdefault(key, {})
+        frags[row_range(unit.samples, n)] = done
+        if sum(b - a for a, b in frags) < n:
+            return
+        del self.fragments[key]
+        self.rewards[key] = assemble_rewards([frags[k] for k in sorted(frags)], self.cfg.reward)
 
     def _trained(self, wid: str, unit: Train, done: Trained) -> None:
         lag = unit.step - unit.traj_version
@@ -202,6 +216,7 @@ class RealBackend:
         then: whole-step advantages of the other micro-batches may still read them)."""
         self.out.pop(wid, None)
         self.adv.pop((unit.step, unit.mb), None)
+        self.fragments.pop((unit.step, unit.mb), None)  # its fragments are generated and scored again
 
     def replace(self, worker: Worker) -> Worker:
         self.out.pop(worker.id, None)
@@ -282,6 +297,21 @@ class RealBackend:
         elif self.saves:  # saves done: their errors now, their refs dropped (else one per checkpoint)
             done, self.saves = ray.wait(self.saves, num_returns=len(self.saves), timeout=0)
             ray.get(done)
+
+
+def assemble_rewards(parts: list[Rewarded], reward_cfg) -> Rewarded:
+    """One micro-batch's rewards from its fragments' (in row order): each reward's scores and
+    the group ids concatenated, the combined reward recomputed over the whole groups (with
+    reward.aggregate=gdpo each reward is standardised within its group, which a fragment
+    alone does not hold)."""
+    if len(parts) == 1:
+        return parts[0]
+    group_ids = torch.cat([p.group_ids for p in parts])
+    scores = {k: torch.cat([p.parts[k] for p in parts]) for k in parts[0].parts}
+    total = combine_rewards({k: scores[k] for k in reward_cfg.weights}, reward_cfg.weights,
+                            aggregate=reward_cfg.aggregate, group_ids=group_ids)
+    return Rewarded(start=min(p.start for p in parts), end=max(p.end for p in parts), rewards=total,
+                    parts=scores, group_ids=group_ids)
 
 
 class _Rewarded:

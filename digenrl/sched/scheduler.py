@@ -38,7 +38,8 @@ class _MB:
     shards: tuple[Rows, ...]  # Generate sample shards; (None,) = unsharded
     train_rows: tuple[Rows, ...]  # Train sample shards; (None,) = unsharded
     version: Optional[int] = None  # set when its first Generate starts; None = not started
-    left: int = 0  # Generate shards not fully generated yet (the Reward waits for 0)
+    left: int = 0  # Generate shards not fully generated yet
+    unscored: int = 0  # fragments (Generate shards) not scored yet: its Train units wait for 0
     rewarded: bool = False  # its trajectories and rewards exist (Train units were made)
     trained: set = None  # (t_steps, samples) of its Train units done: never made again
 
@@ -284,27 +285,29 @@ class Scheduler:
             return
         m = self._steps[g.step].mbs[g.mb]
         m.left -= 1
-        if m.left:  # other shards of this micro-batch still generating
-            return
+        # GAP: each fragment is scored as soon as it is generated, whatever its siblings do
         if self._n_reward:
-            self._reward_q.append(Reward(g.step, g.mb, g.groups))
+            self._reward_q.append(Reward(g.step, g.mb, g.groups, g.samples))
         else:  # no reward pool: score on the worker holding the images, right away
-            self._pinned[ws.worker.id] = Reward(g.step, g.mb, g.groups)
+            self._pinned[ws.worker.id] = Reward(g.step, g.mb, g.groups, g.samples)
 
     def _on_rewarded(self, ws: _W, r: Reward) -> None:
         st = self._steps[r.step]
+        m = st.mbs[r.mb]
+        m.unscored -= 1
+        if m.unscored:  # the groups are assembled when their last fragment is scored
+            return
         st.n_rewarded += 1
-        version = st.mbs[r.mb].version
+        version = m.version
         if self.cfg.tsp:
             c = self.cfg.tsp_chunk
             chunks = [st.trained[i:i + c] for i in range(0, len(st.trained), c)]
         else:
             chunks = [st.trained]
-        m = st.mbs[r.mb]
         m.rewarded = True
         # after a regeneration (inputs_lost): not the units already trained or still running.
         # Without one, no Train of this micro-batch exists yet (they are made here, once per
-        # Reward, and a micro-batch is rewarded twice only after _regenerate): skip the scan
+        # assembled micro-batch, and a micro-batch is rewarded twice only after _regenerate): skip the scan
         # of every worker, O(workers) per Reward (large rollout pools)
         running = {(u.t_steps, u.samples) for u in self.in_flight.values()
                    if type(u) is Train and (u.step, u.mb) == (r.step, r.mb)} if self._regenerated else ()
@@ -586,7 +589,7 @@ class Scheduler:
         st = self._steps[step]
         mb = st.fresh.popleft()
         m = st.mbs[mb]
-        m.version, m.left = version, len(m.shards)
+        m.version, m.left, m.unscored = version, len(m.shards), len(m.shards)
         self.traj_version[(step, mb)] = version
         self._start(ws, self._gen(ws, step, mb, version, 0, m.shards[0]), out)
         if m.left > 1:

@@ -60,15 +60,19 @@ class Generate:
 
 @dataclass(frozen=True, slots=True)
 class Reward:
-    """Decode + score a fully generated micro-batch (whole groups: advantages need them).
+    """Decode + score one generation fragment as soon as it is fully generated.
 
-    It becomes ready when every Generate shard of the micro-batch has finished, and reads
-    all of them (always the whole micro-batch).
+    GAP cuts along the generation axis (the DigenRL RFC, verl-omni issue 321): a micro-batch's
+    Generate shards are fragments of its prompt groups' generations, run on different
+    generators and finishing in any order; each is scored on its own (`samples` = its rows,
+    None = the whole, unsharded micro-batch). A group's advantages need every reward of the
+    group, so the micro-batch's Train units are made when its last fragment is scored.
     """
 
     step: int
     mb: int
     groups: tuple[int, ...]
+    samples: Rows = None
 
 
 @dataclass(frozen=True, slots=True)

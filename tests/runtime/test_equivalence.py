@@ -119,16 +119,19 @@ def test_off_policy_lag_at_most_one(ray_cluster, tmp_path, mode):
 
 
 @pytest.mark.slow
-def test_sample_shards_match_single_device(ray_cluster, local_run, tmp_path):
-    """gap+tsp with Generate and Train units cut along the sample axis: micro-batches of 2
-    groups (4 samples) in 3 Generate shards (rows 0-1, 2, 3) and 2 Train shards (0-1, 2-3,
-    straddling the Generate shards) on 2 rollout workers and 2 trainers. Per-sample
-    randomness makes the shards reproduce the unsharded trajectories, so the weights match."""
-    run = tmp_path / "shards"
-    rt = RayDriver(load_config(None, tiny(run, "gap+tsp", "data.micro_batch_groups=2",
-                                           "runtime.rollout.workers=2", "runtime.trainer.workers=2",
-                                           "train.tsp_chunk=1", "runtime.gen_shard=3",
-                                           "runtime.train_shard=2")),
+@pytest.mark.parametrize("mode", [m for m in ON_POLICY if " " not in m])
+def test_sample_shards_match_single_device(ray_cluster, local_run, tmp_path, mode):
+    """GAP along the generation axis, in every on-policy mode: micro-batches of 2 groups (4
+    samples) generated as 3 fragments (rows 0-1, 2, 3) on 2 rollout workers (colocated: 2
+    colocated workers), each fragment scored on its own as it finishes, the groups assembled
+    once all three are scored; Train units cut in 2 sample shards (0-1, 2-3, straddling the
+    fragments) where the mode spreads training. Per-sample randomness makes the fragments
+    reproduce the unsharded trajectories, so the rewards and the weights match."""
+    run = tmp_path / mode
+    pools = [] if mode == "colocated" else ["runtime.rollout.workers=2"]
+    spread = ["runtime.trainer.workers=2", "train.tsp_chunk=1", "runtime.train_shard=2"] if "tsp" in mode else []
+    rt = RayDriver(load_config(None, tiny(run, mode, "data.micro_batch_groups=2", *pools, *spread,
+                                           "runtime.gen_shard=3")),
                     progress=False, evaluate=False)
     rt.train()
     assert_matches_single_device(run, local_run)
@@ -138,8 +141,10 @@ def test_sample_shards_match_single_device(ray_cluster, local_run, tmp_path):
         assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
     gens = [s.unit for s in rt.trace.spans if s.kind == "generate"]
     trains = [s.unit for s in rt.trace.spans if s.kind == "train"]
+    rewards = [s.unit for s in rt.trace.spans if s.kind == "reward"]
     assert {u.samples for u in gens} == {(0, 2), (2, 3), (3, 4)}
-    assert {u.samples for u in trains} == {(0, 2), (2, 4)}
+    assert sorted(u.samples for u in rewards) == sorted(u.samples for u in gens if u.t_end == 4)  # one per fragment
+    assert {u.samples for u in trains} == ({(0, 2), (2, 4)} if "tsp" in mode else {None})
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from digenrl.sched import MODES, Generate, Reward, Scheduler, SchedConfig, Train, Worker
+from digenrl.sched import MODES, Generate, Reward, Scheduler, SchedConfig, Train, Worker, kind
 from digenrl.sched.units import n_samples, rows, split_rows
 from digenrl.sim.engine import run_virtual
 
@@ -34,8 +34,8 @@ def trained(trace, gs=GS):
 
 def check_generation(s, tr, gs=GS):
     """Final attempts: one version per micro-batch (= the Train units'), each shard's rows
-    generated 0..num_steps once, the shards tile the micro-batch, and its Reward starts
-    after every shard ended."""
+    generated 0..num_steps once, the shards tile the micro-batch, and each shard (a
+    generation fragment) is scored after it ended."""
     n = s.cfg.num_steps
     trains = {}
     for x in done(tr, "train"):
@@ -48,14 +48,18 @@ def check_generation(s, tr, gs=GS):
         assert len({x.unit.samples for x in segs}) == 1
         by_mb.setdefault((u.step, u.mb), []).append(segs)
     assert set(by_mb) == set(trains)
-    rewards = {(x.step, x.unit.mb): x for x in done(tr, "reward")}
+    scored: dict = {}  # (step, mb) -> fragment rows -> its last Reward
+    for x in sorted(done(tr, "reward"), key=lambda x: x.end):
+        scored.setdefault((x.step, x.unit.mb), {})[rows(x.unit, gs)] = x
     for key, shards in by_mb.items():
         versions = {x.version for segs in shards for x in segs}
         assert len(versions) == 1 and versions == trains[key], key  # one version per micro-batch
         cover = sorted(rows(segs[0].unit, gs) for segs in shards)
         assert cover[0][0] == 0 and all(a[1] == b[0] for a, b in zip(cover, cover[1:]))
         assert cover[-1][1] == len(shards[0][0].unit.groups) * gs
-        assert rewards[key].start >= max(segs[-1].end for segs in shards)  # waits for all
+        assert set(scored[key]) == set(cover)  # every fragment scored
+        for segs in shards:
+            assert scored[key][rows(segs[0].unit, gs)].start >= segs[-1].end  # after it was generated
     return by_mb
 
 
@@ -109,11 +113,17 @@ def test_lost_shard_keeps_the_micro_batch_version():
     s.worker_lost("r1")
     assert s.assign() == []  # r0 is busy; the lost shard waits
     s.complete("r0", a["r0"])
-    (c,) = s.assign()  # the Reward waits for the lost shard, which r0 redoes: same version, rows
-    assert (c.worker_id, c.unit) == ("r0", Generate(0, 0, (0,), 0, 0, 4, a["r1"].samples))
+    (c,) = s.assign()  # GAP: r0 scores its own fragment at once (its images are there)
+    assert (c.worker_id, c.unit) == ("r0", Reward(0, 0, (0,), a["r0"].samples))
     s.complete("r0", c.unit)
-    (d,) = s.assign()
-    assert (d.worker_id, d.unit) == ("r0", Reward(0, 0, (0,)))  # whole micro-batch, once
+    (d,) = s.assign()  # then redoes the lost fragment: the micro-batch's version, the same rows
+    assert (d.worker_id, d.unit) == ("r0", Generate(0, 0, (0,), 0, 0, 4, a["r1"].samples))
+    s.complete("r0", d.unit)
+    (e,) = s.assign()
+    assert (e.worker_id, e.unit) == ("r0", Reward(0, 0, (0,), a["r1"].samples))  # that fragment, once
+    s.complete("r0", e.unit)
+    trains = [x.unit for x in s.assign()]  # the group is assembled: its Train units exist now
+    assert trains and all(type(u) is Train for u in trains)
     assert s.stats["restarts"] == 0 and s.stats["requeued"] == 1
 
 
@@ -147,3 +157,33 @@ def test_train_shards_spread_the_tail_over_trainers():
 def test_unsharded_units_are_unchanged():
     s, tr = run("digenrl", rl_steps=2)
     assert all(x.unit.samples is None for x in done(tr, "generate") + done(tr, "train"))
+
+
+@pytest.mark.parametrize("mode", ["colocated", "disagg-sync", "gap", "gap+tsp", "digenrl"])
+def test_generation_fragments_are_scored_as_they_finish_and_assembled_out_of_order(mode):
+    # GAP along the generation axis: one prompt group of 4 generations cut into 4 fragments on
+    # 4 generators that finish in reverse order (the last rows first). Each fragment is scored
+    # alone as soon as it is generated, before its slower siblings finish; nothing trains until
+    # the group's last fragment is scored; every sample is scored and trained exactly once.
+    def duration(worker, unit):
+        k = kind(unit)
+        if k == "generate":  # the fragment of rows [3, 4) is the quickest, [0, 1) the slowest
+            return (4 - unit.samples[0]) * (unit.t_end - unit.t_start)
+        return {"reward": 0.25, "train": 1.0, "optimizer": 0.5, "sync": 0.5}[k]
+
+    workers = [Worker(f"c{i}", "colocated") for i in range(4)] if mode == "colocated" else \
+        [Worker(f"r{i}", "rollout") for i in range(4)] + [Worker("t0", "trainer")]
+    s = Scheduler(SchedConfig(mode=mode, rl_steps=2, groups_per_step=1, samples_per_group=4, num_steps=2,
+                              gen_shard=4, tag=False), workers)
+    tr = run_virtual(s, duration)
+    for step in range(2):
+        spans = [x for x in tr.spans if getattr(x.unit, "step", None) == step]
+        gens = [x for x in spans if kind(x.unit) == "generate"]
+        scored = [x for x in spans if kind(x.unit) == "reward"]
+        trains = [x for x in spans if kind(x.unit) == "train"]
+        assert sorted(x.unit.samples for x in scored) == [(0, 1), (1, 2), (2, 3), (3, 4)]  # each fragment once
+        if step == 0:  # started together (under TCSS step 1's fragments start as workers free up)
+            assert min(x.end for x in scored) < max(x.end for x in gens)  # scored before the last finished
+            assert [x.unit.samples for x in sorted(scored, key=lambda x: x.start)] == [(3, 4), (2, 3), (1, 2), (0, 1)]
+        assert min(x.start for x in trains) >= max(x.end for x in scored)  # assembled, then trained
+    check_generation(s, tr, gs=4)
