@@ -8,6 +8,9 @@ params_B, tokens, shape, what, batch, grad_ckpt, ms, peak_GB, device):
     fwd+bwd                one trained step through Learner.accumulate (velocity + log-prob
                            + GRPO loss + backward), full fine-tune, with and without
                            gradient checkpointing
+    fwd+bwd-packed         TSP's packed pass (learner.passes): batch = (sample, step) pairs, half
+                           the samples at two timesteps, one forward + backward; the cost model
+                           prices it as fwd+bwd at that batch, these lines check it
     fwd+bwd-frozen-base    the same with LoRA on a frozen base (CostModel's LoRA timing)
     decode-*               VAE decode of final latents            (model "<vae name>")
     encode-*-tokens        text encoders, when loaded              (model "<name>-text")
@@ -43,7 +46,7 @@ from digenrl.profile.measure import Profiler
 from digenrl.profile.targets import DIFFUSERS_FAMILIES, load_target
 from digenrl.profile.workload import cli_workload
 
-MEASUREMENTS = ("forward", "train", "lora", "vae", "text", "adamw", "pcie")
+MEASUREMENTS = ("forward", "train", "packed", "lora", "vae", "text", "adamw", "pcie")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +118,7 @@ def profile_main(argv: Optional[list[str]] = None) -> int:
     prof = Profiler(device, warmup, iters)
     work = cli_workload()
     target = None
-    if {"forward", "train", "lora", "vae", "text"} & set(what):
+    if {"forward", "train", "packed", "lora", "vae", "text"} & set(what):
         target = load_target(args, device, dtype)
         print(f"{target.name}: {target.params_B:.3f}B parameters, {target.tokens} tokens ({target.shape})", flush=True)
         if "forward" in what:
@@ -126,6 +129,8 @@ def profile_main(argv: Optional[list[str]] = None) -> int:
         if "train" in what:
             for ckpt in ckpt_options:
                 prof.train(target, train_batches, ckpt, work)
+        if "packed" in what:  # TSP's packed pass: b (sample, step) pairs at two timesteps
+            prof.packed(target, train_batches)
         if "vae" in what:
             video = getattr(target.policy, "output", "image") == "video"
             prof.decode(target, _ints(args.decode_batches or ("1" if video else "1,4"), "--decode-batches", ap))

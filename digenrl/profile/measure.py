@@ -109,6 +109,26 @@ class Profiler:
             if grad_ckpt:
                 module.disable_gradient_checkpointing()
 
+    def packed(self, t: Target, batches: list[int]) -> None:
+        """TSP's packed pass (learner.passes) of b (sample, step) pairs: b / 2 samples at two
+        timesteps, one forward and one backward (what="fwd+bwd-packed", batch = pairs). The cost
+        model prices a pass of b pairs as `fwd+bwd` at batch b; these records check it."""
+        from digenrl.profile.workload import packed_batch
+
+        for b in [b for b in batches if b >= 2 and b % 2 == 0]:
+            t.policy.module.eval()
+            traj, spec, slots = packed_batch(t.policy, t.cond, b)
+            packed = Learner(t.policy, LearnerConfig(pairs_per_pass=b))
+
+            def unit() -> None:
+                packed.accumulate(traj, slots, spec, total_samples=b // 2, total_steps=2)
+
+            got = self._measure(unit, f"fwd+bwd-packed batch {b}", before=packed.zero_grad)
+            packed.zero_grad()
+            if got is None:
+                break
+            self._emit(dict(self._base(t, "fwd+bwd-packed", b), grad_ckpt=False, ms=got[0], **_peak(got[1])))
+
     def lora(self, t: Target, batches: list[int], rank: int, grad_ckpt_options: list[bool], work: Workload) -> None:
         """LoRA on a frozen base, injected as build_policy does (run last: it changes the module)."""
         from digenrl.models.lora import LoraSpec, apply_lora

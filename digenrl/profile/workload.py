@@ -60,6 +60,18 @@ class Workload:
         return sampler.generate(policy, prompts, self.coords(b), self.spec, step=0, version=0)
 
 
+def packed_batch(policy, cond1: Cond, pairs: int) -> tuple[Trajectories, SampleSpec, list[int]]:
+    """TSP's packed pass of `pairs` (sample, step) pairs: pairs // 2 samples with two SDE steps
+    sampled (0.8 -> 0.75 -> 0.7), both trained in one pass: (micro-batch, spec, trained slots)."""
+    spec = SampleSpec(sigmas=torch.tensor([SIGMA, (SIGMA + SIGMA_NEXT) / 2, SIGMA_NEXT, 0.0]), sde_steps=(0, 1),
+                      kind="flow-sde", noise_level=NOISE_LEVEL)
+    b = max(pairs // 2, 1)
+    work = Workload(spec, t=0)
+    traj = work.step_batch(policy, cond1, b)
+    sampler.denoise_step(policy, traj, spec, 1)  # x_2 and the behaviour log-prob of step 1
+    return traj, spec, [0, 1]
+
+
 def cli_workload() -> Workload:
     """`digenrl profile`'s fixed step: t=0 of the schedule 0.8 -> 0.7 -> 0, SDE on step 0."""
     spec = SampleSpec(sigmas=torch.tensor([SIGMA, SIGMA_NEXT, 0.0]), sde_steps=(0,), kind="flow-sde",

@@ -2,10 +2,13 @@
 
 The four mechanisms that remove a disaggregated pipeline's bubbles (docs/glossary.md):
 
-    gap   GAP, generation-axis pipeline: a step's prompt groups are cut into micro-batches
-          that stream to the trainers as soon as they are rewarded (still on-policy)
+    gap   GAP, generation-axis pipeline: micro-batches stream to the trainers as soon as they
+          are rewarded (still on-policy); a micro-batch's generations may be cut into fragments
+          (gen_shard) on different generators, each scored as it finishes (Reward.samples),
+          the groups assembled when the last one is in
     tsp   TSP, time-step parallelism: a micro-batch's trained denoising steps are split into
-          chunks, each a Train unit on any trainer; one optimizer step per RL step
+          chunks, each a Train unit on any trainer, whose (sample, step) pairs the learner
+          trains in packed passes (learner.passes); one optimizer step per RL step
     tag   TAG, trainer-assisted generation: trainers with nothing to train generate with
           their current weights, and hand a partial trajectory to a rollout worker at a
           denoising-step boundary when training work arrives

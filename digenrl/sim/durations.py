@@ -381,7 +381,7 @@ class DurationFn:
         return t
 
     def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
-        n = len(unit.groups) * self.samples_per_group
+        n, _ = self._rows(unit)  # a generation fragment's rows, or the whole micro-batch
         if self.system is not None and self.system.reward == "pool":  # scored on the reward pool: the decode stays
             t = self._decode(dev, n, self.tb.rollout_batch)
         else:

@@ -80,7 +80,7 @@ from digenrl.sim.testbed import Testbed, resize
 
 GAP_MODES = tuple(m for m in MODES if m not in BATCH_MODES)
 LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
-SHARDS = (1, 2, 4)  # candidate sample shards per micro-batch (gen_shard, train_shard)
+SHARDS = (1, 2, 4, 8)  # candidate sample shards per micro-batch (gen_shard: generation fragments; train_shard)
 RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard
 PLAN_STEPS = 12  # RL steps per evaluation: 4 fill, 6 measured, drain (report.measure)
 EARLY_STOP = True  # _Evaluator: stop a simulation once its bound shows it cannot win

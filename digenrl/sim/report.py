@@ -257,7 +257,7 @@ def _chain_s(fn: DurationFn, run, trainers: list, rollout: list, generate: bool)
                        key=lambda r: (r[1] - r[0]) if r else 1e9)
         gens = rollout[:1] + (trainers[:1] if c.tag or c.colocated else [])
         t += cheapest(Generate(0, 0, small, 0, 0, c.num_steps, gen_rows), gens)
-        t += cheapest(Reward(0, 0, small), gens)
+        t += cheapest(Reward(0, 0, small, gen_rows), gens)  # GAP: the fragment is scored on its own
     fn._gathered = {}
     return t
 

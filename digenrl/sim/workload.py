@@ -52,6 +52,7 @@ class RunSpec:
     memory: Optional[str] = None  # colocated rows: the memory plan (baselines.LAYOUTS; None: the cheapest that fits)
     style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False
+    packed: Optional[bool] = None  # TSP's packed passes (train.pairs_per_pass); None: the mode's default (`packs`)
 
     def knobs(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
@@ -182,6 +183,8 @@ def packs(spec: RunSpec) -> bool:
     """Whether a plan trains in TSP's packed passes (learner.passes): the TSP modes, and the
     colocated-ideal bound (a perfect colocated system would pack too); not the modes the
     ablation runs without TSP, nor a peer as it ships (their trainers loop over timesteps)."""
+    if spec.packed is not None:
+        return spec.packed
     return spec.mode in TSP_MODES or (spec.mode == "colocated" and spec.style in (None, "colocated-ideal"))
 
 
