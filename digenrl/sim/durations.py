@@ -220,7 +220,8 @@ class DurationFn:
             else:  # the baseline's own memory plan (baselines.style_plan) says how it shards
                 self._colocated_costs()
             self.comm = GangComm(self.fsdp, self.col_shards, 1, False, self._bb, tb.kl and tb.lora,
-                                 old_forward=tb.old_forward, pairs_per_pass=self.pairs_per_pass)
+                                 old_forward=tb.old_forward, pairs_per_pass=self.pairs_per_pass,
+                                 defer=self.system is None)
             self.gang_link = tb.link(self.trainer_pool, self.col_shards)
         else:
             if not fit.fits:

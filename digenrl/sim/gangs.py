@@ -249,6 +249,7 @@ class GangComm:
     grad_bytes: int = REDUCE_BYTES  # per element of the cross-gang all-reduce (train.grad_sum)
     old_forward: bool = False  # DiffusionNFT's old-policy forward per chunk (train.nft_decay > 0)
     pairs_per_pass: int = 0  # train.pairs_per_pass: packed (sample, step) pairs per pass (learner.passes)
+    defer: bool = True  # our learner's rule (defers_reduction); False: a peer as it ships reduces every backward
 
     @classmethod
     def from_config(cls, cfg: "Config", layout: ModelLayout) -> "GangComm":
@@ -264,7 +265,7 @@ class GangComm:
     def defers_reduction(self) -> bool:
         """The gradient is reduce-scattered once per Train unit, after its last pass, when the
         unsharded trainable gradient is small (learner.Learner.defers_reduction's rule)."""
-        return self.layout.trainable_numel <= AUTO_FLOAT64_PARAMS
+        return self.defer and self.layout.trainable_numel <= AUTO_FLOAT64_PARAMS
 
     @property
     def gather(self) -> int:

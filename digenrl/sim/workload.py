@@ -77,7 +77,8 @@ class RunSpec:
             out["runtime.trainer.offload"] = True
         if t.sp > 1:
             out["runtime.trainer.sp"] = t.sp
-        for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("runtime.tag_segment", self.tag_segment),
+        for key, value in (("train.tsp_chunk", cfg.train.tsp_chunk), ("train.pairs_per_pass", cfg.train.pairs_per_pass),
+                           ("runtime.tag_segment", self.tag_segment),
                            ("runtime.gen_shard", self.gen_shard), ("runtime.train_shard", self.train_shard)):
             if value:
                 out[key] = value
