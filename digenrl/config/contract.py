@@ -144,6 +144,7 @@ def contract(cfg: Config, *, start_step: int = 0,
         # 0 leaves the mode's preset.
         tsp=True if cfg.train.tsp_chunk else None,
         tsp_chunk=tsp_chunk(cfg, n_trained),
+        tcss=True if cfg.run.tcss_fraction > 0 else None, tcss_fraction=cfg.run.tcss_fraction or 1.0,
         tag_segment=rt.tag_segment, rollout_segment=rt.rollout_segment or None,
         gen_shard=rt.gen_shard, train_shard=rt.train_shard)
     return RunContract(sched, pools(cfg), sh)

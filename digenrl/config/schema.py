@@ -31,7 +31,7 @@ from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, E
 from digenrl.models.diffusers_adapters.sigmas import GRID_FAMILIES, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
 from digenrl.rollout.sampler import MODEL_TIMESTEPS
-from digenrl.sched import BATCH_MODES, TAG_MODES
+from digenrl.sched import BATCH_MODES, GAP_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 
 MODEL_NAMES = ("tiny-dit", *FAMILIES)
@@ -493,6 +493,11 @@ class RunConfig:
     # local: the single-device trainer, no Ray; every other mode runs on Ray with the scheduler
     # (docs/runtime.md "Modes", docs/glossary.md)
     mode: str = "digenrl"
+    # TCSS, the opt-in bounded staleness of the RFC: while the trainers finish a step, rollout
+    # may start the next step's micro-batches with the previous weights, at most this fraction
+    # of them (rounded up; the RFC's curve offers 0.5); every trajectory keeps one version, at
+    # most one behind. 0 = off: strict on-policy step boundaries. GAP modes only.
+    tcss_fraction: float = 0.0
     eval_every: int = 10  # held-out evaluation every this many RL steps (0 = only before and after)
     checkpoint_every: int = 10  # a checkpoint every this many RL steps (0 = only at the end)
     keep_checkpoints: int = 2  # the newest this many checkpoints are kept; older ones are deleted
@@ -511,6 +516,11 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _one_of(self.mode, "run.mode", MODES)
+        _check(0.0 <= self.tcss_fraction <= 1.0, "run.tcss_fraction",
+               "must be in [0, 1] (0 = TCSS off, 0.5 = the RFC's setting, 1 = any micro-batch may start stale)")
+        _check(self.tcss_fraction == 0 or self.mode in GAP_MODES, "run.tcss_fraction",
+               f"bounds staleness in the streaming modes ({', '.join(GAP_MODES)}); run.mode={self.mode} "
+               "has no TCSS (one-step-off is the batch-level lag)")
         self._fold_loggers()
         _check(self.eval_every >= 0, "run.eval_every", "must be >= 0 (0 = only before and after)")
         _check(self.checkpoint_every >= 0, "run.checkpoint_every", "must be >= 0 (0 = only at the end)")

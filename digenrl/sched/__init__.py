@@ -96,10 +96,10 @@ Determinism: all containers are insertion-ordered; the same config and event seq
 give the same assignments.
 """
 
-from .config import BATCH_MODES, MODES, TAG_MODES, TSP_MODES, SchedConfig
+from .config import BATCH_MODES, GAP_MODES, MODES, TAG_MODES, TSP_MODES, SchedConfig
 from .scheduler import Scheduler, SchedulerError
 from .units import (KINDS, ROLES, Assignment, Generate, OptimizerStep, Reward, Train, Unit,
                     WeightSync, Worker, by_kind, kind, partition)
 
-__all__ = ["MODES", "BATCH_MODES", "TSP_MODES", "TAG_MODES", "partition", "by_kind", "ROLES", "KINDS", "SchedConfig", "Scheduler", "SchedulerError", "Assignment",
+__all__ = ["MODES", "BATCH_MODES", "GAP_MODES", "TSP_MODES", "TAG_MODES", "partition", "by_kind", "ROLES", "KINDS", "SchedConfig", "Scheduler", "SchedulerError", "Assignment",
            "Generate", "Reward", "Train", "OptimizerStep", "WeightSync", "Unit", "Worker", "kind"]

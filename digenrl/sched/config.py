@@ -15,6 +15,8 @@ The four mechanisms that remove a disaggregated pipeline's bubbles (docs/glossar
     tcss  TCSS, trajectory-consistent stale synchronization: rollout starts the next step's
           groups with the previous weights while trainers finish; every trajectory has one
           policy version, at most one behind the weights that train on it
+    bts   BTS, recursive bubble-triggered TAG search (sched/bts.py): under TAG, a trainer in a
+          bubble generates only where that shortens the predicted makespan of the step
     one_step_off  not one of the four: verl / mm_grpo's batch-level lag of one step
 
 A mode is a preset of switches; each switch can also be set on its own (None = preset):
@@ -41,7 +43,7 @@ from dataclasses import dataclass, fields
 from typing import Callable, Optional, Sequence, Union
 
 MODES = ("colocated", "disagg-sync", "one-step-off", "gap", "gap+tsp", "gap+tsp+tag", "digenrl")
-SWITCHES = ("gap", "tsp", "tag", "tcss", "one_step_off")
+SWITCHES = ("gap", "tsp", "tag", "tcss", "one_step_off", "bts")
 
 _PRESETS = {
     "colocated": (),
@@ -50,12 +52,13 @@ _PRESETS = {
     "gap": ("gap",),
     "gap+tsp": ("gap", "tsp"),
     "gap+tsp+tag": ("gap", "tsp", "tag"),
-    "digenrl": ("gap", "tsp", "tag", "tcss"),
+    "digenrl": ("gap", "tsp", "tag", "bts"),  # on-policy; TCSS is opt-in (tcss=True, run.tcss_fraction)
 }
 
 # Modes whose Train units wait for the whole step to be rewarded (no GAP streaming): their
 # advantages may span the step and their micro-batches may cut prompt groups.
 BATCH_MODES = tuple(m for m in MODES if "gap" not in _PRESETS[m])
+GAP_MODES = tuple(m for m in MODES if "gap" in _PRESETS[m])  # training streams behind generation
 TSP_MODES = tuple(m for m in MODES if "tsp" in _PRESETS[m])
 TAG_MODES = tuple(m for m in MODES if "tag" in _PRESETS[m])  # trainers generate: no rollout pool needed
 
@@ -112,6 +115,10 @@ class SchedConfig:
     tag: Optional[bool] = None
     tcss: Optional[bool] = None
     one_step_off: Optional[bool] = None
+    bts: Optional[bool] = None
+    # TCSS's cap: at most this fraction of a step's micro-batches (rounded up) start with the
+    # previous version while the trainers finish the step before (1 = any number)
+    tcss_fraction: float = 1.0
     first_step: int = 0  # the RL step the run starts at (see above)
 
     def __post_init__(self):
@@ -128,6 +135,8 @@ class SchedConfig:
         if not isinstance(self.first_step, int) or isinstance(self.first_step, bool) or self.first_step < 0:
             raise ValueError(f"SchedConfig.first_step={self.first_step!r}: allowed values are integers >= 0")
         preset = _PRESETS[self.mode]
+        if self.bts is None and self.tag is False:  # BTS decides TAG's bubbles: off with TAG
+            self.bts = False
         for key in SWITCHES:
             value = getattr(self, key)
             if value is None:
@@ -141,6 +150,10 @@ class SchedConfig:
                     raise ValueError(f"SchedConfig.{key}=True is not allowed with mode='colocated' "
                                      "(one pool: generation and training cannot overlap); "
                                      "allowed: False")
+        if not 0.0 < self.tcss_fraction <= 1.0:
+            raise ValueError(f"SchedConfig.tcss_fraction={self.tcss_fraction!r}: allowed values are in (0, 1]")
+        if self.bts and not self.tag:
+            raise ValueError("SchedConfig.bts=True decides when trainers generate: it needs tag=True")
         if self.tcss and self.one_step_off:
             raise ValueError("SchedConfig.tcss and SchedConfig.one_step_off are exclusive "
                              "(both bound staleness to one version); set one of them to False")

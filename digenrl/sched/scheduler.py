@@ -16,9 +16,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from .bts import Decision, Profile, Rates, decide
 from .config import SchedConfig
 from .units import (ROLES, Assignment, Generate, OptimizerStep, Reward, Rows, Train, Unit,
-                    WeightSync, Worker, by_kind, partition, split_rows)
+                    WeightSync, Worker, by_kind, kind, n_samples, partition, split_rows)
 
 
 # Assignment(worker_id, unit) without the namedtuple's Python-level __new__ (half the cost;
@@ -52,6 +53,7 @@ class _Step:
     trains_left: int  # Train units not yet completed
     n_rewarded: int = 0
     held: list = None  # batch-level modes: Train units held until the whole step is rewarded
+    stale: int = 0  # micro-batches started with the previous version (TCSS, capped by tcss_fraction)
 
 
 @dataclass(slots=True)
@@ -110,6 +112,11 @@ class Scheduler:
         # a Generate or Reward result of theirs is dropped; a Train counts (it did train)
         self._stale: set[str] = set()
         self._regenerated = False  # some micro-batch was regenerated (_regenerate) at least once
+        # BTS (sched/bts.py): seconds per unit of work learned from completed units, the expected
+        # seconds of each running unit (`expect`), and every bubble's decision
+        self.profile = Profile()
+        self._expected: dict[str, float] = {}
+        self.decisions: list[Decision] = []
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -218,8 +225,13 @@ class Scheduler:
             st = self._steps[s]
             # Fresher weights first; the window is [s - lag, s] (on-policy: exactly s).
             for v in range(min(s, P), max(cfg.first_step, s - cfg.lag) - 1, -1):
-                while st.fresh and (ws := self._pop_idle("rollout", v)) is not None:
+                cap = len(st.fresh) if v == s or not cfg.tcss else \
+                    -(-int(cfg.tcss_fraction * len(st.mbs) * 1000) // 1000) - st.stale  # ceil, float-safe
+                while st.fresh and cap > 0 and (ws := self._pop_idle("rollout", v)) is not None:
                     self._start_fresh(ws, s, v, out)
+                    cap -= 1
+                    if v < s:
+                        st.stale += 1
             if s == P and not barrier and (cfg.colocated or cfg.tag):
                 # Colocated workers generate their step; under TAG idle trainers do too,
                 # with their own (current) weights: on-policy, no sync needed. TAG leaves
@@ -228,9 +240,98 @@ class Scheduler:
                 reserve = 0 if cfg.colocated else (
                     self._n_syncing + sum(len(p) for p in self._idle["rollout"].values()))
                 while len(st.fresh) > reserve and (ws := self._pop_idle(self._train_role, 0)):
+                    if cfg.bts and not cfg.colocated and not self._bts_insert(ws, s, len(st.fresh) - reserve):
+                        self._park(ws)  # SkipBubble: it waits for training work
+                        break
                     self._start_fresh(ws, s, P, out)
             if not st.fresh:
                 self._open.remove(s)
+
+    # ------------------------------------------------------------------ BTS
+    def expect(self, worker_id: str, unit: Unit, seconds: float) -> None:
+        """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
+        it when the unit completes, as it learns a measured unit from `observe`."""
+        self._expected[worker_id] = seconds
+
+    def observe(self, worker_id: str, unit: Unit, seconds: float) -> None:
+        """A completed unit took `seconds` (the runtime's measurement): BTS's profile learns it."""
+        ws = self._w.get(worker_id)
+        if ws is not None:
+            self.profile.observe(kind(unit), ws.role, self._work(unit), seconds)
+
+    def _work(self, unit: Unit) -> float:
+        """A unit's size in BTS's profile: samples x denoising steps (Generate), samples x trained
+        slots (Train), samples (Reward); 1 for the others."""
+        t = type(unit)
+        if t is Generate:
+            return n_samples(unit, self.cfg.samples_per_group) * (unit.t_end - unit.t_start)
+        if t is Train:
+            return n_samples(unit, self.cfg.samples_per_group) * len(unit.t_steps)
+        if t is Reward:
+            return n_samples(unit, self.cfg.samples_per_group)
+        return 1.0
+
+    def _rates(self, step: int) -> Optional[Rates]:
+        """BTS's durations for `step`'s micro-batches, from the profile; None until generation,
+        reward and training have each been seen (then TAG is greedy)."""
+        p, cfg = self.profile, self.cfg
+        g_r, w_r, tr = p.rate("generate", "rollout"), p.rate("reward", "rollout"), p.rate("train", "trainer")
+        w_any = w_r if w_r is not None else p.rate("reward", "reward")
+        if g_r is None or tr is None or w_any is None:
+            return None
+        st = self._steps[step]
+        n = len(st.mbs[0].groups) * cfg.samples_per_group
+        slots = len(st.trained)
+        chunk = min(cfg.tsp_chunk, slots) if cfg.tsp else slots
+        units = -(-slots // chunk) * len(st.mbs[0].train_rows)
+        g_t = p.rate("generate", "trainer")
+        w_t = p.rate("reward", "trainer")
+        return Rates(g_r=g_r * n * cfg.num_steps, w_r=w_any * n, g_t=(g_t if g_t is not None else g_r) * n * cfg.num_steps,
+                     w_t=(w_t if w_t is not None else w_any) * n, t=tr * n * slots / units, u=units)
+
+    def _left(self, ws: _W) -> float:
+        """Expected seconds until worker `ws` is free: half its running unit's expected time
+        (the scheduler reads no clock, so how far the unit has run is unknown)."""
+        u = ws.unit
+        if u is None:
+            return 0.0
+        s = self._expected.get(ws.id)
+        if s is None:
+            r = self.profile.rate(kind(u), ws.role)
+            s = 0.0 if r is None else r * self._work(u)
+        return 0.5 * s
+
+    def _bts_insert(self, ws: _W, step: int, fresh: int) -> bool:
+        """BTS at trainer `ws`'s bubble in `step`: generate one fresh micro-batch (InsertTAG) or
+        wait for training work (SkipBubble), whichever the recursive search predicts finishes
+        the step sooner (sched/bts.py). The decision and both predictions go to `decisions`."""
+        r = self._rates(step)
+        if r is None:
+            return True  # nothing measured yet: greedy, as TAG without BTS
+        st = self._steps[step]
+        rollout, trainers, ready = [], [], []
+        running_trains = 0
+        for w in self._w.values():
+            if w is ws or w.id in self._draining:
+                continue
+            if w.role == "rollout":
+                rollout.append(self._left(w))
+            elif w.role == self._train_role:
+                trainers.append(self._left(w))
+            u = w.unit
+            if u is None or getattr(u, "step", None) != step:
+                continue
+            if type(u) is Train:
+                running_trains += 1
+            elif type(u) is Generate and u.t_end == self.cfg.num_steps and u.samples in (None, st.mbs[u.mb].shards[0]):
+                ready.extend([self._left(w) + r.w_r] * r.u)  # (one fragment stands for its micro-batch)
+            elif type(u) is Reward and st.mbs[u.mb].unscored == 1:
+                ready.extend([self._left(w)] * r.u)
+        ready.extend([0.0] * len(self._train_q.get(step, ())))
+        units = st.trains_left - running_trains
+        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, max(units, len(ready) + fresh * r.u))
+        self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))
+        return insert
 
     # ------------------------------------------------------------------ events
     def complete(self, worker_id: str, unit: Unit) -> bool:
@@ -244,6 +345,9 @@ class Scheduler:
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
+        seconds = self._expected.pop(worker_id, None)
+        if seconds is not None:
+            self.profile.observe(kind(unit), ws.role, self._work(unit), seconds)
         stale = worker_id in self._stale
         self._stale.discard(worker_id)
         taken = not stale or type(unit) is Train

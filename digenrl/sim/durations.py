@@ -335,8 +335,8 @@ class DurationFn:
         state = self._gathered.get(worker.id, False)
         if kind is OptimizerStep:
             return (kind, worker.role, dev)
-        if kind is Reward:
-            return (kind, worker.role, dev, len(unit.groups))
+        if kind is Reward:  # a generation fragment's rows, or the whole micro-batch's
+            return (kind, worker.role, dev, self._rows(unit)[0])
         n, rows = self._rows(unit)
         if kind is Generate:
             return (kind, worker.role, dev, n, unit.t_end - unit.t_start,

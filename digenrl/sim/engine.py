@@ -104,6 +104,7 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
     push, pop = heapq.heappush, heapq.heappop
 
     assign, complete = scheduler.assign, scheduler.complete
+    bts = scheduler.cfg.bts
 
     def launch() -> int:
         nonlocal seq
@@ -114,6 +115,8 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
             dt = duration_fn(workers[wid], unit)
             if dt < 0:
                 raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wid}")
+            if bts:  # BTS learns each unit's seconds when it completes, as from a measurement
+                scheduler.expect(wid, unit, dt)
             running[wid] = (now, unit, v, seq)
             t = now + dt
             if batched and t == t_batch:  # same end as the previous unit: the same heap entry

@@ -69,7 +69,7 @@ from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import Iterator, NamedTuple
 
-from digenrl.sched import BATCH_MODES, MODES, TAG_MODES, TSP_MODES
+from digenrl.sched import BATCH_MODES, GAP_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.baselines import IDEAL
 from digenrl.sim.costs import CostModel
 from digenrl.sim.costs import default_cost_model
@@ -78,7 +78,6 @@ from digenrl.sim.workload import RunSpec
 from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 
-GAP_MODES = tuple(m for m in MODES if m not in BATCH_MODES)
 LINE_SEARCH_MAX = 40  # axes up to this length are line-searched whole
 SHARDS = (1, 2, 4, 8)  # candidate sample shards per micro-batch (gen_shard: generation fragments; train_shard)
 RESHARD = ("after-forward", "after-step")  # runtime.trainer.reshard

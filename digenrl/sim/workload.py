@@ -53,6 +53,7 @@ class RunSpec:
     style: Optional[str] = None  # colocated style: colocated-ideal | a shipped system (shipped.SYSTEMS)
     zero_baseline: bool = False
     packed: Optional[bool] = None  # TSP's packed passes (train.pairs_per_pass); None: the mode's default (`packs`)
+    tcss_fraction: Optional[float] = None  # run.tcss_fraction: TCSS's stale share (None: off)
 
     def knobs(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
@@ -63,6 +64,8 @@ class RunSpec:
         rt, d = cfg.runtime, cfg.data
         out = {"run.mode": self.mode, "runtime.rollout.workers": rt.rollout.workers,
                "runtime.trainer.workers": rt.trainer.workers}
+        if cfg.run.tcss_fraction:
+            out["run.tcss_fraction"] = cfg.run.tcss_fraction
         if rt.rollout.gang > 1:
             out["runtime.rollout.gang"] = rt.rollout.gang
         if d.micro_batch_samples:
@@ -169,7 +172,7 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
         "reward": {"weights": {tb.reward: 1.0}} if tb.reward in REWARD_NAMES else {},  # else: the default
         "train": {"steps": steps, "tsp_chunk": spec.tsp_chunk or 0, "beta": KL_BETA if tb.kl else 0.0,
                   **_passes(tb, spec), **_objective(tb)},
-        "run": {"mode": spec.mode},
+        "run": {"mode": spec.mode, **({"tcss_fraction": spec.tcss_fraction} if spec.tcss_fraction else {})},
         "runtime": {"compute": "emulated", "testbed": testbed_ref or tb.name.split("@")[0],
                     "weight_sync": tb.weight_sync,
                     "rollout": {"workers": rollout, **dev(rpool), **({"gang": rgang} if rgang > 1 else {})},

@@ -6,9 +6,11 @@ from digenrl.sched import MODES, SchedConfig
 
 
 def test_presets():
-    c = SchedConfig(mode="digenrl")
-    assert (c.gap, c.tsp, c.tag, c.tcss, c.one_step_off) == (True, True, True, True, False)
-    assert c.lag == 1
+    c = SchedConfig(mode="digenrl")  # on-policy: TCSS is opt-in, as the RFC has it
+    assert (c.gap, c.tsp, c.tag, c.bts, c.tcss, c.one_step_off) == (True, True, True, True, False, False)
+    assert c.lag == 0
+    assert SchedConfig(mode="digenrl", tcss=True).lag == 1
+    assert not SchedConfig(mode="digenrl", tag=False).bts  # BTS decides TAG's bubbles: off without TAG
     c = SchedConfig(mode="gap")
     assert (c.gap, c.tsp, c.tag, c.tcss) == (True, False, False, False) and c.lag == 0
     assert SchedConfig(mode="one-step-off").lag == 1
@@ -22,7 +24,9 @@ def test_presets():
     (dict(tsp_chunk=1.5), ["tsp_chunk"]),
     (dict(tag="yes"), ["tag", "True, False, None"]),
     (dict(mode="colocated", tag=True), ["tag", "colocated"]),
-    (dict(mode="digenrl", one_step_off=True), ["tcss", "one_step_off"]),
+    (dict(mode="digenrl", tcss=True, one_step_off=True), ["tcss", "one_step_off"]),
+    (dict(mode="gap+tsp", bts=True), ["bts", "tag=True"]),
+    (dict(mode="digenrl", tcss=True, tcss_fraction=0.0), ["tcss_fraction", "(0, 1]"]),
     (dict(num_steps=4, trained_steps=(1, 4)), ["trained_steps", "num_steps=4"]),
 ])
 def test_errors_name_key_and_allowed_values(kw, words):

@@ -118,7 +118,7 @@ def test_old_version_kept_by_the_draining_worker():
         return const_cost(COST, 2)(worker, unit) * (3.0 if worker.id == "r0" else 1.0)
 
     def run(drains):
-        s = Scheduler(SchedConfig(mode="digenrl", **cfg), pools("digenrl", 2, 1))
+        s = Scheduler(SchedConfig(mode="digenrl", tcss=True, **cfg), pools("digenrl", 2, 1))
         return s, run_virtual(s, slow_r0, drains=drains)
 
     _, tr = run([])

@@ -74,7 +74,7 @@ def test_tag_hand_over_in_a_run():
 
 
 def test_rollout_never_switches_weights_mid_trajectory():
-    cfg = SchedConfig(mode="digenrl", rl_steps=2, groups_per_step=2, num_steps=2,
+    cfg = SchedConfig(mode="digenrl", tcss=True, rl_steps=2, groups_per_step=2, num_steps=2,
                       rollout_segment=1)
     s = Scheduler(cfg, [Worker("r0", "rollout"), Worker("t0", "trainer")])
     # Drive until the optimizer step of step 0 lands while r0 is mid-trajectory of step 1.
@@ -126,7 +126,7 @@ def test_stale_partial_with_no_holder_restarts_from_zero():
     # TCSS: r0 is mid-trajectory of step 1 with version 0 when it dies; r1 already
     # moved to version 1, so nobody can finish the version-0 latent: restart at t=0
     # with version 1 (still one version per trajectory, lag 0).
-    cfg = SchedConfig(mode="digenrl", tag=False, rl_steps=2, groups_per_step=2, num_steps=2,
+    cfg = SchedConfig(mode="digenrl", tcss=True, tag=False, rl_steps=2, groups_per_step=2, num_steps=2,
                       rollout_segment=1, trained_steps=(0,))
     s = Scheduler(cfg, [Worker("r0", "rollout"), Worker("r1", "rollout"),
                         Worker("t0", "trainer")])

@@ -66,7 +66,7 @@ def test_on_policy_trains_own_version(mode):
 
 @pytest.mark.parametrize("mode", ["one-step-off", "digenrl"])
 def test_lag_at_most_one_and_used(mode):
-    s, tr = run(mode, rl_steps=4)
+    s, tr = run(mode, rl_steps=4, **({"tcss": True} if mode == "digenrl" else {}))
     lags = [x.version - x.unit.traj_version for x in done(tr, "train")]
     assert all(x.version == x.step for x in done(tr, "train"))
     assert set(lags) <= {0, 1} and 1 in lags  # bounded, and the overlap actually happens
@@ -94,7 +94,7 @@ def test_one_step_off_is_batch_level_and_overlaps():
 
 
 def test_digenrl_starts_next_step_before_sync():
-    s, tr = run("digenrl", rl_steps=3)
+    s, tr = run("digenrl", rl_steps=3, tcss=True)  # TCSS, opt-in
     for step in range(2):
         opt_end = max(x.end for x in done(tr, "optimizer") if x.step == step)
         assert min(x.start for x in done(tr, "generate") if x.step == step + 1) < opt_end

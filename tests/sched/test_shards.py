@@ -131,7 +131,7 @@ def test_stranded_shard_restarts_the_whole_micro_batch():
     # digenrl: rollout workers generate step 1 with version 0 while step 0 trains. Both
     # holders of version 0 die mid-step-1; once version 1 is out, nobody can finish the
     # micro-batch with version 0, so all its shards restart with version 1.
-    cfg = SchedConfig(mode="digenrl", rl_steps=2, groups_per_step=1, samples_per_group=4, num_steps=4,
+    cfg = SchedConfig(mode="digenrl", tcss=True, rl_steps=2, groups_per_step=1, samples_per_group=4, num_steps=4,
                       gen_shard=2, tag=False)
     s = Scheduler(cfg, [Worker("r0", "rollout"), Worker("r1", "rollout"), Worker("t0", "trainer")])
     tr = run_virtual(s, const_cost(samples_per_group=4), failures=[(4.2, "r0"), (4.3, "r1")],

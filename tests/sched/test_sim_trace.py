@@ -17,14 +17,17 @@ BALANCED = {"generate": 1.0, "reward": 0.2, "train": 0.6, "optimizer": 0.5, "syn
 
 @pytest.fixture(scope="module")
 def runs():
-    return {m: run(m, cost=BALANCED, rl_steps=3) for m in MODES}
+    out = {m: run(m, cost=BALANCED, rl_steps=3) for m in MODES}
+    out["digenrl+tcss"] = run("digenrl", cost=BALANCED, rl_steps=3, tcss=True)
+    return out
 
 
 def test_throughput_ordering(runs):
     t = {m: tr.end for m, (s, tr) in runs.items()}
     assert t["gap"] < t["disagg-sync"]
     assert t["one-step-off"] < t["disagg-sync"]
-    assert t["digenrl"] < t["gap+tsp+tag"] <= t["gap+tsp"] <= t["gap"]
+    assert t["digenrl+tcss"] < t["gap+tsp+tag"] <= t["gap+tsp"] <= t["gap"]
+    assert t["digenrl"] <= max(t["gap+tsp+tag"], t["gap+tsp"])  # BTS: never slower than both TAG off and greedy
 
 
 def test_tsp_shortens_the_tail():
@@ -63,12 +66,13 @@ def test_bubble_ratio_hand_computed():
 
 def test_staleness_per_step(runs):
     assert set(staleness(runs["gap+tsp+tag"][1]).values()) == {0}
-    st = staleness(runs["digenrl"][1])
+    assert set(staleness(runs["digenrl"][1]).values()) == {0}  # on-policy by default
+    st = staleness(runs["digenrl+tcss"][1])
     assert st[0] == 0 and max(st.values()) == 1
 
 
 def test_exports(runs, tmp_path):
-    s, tr = runs["digenrl"]
+    s, tr = runs["digenrl+tcss"]
     p = tmp_path / "t.json"
     write_chrome_trace(tr, str(p))
     ev = json.loads(p.read_text())["traceEvents"]

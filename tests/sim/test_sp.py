@@ -187,9 +187,12 @@ _TB = dict(name="sp-test", pools=[dict(name="h", count=16, device="H200", role="
 
 
 def test_planner_picks_sequence_parallelism_for_long_sequences_only():
-    long = Testbed.from_dict(_TB)
+    # 4 videos of 50k tokens per RL step on 16 GPUs: GAP's generation fragments give at most 4
+    # generators a video each (with 32 videos they parallelise the step without all-to-alls, and
+    # the planner prefers them); only sequence parallelism spreads one video over more GPUs
+    long = Testbed.from_dict({**_TB, "group_size": 4, "groups_per_step": 1})
     p = plan(long, steps=4)
-    assert p.spec.rollout_gang > 1  # 50k tokens per video, 2 per GPU: one trajectory sets the pace
+    assert p.spec.rollout_gang > 1  # one trajectory sets the pace
     without = plan(dataclasses.replace(long, rollout_gang=1, trainer_sp=1), steps=4)
     assert p.throughput > without.throughput
     short = Testbed.from_dict({**_TB, "height": 256, "width": 256, "frames": 5})
