@@ -27,11 +27,14 @@ a real bubble and takes the choice with the smaller makespan (a tie: SkipBubble,
 
 from __future__ import annotations
 
+import bisect
+import heapq
+
 from dataclasses import dataclass, field
 from typing import Optional
 
-DEPTH = 4  # InsertTAG / SkipBubble choices explored per decision
-ROUND = 1e-3  # memo key resolution, relative to a micro-batch's generation time
+DEPTH = 3  # InsertTAG / SkipBubble choices explored per decision
+ROUND = 1e-2  # memo key resolution, relative to a micro-batch's generation time
 
 
 @dataclass
@@ -93,69 +96,67 @@ class Search:
         self.scale = max(r.g_r, r.g_t, r.t, 1e-9) * ROUND
         self.memo: dict = {}
 
-    def _key(self, *xs) -> tuple:
+    def _key(self, xs: tuple) -> tuple:
         q = self.scale
-        return tuple(tuple(round(v / q) for v in x) if isinstance(x, tuple) else x for x in xs)
+        return tuple(round(v / q) for v in xs)
 
-    def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, out: tuple,
-             depth: int) -> float:
+    def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int) -> float:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout
-        worker's free time; each trainer's free time and whether it must switch back from the
-        helper before it trains (`out`, same order); the times Train units become ready
-        (sorted); `units` Train units still to run, the fresh micro-batches' included."""
-        key = self._key(fresh, rollout, trainers, ready, units, out, depth)
+        worker's free time; each trainer as (free time, must switch back from the helper before
+        it trains), a heap; the times Train units become ready (sorted); `units` Train units
+        still to run, the fresh micro-batches' included."""
+        key = (fresh, self._key(rollout), self._key(tuple(t for t, _ in trainers)),
+               tuple(o for _, o in trainers), self._key(ready), units, depth)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
         r, inf = self.r, float("inf")
-        rollout, ready, trainers, out = list(rollout), list(ready), list(trainers), list(out)
+        rollout, trainers = list(rollout), list(trainers)  # heaps
+        ready, k = list(ready), 0  # ready[k:] not taken yet (sorted)
         end = 0.0
         while units > 0:
-            i = min(range(len(rollout)), key=rollout.__getitem__) if fresh and rollout else None
-            j = min(range(len(trainers)), key=trainers.__getitem__)
-            now = trainers[j]
-            if i is not None and rollout[i] <= now:  # a rollout worker takes the next micro-batch
-                rollout[i] += r.g_r + r.w_r
-                insort_many(ready, rollout[i], r.u)
+            now, out = trainers[0]
+            if fresh and rollout and rollout[0] <= now:  # a rollout worker takes the next micro-batch
+                t = heapq.heapreplace(rollout, rollout[0] + r.g_r + r.w_r) + r.g_r + r.w_r
+                insort_many(ready, t, r.u, k)
                 fresh -= 1
                 continue
-            if ready and ready[0] <= now:  # training work is ready: train
-                ready.pop(0)
-                trainers[j] = now + r.t + (r.s_out if out[j] else 0.0)
-                out[j] = False
+            if k < len(ready) and ready[k] <= now:  # training work is ready: train
+                k += 1
+                t = now + r.t + (r.s_out if out else 0.0)
+                heapq.heapreplace(trainers, (t, False))
                 units -= 1
-                end = max(end, trainers[j])
+                end = max(end, t)
                 continue
-            # a bubble: SkipBubble waits for the next event that can bring training work
-            wait = min(ready[0] if ready else inf, rollout[i] if i is not None else inf)
+            # a bubble: SkipBubble waits for training work: the next ready unit, or the next
+            # micro-batch a rollout worker can start, generated and scored
+            wait = min(ready[k] if k < len(ready) else inf,
+                       max(rollout[0], now) + r.g_r + r.w_r if fresh and rollout else inf)
             if fresh and (depth > 0 or wait == inf):
-                ins_t, ins_o = trainers[:], out[:]
-                ins_t[j] = now + (0.0 if out[j] else r.s_in) + r.g_t + r.w_t
-                ins_o[j] = True
-                ins_ready = ready[:]
-                insort_many(ins_ready, ins_t[j], r.u)
-                b = self.best(fresh - 1, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, tuple(ins_o),
-                              depth - 1)
+                done = now + (0.0 if out else r.s_in) + r.g_t + r.w_t
+                ins_t = trainers[:]
+                heapq.heapreplace(ins_t, (done, True))
+                ins_ready = ready[k:]
+                insort_many(ins_ready, done, r.u)
+                b = self.best(fresh - 1, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth - 1)
                 if wait == inf:  # nothing else can generate it: the trainer must
                     end = max(end, b)
                     break
                 skip_t = trainers[:]
-                skip_t[j] = wait
-                a = self.best(fresh, tuple(rollout), tuple(skip_t), tuple(ready), units, tuple(out), depth - 1)
+                heapq.heapreplace(skip_t, (wait, out))
+                a = self.best(fresh, tuple(rollout), tuple(skip_t), tuple(ready[k:]), units, depth - 1)
                 end = max(end, min(a, b))
                 break
             if wait == inf:
                 break  # no work can appear (units left unreachable: a malformed state)
-            trainers[j] = wait
+            heapq.heapreplace(trainers, (wait, out))
         self.memo[key] = end
         return end
 
 
-def insort_many(xs: list, x: float, n: int) -> None:
-    """Insert n copies of x into the sorted list xs."""
-    import bisect
-
-    k = bisect.bisect_right(xs, x)
+def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:
+    """Insert n copies of x into the sorted list xs (xs[lo:] sorted)."""
+    k = bisect.bisect_right(xs, x, lo)
     xs[k:k] = [x] * n
 
 
@@ -169,16 +170,18 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
         return False, 0.0, 0.0
     s = Search(r, depth)
     inf = float("inf")
-    wait = min(min(ready, default=inf), min(rollout, default=inf))
-    ins_t = [r.s_in + r.g_t + r.w_t] + list(trainers)
+    rollout = sorted(rollout)
+    others = [(t, False) for t in trainers]
+    wait = min(min(ready, default=inf), rollout[0] + r.g_r + r.w_r if rollout else inf)
+    done = r.s_in + r.g_t + r.w_t
+    ins_t = sorted(others + [(done, True)])
     ins_ready = sorted(ready)
-    insort_many(ins_ready, ins_t[0], r.u)
-    ins = s.best(fresh - 1, tuple(rollout), tuple(ins_t), tuple(ins_ready), units,
-                 (True,) + (False,) * len(trainers), depth)
+    insort_many(ins_ready, done, r.u)
+    ins = s.best(fresh - 1, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth)
     if wait == inf:
         return True, inf, ins
-    skip = s.best(fresh, tuple(rollout), (max(wait, 0.0),) + tuple(trainers), tuple(sorted(ready)), units,
-                  (False,) * (1 + len(trainers)), depth)
+    skip = s.best(fresh, tuple(rollout), tuple(sorted(others + [(max(wait, 0.0), False)])), tuple(sorted(ready)),
+                  units, depth)
     return ins < skip, skip, ins
 
 

@@ -271,21 +271,37 @@ class Scheduler:
             return n_samples(unit, self.cfg.samples_per_group)
         return 1.0
 
+    def _rate(self, k: str, role: str) -> Optional[float]:
+        """Seconds per unit of work of (kind, role): from completed units, else from the running
+        ones' expected seconds (the simulator's `expect`), else None."""
+        r = self.profile.rate(k, role)
+        if r is not None:
+            return r
+        s = w = 0.0
+        for wid, sec in self._expected.items():
+            ws = self._w.get(wid)
+            if ws is not None and ws.unit is not None and ws.role == role and kind(ws.unit) == k:
+                s, w = s + sec, w + self._work(ws.unit)
+        return s / w if w else None
+
     def _rates(self, step: int) -> Optional[Rates]:
-        """BTS's durations for `step`'s micro-batches, from the profile; None until generation,
-        reward and training have each been seen (then TAG is greedy)."""
-        p, cfg = self.profile, self.cfg
-        g_r, w_r, tr = p.rate("generate", "rollout"), p.rate("reward", "rollout"), p.rate("train", "trainer")
-        w_any = w_r if w_r is not None else p.rate("reward", "reward")
-        if g_r is None or tr is None or w_any is None:
+        """BTS's durations for `step`'s micro-batches; None before any generation was seen (then
+        TAG is greedy). Training or scoring not seen yet counts as free: the prediction is then
+        when generation ends."""
+        p, cfg = self, self.cfg
+        g_r = p._rate("generate", "rollout")
+        if g_r is None:
             return None
+        w_r = p._rate("reward", "rollout")
+        w_any = w_r if w_r is not None else (p._rate("reward", "reward") or 0.0)
+        tr = p._rate("train", "trainer") or 0.0
         st = self._steps[step]
         n = len(st.mbs[0].groups) * cfg.samples_per_group
         slots = len(st.trained)
         chunk = min(cfg.tsp_chunk, slots) if cfg.tsp else slots
         units = -(-slots // chunk) * len(st.mbs[0].train_rows)
-        g_t = p.rate("generate", "trainer")
-        w_t = p.rate("reward", "trainer")
+        g_t = p._rate("generate", "trainer")
+        w_t = p._rate("reward", "trainer")
         return Rates(g_r=g_r * n * cfg.num_steps, w_r=w_any * n, g_t=(g_t if g_t is not None else g_r) * n * cfg.num_steps,
                      w_t=(w_t if w_t is not None else w_any) * n, t=tr * n * slots / units, u=units)
 
