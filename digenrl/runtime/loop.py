@@ -184,7 +184,7 @@ class EventLoop:
             return  # other ranks still running
         info = merge([call.done[r] for r in call.refs])
         version_before = self.sched.version
-        taken = self.sched.complete(wid, unit)
+        taken = self.sched.complete(wid, unit, seconds=info.end - info.start)  # BTS learns what it took
         self.trace.n_events += 1
         self.trace.add(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0, _version(unit),
                             _step(unit), unit=unit, extra=info.trace_extra() if taken else {"dropped": True}))

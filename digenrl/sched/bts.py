@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 DEPTH = 3  # InsertTAG / SkipBubble choices explored per decision
+TIE = 1e-9  # InsertTAG must beat SkipBubble by more than this fraction (no switch for nothing)
 ROUND = 1e-2  # memo key resolution, relative to a micro-batch's generation time
 
 
@@ -182,7 +183,8 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
         return True, inf, ins
     skip = s.best(fresh, tuple(rollout), tuple(sorted(others + [(max(wait, 0.0), False)])), tuple(sorted(ready)),
                   units, depth)
-    return ins < skip, skip, ins
+    # a tie (to float noise: a runtime measuring time_scale * d where the simulator has d) skips
+    return ins < skip * (1 - TIE), skip, ins
 
 
 __all__ = ["DEPTH", "Decision", "Profile", "Rates", "Search", "decide"]

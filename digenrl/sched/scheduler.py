@@ -250,14 +250,8 @@ class Scheduler:
     # ------------------------------------------------------------------ BTS
     def expect(self, worker_id: str, unit: Unit, seconds: float) -> None:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
-        it when the unit completes, as it learns a measured unit from `observe`."""
+        it when the unit completes, as it learns a runtime's measurement (`complete(seconds=)`)."""
         self._expected[worker_id] = seconds
-
-    def observe(self, worker_id: str, unit: Unit, seconds: float) -> None:
-        """A completed unit took `seconds` (the runtime's measurement): BTS's profile learns it."""
-        ws = self._w.get(worker_id)
-        if ws is not None:
-            self.profile.observe(kind(unit), ws.role, self._work(unit), seconds)
 
     def _work(self, unit: Unit) -> float:
         """A unit's size in BTS's profile: samples x denoising steps (Generate), samples x trained
@@ -272,17 +266,10 @@ class Scheduler:
         return 1.0
 
     def _rate(self, k: str, role: str) -> Optional[float]:
-        """Seconds per unit of work of (kind, role): from completed units, else from the running
-        ones' expected seconds (the simulator's `expect`), else None."""
-        r = self.profile.rate(k, role)
-        if r is not None:
-            return r
-        s = w = 0.0
-        for wid, sec in self._expected.items():
-            ws = self._w.get(wid)
-            if ws is not None and ws.unit is not None and ws.role == role and kind(ws.unit) == k:
-                s, w = s + sec, w + self._work(ws.unit)
-        return s / w if w else None
+        """Seconds per unit of work of (kind, role), from completed units only (so the simulator,
+        which knows a unit's seconds at launch, and a runtime, which measures them at the end,
+        decide from the same numbers); None before one completed."""
+        return self.profile.rate(k, role)
 
     def _rates(self, step: int) -> Optional[Rates]:
         """BTS's durations for `step`'s micro-batches; None before any generation was seen (then
@@ -350,7 +337,7 @@ class Scheduler:
         return insert
 
     # ------------------------------------------------------------------ events
-    def complete(self, worker_id: str, unit: Unit) -> bool:
+    def complete(self, worker_id: str, unit: Unit, seconds: Optional[float] = None) -> bool:
         """Event: `unit` finished on `worker_id` (its outputs are in the object store).
         False: its result is dropped (a Generate or Reward of a micro-batch regenerated
         since it was sent, see `inputs_lost`), so nothing may read its outputs."""
@@ -361,7 +348,8 @@ class Scheduler:
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
-        seconds = self._expected.pop(worker_id, None)
+        expected = self._expected.pop(worker_id, None)
+        seconds = expected if expected is not None else seconds  # BTS's profile: what it took
         if seconds is not None:
             self.profile.observe(kind(unit), ws.role, self._work(unit), seconds)
         stale = worker_id in self._stale

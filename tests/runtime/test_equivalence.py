@@ -91,7 +91,8 @@ def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
 @pytest.mark.parametrize("mode", [pytest.param("one-step-off", marks=pytest.mark.slow), "digenrl"])
 def test_off_policy_lag_at_most_one(ray_cluster, tmp_path, mode):
     run = tmp_path / mode
-    cfg = load_config(None, tiny(run, mode, "model.lora_rank=4", "runtime.weight_sync=lora-only", steps=4))
+    tcss = ["run.tcss_fraction=1"] if mode == "digenrl" else []  # TCSS, opt-in
+    cfg = load_config(None, tiny(run, mode, "model.lora_rank=4", "runtime.weight_sync=lora-only", *tcss, steps=4))
     rt = RayDriver(cfg, progress=False, evaluate=False)
     rt.train()
     records = read_metrics(run)
@@ -254,7 +255,7 @@ def test_every_on_policy_mode_runs_each_objective_as_one_device(ray_cluster, tmp
 @pytest.mark.parametrize("loss", ["nft", "awm", "dpo", "flow-dppo"])
 def test_off_policy_trains_each_trajectory_at_lag_at_most_one(ray_cluster, tmp_path, loss):
     run = tmp_path / "digenrl"
-    rt = RayDriver(load_config(None, tiny(run, "digenrl", *OBJECTIVES[loss], steps=4)), progress=False,
+    rt = RayDriver(load_config(None, tiny(run, "digenrl", "run.tcss_fraction=1", *OBJECTIVES[loss], steps=4)), progress=False,
                    evaluate=False)
     rt.train()
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
@@ -274,7 +275,8 @@ def test_consistency_keys_act_on_ray_as_on_one_device(ray_cluster, tmp_path, mod
     on-policy (gap+tsp, 2 trainers) the run ends at the single-device weights and reports the
     same gap; under digenrl (lag <= 1) every step reports a gap."""
     run = tmp_path / mode
-    RayDriver(load_config(None, tiny(run, mode, *ON_POLICY.get(mode, []), *CONSISTENCY)), progress=False,
+    tcss = ["run.tcss_fraction=1"] if mode == "digenrl" else []  # lag <= 1: TCSS, opt-in
+    RayDriver(load_config(None, tiny(run, mode, *ON_POLICY.get(mode, []), *CONSISTENCY, *tcss)), progress=False,
               evaluate=False).train()
     ours = [r for r in read_metrics(run) if r["step"] > 0]
     assert all(r["consistency/gap_abs_max"] > 0 and r["loss/clipfrac"] == 0.0 for r in ours)
@@ -327,7 +329,7 @@ def test_nft_old_policy_off_policy_lag_at_most_one_and_resume(ray_cluster, tmp_p
     """run.mode=digenrl with the old policy kept: lag <= 1; and a Ray run resumed from its
     checkpoint (old policy read back on every trainer) ends where the uninterrupted one does."""
     run = tmp_path / "digenrl"
-    rt = RayDriver(load_config(None, tiny(run, "digenrl", *NFT_DECAY, steps=4)), progress=False, evaluate=False)
+    rt = RayDriver(load_config(None, tiny(run, "digenrl", "run.tcss_fraction=1", *NFT_DECAY, steps=4)), progress=False, evaluate=False)
     rt.train()
     assert max(r["staleness_max"] for r in read_metrics(run)) <= 1
     assert all(0 <= s.unit.step - s.unit.traj_version <= 1 for s in rt.trace.spans if s.kind == "train")

@@ -82,7 +82,7 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
 @pytest.mark.parametrize("case", ["lora", "full after-step"])
 def test_digenrl_on_gangs_keeps_lag_at_most_one(ray_cluster, tmp_path, case):
     run = tmp_path / "digenrl"
-    cfg = load_config(None, tiny(run, "digenrl", *GANGS, *CASES[case], steps=3))
+    cfg = load_config(None, tiny(run, "digenrl", "run.tcss_fraction=1", *GANGS, *CASES[case], steps=3))
     rt = RayDriver(cfg, progress=False, evaluate=False)
     rt.train()
     trains = [s.unit for s in rt.trace.spans if s.kind == "train"]
