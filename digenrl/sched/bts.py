@@ -99,7 +99,7 @@ class Search:
 
     def _key(self, xs: tuple) -> tuple:
         q = self.scale
-        return tuple(round(v / q) for v in xs)
+        return tuple([int(v / q) for v in xs])
 
     def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int) -> float:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout

@@ -117,6 +117,7 @@ class Scheduler:
         self.profile = Profile()
         self._expected: dict[str, float] = {}
         self.decisions: list[Decision] = []
+        self._bts_last: Optional[tuple] = None  # (what the last decision read, its choice)
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -312,6 +313,12 @@ class Scheduler:
         if r is None:
             return True  # nothing measured yet: greedy, as TAG without BTS
         st = self._steps[step]
+        # One decision per bubble: asked again (at the next event) while nothing that shapes the
+        # step's rest has changed (micro-batches left, work queued or left; the rates drift), the
+        # trainer keeps its choice
+        sig = (step, ws.id, fresh, len(self._train_q.get(step, ())), st.trains_left)
+        if self._bts_last is not None and self._bts_last[0] == sig:
+            return self._bts_last[1]
         rollout, trainers, ready = [], [], []
         running_trains = 0
         for w in self._w.values():
@@ -334,6 +341,7 @@ class Scheduler:
         units = st.trains_left - running_trains
         insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, max(units, len(ready) + fresh * r.u))
         self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))
+        self._bts_last = (sig, insert)
         return insert
 
     # ------------------------------------------------------------------ events

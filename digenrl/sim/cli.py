@@ -21,9 +21,11 @@ import json
 import sys
 from dataclasses import replace
 
+from digenrl.sched import GAP_MODES
 from digenrl.sim.testbed import TestbedError, load_testbed
 
 EMULATED_RUN_S = 60.0  # wall seconds the written config's emulated run should take
+TCSS_OFFER = 0.5  # the stale share `plan` prices beside an on-policy plan (the RFC's curve offers 0.5)
 PREEMPTIONS_KEY = "runtime.rollout.preemptions"  # the emulated runtime's key for a preemption trace
 
 
@@ -248,6 +250,16 @@ def plan_main(argv=None) -> int:
         print(f"  simulated: {what} (a row, not a config: run.mode=colocated runs every GPU replicated)")
     print(f"  {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s; {pl.evaluated} of {pl.grid_size} grid "
           f"points simulated in {pl.wall_s:.1f} s (analytic split: {pl.analytic_n_rollout})")
+    if pl.spec.mode in GAP_MODES and not pl.spec.tcss_fraction:  # freshness or throughput, knowingly
+        from digenrl.sim.report import run_spec
+
+        try:
+            stale = run_spec(where, replace(pl.spec, tcss_fraction=TCSS_OFFER), a.steps or PLAN_STEPS)
+            print(f"  with TCSS (run.tcss_fraction={TCSS_OFFER}: up to that share of a step generated one "
+                  f"version stale): {stale.step_s:.2f} s/step, {stale.throughput:.3f} samples/s "
+                  f"({pl.step_s / stale.step_s:.3f}x); the plan above stays on policy")
+        except ValueError as e:
+            print(f"  with TCSS (run.tcss_fraction={TCSS_OFFER}): not simulated ({e})")
     if a.exhaustive:
         ex = exhaustive(tb, a.gpus, mode, style=style)
         print(f"exhaustive: {ex.spec.knobs()}")
