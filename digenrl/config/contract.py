@@ -145,6 +145,6 @@ def contract(cfg: Config, *, start_step: int = 0,
         tsp=True if cfg.train.tsp_chunk else None,
         tsp_chunk=tsp_chunk(cfg, n_trained),
         tcss=True if cfg.run.tcss_fraction > 0 else None, tcss_fraction=cfg.run.tcss_fraction or 1.0,
-        tag_segment=rt.tag_segment, rollout_segment=rt.rollout_segment or None,
+        tag_segment=rt.tag_segment, tag_handback=rt.tag_handback, rollout_segment=rt.rollout_segment or None,
         gen_shard=rt.gen_shard, train_shard=rt.train_shard)
     return RunContract(sched, pools(cfg), sh)

@@ -684,6 +684,9 @@ class RuntimeConfig:
     # TAG (trainer-assisted generation): denoising steps a trainer generates before it checks
     # for training work (and, if there is some, hands the partial trajectory to a rollout worker)
     tag_segment: int = 1
+    # TAG: a trainer with training work ready at a segment boundary hands its partial trajectory
+    # to a rollout worker (true), or finishes the trajectory first (false: no mid-trajectory switch)
+    tag_handback: bool = True
     rollout_segment: int = 0  # denoising steps per rollout Generate unit; 0 = whole trajectory
     gen_shard: int = 1  # Generate units per micro-batch along the sample axis (1 = whole micro-batch)
     train_shard: int = 1  # Train units per (micro-batch, TSP (time-step parallelism) chunk) along the sample axis (1 = off)

@@ -119,6 +119,9 @@ class SchedConfig:
     # TCSS's cap: at most this fraction of a step's micro-batches (rounded up) start with the
     # previous version while the trainers finish the step before (1 = any number)
     tcss_fraction: float = 1.0
+    # TAG: a trainer with training work ready at a segment boundary hands its partial trajectory
+    # to a rollout worker (True), or finishes it first (False)
+    tag_handback: bool = True
     first_step: int = 0  # the RL step the run starts at (see above)
 
     def __post_init__(self):

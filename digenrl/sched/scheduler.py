@@ -391,7 +391,7 @@ class Scheduler:
         cfg = self.cfg
         if g.t_end < cfg.num_steps:
             ready = len(self._train_q.get(self.version, ()))
-            if ws.worker.role == "trainer" and ready > self._handover_pending:
+            if ws.worker.role == "trainer" and cfg.tag_handback and ready > self._handover_pending:
                 # TAG: training work is ready; give generation back at this boundary.
                 self._handover_pending += 1
                 self.stats["handovers"] += 1

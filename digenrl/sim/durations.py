@@ -73,10 +73,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from digenrl.config.contract import RunContract
-from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
+from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
-from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, trainable_params_B
-from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, wire_s
+from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, trainable_params_B
+from digenrl.sim.collectives import (allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s,
+                                     wire_s)
+from digenrl.sim.devices import get_device
+from digenrl.sim.memory import RESERVED_GIB, USABLE_FRACTION
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
 from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
@@ -193,6 +196,10 @@ class DurationFn:
     memo: bool = True  # replay the cost of a unit already priced (__call__)
     _no_sync: bool = False  # colocated layout accumulating under no_sync (baselines.Layout.no_sync)
     pairs_per_pass: int = 0  # train.pairs_per_pass: TSP's packed passes (0: one pass per trained step)
+    _helper: dict = field(default_factory=dict)  # TAG: trainer generating -> it held a gradient when it switched
+    tag: bool = False  # the mode's trainers generate (TAG): their switches are charged
+    _accum: dict = field(default_factory=dict)  # TAG: trainer id -> the step whose gradient it holds
+    tag_switches: int = 0  # Actor -> helper -> Actor round trips charged (TAG, the RFC's switches)
     _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
     _log: list | None = None  # overhead increments of the unit being priced
 
@@ -211,6 +218,9 @@ class DurationFn:
                            lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
                            offload=self.offload, gang=self.gang > 1, sp=self.trainer_sp)
         self._sp_setup()
+        self.tag = self.mode in TAG_MODES
+        if self.tag:
+            self._tag_setup()
         if self.mode == "colocated":
             # zero_baseline on a shipped system: its mechanisms and its sharding removed, i.e. the
             # colocated-ideal row's memory plan with that row's extra costs zeroed as well
@@ -297,6 +307,55 @@ class DurationFn:
                 self._log.append((name, s * gpus))
         return s
 
+    # ---- TAG's switches (the RFC: "each switch, Actor to helper to Actor, is counted") ----
+    def _tag_setup(self) -> None:
+        """What one switch moves. A trainer that generates holds its training state beside the
+        generation; where the two do not fit one GPU together (sim/memory.py), the optimizer
+        state and the fp32 masters (a full fine-tune's), and the accumulated gradient when there
+        is one, go to the host before it generates and come back after, over PCIe; else a
+        switch costs only its mode toggles (PHASE_SWITCH_FIXED_S, the colocated baselines')."""
+        tb = self.tb
+        kw = dict(lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank,
+                  fsdp_shards=self.gang, gang=self.gang > 1, sp=self.trainer_sp)
+        train = self.cm.memory_gib(tb.model, "trainer", self.trainer_device, batch=self.pairs_per_pass or tb.micro_batch,
+                                   after_step=self.after_step, offload=self.offload, **kw)
+        gen = self.cm.memory_gib(tb.model, "rollout", self.trainer_device, batch=tb.rollout_batch,
+                                 **{k: v for k, v in kw.items() if k not in ("fsdp_shards", "gang", "lora_rank")})
+        usable = USABLE_FRACTION * get_device(self.trainer_device).hbm_gib - RESERVED_GIB
+        offload = train.weights + train.grads + train.optimizer + gen.activations > usable
+        self._tag_bytes = (0.0, 0.0)  # (state without gradient, gradient) GiB per GPU moved each way
+        if offload and not self.offload:  # runtime.trainer.offload keeps the optimizer on the host anyway
+            masters = 0.0 if tb.lora else self.trainable_B * 1e9 * 4 / GIB / max(self.gang, 1)
+            self._tag_bytes = (train.optimizer + masters, train.grads)
+
+    def _tag_switch(self, worker: Worker, unit) -> float:
+        """A trainer's switch into the helper (its first Generate after training), or back (its
+        first Train or OptimizerStep after generating): the toggle, and the offload or reload
+        `_tag_setup` found necessary (the gradient only when the step accumulated one)."""
+        if self.mode == "colocated" or worker.role != "trainer":
+            return 0.0
+        wid, k = worker.id, type(unit)
+        if k is Generate:
+            if wid in self._helper:
+                return 0.0
+            had = self._helper[wid] = wid in self._accum  # a gradient accumulated this step goes too
+        elif k in (Train, OptimizerStep):
+            had = self._helper.pop(wid, None)
+            if k is Train:
+                self._accum[wid] = unit.step
+            else:
+                self._accum.pop(wid, None)
+            if had is None:
+                return 0.0
+            self.tag_switches += 1
+        else:
+            return 0.0
+        state, grads = self._tag_bytes
+        gib = state + (grads if had else 0.0)
+        s = PHASE_SWITCH_FIXED_S / 2 + (pcie_s(gib * GIB, self.trainer_device) if gib else 0.0)
+        name = {Generate: "tag_switch_in", Train: "tag_switch_out", OptimizerStep: "tag_switch_out_opt"}[k]
+        return self._overhead(name, s, self.gang)
+
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:
         """Seconds of `unit` on `worker`. Units of one shape on one kind of worker, in the same
@@ -306,8 +365,9 @@ class DurationFn:
         dev = self.layout.device.get(worker.id)
         if dev is None:  # a replacement ("rollout-3+1": a spot join; "rollout-3'": after a loss) runs on its line's device
             dev = self.layout.device[worker.id.split("+")[0].rstrip("'")]
+        switch = self._tag_switch(worker, unit) if self.tag else 0.0
         if not self.memo:
-            return _UNIT_COST[type(unit)](self, worker, dev, unit)
+            return switch + _UNIT_COST[type(unit)](self, worker, dev, unit)
         wid = worker.id
         key = self._unit_key(worker, dev, unit)
         hit = self._units.get(key)
@@ -316,7 +376,7 @@ class DurationFn:
             t = _UNIT_COST[type(unit)](self, worker, dev, unit)
             self._units[key] = (t, tuple(self._log), self._gathered.get(wid))
             self._log = None
-            return t
+            return switch + t
         t, log, gathered = hit
         over = self.overhead_ws
         for name, v in log:
@@ -325,7 +385,7 @@ class DurationFn:
             self._gathered[wid] = gathered
         if type(unit) is Train and "offload_reload" in self._per_step:
             self._reloaded.add((wid, unit.step))
-        return t
+        return switch + t
 
     def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:
         """What a unit's cost depends on (see __call__)."""

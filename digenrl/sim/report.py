@@ -349,7 +349,10 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
              "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer",
              "gang_sp_generate": "generate", "gang_sp_train": "train", "park": "optimizer",
-             "reload": "train", "gang_recompute": "train"}
+             "reload": "train", "gang_recompute": "train",
+             # TAG's switches (durations._tag_switch): into the helper inside a Generate, back
+             # inside the Train or OptimizerStep that follows it
+             "tag_switch_in": "generate", "tag_switch_out": "train", "tag_switch_out_opt": "optimizer"}
     for k, v in over.items():
         col = "comm" if k.startswith("gang_") else "overhead"
         bd[where[k]] -= v / n

@@ -54,6 +54,7 @@ class RunSpec:
     zero_baseline: bool = False
     packed: Optional[bool] = None  # TSP's packed passes (train.pairs_per_pass); None: the mode's default (`packs`)
     tcss_fraction: Optional[float] = None  # run.tcss_fraction: TCSS's stale share (None: off)
+    tag_handback: Optional[bool] = None  # runtime.tag_handback (None: the default, true)
 
     def knobs(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None and k not in ("mode", "zero_baseline")}
@@ -178,6 +179,7 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                     "rollout": {"workers": rollout, **dev(rpool), **({"gang": rgang} if rgang > 1 else {})},
                     "trainer": {"workers": trainer, **dev(tpool), **gangs},
                     "tag_segment": spec.tag_segment or 1, "gen_shard": spec.gen_shard or 1,
+                    **({"tag_handback": spec.tag_handback} if spec.tag_handback is not None else {}),
                     "train_shard": spec.train_shard or 1},
     }
     return load_config(None, tree=tree)
