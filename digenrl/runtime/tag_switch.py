@@ -33,7 +33,9 @@ from digenrl.math.grad_sum import is_dtensor
 from digenrl.models.lora import has_lora
 from digenrl.sim.tag_switch import must_offload
 
-METRICS = ("tag/switches", "tag/offload_bytes", "tag/reload_bytes", "tag/switch_s")
+# per RL step: round trips (a gang counts one), those that offloaded (per rank), bytes out + back,
+# generation weights loaded (full fine-tune), seconds offloading + restoring (summed over ranks)
+METRICS = ("tag/switches", "tag/offloads", "tag/offload_bytes", "tag/reload_bytes", "tag/switch_s")
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -146,6 +148,7 @@ class TagSwitch:
             self.last = moved
             c = self._counts
             c["tag/switches"] += int(self.counts_switches)
+            c["tag/offloads"] += int(moved is not None)
             c["tag/offload_bytes"] += 2 * moved.bytes if moved is not None else 0  # out and back
             c["tag/reload_bytes"] += moved.reload if moved is not None else 0
             c["tag/switch_s"] += spent
