@@ -93,7 +93,7 @@ class TagSwitch:
     def accumulated(self) -> bool:
         """Has this step's training left anything uncommitted (gradients, sums, loss weight)?"""
         learner = self.learner
-        return (learner._weight > 0 or any(learner.grads.touched())
+        return (learner.accumulated()[1] > 0 or any(learner.grads.touched())
                 or any(p.grad is not None for p in learner.params))
 
     @property
@@ -128,7 +128,8 @@ class TagSwitch:
             moved = self.offload()
         spent = self.clock() - t0
         device = self.learner.params[0].device
-        measure = device.type == "cuda" and self.policy == "auto"
+        # auto on a GPU measures what a generation adds (resets the CUDA peak counter around it)
+        measure = device.type == "cuda" and self.policy == "auto" and not self.learner.sharded
         if measure:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)

@@ -47,11 +47,11 @@ def run(lora: int, switch_cls=None, policy_key: str = "always", steps: int = 2, 
     policy = tiny_policy(lora_rank=lora)
     learner = Learner(policy, LearnerConfig(lr=1e-2, **config))
     batches = [micro_batch(policy, s) for s in range(steps)]  # before any update: same in both runs
-    switch = switch_cls(learner, policy_key) if switch_cls else None
+    switch = switch_cls(learner, policy_key) if switch_cls else TagSwitch(learner, "never")  # (a handle)
     metrics = []
     for s in range(steps):
         for i, slots in enumerate(UNITS):
-            if i == 1 and switch is not None:
+            if i == 1 and switch_cls is not None:
                 with switch.helper():
                     helper_generate(policy, learner)
             learner.accumulate(batches[s], slots, SPEC, total_samples=4, total_steps=2)
@@ -81,6 +81,17 @@ def test_helper_restore_is_bit_exact(lora, grad_sum):
     counts = switched[3].take()
     assert counts["tag/switches"] == 2 and counts["tag/offload_bytes"] > 0
     assert (counts["tag/reload_bytes"] > 0) == (lora == 0)  # a generation copy for a full fine-tune only
+
+
+@LORA
+def test_helper_restore_is_bit_exact_under_the_old_policy_swap(lora):
+    """DiffusionNFT's old policy generates (sampling_weights swaps it into the module inside the
+    switch, over a full fine-tune's generation copy): still bit-exact, old-policy shadows too."""
+    ref = run(lora, loss="nft", nft_decay=0.5)
+    switched = run(lora, TagSwitch, loss="nft", nft_decay=0.5)
+    assert same(switched, ref)
+    assert all(torch.equal(a, b) for a, b in zip(ref[3].learner.old.shadow.values(),
+                                                 switched[3].learner.old.shadow.values()))
 
 
 @LORA
