@@ -593,7 +593,8 @@ class PoolConfig:
     # gradients, float64 gradient sums and (full fine-tune) the trainable weights to the host
     # and restore them bit for bit afterwards. auto: when the rank's memory in use plus the
     # last generation's peak exceeds the usable device memory (sim/memory.py's rule; never on
-    # a CPU, nor in a sharded gang: not built); always; never. Counted: tag/* step metrics
+    # a CPU); always; never. A sharded gang's ranks move their shards; its masters stay (the
+    # generation gathers them). Counted: tag/* step metrics
     tag_offload: str = "auto"
 
     def check(self, key: str, minimum: int) -> None:
@@ -619,8 +620,6 @@ class PoolConfig:
                f"a gang of {self.gang} devices trains one sharded model: set shard=fsdp (or gang=1)")
         _check(self.sp >= 1 and self.gang % self.sp == 0, f"{key}.sp",
                f"the sequence-parallel degree must divide {key}.gang={self.gang}, got {self.sp}")
-        _check(self.tag_offload != "always" or self.shard == "none", f"{key}.tag_offload",
-               "offloading a sharded gang's state at a TAG switch is not built: use auto or never with shard=fsdp")
 
     def _trainer_only(self, key: str) -> None:
         _check(self.tag_offload == "auto", f"{key}.tag_offload",

@@ -8,9 +8,10 @@ every switch is counted. `TagSwitch.helper()` is that switch, around one Generat
 
     enter   snapshot module train/eval modes and requires_grad; when `must_offload` says so
             (runtime.trainer.tag_offload, digenrl/sim/tag_switch.py), copy to host buffers and
-            drop the device tensors of: AdamW state, p.grad, GradSum's float64 sums, and in a
-            full fine-tune the trainable weights (the helper then generates with a generation
-            copy loaded from the host copy)
+            drop the device tensors of: AdamW state, p.grad, GradSum's float64 sums, and in an
+            unsharded full fine-tune the trainable weights (the helper then generates with a
+            generation copy loaded from the host copy). An FSDP2 gang rank moves its shards
+            (DTensors rebuilt on the way back); its masters stay, as its forwards gather them
     ...     generation (no backward, no optimizer step)
     leave   copy everything back from the host buffers (bit for bit), restore modes and
             requires_grad
@@ -29,7 +30,7 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from digenrl.math.grad_sum import is_dtensor
+from digenrl.math.grad_sum import is_dtensor, local
 from digenrl.models.lora import has_lora
 from digenrl.sim.tag_switch import must_offload
 
@@ -38,34 +39,45 @@ from digenrl.sim.tag_switch import must_offload
 METRICS = ("tag/switches", "tag/offloads", "tag/offload_bytes", "tag/reload_bytes", "tag/switch_s")
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """A separate host copy of `t` (pinned when `t` is on a GPU, for an async-capable copy back)."""
-    host = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=t.is_cuda)
-    host.copy_(t.detach())
-    return host
+class _Held:
+    """A host copy of one tensor (of this rank's shard, for an FSDP2 DTensor) and what rebuilds it."""
 
+    def __init__(self, t: torch.Tensor):
+        shard = local(t.detach())
+        self.device = shard.device
+        self.spec = (t.device_mesh, t.placements, t.shape, t.stride()) if is_dtensor(t) else None
+        # pinned when the shard is on a GPU (a fast copy back); on a CPU a separate copy all the same
+        self.host = torch.empty(shard.shape, dtype=shard.dtype, device="cpu", pin_memory=shard.is_cuda)
+        self.host.copy_(shard)
+        self.nbytes = self.host.numel() * self.host.element_size()
 
-def _to_device(host: torch.Tensor, device: torch.device, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """A fresh device tensor holding `host` (cast to `dtype` when given)."""
-    out = torch.empty(host.shape, dtype=dtype or host.dtype, device=device)
-    out.copy_(host)
-    return out
+    def back(self) -> torch.Tensor:
+        """A fresh device tensor equal to the original bit for bit (a DTensor again if it was one)."""
+        shard = torch.empty(self.host.shape, dtype=self.host.dtype, device=self.device)
+        shard.copy_(self.host)
+        if self.spec is None:
+            return shard
+        from torch.distributed.tensor import DTensor
 
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+        mesh, placements, shape, stride = self.spec
+        return DTensor.from_local(shard, mesh, placements, shape=shape, stride=stride)
 
 
 class _Offloaded:
     """What one switch moved: the host copies, and where each goes back."""
 
     def __init__(self) -> None:
-        self.optimizer: list[tuple[dict, str, torch.Tensor, torch.device]] = []  # (state, key, host, device)
-        self.grads: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
-        self.sums: list[tuple[int, torch.Tensor]] = []
-        self.masters: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+        self.optimizer: list[tuple[dict, str, _Held]] = []  # (AdamW state of a parameter, key, copy)
+        self.grads: list[tuple[torch.nn.Parameter, _Held]] = []
+        self.sums: list[tuple[int, _Held]] = []
+        self.masters: list[tuple[torch.nn.Parameter, _Held]] = []
         self.bytes = 0  # one way
         self.reload = 0
+
+    def hold(self, t: torch.Tensor) -> _Held:
+        held = _Held(t)
+        self.bytes += held.nbytes
+        return held
 
 
 class TagSwitch:
@@ -103,8 +115,6 @@ class TagSwitch:
 
     def decide(self) -> bool:
         """Offload at this switch? (digenrl.sim.tag_switch.must_offload with this rank's numbers)"""
-        if self.learner.sharded:  # a gang's shards never move (not built: the config refuses always)
-            return False
         accumulated = self.accumulated()
         device = self.learner.params[0].device
         if self.policy != "auto" or device.type != "cuda":
@@ -129,7 +139,7 @@ class TagSwitch:
         spent = self.clock() - t0
         device = self.learner.params[0].device
         # auto on a GPU measures what a generation adds (resets the CUDA peak counter around it)
-        measure = device.type == "cuda" and self.policy == "auto" and not self.learner.sharded
+        measure = device.type == "cuda" and self.policy == "auto"
         if measure:
             torch.cuda.reset_peak_memory_stats(device)
             base = torch.cuda.memory_allocated(device)
@@ -154,53 +164,53 @@ class TagSwitch:
             c["tag/reload_bytes"] += moved.reload if moved is not None else 0
             c["tag/switch_s"] += spent
 
+    @property
+    def masters_move(self) -> bool:
+        """A full fine-tune's trainable weights go to the host, and the helper generates with a
+        copy loaded back. Not in a sharded gang: its generation all-gathers from those shards."""
+        return self.full_ft and not self.learner.sharded
+
     def offload(self) -> _Offloaded:
         """Move the uncommitted training state to host buffers; drop the device tensors."""
         learner, out = self.learner, _Offloaded()
-        if any(is_dtensor(p) for p in learner.params):
-            raise RuntimeError("a sharded trainer's TAG offload is not built (runtime.trainer.tag_offload)")
         with torch.no_grad():
             for p in learner.params:
                 state = learner.optimizer.state.get(p)
                 for key, value in (state or {}).items():
                     if torch.is_tensor(value) and value.device == p.device:
-                        out.optimizer.append((state, key, _to_host(value), value.device))
-                        out.bytes += _nbytes(value)
-            for state, key, _, _ in out.optimizer:
+                        out.optimizer.append((state, key, out.hold(value)))
+            for state, key, _ in out.optimizer:
                 state[key] = None  # (the device tensor's last reference)
             for p in learner.params:
                 if p.grad is not None:
-                    out.grads.append((p, _to_host(p.grad)))
-                    out.bytes += _nbytes(p.grad)
+                    out.grads.append((p, out.hold(p.grad)))
                     p.grad = None
             sums = learner.grads.sums
             if learner.grads.folding:
                 for i, s in enumerate(sums):
                     if s is not None:
-                        out.sums.append((i, _to_host(s)))
-                        out.bytes += _nbytes(s)
+                        out.sums.append((i, out.hold(s)))
                         sums[i] = None
-            if self.full_ft:  # the masters go; the helper generates with a copy loaded from the host
+            if self.masters_move:
                 for p in learner.params:
-                    host = _to_host(p.data)
-                    out.masters.append((p, host))
-                    out.bytes += _nbytes(host)
-                    p.data = _to_device(host, p.device)
-                    out.reload += _nbytes(p.data)
+                    held = out.hold(p.data)
+                    out.masters.append((p, held))
+                    p.data = held.back()  # the generation copy, loaded from the host copy
+                    out.reload += held.nbytes
         return out
 
     def restore(self, moved: _Offloaded) -> None:
         """Everything `offload` moved, back on the device bit for bit (fresh tensors)."""
         learner = self.learner
         with torch.no_grad():
-            for p, host in moved.masters:
-                p.data = _to_device(host, p.device)  # (drops the generation copy)
-            for i, host in moved.sums:
-                learner.grads.sums[i] = _to_device(host, learner.params[i].device)
-            for p, host in moved.grads:
-                p.grad = _to_device(host, p.device)
-            for state, key, host, device in moved.optimizer:
-                state[key] = _to_device(host, device)
+            for p, held in moved.masters:
+                p.data = held.back()  # (drops the generation copy)
+            for i, held in moved.sums:
+                learner.grads.sums[i] = held.back()
+            for p, held in moved.grads:
+                p.grad = held.back()
+            for state, key, held in moved.optimizer:
+                state[key] = held.back()
 
     def take(self) -> dict:
         """tag/* since the last take (read at the optimizer step, like comm/*), then zero."""

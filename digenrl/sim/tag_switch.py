@@ -13,11 +13,13 @@ for bit. Each way it moves, per trainer rank (elements of the rank's trainable p
     optimizer state  AdamW exp_avg, exp_avg_sq        optimizer_elements x master_bytes
                      and `step` when it sits on the   + optimizer_steps x 4
                      device (CPU; fused/capturable)
-    masters          full fine-tune only: the         trainable x master_bytes
-                     trainable weights go to the
+    masters          an unsharded full fine-tune:     trainable x master_bytes
+                     the trainable weights go to the
                      host, and the helper generates
                      with a generation copy loaded
-                     from there (reload_bytes)
+                     from there (reload_bytes); a
+                     sharded gang's stay (its
+                     forwards gather from them)
 
 What stays: the frozen base (LoRA), DiffusionNFT's old policy, EMA shadows, a KL reference.
 Nothing accumulated (a switch at a step boundary): nothing moves.
@@ -30,7 +32,7 @@ from digenrl.sim.memory import RESERVED_GIB, USABLE_FRACTION
 
 
 def switch_bytes(*, trainable: int, master_bytes: int, optimizer_elements: int, grad_sum_bytes: int,
-                 full_ft: bool, optimizer_steps: int = 0) -> int:
+                 full_ft: bool, optimizer_steps: int = 0, sharded: bool = False) -> int:
     """Bytes one offload moves to the host, = the bytes its restore moves back (see module doc).
 
     trainable           trainable elements on the rank (all of them hold a gradient)
@@ -42,20 +44,22 @@ def switch_bytes(*, trainable: int, master_bytes: int, optimizer_elements: int, 
                         and the masters stay (the adapters are the generation weights)
     optimizer_steps     AdamW `step` scalars on the device (float32), one per parameter tensor
                         on CPU or fused/capturable AdamW; 0 where torch keeps them on the host
+    sharded             an FSDP gang rank (sizes are its shards): the masters stay, since the
+                        helper's forwards all-gather from them
     """
     if grad_sum_bytes not in (4, 8):
         raise ValueError(f"grad_sum_bytes is 8 (float64 sums) or 4 (float32: p.grad), got {grad_sum_bytes}")
     grads = trainable * master_bytes
     sums = trainable * 8 if grad_sum_bytes == 8 else 0
     optimizer = optimizer_elements * master_bytes + 4 * optimizer_steps
-    masters = trainable * master_bytes if full_ft else 0
+    masters = trainable * master_bytes if full_ft and not sharded else 0
     return grads + sums + optimizer + masters
 
 
-def reload_bytes(*, trainable: int, generation_bytes: int, full_ft: bool) -> int:
+def reload_bytes(*, trainable: int, generation_bytes: int, full_ft: bool, sharded: bool = False) -> int:
     """Bytes of the generation weights loaded for the helper when a full fine-tune's masters
     are offloaded (host -> device once a switch; dropped, not copied back, on the way out)."""
-    return trainable * generation_bytes if full_ft else 0
+    return trainable * generation_bytes if full_ft and not sharded else 0
 
 
 def must_offload(policy: str, *, accumulated: bool, on_gpu: bool, resident_bytes: int = 0,

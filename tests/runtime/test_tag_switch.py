@@ -174,7 +174,7 @@ def test_the_offload_really_moves_the_bytes():
         assert all(p.grad is None for p in learner.params) and all(s is None for s in learner.grads.sums)
         assert all(v is None for p in learner.params for v in learner.optimizer.state[p].values())
         assert all(p.data_ptr() != q for p, q in zip(learner.params, ptrs))
-    assert all(h.data_ptr() != p.data_ptr() for p, h in switch.last.masters)  # separate host copies
+    assert all(h.host.data_ptr() != p.data_ptr() for p, h in switch.last.masters)  # separate host copies
 
 
 class _Corrupt(TagSwitch):
@@ -228,3 +228,65 @@ def test_switch_bytes_by_hand():
                         full_ft=True, optimizer_steps=3) == 4000 + 8000 + 12 + 4000
     assert reload_bytes(trainable=1000, generation_bytes=2, full_ft=True) == 2000
     assert reload_bytes(trainable=1000, generation_bytes=2, full_ft=False) == 0
+
+
+# -- an FSDP2 gang of 2 gloo ranks: each rank moves its shards (DTensors), the masters stay ------
+def _gang_worker(rank: int, tmp: str, lora: int) -> None:
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from digenrl.learner.sharded import full_state_dict, shard_policy
+    from digenrl.math.grad_sum import local
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=rank, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("shard",))
+        out = {}
+        for name, switched in (("ref", False), ("switched", True)):
+            policy = tiny_policy(2, lora)
+            batches = [micro_batch(policy, s) for s in range(2)]
+            shard_policy(policy, mesh, reshard_after_forward=True, mixed_precision=False)
+            learner = Learner(policy, LearnerConfig(lr=1e-2))
+            switch = TagSwitch(learner, "always", counts_switches=rank == 0)
+            metrics, counted, formula = [], [], []
+            for s in range(2):
+                mine = batches[s]
+                for i, slots in enumerate(UNITS):
+                    if i == 1 and switched:  # every rank runs the same generation (FSDP gathers)
+                        with switch.helper():
+                            assert all(p.grad is None for p in learner.params)
+                            helper_generate(policy, learner)
+                        counted.append(switch.take())
+                        n = sum(local(p).numel() for p in learner.params)
+                        formula.append(switch_bytes(
+                            trainable=n, master_bytes=4, optimizer_elements=2 * n if s else 0, grad_sum_bytes=8,
+                            full_ft=lora == 0, sharded=True, optimizer_steps=len(learner.params) if s else 0))
+                    learner.accumulate(mine, slots, SPEC, total_samples=4, total_steps=2,
+                                       rows=slice(2 * rank, 2 * rank + 2))
+                metrics.append(learner.optimizer_step(version=s + 1))
+            opt = [{k: local(v).clone() for k, v in learner.optimizer.state[p].items()} for p in learner.params]
+            out[name] = (full_state_dict(policy.module), opt, metrics, counted, formula)
+        torch.save(out, f"{tmp}/rank{rank}.pt")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.slow  # two spawned ranks (~20 s on 2 busy cores)
+@LORA
+def test_a_gang_rank_restores_its_shards_bit_exactly(tmp_path, lora):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_gang_worker, args=(str(tmp_path), lora), nprocs=2, join=True)
+    for rank in range(2):
+        out = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        ref, switched = out["ref"], out["switched"]
+        assert same(switched[:3] + (None,), ref[:3] + (None,))
+        counted, formula = switched[3], switched[4]
+        assert [c["tag/offload_bytes"] for c in counted] == [2 * f for f in formula] and formula[1] > formula[0] > 0
+        assert all(c["tag/reload_bytes"] == 0 for c in counted)  # the masters stay on a gang
+        assert [c["tag/switches"] for c in counted] == [int(rank == 0)] * 2
