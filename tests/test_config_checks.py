@@ -320,3 +320,19 @@ def test_dpo_and_flow_dppo_keys_reach_the_learner_or_are_refused():
     _refused(["train.loss=dpo", "run.mode=gap+tsp", "runtime.train_shard=2"], "runtime.train_shard", "dpo")
     _refused(["train.loss=dpo", "run.mode=gap+tsp", "runtime.trainer.workers=2", "runtime.trainer.gang=2",
               "runtime.trainer.shard=fsdp", "model.lora_rank=0"], "train.loss", "use LoRA")
+
+
+# -- runtime.trainer.tag_offload: a trainer's TAG switch (runtime/tag_switch.py) -------------------
+def test_tag_offload_acts_where_trainers_generate_or_is_refused():
+    for mode in ("gap+tsp+tag", "digenrl", "colocated"):
+        for value in ("auto", "always", "never"):
+            assert load_config(None, [f"run.mode={mode}", f"runtime.trainer.tag_offload={value}"]) \
+                .runtime.trainer.tag_offload == value
+    for mode in ("local", "disagg-sync", "one-step-off", "gap", "gap+tsp"):
+        _refused([f"run.mode={mode}", "runtime.trainer.tag_offload=always"], "runtime.trainer.tag_offload", mode)
+        load_config(None, [f"run.mode={mode}"])  # auto, the default, is fine everywhere
+    _refused(["runtime.trainer.tag_offload=sometimes"], "runtime.trainer.tag_offload")
+    _refused(["runtime.rollout.tag_offload=never"], "runtime.rollout.tag_offload", "runtime.trainer")
+    _refused(["runtime.reward.tag_offload=always"], "runtime.reward.tag_offload", "runtime.trainer")
+    load_config(None, ["run.mode=gap+tsp+tag", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
+                       "runtime.trainer.tag_offload=always"])  # a gang's ranks move their shards

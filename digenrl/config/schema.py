@@ -42,6 +42,8 @@ SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5", "hunyuan-video-1.5-i
 RESHARD_KINDS = ("after-forward", "after-step")
 # rollout-pool keys of spot workers and autoscaling (refused on the other pools)
 SPOT_KEYS = ("preemptible", "notice_s", "notices", "preemptions", "max_workers")
+# runtime.trainer.tag_offload: when a trainer's TAG switch offloads its uncommitted state (sim/tag_switch.py)
+TAG_OFFLOAD = ("auto", "always", "never")
 LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
 WANDB_MODES = ("online", "offline", "disabled")
 # runtime.weight_sync: how new weights reach the rollout workers (the simulator prices each)
@@ -596,6 +598,14 @@ class PoolConfig:
     # rollout pool: ask Ray's autoscaler (ray.autoscaler.sdk.request_resources) for room for up
     # to this many workers, and add workers as nodes appear; 0 = off (the pool stays `workers`)
     max_workers: int = 0
+    # trainer pool, modes where trainers generate (TAG modes, colocated): at each switch to
+    # generation (runtime/tag_switch.py), when gradients have accumulated, move AdamW state,
+    # gradients, float64 gradient sums and (full fine-tune) the trainable weights to the host
+    # and restore them bit for bit afterwards. auto: when the rank's memory in use plus the
+    # last generation's peak exceeds the usable device memory (sim/memory.py's rule; never on
+    # a CPU); always; never. A sharded gang's ranks move their shards; its masters stay (the
+    # generation gathers them). Counted: tag/* step metrics
+    tag_offload: str = "auto"
 
     def check(self, key: str, minimum: int) -> None:
         _check(self.workers >= minimum, f"{key}.workers", f"must be >= {minimum}, got {self.workers}")
@@ -603,6 +613,7 @@ class PoolConfig:
         _check(self.gang >= 1, f"{key}.gang", f"must be >= 1 (devices per worker), got {self.gang}")
         _one_of(self.shard, f"{key}.shard", SHARD_KINDS)
         _one_of(self.reshard, f"{key}.reshard", RESHARD_KINDS)
+        _one_of(self.tag_offload, f"{key}.tag_offload", TAG_OFFLOAD)
         _check(not self.offload or self.shard == "fsdp", f"{key}.offload",
                "offloads the sharded optimizer state: needs shard=fsdp")
 
@@ -620,9 +631,14 @@ class PoolConfig:
         _check(self.sp >= 1 and self.gang % self.sp == 0, f"{key}.sp",
                f"the sequence-parallel degree must divide {key}.gang={self.gang}, got {self.sp}")
 
+    def _trainer_only(self, key: str) -> None:
+        _check(self.tag_offload == "auto", f"{key}.tag_offload",
+               "acts on a trainer's switches to generation: a runtime.trainer key")
+
     def check_rollout(self, key: str) -> None:
         """The rollout pool: a gang is a sequence-parallel group (full weights on every rank)."""
         self.check(key, 0)
+        self._trainer_only(key)
         _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
                "only the trainer pool shards (shard, reshard, offload are trainer keys)")
         _check(self.sp == 1, f"{key}.sp", f"a rollout gang's sequence-parallel degree is {key}.gang; leave sp at 1")
@@ -650,6 +666,7 @@ class PoolConfig:
     def check_single(self, key: str) -> None:
         """The reward pool: one device per worker, no sharding."""
         self.check(key, 0)
+        self._trainer_only(key)
         self._not_spot(key, "the reward pool neither drains on a notice nor scales")
         _check(self.gang == 1 and self.sp == 1, f"{key}.gang", "reward workers are one device each; set 1")
         _check(self.shard == "none" and not self.offload and self.reshard == "after-forward", f"{key}.shard",
@@ -799,6 +816,10 @@ class Config:
                    "runtime.rollout.workers",
                    f"run.mode={mode} needs at least one rollout worker (only colocated and the TAG "
                    "modes generate on trainers)")
+        _check(rt.trainer.tag_offload == "auto" or mode == "colocated" or mode in TAG_MODES,
+               "runtime.trainer.tag_offload",
+               f"acts when a trainer generates, and under run.mode={mode} no trainer does (only colocated and the "
+               f"TAG modes {', '.join(TAG_MODES)}): leave it at auto")
         if mode == "colocated":
             for name in SPOT_KEYS:
                 _check(getattr(rt.rollout, name) == getattr(PoolConfig, name), f"runtime.rollout.{name}",

@@ -30,7 +30,7 @@ from digenrl.runtime.gang import row_share
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.waits import within
-from digenrl.sched import Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
+from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
 from digenrl.io.trace import Trace, bubble_ratio
 from digenrl.train.trainer import StepPlan, plan_step, prompt_source, step_metrics
 
@@ -264,6 +264,8 @@ class RealBackend:
             # (trainer ranks), and the rollout gangs' ranks for the step's Generate units
             **_add([i.comm for i in infos.values()] + [self.gen_comm.pop(step, {})]),
         }
+        if cfg.run.mode == "colocated" or cfg.run.mode in TAG_MODES:  # trainers generate: their switches
+            record.update(_add([i.tag for i in infos.values()]))
         if cfg.runtime.weight_sync == "nccl":  # what the relay sent for this step's pulls
             record["comm/sync/send_bytes"] = record["weight_sync_bytes"]
             record["comm/sync/send_calls"] = len(self.syncs)

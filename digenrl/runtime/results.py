@@ -59,6 +59,7 @@ class Stepped(Done):
     publish_s: float = 0.0
     publish_bytes: int = 0
     comm: dict = field(default_factory=dict)  # comm/<phase>/<kind>_bytes this rank issued since its last step
+    tag: dict = field(default_factory=dict)  # tag/* of this rank's TAG switches since its last step (runtime/tag_switch.py)
 
 
 @dataclass
@@ -96,6 +97,7 @@ def merge(records: Sequence[Done]) -> Done:
         out.sums = merge_sums([r.sums for r in records])  # (a _max metric: the ranks' max)
         out.weight = sum(r.weight for r in records)
         out.comm = _add([r.comm for r in records])
+        out.tag = _add([r.tag for r in records])
         out.reduce_s = max(r.reduce_s for r in records)
     return out
 

@@ -51,6 +51,7 @@ from digenrl.runtime.gang import ALL, FIRST, on_ranks
 from digenrl.runtime.gang_rank import all_reduce_grads
 from digenrl.runtime.results import Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import concat_trajectories, select_rows
+from digenrl.runtime.tag_switch import TagSwitch
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync
 
 
@@ -250,6 +251,8 @@ class TrainerRank(_PolicyRank):
         self.trainer = Trainer(master_config(cfg), progress=False)
         self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
         self.learner = self.trainer.learner
+        # every Generate on a trainer is a TAG switch, counted (and offloading when it must)
+        self.switch = TagSwitch(self.learner, cfg.runtime.trainer.tag_offload, counts_switches=rank == 0)
         self.relay = None
         if self.engine == "nccl" and rank == 0:  # only the publisher's (trainer 0's) is used
             from digenrl.runtime.relay import Relay
@@ -262,8 +265,10 @@ class TrainerRank(_PolicyRank):
     def generate(self, *args, **kwargs) -> tuple[Trajectories, Generated]:
         """TAG / colocated generation, with the weights that sample: DiffusionNFT's old policy
         when train.nft_decay > 0 (the same weights `_publish` sends rollout workers), else
-        the live ones. Swapped back before any Train unit runs on this actor."""
-        with self.learner.sampling_weights():
+        the live ones. Swapped back before any Train unit runs on this actor. The TAG switch
+        around it (runtime/tag_switch.py) offloads and restores the step's uncommitted state
+        when runtime.trainer.tag_offload says so, and counts tag/* for the next optimizer step."""
+        with self.switch.helper(), self.learner.sampling_weights():
             return super().generate(*args, **kwargs)
 
     @on_ranks(ALL, ALL)  # a unit: every rank loads the payload
@@ -327,7 +332,7 @@ class TrainerRank(_PolicyRank):
             t_pub = time.time() - t1
         comm = self.counter.take()
         return payload, Stepped(**_times(t0), metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
-                                publish_s=t_pub, publish_bytes=nbytes, comm=comm)
+                                publish_s=t_pub, publish_bytes=nbytes, comm=comm, tag=self.switch.take())
 
     def _publish(self) -> tuple[Optional[dict], int]:
         """The weights rollout workers pull (rank 0's; a gang gathers them first): the ones that
@@ -396,7 +401,7 @@ class TrainerRank(_PolicyRank):
             from digenrl.runtime.gang_rank import GangRank
 
             self.gang = GangRank(self.cfg, self.trainer, rank, gangs, gang, self.counter)
-            self.learner = self.trainer.learner
+            self.learner = self.switch.learner = self.trainer.learner
 
     @on_ranks(ALL, FIRST)  # every rank writes its shard (collectives); rank 0's path
     def save(self, step: int, wall_s: float) -> str:

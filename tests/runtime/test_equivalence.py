@@ -65,7 +65,10 @@ def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, m
     assert summary["eval_reward_after"] is not None
     assert (run / "trace.json").exists() and (run / "gantt.png").exists()
     if mode == "gap+tsp+tag":  # idle trainers generated with their own weights
-        assert any(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
+        on_trainers = sum(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
+        assert on_trainers > 0
+        assert sum(r["tag/switches"] for r in ours) == on_trainers  # every one a counted switch
+        assert all(r["tag/offload_bytes"] == 0 for r in ours)  # tag_offload=auto on a CPU: never
     if mode != "colocated":
         assert all(r["weight_sync_bytes"] > 0 for r in ours[1:])  # rollout pulled version 1
         # unsharded trainers count their gradient all-reduce as the simulator charges it
@@ -73,6 +76,25 @@ def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, m
             for k, v in pred.items():
                 assert rec.get(k, 0) == v, (rec["step"], k)
         assert (ours[0].get("comm/train/all_reduce_bytes", 0) > 0) == (cfg.runtime.trainer.workers > 1)
+
+
+@pytest.mark.slow  # a Ray run; the switch's restore is tested bit for bit in tests/runtime/test_tag_switch.py
+def test_tag_offload_always_matches_single_device(ray_cluster, local_run, tmp_path):
+    """gap+tsp+tag with no rollout pool (every Generate on a trainer) and tag_offload=always:
+    each Generate is a counted switch, those over accumulated gradients offload and restore,
+    and the run still ends at the single-device weights."""
+    run = tmp_path / "tag-offload"
+    cfg = load_config(None, tiny(run, "gap+tsp+tag", "runtime.rollout.workers=0", "runtime.trainer.workers=2",
+                                 "train.tsp_chunk=1", "runtime.trainer.tag_offload=always"))
+    rt = RayDriver(cfg, progress=False)
+    rt.train()
+    assert_matches_single_device(run, local_run)
+    ours = [r for r in read_metrics(run) if r["step"] > 0]
+    generates = sum(s.kind == "generate" for s in rt.trace.spans)
+    assert generates > 0 and sum(r["tag/switches"] for r in ours) == generates
+    for r in ours:
+        assert r["tag/offload_bytes"] >= 0 and r["tag/switch_s"] >= 0
+        print("tag", r["step"], {k: v for k, v in r.items() if k.startswith("tag/")})
 
 
 @pytest.mark.slow  # the default tier resumes in tests/test_trainer.py (local) and test_faults (Ray)
