@@ -79,7 +79,8 @@ from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, trainable_param
 from digenrl.sim.collectives import (allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s,
                                      wire_s)
 from digenrl.sim.devices import get_device
-from digenrl.sim.memory import RESERVED_GIB, USABLE_FRACTION
+from digenrl.math.grad_sum import grad_sum_bytes
+from digenrl.sim.tag_switch import must_offload, reload_bytes, switch_bytes
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
 from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
@@ -309,11 +310,12 @@ class DurationFn:
 
     # ---- TAG's switches (the RFC: "each switch, Actor to helper to Actor, is counted") ----
     def _tag_setup(self) -> None:
-        """What one switch moves. A trainer that generates holds its training state beside the
-        generation; where the two do not fit one GPU together (sim/memory.py), the optimizer
-        state and the fp32 masters (a full fine-tune's), and the accumulated gradient when there
-        is one, go to the host before it generates and come back after, over PCIe; else a
-        switch costs only its mode toggles (PHASE_SWITCH_FIXED_S, the colocated baselines')."""
+        """What one switch moves (sim/tag_switch.py, the runtime counter's own formula). A trainer
+        that generates holds its training state beside the generation; where the two do not fit
+        one GPU together (sim/memory.py's rule, runtime.trainer.tag_offload=auto), a switch made
+        with an accumulated gradient offloads the gradient, its sums, the AdamW state and an
+        unsharded full fine-tune's masters to the host and restores them after, over PCIe;
+        else it costs only its mode toggles (PHASE_SWITCH_FIXED_S, the colocated baselines')."""
         tb = self.tb
         kw = dict(lora=tb.lora, grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape, lora_rank=tb.lora_rank,
                   fsdp_shards=self.gang, gang=self.gang > 1, sp=self.trainer_sp)
@@ -321,12 +323,19 @@ class DurationFn:
                                    after_step=self.after_step, offload=self.offload, **kw)
         gen = self.cm.memory_gib(tb.model, "rollout", self.trainer_device, batch=tb.rollout_batch,
                                  **{k: v for k, v in kw.items() if k not in ("fsdp_shards", "gang", "lora_rank")})
-        usable = USABLE_FRACTION * get_device(self.trainer_device).hbm_gib - RESERVED_GIB
-        offload = train.weights + train.grads + train.optimizer + gen.activations > usable
-        self._tag_bytes = (0.0, 0.0)  # (state without gradient, gradient) GiB per GPU moved each way
+        offload = must_offload("auto", accumulated=True, on_gpu=True,
+                               resident_bytes=int((train.weights + train.grads + train.optimizer) * GIB),
+                               generation_bytes=int(gen.activations * GIB),
+                               device_bytes=int(get_device(self.trainer_device).hbm_gib * GIB))
+        trainable = int(self.trainable_B * 1e9 / max(self.gang, 1))  # this rank's elements
+        sums = grad_sum_bytes("auto", int(self.trainable_B * 1e9))
+        self._tag_bytes = (0, 0)  # (offload one way, generation-copy reload) bytes per rank
         if offload and not self.offload:  # runtime.trainer.offload keeps the optimizer on the host anyway
-            masters = 0.0 if tb.lora else self.trainable_B * 1e9 * 4 / GIB / max(self.gang, 1)
-            self._tag_bytes = (train.optimizer + masters, train.grads)
+            self._tag_bytes = (
+                switch_bytes(trainable=trainable, master_bytes=4, optimizer_elements=2 * trainable,
+                             grad_sum_bytes=sums, full_ft=not tb.lora, sharded=self.gang > 1),
+                reload_bytes(trainable=trainable, generation_bytes=BYTES_WEIGHT, full_ft=not tb.lora,
+                             sharded=self.gang > 1))
 
     def _tag_switch(self, worker: Worker, unit) -> float:
         """A trainer's switch into the helper (its first Generate after training), or back (its
@@ -350,9 +359,9 @@ class DurationFn:
             self.tag_switches += 1
         else:
             return 0.0
-        state, grads = self._tag_bytes
-        gib = state + (grads if had else 0.0)
-        s = PHASE_SWITCH_FIXED_S / 2 + (pcie_s(gib * GIB, self.trainer_device) if gib else 0.0)
+        moved, reload = self._tag_bytes if had else (0, 0)  # nothing accumulated: nothing moves
+        s = PHASE_SWITCH_FIXED_S / 2 + (pcie_s(moved + (reload if k is Generate else 0), self.trainer_device)
+                                        if moved else 0.0)
         name = {Generate: "tag_switch_in", Train: "tag_switch_out", OptimizerStep: "tag_switch_out_opt"}[k]
         return self._overhead(name, s, self.gang)
 
