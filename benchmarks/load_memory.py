@@ -205,6 +205,8 @@ def main() -> None:
     ap.add_argument("--single", type=int, default=2, help="single-stream blocks (FLUX.1-dev: 38)")
     ap.add_argument("--gangs", default="1,2,4")
     ap.add_argument("--no-step", action="store_true", help="loads only")
+    ap.add_argument("--train", default="full,lora", help="full, lora or both")
+    ap.add_argument("--loaders", default="whole,sharded", help="whole, sharded or both")
     ap.add_argument("--dir", default=None, help="where to write the checkpoint (default: a temp folder)")
     a = ap.parse_args()
     root = Path(a.dir or tempfile.mkdtemp(prefix="load_memory_"))
@@ -219,8 +221,8 @@ def main() -> None:
         print(f"{'gang':>4} {'train':>5} {'loader':>7} | {'load':>6} {'sim':>6} | {'step':>6} {'sim':>6} | "
               f"{'base':>5} {'load s':>6}  run")
         for gang in [int(g) for g in a.gangs.split(",")]:
-            for lora in (False, True):
-                for loader in ("whole", "sharded"):
+            for lora in [t == "lora" for t in a.train.split(",")]:
+                for loader in a.loaders.split(","):
                     held, transient = load_gib(n, blocks, gang, adapters=adapters if lora else 0.0, loader=loader)
                     sim_load = held + transient
                     fake = gang * (sim_load + 0.6) > 0.7 * _available_gib()
