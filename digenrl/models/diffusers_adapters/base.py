@@ -277,10 +277,12 @@ class DiffusersPolicy:
 
         import diffusers
 
-        if not os.path.isdir(os.path.join(folder, "transformer")):
-            raise OSError(f"{cls.family}: empty_weights needs a pipeline folder with transformer/, got {folder!r}")
-        _, class_name = json.loads(open(os.path.join(folder, "model_index.json")).read())["transformer"]
-        model_cls = getattr(diffusers, class_name)
+        config = os.path.join(folder, "transformer", "config.json")
+        if not os.path.isfile(config):
+            raise OSError(f"{cls.family}: empty_weights needs a pipeline folder with transformer/config.json, "
+                          f"got {folder!r}")
+        with open(config) as f:
+            model_cls = getattr(diffusers, json.load(f)["_class_name"])  # (diffusers writes it in every config)
         with params_on_meta():
             module = model_cls.from_config(model_cls.load_config(folder, subfolder="transformer"))
         return module, WeightFiles.in_folder(os.path.join(folder, "transformer"))
