@@ -12,9 +12,12 @@ The checks, in order (each a subprocess in its own process group, stopped at its
     pytest_gpu       pytest -m gpu: the GPU tier (ratio == 1 on CUDA, checkpoint and resume)
     gpu_gang_check   benchmarks/gpu_gang_check.py --models sd3,flux: FSDP2 training memory at
                      world size 1 against the memory model, the relay's copy rates, SP forward
+    gpu_load_check   benchmarks/gpu_load_check.py: peak memory of a trainer rank (gang of 1, 2, 4)
+                     during load (whole vs sharded) and one training step, beside sim/memory.py
+                     (FLUX.1-dev width, 2+2 blocks, ~1.03B random weights)
 
-The budgets add up to BUDGET_S (460 s), under the 8 minutes a loan leaves after the machine
-starts; they are estimates (nothing has run on a GPU yet): a check past its budget is stopped and
+The budgets add up to BUDGET_S (535 s), under the 10 minutes of device time the suite may take
+(issue 40); they are estimates (nothing has run on a GPU yet): a check past its budget is stopped and
 recorded as `timeout`, with what it printed so far, and the next one runs. `--out FILE` is
 rewritten after every check, so a suite cut short still leaves the checks that finished.
 
@@ -113,6 +116,9 @@ CHECKS = (
           _junit("pytest_gpu.xml")),
     Check("gpu_gang_check", 120,
           lambda out, dry: [PY, "benchmarks/gpu_gang_check.py", *(["--tiny"] if dry else ["--models", "sd3,flux"])],
+          _last_json_line),
+    Check("gpu_load_check", 75,
+          lambda out, dry: [PY, "benchmarks/gpu_load_check.py", *(["--tiny", "--device", "cpu"] if dry else [])],
           _last_json_line),
 )
 BUDGET_S = sum(c.budget_s for c in CHECKS)

@@ -65,10 +65,10 @@ def test_only_budget_and_refusals(tmp_path, capsys):
         assert message in capsys.readouterr().err
 
 
-def test_the_owed_checks_in_order_within_eight_minutes():
+def test_the_owed_checks_in_order_within_ten_minutes():
     assert [c.name for c in suite.CHECKS] == ["gpu_check", "profile_sd3", "profile_flux", "pytest_gpu",
-                                              "gpu_gang_check"]
-    assert suite.BUDGET_S <= 8 * 60
+                                              "gpu_gang_check", "gpu_load_check"]
+    assert suite.BUDGET_S <= 10 * 60  # the suite's device time (issue 40)
 
 
 @pytest.mark.slow
@@ -81,3 +81,5 @@ def test_dry_run_of_every_check(tmp_path):
     figures = {c["name"]: c["figures"] for c in report["checks"]}
     assert figures["gpu_check"] and figures["profile_sd3"] and figures["profile_flux"]
     assert figures["pytest_gpu"]["tests"] > 0 and figures["gpu_gang_check"]["models"]
+    assert {(r["gang"], r["train"], r["loader"]) for r in figures["gpu_load_check"]["rows"]} == {
+        (g, t, loader) for g in (1, 2, 4) for t in ("full", "lora") for loader in ("whole", "sharded")}

@@ -9,26 +9,41 @@ from typing import Any, Optional
 import torch
 
 from digenrl.math.schedule import sigma_schedule
+from digenrl.models.empty import WeightFiles, move
 from digenrl.models.lora import LoraSpec, apply_lora
 from digenrl.models.protocol import Cond, Policy, guided_velocity
 
 __all__ = ["Cond", "Policy", "build_policy", "guided_velocity", "sampling_sigmas"]
 
 
-def build_policy(cfg: Any, progress: bool = True) -> Policy:
+def build_policy(cfg: Any, progress: bool = True, empty: bool = False) -> Policy:
     """Load the configured generator, with LoRA injected when lora_rank > 0 and activation
     checkpointing when grad_ckpt. `cfg` is a Config's `model` section (ModelConfig), read by
     attribute: models sit below the config layer and never import it.
 
+    empty=True: the denoiser's parameters stay on the meta device (digenrl.models.empty) and
+    `policy.weight_files` says where they are: a sharded trainer gang materialises each rank's
+    own rows (runtime/sharded_load.py). Only for `empty_loadable(cfg)` models.
+
     `progress` is accepted for the callers' sake: nothing here is slow enough to show a
     bar (the toy base is a shipped file).
     """
+    if empty and not empty_loadable(cfg):
+        raise ValueError(f"model.name={cfg.name!r}: no empty (meta-device) build; see empty_loadable")
+    weight_files = None
     if cfg.name == "tiny-dit":
         from digenrl.models.tiny_dit import LORA_TARGETS, TinyDiTPolicy
-        from digenrl.models.tiny_dit_weights import load_base, load_tiny_dit
+        from digenrl.models.tiny_dit_weights import empty_tiny_dit, find_base, load_base, load_tiny_dit
 
-        module = load_tiny_dit(Path(cfg.path)) if cfg.path else load_base()
-        module = module.to(getattr(torch, cfg.dtype))
+        if empty:
+            path = Path(cfg.path) if cfg.path else find_base()
+            if path is None:
+                load_base()  # raises, naming the missing base
+            module = empty_tiny_dit(path)
+            weight_files = WeightFiles([path])
+        else:
+            module = load_tiny_dit(Path(cfg.path)) if cfg.path else load_base()
+        module = move(module, dtype=getattr(torch, cfg.dtype))
         policy: Policy = TinyDiTPolicy(module, cfg.device)
         default_targets = LORA_TARGETS
     else:
@@ -49,7 +64,10 @@ def build_policy(cfg: Any, progress: bool = True) -> Policy:
             max_sequence_length=cfg.max_sequence_length or None,  # 0: the family's default
             **({"guidance_scale": cfg.guidance} if cfg.guidance else {}),  # 0: the adapter's default
             **({"experts": cfg.experts} if cfg.experts else {}),  # wan2.2: "" = both
+            **({"empty_weights": True} if empty else {}),
         )
+        if empty:
+            weight_files = policy.weight_files
         if cfg.guidance and not (policy.embedded_guidance and policy.module.config.get("guidance_embeds")):
             # ModelConfig refuses families without embedded guidance; this is a checkpoint of an
             # embedded-guidance family whose transformer has none (e.g. FLUX.1-schnell)
@@ -63,7 +81,22 @@ def build_policy(cfg: Any, progress: bool = True) -> Policy:
         apply_lora(trained, LoraSpec(cfg.lora_rank, cfg.lora_alpha, tuple(cfg.lora_targets or default_targets)))
     if cfg.grad_ckpt:  # the tiny DiT and every diffusers transformer implement it
         policy.module.enable_gradient_checkpointing()
+    if empty:
+        policy.weight_files = weight_files
     return policy
+
+
+def empty_loadable(cfg: Any) -> bool:
+    """Whether `build_policy(cfg, empty=True)` builds this model: the tiny DiT, and diffusers
+    families with one transformer whose weights sit in transformer/*.safetensors (wan2.2's two
+    experts, and folders in other formats, load whole)."""
+    if cfg.name == "tiny-dit":
+        return True
+    from digenrl.models.diffusers_adapters import TWO_EXPERTS
+
+    if cfg.name in TWO_EXPERTS or not cfg.path:
+        return False
+    return any((Path(cfg.path) / "transformer").glob("*.safetensors"))
 
 
 @functools.lru_cache(maxsize=32)

@@ -54,11 +54,20 @@ def _seed_lora_a(module: torch.nn.Module, seed: int) -> None:
     rollout workers and each trainer process; data-parallel trainers that sum gradients
     must hold the same weights. Kaiming-uniform with a=sqrt(5) is U(-1/sqrt(fan_in), +).
     """
+    params = dict(module.named_parameters())
+    for name, value in lora_a_draws({n: p.shape for n, p in params.items()}, seed):
+        params[name].copy_(value.to(params[name].dtype))
+
+
+def lora_a_draws(shapes: dict[str, torch.Size], seed: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, float32 value) of every lora_A among `shapes` (parameter name -> global shape),
+    in the order `_seed_lora_a` draws them: a sharded loader draws the same values on every
+    rank and keeps its own rows (digenrl/runtime/sharded_load.py)."""
     gen = torch.Generator().manual_seed(seed)
-    for name, p in sorted(module.named_parameters()):
+    for name, shape in sorted(shapes.items()):
         if "lora_A" in name:
-            bound = 1.0 / p[0].numel() ** 0.5  # fan_in
-            p.copy_((torch.rand(p.shape, generator=gen, dtype=torch.float32) * 2 - 1).mul_(bound).to(p.dtype))
+            bound = 1.0 / torch.Size(shape[1:]).numel() ** 0.5  # fan_in
+            yield name, (torch.rand(shape, generator=gen, dtype=torch.float32) * 2 - 1).mul_(bound)
 
 
 def has_lora(module: torch.nn.Module) -> bool:

@@ -182,7 +182,9 @@ class TinyDiTPolicy:
     output = "image"
 
     def __init__(self, module: TinyDiT, device: str | torch.device = "cpu"):
-        self.module = module.to(device)
+        from digenrl.models.empty import move
+
+        self.module = move(module, device)  # (parameters on meta stay there: models/empty.py)
         self.device = torch.device(device)
         c = module.config
         self.latent_shape = (c.channels, c.image_size, c.image_size)

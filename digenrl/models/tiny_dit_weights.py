@@ -53,6 +53,14 @@ def load_tiny_dit(path: Path) -> TinyDiT:
     return model
 
 
+def empty_tiny_dit(path: Path) -> TinyDiT:
+    """The tiny DiT of `path`'s config, its parameters on the meta device (digenrl.models.empty)."""
+    from digenrl.models.empty import params_on_meta
+
+    with params_on_meta():
+        return TinyDiT(TinyDiTConfig(**check_tiny_dit_file(path)))
+
+
 def cache_path() -> Path:
     """Where a rebuilt base may live when the package folder is read-only ($DIGENRL_CACHE)."""
     root = Path(os.environ.get("DIGENRL_CACHE", Path.home() / ".cache" / "digenrl"))

@@ -19,9 +19,12 @@ P that run the same rows, each on 1/P of the video tokens (digenrl.models.sequen
 rows are shared out over the groups. Each rank's gradient is then its part of its group's,
 and the same FSDP sum over the gang adds the parts up.
 
-The module starts identical on every rank (rank 0's state is broadcast before sharding, so
-LoRA's random initialisation agrees) and holds fp32 master weights of what it trains:
-model.dtype is the compute dtype (FSDP MixedPrecisionPolicy), the dtype weights are
+Loading (runtime/sharded_load.py): a trainer rank builds its policy on the meta device
+(`trainer_policy`), shards it, and reads only its own rows of each weight from the checkpoint,
+so no rank ever holds the whole model. A family that cannot be built empty (wan2.2's two
+experts) is built whole on every rank and rank 0's state is broadcast before sharding. Either
+way the module starts identical on every rank and holds fp32 master weights of what it
+trains: model.dtype is the compute dtype (FSDP MixedPrecisionPolicy), the dtype weights are
 published in, and under LoRA the dtype the frozen base is held in.
 """
 
@@ -41,17 +44,59 @@ from digenrl.learner.comm import CommCounter, count_fsdp, fsdp_units
 from digenrl.learner.passes import pass_count
 from digenrl.math.grad_sum import GradSum, local
 from digenrl.learner.sharded import shard_policy
+from digenrl.models.empty import is_empty
 from digenrl.runtime.gang import row_share
+from digenrl.runtime.sharded_load import materialise
 from digenrl.runtime.weight_sync import payload_state
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def master_config(cfg: Config) -> Config:
-    """The config a trainer rank builds its model from: fp32 master weights under FSDP."""
+    """The config a trainer rank builds its model from: fp32 master weights under FSDP (under
+    LoRA GangRank then returns the frozen base to the compute dtype; on the meta device, before
+    a byte of it exists)."""
     if cfg.runtime.trainer.shard == "fsdp" and cfg.model.dtype != "float32":
         return with_overrides(cfg, {"model.dtype": "float32"})
     return cfg
+
+
+def trainer_policy(cfg: Config):
+    """The policy a trainer rank builds (cfg: master_config's): under shard=fsdp, on the meta
+    device when the model allows (GangRank materialises each rank's shards), else whole."""
+    from digenrl.models import build_policy, empty_loadable
+
+    empty = cfg.runtime.trainer.shard == "fsdp" and empty_loadable(cfg.model)
+    return build_policy(cfg.model, progress=False, empty=empty)
+
+
+def load_sharded(policy, mesh, *, dtype: str, lora: bool, reshard_after_forward: bool = True,
+                 offload: bool = False, device: str = "cpu") -> None:
+    """Shard `policy` (built by trainer_policy in fp32, on meta or whole) over `mesh` (a gang's
+    ranks; every rank calls it): the frozen base back to `dtype` under LoRA, FSDP2 with bf16
+    compute unless dtype is float32, then this rank's shards read from the checkpoint
+    (sharded_load.materialise) or, for a module built whole, rank 0's state broadcast first."""
+    module = policy.module
+    empty = is_empty(module)
+    if not empty:
+        with torch.no_grad():  # identical starting weights on every rank (LoRA's init included)
+            for value in module.state_dict().values():
+                dist.broadcast(value, src=0)
+    if lora and dtype != "float32":
+        # fp32 master copies are for what the optimizer steps: the frozen base stays in
+        # the compute dtype (half the bytes; FSDP gathers everything in that dtype anyway)
+        with torch.no_grad():
+            for param in module.parameters():
+                if not param.requires_grad:
+                    param.data = param.data.to(_DTYPES[dtype])
+    shard_policy(policy, mesh, reshard_after_forward=reshard_after_forward, mixed_precision=dtype != "float32",
+                 offload=offload)
+    if empty:
+        # offload: the shards live on the host (FSDP2 CPUOffloadPolicy), the buffers on the device
+        materialise(module, policy.weight_files, "cpu" if offload else device)
+        if offload and device != "cpu":
+            module.apply(lambda m: m._buffers.update({k: b.to(device) for k, b in m._buffers.items()
+                                                      if b is not None}))
 
 
 class GangRank:
@@ -69,19 +114,9 @@ class GangRank:
         if self.sp > 1:  # before FSDP wraps the module; every rank makes every group (a collective)
             group, _ = dist.new_subgroups(group_size=self.sp)
             trainer.policy.enable_sequence_parallel(group, counter)
-        with torch.no_grad():  # identical starting weights on every rank (LoRA's init included)
-            for value in module.state_dict().values():
-                dist.broadcast(value, src=0)
-        if cfg.model.lora_rank > 0 and cfg.model.dtype != "float32":
-            # fp32 master copies are for what the optimizer steps: the frozen base stays in
-            # the compute dtype (half the bytes; FSDP gathers everything in that dtype anyway)
-            with torch.no_grad():
-                for param in module.parameters():
-                    if not param.requires_grad:
-                        param.data = param.data.to(_DTYPES[cfg.model.dtype])
         self.after_step_reshard = pool.reshard == "after-step"
-        shard_policy(trainer.policy, self.mesh["shard"], reshard_after_forward=not self.after_step_reshard,
-                     mixed_precision=cfg.model.dtype != "float32", offload=pool.offload)
+        load_sharded(trainer.policy, self.mesh["shard"], dtype=cfg.model.dtype, lora=cfg.model.lora_rank > 0,
+                     reshard_after_forward=not self.after_step_reshard, offload=pool.offload, device=device)
         self.units = fsdp_units(module)
         if self.after_step_reshard:  # keep the gathered parameters until the optimizer step
             for unit in self.units:

@@ -4,8 +4,9 @@
                     a policy copy: generate / reward / load_weights, or under weight_sync=nccl
                     receive_weights from the relay through the RelayClient it holds
     TrainerRank     a rank of a trainer gang (roles trainer and colocated: a colocated worker is
-                    a trainer rank that also generates) holding a whole single-device `Trainer`
-                    (policy + Learner + rewarder): train / optimizer_step (all-reduce) /
+                    a trainer rank that also generates) holding a lean single-device `Trainer`
+                    (policy + Learner; the rewarder only where it scores, `trainer_rewards`;
+                    in a gang the policy loaded shard by shard): train / optimizer_step (all-reduce) /
                     TAG generate / evaluate / save / load / publish; under weight_sync=nccl the
                     publisher's rank 0 holds the Relay rollout ranks pull from (relay_* methods)
     RewardWorker    the configured rewarder only (runtime.reward.workers > 0; one rank)
@@ -85,6 +86,9 @@ class _Rank:
 
     @on_ranks(ALL, ALL)
     def shutdown(self) -> None:
+        self._close_rewarder()
+
+    def _close_rewarder(self) -> None:
         self.rewarder.close()
 
 
@@ -243,13 +247,18 @@ class TrainerRank(_PolicyRank):
     puts each version in it and serves rollout ranks' pulls from it on the actor's "relay" thread."""
 
     def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
-        from digenrl.runtime.gang_rank import master_config
+        from digenrl.runtime.gang_rank import master_config, trainer_policy
         from digenrl.train.trainer import Trainer
 
         super().__init__(cfg, worker_id, rank)
         self.gang = None  # digenrl.runtime.gang_rank.GangRank once a trainer joins its gang (init_dist)
-        self.trainer = Trainer(master_config(cfg), progress=False)
-        self.policy, self.rewarder = self.trainer.policy, self.trainer.rewarder
+        mc = master_config(cfg)
+        # a gang rank's policy stays on the meta device until init_dist shards it (sharded_load);
+        # the rewarder and the evaluator are built where first used (trainer_rewards)
+        self.trainer = Trainer(mc, progress=False, policy=trainer_policy(mc), lean=True)
+        if trainer_rewards(cfg):
+            self.trainer.rewarder  # noqa: B018 (built now: a load error shows at start, not mid-run)
+        self.policy = self.trainer.policy
         self.learner = self.trainer.learner
         # every Generate on a trainer is a TAG switch, counted (and offloading when it must)
         self.switch = TagSwitch(self.learner, cfg.runtime.trainer.tag_offload, counts_switches=rank == 0)
@@ -258,6 +267,14 @@ class TrainerRank(_PolicyRank):
             from digenrl.runtime.relay import Relay
 
             self.relay = Relay(device=cfg.model.device, host=interface_ip(cfg.runtime.network_interface))
+
+    @property
+    def rewarder(self):
+        """The trainer's rewarder, built at its first use unless `trainer_rewards`."""
+        return self.trainer.rewarder
+
+    def _close_rewarder(self) -> None:
+        self.trainer.close()  # (only if one was built)
 
     def _generate_comm(self) -> dict:
         return {}  # (TAG) read at the optimizer step, with the training collectives
@@ -468,6 +485,19 @@ class EvalWorker:
 
     def shutdown(self) -> None:
         self.rewarder.close()
+
+
+def trainer_rewards(cfg: Config) -> bool:
+    """Whether trainer ranks score rewards from the start: they generate (colocated, or TAG) and
+    no reward pool takes the Reward units. Otherwise a trainer rank builds its rewarder only if
+    asked to score (a lost rollout worker's re-queued Reward without a reward pool) or to
+    evaluate (trainer 0, when no device is free for the evaluation actor)."""
+    from digenrl.config.contract import contract
+
+    if cfg.runtime.reward.workers > 0:
+        return False
+    sched = contract(cfg).sched
+    return sched.colocated or bool(sched.tag)
 
 
 def _row_source(cfg: Config):

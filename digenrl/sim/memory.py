@@ -32,6 +32,7 @@ class Memory:
     optimizer: float = 0.0
     activations: float = 0.0
     estimated: bool = False
+    load: float = 0.0  # transient GiB above `weights` while the role loads its model (load_gib)
 
     @property
     def resident(self) -> float:
@@ -52,6 +53,8 @@ class FitReport:
         train_peak = weights + optimizer + grads + trainer activations
         other_peak = weights + optimizer + largest other activations  (generate, decode, reward)
     and with offload_optimizer the optimizer state is on the host outside the train phase.
+    Before either, the roles load their models (AdamW state and gradients do not exist yet):
+        load_peak = weights + the largest transient of one role's load (Memory.load)
     """
 
     device: str
@@ -60,10 +63,11 @@ class FitReport:
     other_peak_gib: float
     usable_gib: float
     estimated: bool
+    load_peak_gib: float = 0.0
 
     @property
     def peak_gib(self) -> float:
-        return max(self.train_peak_gib, self.other_peak_gib)
+        return max(self.train_peak_gib, self.other_peak_gib, self.load_peak_gib)
 
     @property
     def fits(self) -> bool:
@@ -86,6 +90,53 @@ def _activations(table: dict, model: str, op: str, batch: float, shape: Shape | 
     return fit.fixed + fit.per_sample * k * batch / sp, fit.estimated or tok_est or sp > 1
 
 
+def load_gib(params: float, layers: int, gang: int = 1, *, adapters: float = 0.0,
+             loader: str = "sharded") -> tuple[float, float]:
+    """(held, transient) GiB of one trainer gang rank at its load peak, for `params` base
+    parameters in `layers` blocks and `adapters` LoRA parameters (0: a full fine-tune). The
+    rank ends the load holding fp32 masters of what trains and, under LoRA, the frozen base in
+    bf16, all / gang (runtime/gang_rank.py):
+        held = (4 * trained + 2 * frozen) / gang
+    loader="sharded" (runtime/sharded_load.py): each rank reads its rows of one tensor at a time,
+    files reopened per FSDP unit; the transient is bounded by one block in fp32:
+        transient = 4 * params / layers
+    loader="whole" (the path it replaced, still GangRank's for families that cannot build on
+    meta): the whole model built in fp32 on every rank while from_pretrained reads the bf16
+    checkpoint a file at a time (one block's worth here), then sharded unit by unit (FSDP2 copies
+    a block's shard out, then frees the block: the first copy lives beside the whole model;
+    under LoRA the base is cast to bf16 before):
+        peak = 4 * (params + adapters) + max(2 * params / layers, cast / layers / gang)
+    The process's own constant (CUDA context; on a CPU the interpreter and torch) is not in it:
+    fits() reserves RESERVED_GIB for it, the CPU benchmark (benchmarks/load_memory.py) reports it.
+    """
+    if loader not in ("sharded", "whole"):
+        raise ValueError(f"loader must be 'sharded' or 'whole', got {loader!r}")
+    n = max(1, gang)
+    trained, frozen = (adapters, params) if adapters else (params, 0.0)
+    cast = 4 * trained + BYTES_WEIGHT * frozen  # what a rank holds of the model, all / gang
+    held = cast / n / GIB
+    if loader == "sharded":
+        return held, 4 * params / max(1, layers) / GIB
+    layers = max(1, layers)
+    whole = 4 * (params + adapters) + max(BYTES_WEIGHT * params / layers, cast / layers / n)
+    return held, whole / GIB - held
+
+
+def gang_rank_memory(params: float, layers: int, gang: int, *, adapters: float = 0.0, after_step: bool = False,
+                     offload: bool = False, activations: float = 0.0, estimated: bool = False) -> Memory:
+    """What one rank of a trainer gang holds (memory_gib's gang rule, see there) for `params`
+    base parameters in `layers` blocks and `adapters` LoRA parameters (0: a full fine-tune):
+    a shape the catalogue does not list (benchmarks/load_memory.py) is priced by the same rule."""
+    n = max(1, gang)
+    gathered = 2 * BYTES_WEIGHT * params / layers / GIB if n > 1 else 0.0  # in use + prefetched
+    held = BYTES_WEIGHT * params / GIB if after_step else gathered
+    t = adapters or params  # trainable parameters
+    base = BYTES_WEIGHT * params / n / GIB if adapters else 0.0  # frozen base, bf16, sharded
+    _, load = load_gib(params, layers, n, adapters=adapters)
+    return Memory(4 * t / n / GIB + base + held, 4 * t / n / GIB, 0.0 if offload else 8 * t / n / GIB, activations,
+                  estimated, load=load)
+
+
 def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool = False, grad_ckpt: bool = True,
                fsdp_shards: int = 1, cfg: bool = False, shape: Shape | None = None,
                lora_rank: int = DEFAULT_LORA_RANK, reward: str = "pickscore", after_step: bool = False,
@@ -101,7 +152,12 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
                     of the adapters; the frozen base in bf16 / shards, runtime/gang_rank.py);
                     gathered bf16 parameters: two blocks
                     (reshard after-forward: in use + prefetched) or the whole model (after_step:
-                    kept for the step); offload: the AdamW state on the host
+                    kept for the step); offload: the AdamW state on the host; load: the sharded
+                    loader's transient (load_gib). The rank holds nothing else: reward models,
+                    text encoders and evaluation live on the rollout workers, the reward pool
+                    and the evaluation actor (runtime/workers.py TrainerRank), each their role
+                    here; a colocated or TAG trainer that scores adds the reward role. (The
+                    runtime's trainer rank keeps the small VAE beside the policy: not charged.)
     sp              sequence-parallel degree (runtime.rollout.gang for a rollout rank,
                     runtime.trainer.sp for a trainer rank): activations / sp; a rollout gang
                     rank still holds the whole bf16 model (no FSDP in a rollout gang)
@@ -121,10 +177,9 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
         return Memory(weights=w, activations=act, estimated=est)
     if role == "trainer" and gang:
         act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape, sp)
-        held = BYTES_WEIGHT * p / GIB if after_step else (gathered if n > 1 else 0.0)
-        t = lora_params_B(model, lora_rank) * 1e9 if lora else p  # trainable parameters
-        base = BYTES_WEIGHT * p / n / GIB if lora else 0.0  # frozen base, bf16, sharded
-        return Memory(4 * t / n / GIB + base + held, 4 * t / n / GIB, 0.0 if offload else 8 * t / n / GIB, act, est)
+        adapters = lora_params_B(model, lora_rank) * 1e9 if lora else 0.0
+        return gang_rank_memory(p, m.layers, n, adapters=adapters, after_step=after_step, offload=offload,
+                                activations=act, estimated=est)
     if role == "trainer":
         act, est = _activations(table, model, "act_train_ckpt" if grad_ckpt else "act_train", b, shape, sp)
         if lora:
@@ -174,4 +229,6 @@ def fits_memories(device, mems: dict, train_roles: dict | None = None, offload_o
     other_act = max((mm.activations for r, mm in mems.items() if r != "trainer"), default=None)
     other_peak = 0.0 if other_act is None else weights + (0.0 if offload_optimizer else opt) + other_act
     est = any(mm.estimated for mm in mems.values()) or dev.name != REFERENCE
-    return FitReport(dev.name, mems, train_peak, other_peak, USABLE_FRACTION * dev.hbm_gib - RESERVED_GIB, est)
+    load_peak = weights + max((mm.load for mm in mems.values()), default=0.0)  # (FitReport)
+    return FitReport(dev.name, mems, train_peak, other_peak, USABLE_FRACTION * dev.hbm_gib - RESERVED_GIB, est,
+                     load_peak)

@@ -152,20 +152,45 @@ def step_metrics(trajs: list[Trajectories], learner_metrics: dict[str, float]) -
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, progress: bool = True):
+    def __init__(self, cfg: Config, *, progress: bool = True, policy=None, lean: bool = False):
+        """policy: one built already (a trainer gang rank's, on the meta device until its gang
+        shards it: runtime/gang_rank.py); None builds cfg.model's. lean: the rewarder and the
+        evaluator are built at their first use, not here (a trainer rank of a Ray run, where
+        rewards and evaluation usually run elsewhere: runtime/workers.py TrainerRank)."""
         self.cfg = cfg
         self.progress = progress
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         self.run_dir = Path(cfg.run.run_dir)
-        self.policy = build_policy(cfg.model, progress=progress)
+        self.policy = policy if policy is not None else build_policy(cfg.model, progress=progress)
         self.learner = Learner(self.policy, learner_config(cfg))
         self.source = prompt_source(cfg)
-        self.rewarder = build_rewarder(cfg)
-        self.evaluator = Evaluator(cfg, self.policy, self.rewarder)
+        self._rewarder: Optional[AsyncRewarder] = None
+        self._evaluator: Optional[Evaluator] = None
+        if not lean:
+            self._evaluator = Evaluator(cfg, self.policy, self.rewarder)
         self.recorder = RunRecorder(cfg, progress=progress)
         self.step = 0  # next RL step to run == policy version
         self.wall_s = 0.0
+
+    @property
+    def rewarder(self) -> AsyncRewarder:
+        """The configured rewarder (built at first use when lean)."""
+        if self._rewarder is None:
+            self._rewarder = build_rewarder(self.cfg)
+        return self._rewarder
+
+    @property
+    def evaluator(self) -> Evaluator:
+        """Held-out evaluation over this trainer's policy and rewarder (built at first use when lean)."""
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.cfg, self.policy, self.rewarder)
+        return self._evaluator
+
+    def close(self) -> None:
+        """Close the rewarder, if one was built."""
+        if self._rewarder is not None:
+            self._rewarder.close()
 
     # -- one RL step --------------------------------------------------------------
     def rl_step(self, step: int) -> dict[str, Any]:
@@ -263,7 +288,7 @@ class Trainer:
                     self.save()
         finally:
             rec.close()
-            self.rewarder.close()
+            self.close()
         return self.finish()
 
     def finish(self) -> dict[str, Any]:

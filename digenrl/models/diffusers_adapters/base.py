@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Optional, Sequence
 import torch
 
 from digenrl.models.diffusers_adapters import EXPERT_CHOICES
+from digenrl.models.empty import WeightFiles, move, params_on_meta
 from digenrl.models.lora import LoraSpec, apply_lora
 from digenrl.models.protocol import Cond, cond_cat, cond_repeat, merge_conds
 from digenrl.models.diffusers_adapters.prompt_cache import PromptCache
@@ -133,11 +134,11 @@ def cast_module(module: torch.nn.Module, device: torch.device, dtype: torch.dtyp
     """Move and cast, keeping the modules a diffusers class lists in `_keep_in_fp32_modules`
     (Wan: rope, time embedder, norms) in float32, as `from_pretrained(torch_dtype=...)` does."""
     keep = getattr(module, "_keep_in_fp32_modules", None) or []
-    torch.nn.Module.to(module, device=device, dtype=dtype)  # the plain cast; diffusers' .to() warns
+    move(module, device=device, dtype=dtype)  # the plain cast (diffusers' .to() warns); meta stays meta
     if dtype != torch.float32 and keep:
         for name, sub in module.named_modules():
             if any(k in name.split(".") for k in keep):
-                torch.nn.Module.to(sub, dtype=torch.float32)
+                move(sub, dtype=torch.float32)
     return module
 
 
@@ -221,6 +222,7 @@ class DiffusersPolicy:
         *,
         text_encoders: bool = True,
         local_files_only: Optional[bool] = None,
+        empty_weights: bool = False,
         **options: Any,
     ) -> "DiffusersPolicy":
         """Load a diffusers pipeline folder (transformer/, vae/, text_encoder*/, tokenizer*/,
@@ -228,13 +230,19 @@ class DiffusersPolicy:
 
         text_encoders=False skips loading them: prompts must then be in the prompt cache
         (a trainer's usual setup). local_files_only None: try the local cache first, then
-        the hub.
+        the hub. empty_weights=True (a folder only): the transformer is built from its config
+        with its parameters on the meta device and nothing of it is read; `weight_files` then
+        names its safetensors (a sharded gang reads each rank's rows: runtime/sharded_load.py).
         """
         AdapterOptions.from_kwargs(options)  # fail on a typo before loading gigabytes
         options.setdefault("model_id", path_or_id)
         device = torch.device(options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
         dtype = _as_dtype(options.get("dtype"), torch.bfloat16 if device.type == "cuda" else torch.float32)
         skip = {} if text_encoders else cls._text_components_skipped()
+        weight_files = None
+        if empty_weights:
+            transformer, weight_files = cls._empty_transformer(path_or_id)
+            skip = {**skip, "transformer": transformer}
         is_dir = os.path.isdir(path_or_id)
         attempts = [True] if (is_dir or local_files_only) else ([False] if local_files_only is False else [True, False])
         error: Optional[BaseException] = None
@@ -256,7 +264,28 @@ class DiffusersPolicy:
         text = {name: m for name, m in text.items() if m is not None}  # a folder may ship without them
         conditions = {name: getattr(pipe, name, None) for name in cls.condition_components}
         conditions = {name: m for name, m in conditions.items() if m is not None}
-        return cls._from_pipeline(pipe, text or None, conditions or None, options)
+        policy = cls._from_pipeline(pipe, text or None, conditions or None, options)
+        if weight_files is not None:
+            policy.weight_files = weight_files
+        return policy
+
+    @classmethod
+    def _empty_transformer(cls, folder: str) -> tuple[torch.nn.Module, WeightFiles]:
+        """The folder's transformer built from its config.json, parameters on the meta device
+        (models/empty.py), and the safetensors files its weights are in."""
+        import json
+
+        import diffusers
+
+        config = os.path.join(folder, "transformer", "config.json")
+        if not os.path.isfile(config):
+            raise OSError(f"{cls.family}: empty_weights needs a pipeline folder with transformer/config.json, "
+                          f"got {folder!r}")
+        with open(config) as f:
+            model_cls = getattr(diffusers, json.load(f)["_class_name"])  # (diffusers writes it in every config)
+        with params_on_meta():
+            module = model_cls.from_config(model_cls.load_config(folder, subfolder="transformer"))
+        return module, WeightFiles.in_folder(os.path.join(folder, "transformer"))
 
     @classmethod
     def _load_pipeline(cls, path_or_id: str, local: bool, dtype: torch.dtype, given: dict[str, Any]) -> Any:

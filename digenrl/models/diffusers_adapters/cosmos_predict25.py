@@ -101,8 +101,10 @@ class CosmosPredict25Policy(DiffusersPolicy):
         from digenrl.models.diffusers_adapters.base import _dtype_kwarg
 
         common = dict(local_files_only=local)
+        given = dict(given)
+        transformer = given.pop("transformer", None)  # from_pretrained(empty_weights=True): built already
         parts: dict[str, Any] = {
-            "transformer": CosmosTransformer3DModel.from_pretrained(
+            "transformer": transformer if transformer is not None else CosmosTransformer3DModel.from_pretrained(
                 path_or_id, subfolder="transformer", **{_dtype_kwarg(): dtype}, **common),
             "vae": AutoencoderKLWan.from_pretrained(path_or_id, subfolder="vae", **{_dtype_kwarg(): dtype}, **common),
         }
