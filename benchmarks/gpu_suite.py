@@ -12,9 +12,12 @@ The checks, in order (each a subprocess in its own process group, stopped at its
     pytest_gpu       pytest -m gpu: the GPU tier (ratio == 1 on CUDA, checkpoint and resume)
     gpu_gang_check   benchmarks/gpu_gang_check.py --models sd3,flux: FSDP2 training memory at
                      world size 1 against the memory model, the relay's copy rates, SP forward
+    gpu_relay_check  benchmarks/gpu_relay_check.py: a training step's time alone and with the
+                     relay publishing after every step (its own stream; a receiver on a second
+                     GPU if there is one), and host syncs per step by thread (sync debug mode)
 
-The budgets add up to BUDGET_S (460 s), under the 8 minutes a loan leaves after the machine
-starts; they are estimates (nothing has run on a GPU yet): a check past its budget is stopped and
+The budgets add up to BUDGET_S (500 s), within the 10 minutes of device time the suite may
+take; they are estimates (nothing has run on a GPU yet): a check past its budget is stopped and
 recorded as `timeout`, with what it printed so far, and the next one runs. `--out FILE` is
 rewritten after every check, so a suite cut short still leaves the checks that finished.
 
@@ -113,6 +116,9 @@ CHECKS = (
           _junit("pytest_gpu.xml")),
     Check("gpu_gang_check", 120,
           lambda out, dry: [PY, "benchmarks/gpu_gang_check.py", *(["--tiny"] if dry else ["--models", "sd3,flux"])],
+          _last_json_line),
+    Check("gpu_relay_check", 40,
+          lambda out, dry: [PY, "benchmarks/gpu_relay_check.py", *(["--tiny"] if dry else [])],
           _last_json_line),
 )
 BUDGET_S = sum(c.budget_s for c in CHECKS)

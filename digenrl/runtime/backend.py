@@ -143,7 +143,7 @@ class RealBackend:
         return [done for _, done in outs]
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
-        if self.cfg.runtime.weight_sync == "nccl":  # from the relay (trainer 0's rank 0), point-to-point
+        if self.cfg.runtime.weight_sync == "nccl":  # from the relay's chain (runtime/relay.py)
             return self.actors.pull(wid, unit, unit.version)
         return h.load_weights(unit, unit.version, self.weights[unit.version])
 
@@ -249,7 +249,7 @@ class RealBackend:
             # (trainer ranks), and the rollout gangs' ranks for the step's Generate units
             **_add([i.comm for i in infos.values()] + [self.gen_comm.pop(step, {})]),
         }
-        if cfg.runtime.weight_sync == "nccl":  # what the relay sent for this step's pulls
+        if cfg.runtime.weight_sync == "nccl":  # what the chain delivered to this step's pulls
             record["comm/sync/send_bytes"] = record["weight_sync_bytes"]
             record["comm/sync/send_calls"] = len(self.syncs)
             actors.check_relay()

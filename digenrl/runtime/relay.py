@@ -17,10 +17,11 @@ trajectory ends. Trainer 0's NIC sends a version once (the simulator prices the 
 `digenrl.sim.collectives.relay_chain_*`); every receiver but the last forwards it once.
 
 Why a chain of pair links, not one collective over every receiver: `sim.collectives.
-broadcast_candidates_s` prints both (`python benchmarks/relay_chain.py`): NCCL runs a
-collective broadcast as the same pipelined chain (its ring), with finer steps, within 1% of ours
-at 64 and 512 receivers, and a binomial tree (gloo's broadcast) is 6-9x slower. Pair links let
-a receiver leave, or a new one attach, without a new communicator for everyone.
+broadcast_candidates_s` prices both (`python benchmarks/relay_chain.py`). NCCL runs a collective
+broadcast as the same pipelined chain (its ring) in finer steps: for FLUX.1's 23.8 GB, 0.597 s
+against our 0.598 s at 64 receivers and 0.612 s against 0.619 s at 512 (1.1%); a binomial tree
+(gloo's broadcast) takes 4.2-6.0 s and sends 7-10 copies from trainer 0's NIC. Pair links let a
+receiver leave, or a new one attach, without a new communicator for everyone.
 
 Failure: every wait on a link has a deadline (`deadline_s`, default RELAY_DEADLINE_S). A
 receiver that leaves mid-transfer costs its upstream one deadline at most (the send is dropped
@@ -379,15 +380,27 @@ class Relay:
     def put(self, version: int, state: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> int:
         """Keep `state` as `version` (evicting beyond the latest `keep`) and send it down the chain;
         returns its bytes."""
-        packed = pack(version, state, self.bucket_bytes, dtype, pin=self.device.type == "cuda",
-                      stream=self.stream, chunk_bytes=self.chunk_bytes)
+        return self.commit(pack(version, state, self.bucket_bytes, dtype, pin=self.device.type == "cuda",
+                                stream=self.stream, chunk_bytes=self.chunk_bytes))
+
+    def reserve(self, version: int, like: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> Packed:
+        """Empty host buckets laid out for tensors shaped like `like` (DTensors too: only shapes and
+        dtypes are read); the caller fills `unpack(p.header, p.buckets)` (a gang's rank 0 copies
+        each gathered tensor straight in), then `commit`s it."""
+        header = {"version": int(version), "chunk": self.chunk_bytes, **layout_of(like, self.bucket_bytes, dtype)}
+        pin = self.device.type == "cuda"
+        return Packed(header, [torch.empty(n, dtype=_dtype(d), pin_memory=pin) for d, n in header["buckets"]])
+
+    def commit(self, packed: Packed) -> int:
+        """Keep a filled `Packed` as its version and send it down the chain; returns its bytes."""
+        version = int(packed.header["version"])
         with self._lock:
-            self._versions.pop(int(version), None)
-            self._versions[int(version)] = packed
+            self._versions.pop(version, None)
+            self._versions[version] = packed
             while len(self._versions) > self.keep:
                 self._versions.popitem(last=False)
             if self._announcing:
-                self._announce(int(version))
+                self._announce(version)
         return packed.nbytes
 
     @property
