@@ -37,8 +37,9 @@ TORCH_NCCL_ASYNC_ERROR_HANDLING=2 (CleanUpOnly: the watchdog aborts a communicat
 outlives its timeout and the process survives; other groups keep the setting they were built
 with), op timeout = deadline_s, connected eagerly within init_timeout_s. Sends and receives run
 on the relay's own `torch.cuda.Stream`, from and into pinned host buckets staged one chunk at a
-time, so the trainer's stream waits only for the device-to-host copy of `put` (the payload over
-PCIe once, which the simulator charges to OptimizerStep), never for a send or a receiver.
+time; `put`'s device-to-host copy runs on a second stream of the relay's, which the trainer's
+stream waits for (the payload over PCIe once, which the simulator charges to OptimizerStep). The
+trainer's stream never waits for a send or a receiver.
 On CPU the links are `ProcessGroupGloo` and the chunks are views of the host buckets.
 
 Memory: the relay holds the latest `keep` versions in pinned host buckets; a receiver holds up
@@ -360,7 +361,11 @@ class Relay:
         self.bucket_bytes, self.chunk_bytes, self.keep, self.host = int(bucket_bytes), int(chunk_bytes), int(keep), host
         self.counter = counter or CommCounter()
         self.deadline_s, self.init_timeout_s = float(deadline_s), float(init_timeout_s)
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        # two streams of the relay's own: put's device-to-host copies (which the trainer's stream
+        # waits for) must not queue behind the sends (which it must never wait for)
+        self.copy_stream = torch.cuda.Stream(self.device) if cuda else None
+        self.stream = torch.cuda.Stream(self.device) if cuda else None  # the sends
         self.errors: list[str] = []  # what the relay's thread gave up on (a receiver lost, ...)
         self._versions: OrderedDict[int, Packed] = OrderedDict()
         self._lock = threading.Lock()  # put (trainer thread) vs the relay's threads
@@ -381,7 +386,7 @@ class Relay:
         """Keep `state` as `version` (evicting beyond the latest `keep`) and send it down the chain;
         returns its bytes."""
         return self.commit(pack(version, state, self.bucket_bytes, dtype, pin=self.device.type == "cuda",
-                                stream=self.stream, chunk_bytes=self.chunk_bytes))
+                                stream=self.copy_stream, chunk_bytes=self.chunk_bytes))
 
     def reserve(self, version: int, like: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None) -> Packed:
         """Empty host buckets laid out for tensors shaped like `like` (DTensors too: only shapes and

@@ -351,3 +351,60 @@ def test_a_receiver_process_killed_mid_transfer():
     assert procs[1].exitcode == -signal.SIGKILL
     for r in survivors:
         _assert_bit_identical(r["loaded"][-1][2], v2)
+
+
+# --- CUDA (the gpu tier: pytest -m gpu, run by benchmarks/gpu_suite.py) ---
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(120)
+def test_cuda_put_stages_on_the_relays_stream_before_the_trainer_overwrites():
+    # put returns at once; the trainer's stream then overwrites the weights in place (the next
+    # optimizer step). The staged version must hold the values of the put, not the overwrite:
+    # the trainer's stream waits for the relay's copy, never the other way round.
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    relay = Relay(device="cuda", bucket_bytes=1 << 20, chunk_bytes=1 << 18)
+    w = torch.randn(2048, 2048, device="cuda")
+    want = w.to(torch.bfloat16).cpu()
+    relay.put(1, {"w": w}, dtype=torch.bfloat16)
+    w.mul_(0).add_(7)  # queued on the trainer's (default) stream right behind the put
+    packed = relay._get(1)
+    packed.staged.synchronize()
+    got = unpack(packed.header, packed.buckets)["w"]
+    assert torch.equal(got, want)
+    assert packed.buckets[0].is_pinned()
+    relay.close()
+
+
+def _cuda_receiver(address, out) -> None:
+    client = RelayClient(device="cuda:1")
+    client.connect(address)
+    net = nn.Linear(512, 512, bias=False).to("cuda:1")
+    client.load(net, 1)
+    out.put(net.weight.detach().cpu())
+    client.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+def test_cuda_chain_over_nccl_to_a_second_gpu():
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices (an NCCL link needs one GPU per end)")
+    relay = Relay(device="cuda:0", bucket_bytes=1 << 18, chunk_bytes=1 << 16, init_timeout_s=120.0)
+    state = {"weight": torch.randn(512, 512, device="cuda:0")}
+    relay.put(1, state)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    addresses = relay.open_chain(["r0"])
+    p = ctx.Process(target=_cuda_receiver, args=(addresses["r0"], q), daemon=True)
+    p.start()
+    relay.accept_chain()
+    try:
+        assert torch.equal(q.get(timeout=240), state["weight"].cpu())
+    finally:
+        p.join(timeout=30)
+        if p.is_alive():
+            p.kill()
+        relay.close()
+    assert relay.counter.take()["comm/sync/send_bytes"] == 512 * 512 * 4
