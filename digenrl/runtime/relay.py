@@ -24,12 +24,14 @@ against our 0.598 s at 64 receivers and 0.612 s against 0.619 s at 512 (1.1%); a
 receiver leave, or a new one attach, without a new communicator for everyone.
 
 Failure: every wait on a link has a deadline (`deadline_s`, default RELAY_DEADLINE_S). A
-receiver that leaves mid-transfer costs its upstream one deadline at most (the send is dropped
-and the upstream stops forwarding); its downstream notices within the deadline, fetches the
-version directly from the relay (a one-off gloo link from the relay's host buckets) and, from
-then on, every receiver below the break fetches each version directly, one copy each from
-trainer 0's NIC, until the chain is formed again (`Relay.open_chain`). A late joiner
-(`Relay.attach`, a replaced or added rollout worker) fetches directly the same way.
+receiver that leaves mid-transfer costs its upstream one deadline at most (at once when the
+peer's process is gone): the upstream drops the link, stops forwarding and keeps receiving. Its
+downstream notices the same way, fetches that version directly from the relay (a one-off gloo
+link from the relay's host buckets) and forwards it, and from then on heads the rest of the
+chain: it fetches each later version directly (one more copy from trainer 0's NIC) and
+forwards it. If it had already forwarded part of the broken version, its own downstream link is
+out of step and is dropped too, and the next receiver does the same. A late joiner
+(`Relay.attach`: a replaced or added rollout worker) fetches every version directly.
 
 NCCL (CUDA): each link is a standalone `ProcessGroupNCCL` (not registered with
 torch.distributed; the trainers' default group is untouched) built with
@@ -77,6 +79,7 @@ RELAY_DEADLINE_S = 60.0  # a link that makes no progress for this long is droppe
 RELAY_INIT_TIMEOUT_S = 300.0  # forming a link: both ends must join within this
 NCCL_ERROR_HANDLING = "2"  # TORCH_NCCL_ASYNC_ERROR_HANDLING for the relay's links: CleanUpOnly
 POLL_S = 0.005  # how often an idle relay / receiver thread looks at the store
+HEADERS_KEPT = 64  # the store keeps the latest 64 versions' headers (a receiver further behind skips on)
 
 
 class LinkLost(RuntimeError):
@@ -481,6 +484,9 @@ class Relay:
         """(Under the lock.) Publish the header of `version` as the next seq and queue its send."""
         packed = self._versions[version]
         self._store.set(f"relay/h/{self._seq}", json.dumps(packed.header))
+        self._store.set("relay/last", str(self._seq))
+        if self._seq >= HEADERS_KEPT:  # the store keeps the latest headers only
+            self._store.delete_key(f"relay/h/{self._seq - HEADERS_KEPT}")
         self._queue.append((self._seq, packed))
         self._seq += 1
 
@@ -521,6 +527,7 @@ class Relay:
     def _serve_direct(self, ticket: int) -> None:
         """One version to one receiver on a one-off gloo link, from the host buckets."""
         want = json.loads(self._store.get(f"relay/req/{ticket}").decode())
+        self._store.delete_key(f"relay/req/{ticket}")
         try:
             pg = _process_group(dist.PrefixStore(f"relay/direct/{ticket}", self._store), UP, "gloo",
                                 torch.device("cpu"), self.init_timeout_s, self.deadline_s)
@@ -677,6 +684,8 @@ class RelayClient:
             while not self._stop.is_set():
                 key = f"relay/h/{seq}"
                 if not self._store.check([key]):
+                    if self._store.check(["relay/last"]):  # fell behind the headers kept: skip on
+                        seq = max(seq, int(self._store.get("relay/last").decode()) - HEADERS_KEPT + 1)
                     self._stop.wait(POLL_S)
                     continue
                 header = json.loads(self._store.get(key).decode())
