@@ -15,8 +15,11 @@ The checks, in order (each a subprocess in its own process group, stopped at its
     gpu_load_check   benchmarks/gpu_load_check.py: peak memory of a trainer rank (gang of 1, 2, 4)
                      during load (whole vs sharded) and one training step, beside sim/memory.py
                      (FLUX.1-dev width, 2+2 blocks, ~1.03B random weights)
+    gpu_relay_check  benchmarks/gpu_relay_check.py: a training step's time alone and with the
+                     relay publishing after every step (its own stream; a receiver on a second
+                     GPU if there is one), and host syncs per step by thread (sync debug mode)
 
-The budgets add up to BUDGET_S (535 s), under the 10 minutes of device time the suite may take
+The budgets add up to BUDGET_S (575 s), under the 10 minutes of device time the suite may take
 (issue 40); they are estimates (nothing has run on a GPU yet): a check past its budget is stopped and
 recorded as `timeout`, with what it printed so far, and the next one runs. `--out FILE` is
 rewritten after every check, so a suite cut short still leaves the checks that finished.
@@ -119,6 +122,9 @@ CHECKS = (
           _last_json_line),
     Check("gpu_load_check", 75,
           lambda out, dry: [PY, "benchmarks/gpu_load_check.py", *(["--tiny", "--device", "cpu"] if dry else [])],
+          _last_json_line),
+    Check("gpu_relay_check", 40,
+          lambda out, dry: [PY, "benchmarks/gpu_relay_check.py", *(["--tiny"] if dry else [])],
           _last_json_line),
 )
 BUDGET_S = sum(c.budget_s for c in CHECKS)

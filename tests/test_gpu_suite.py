@@ -67,7 +67,7 @@ def test_only_budget_and_refusals(tmp_path, capsys):
 
 def test_the_owed_checks_in_order_within_ten_minutes():
     assert [c.name for c in suite.CHECKS] == ["gpu_check", "profile_sd3", "profile_flux", "pytest_gpu",
-                                              "gpu_gang_check", "gpu_load_check"]
+                                              "gpu_gang_check", "gpu_load_check", "gpu_relay_check"]
     assert suite.BUDGET_S <= 10 * 60  # the suite's device time (issue 40)
 
 
@@ -83,3 +83,4 @@ def test_dry_run_of_every_check(tmp_path):
     assert figures["pytest_gpu"]["tests"] > 0 and figures["gpu_gang_check"]["models"]
     assert {(r["gang"], r["train"], r["loader"]) for r in figures["gpu_load_check"]["rows"]} == {
         (g, t, loader) for g in (1, 2, 4) for t in ("full", "lora") for loader in ("whole", "sharded")}
+    assert figures["gpu_relay_check"]["receivers"] == 1 and figures["gpu_relay_check"]["step_ms_publish"] > 0

@@ -10,7 +10,7 @@
     gang_rank.py    GangRank: a sharded trainer rank (FSDP2 over its gang, cross-gang all-reduce)
     shards.py       sample shards: concatenate Generate shards, select a Train shard's rows
     weight_sync.py  object-store and lora-only engines (bytes, seconds)
-    relay.py        nccl/gloo engine: trainer-0's relay serves buckets point-to-point per rollout worker
+    relay.py        nccl/gloo engine: trainer-0's relay sends each version once down a chain of the rollout workers
     cluster.py      connect to / start Ray; PoolConfig -> actor options, placement groups
     results.py      the typed record each unit returns to the driver (start, end, ...)
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop

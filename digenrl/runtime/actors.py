@@ -9,7 +9,8 @@
       .replace(old)          a fresh gang for a lost rollout / reward worker
       .add_rollout()         one more rollout worker, starting (elastic pools); `admit` once up
       .retire(worker)        stop a worker that left the pools
-      .pull(wid, version)    weight_sync=nccl: the relay sends `version` to rollout worker `wid`
+      .form_relay_chain(ids) weight_sync=nccl: the relay's chain over the rollout workers (start)
+      .pull(wid, version)    weight_sync=nccl: rollout worker `wid` loads `version` from its relay client
       .evaluate(step)        held-out evaluation of trainer 0's weights on the evaluation actor
       .shutdown()
 
@@ -18,7 +19,7 @@ pools (runtime/elastic.py) use it, and neither sees the driver.
 
 Every wait here has a deadline: placement runtime.placement_timeout_s (the resources a worker
 asks for: runtime/cluster.py), start-up runtime.start_timeout_s (constructors, process groups,
-the relay's pair groups); past it, WaitTimeout (runtime/waits.py) names the workers late.
+the relay's chain links); past it, WaitTimeout (runtime/waits.py) names the workers late.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ class Actors:
         self.workers: list[Worker] = []  # every worker started, in order (replaced ones included)
         self.pids: dict[str, int] = {}  # worker id -> its (rank 0) process
         self.rank_pids: dict[str, list[int]] = {}  # worker id -> the process of each gang rank
-        self.serving: list = []  # weight_sync=nccl: refs of the relay's sends in flight
         self.evaluator = None  # the EvalWorker actor, started at the first evaluation
         self._placements: dict[str, PoolPlacement] = {}  # a pool's role or a gang's worker id -> its group
         self._n_replaced = 0
@@ -194,7 +194,7 @@ class Actors:
         if old.role == "rollout" and pool.gang > 1:
             self._init_sp(new.id)
         if self.cfg.runtime.weight_sync == "nccl" and new.role == "rollout":
-            self.join_relay(new.id)  # its first WeightSync pulls from the relay
+            self.join_relay(new.id)  # it fetches each version from the relay directly
         log.warning("worker %s lost; replaced by %s", old.id, new.id)
         return new
 
@@ -209,7 +209,7 @@ class Actors:
 
     def admit(self, worker: Worker, pids: list[int]) -> None:
         """`worker`'s actors are up (`pids`, one per rank): its sequence-parallel group and, with
-        weight_sync=nccl, its pair group with the relay; its first WeightSync loads the weights."""
+        weight_sync=nccl, its place with the relay (direct fetches); its first WeightSync loads the weights."""
         self.rank_pids[worker.id], self.pids[worker.id] = pids, pids[0]
         if self.cfg.runtime.rollout.gang > 1:
             self._init_sp(worker.id)
@@ -224,8 +224,8 @@ class Actors:
         self._release(worker.id)
         self.pids.pop(worker.id, None)
         self.rank_pids.pop(worker.id, None)
-        if self.cfg.runtime.weight_sync == "nccl" and worker.role == "rollout":
-            self._relay().relay_close.options(concurrency_group="relay").remote(worker.id)
+        # weight_sync=nccl: its chain links close with its process; its upstream stops forwarding
+        # and its downstream fetches directly from then on (runtime/relay.py)
 
     # -- the weight relay (runtime.weight_sync=nccl) -----------------------------------------
     def _relay(self):
@@ -233,27 +233,36 @@ class Actors:
         actor's "relay" thread, so a pull never waits for the trainer's units (TCSS)."""
         return self.trainer0.ranks[0]
 
-    def join_relay(self, wid: str) -> None:
-        """Form rollout worker `wid`'s pair group with the relay (at start, and for a replacement)."""
+    def form_relay_chain(self, wids: list[str]) -> None:
+        """The relay's chain relay -> wids[0] -> ... -> wids[-1] (at start): every rollout gang's
+        rank 0 joins its two links at once; the relay then sends the latest version down it."""
         relay, me = self._relay(), "the relay (trainer 0)"
-        address = self._started({me: relay.relay_open.options(concurrency_group="relay").remote(wid)},
-                                f"opening {wid}'s pair group with the relay")[me]
-        accepted = relay.relay_accept.options(concurrency_group="relay").remote(wid)
-        # rank 0 of a rollout gang: it broadcasts each version to the others (receive_weights)
-        self._started({wid: self.handles[wid].relay_connect(address), me: accepted},
-                      f"forming {wid}'s pair group with the relay")
+        addresses = self._started({me: relay.relay_open_chain.options(concurrency_group="relay").remote(wids)},
+                                  "laying out the relay's chain")[me]
+        accepted = relay.relay_accept_chain.options(concurrency_group="relay").remote()
+        self._started({**{w: self.handles[w].relay_connect(addresses[w]) for w in wids}, me: accepted},
+                      "forming the relay's chain")
+
+    def join_relay(self, wid: str) -> None:
+        """A rollout worker that joins later (a replacement, an elastic add): it fetches each
+        version from the relay directly, outside the chain."""
+        relay, me = self._relay(), "the relay (trainer 0)"
+        address = self._started({me: relay.relay_attach.options(concurrency_group="relay").remote(wid)},
+                                f"attaching {wid} to the relay")[me]
+        self._started({wid: self.handles[wid].relay_connect(address)}, f"connecting {wid} to the relay")
 
     def pull(self, wid: str, unit, version: int) -> list:
-        """Rollout worker `wid` receives `version` from the relay: the worker's result refs (the
-        relay's send is tracked in `self.serving` and checked at every step)."""
-        self.serving.append(self._relay().relay_serve.options(concurrency_group="relay").remote(wid, version))
+        """Rollout worker `wid` loads `version` (its relay client has it, or fetches it): the
+        worker's result refs."""
         return self.handles[wid].receive_weights(unit, version)
 
     def check_relay(self) -> None:
-        """Raise a failed relay send here (its rollout side fails or hangs otherwise)."""
-        if self.serving:
-            done, self.serving = ray.wait(self.serving, num_returns=len(self.serving), timeout=0)
-            ray.get(done)
+        """Log what the relay gave up on since the last check (a receiver lost mid-transfer: its
+        downstream fetched directly; the rollout side raises if a version never arrived)."""
+        relay = self._relay()
+        for line in ray.get(relay.relay_errors.options(concurrency_group="relay").remote(),
+                            timeout=self.cfg.runtime.stall_timeout_s):
+            log.warning("weight relay: %s", line)
 
     def nodes(self) -> dict[str, list[str]]:
         """The Ray node id of each rank of each live worker."""

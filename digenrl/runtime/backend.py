@@ -147,7 +147,7 @@ class RealBackend:
         return [done for _, done in outs]
 
     def _call_sync(self, h, wid: str, unit: WeightSync) -> ray.ObjectRef:
-        if self.cfg.runtime.weight_sync == "nccl":  # from the relay (trainer 0's rank 0), point-to-point
+        if self.cfg.runtime.weight_sync == "nccl":  # from the relay's chain (runtime/relay.py)
             return self.actors.pull(wid, unit, unit.version)
         return h.load_weights(unit, unit.version, self.weights[unit.version])
 
@@ -266,7 +266,7 @@ class RealBackend:
         }
         if cfg.run.mode == "colocated" or cfg.run.mode in TAG_MODES:  # trainers generate: their switches
             record.update(_add([i.tag for i in infos.values()]))
-        if cfg.runtime.weight_sync == "nccl":  # what the relay sent for this step's pulls
+        if cfg.runtime.weight_sync == "nccl":  # what the chain delivered to this step's pulls
             record["comm/sync/send_bytes"] = record["weight_sync_bytes"]
             record["comm/sync/send_calls"] = len(self.syncs)
             actors.check_relay()

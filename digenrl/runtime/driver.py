@@ -178,11 +178,12 @@ class RayDriver:
         if relay:
             # the relay holds version `base` once the publish is done (its result is small then)
             within(cfg.runtime, "start", {f"{first_trainer} (publish)": weights0}, "publishing to the relay")
-            for w in actors.workers:
-                if w.role == "rollout":
-                    actors.join_relay(w.id)
-                    self._get(f"{w.id} pulling version {self.base} from the relay",
-                              actors.pull(w.id, None, self.base), "start")
+            rollout = [w.id for w in actors.workers if w.role == "rollout"]
+            if rollout:  # the chain forms, then the relay sends version `base` down it
+                actors.form_relay_chain(rollout)
+            for wid in rollout:
+                self._get(f"{wid} loading version {self.base} from the relay", actors.pull(wid, None, self.base),
+                          "start")
         return weights0
 
     def _run(self, weights0, wall0: float, first: Optional[ray.ObjectRef]) -> None:

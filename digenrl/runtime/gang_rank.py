@@ -146,9 +146,11 @@ class GangRank:
             for unit in self.units:
                 unit.reshard()
 
-    def gather_payload(self, engine: str, dtype: str) -> dict[str, torch.Tensor]:
+    def gather_payload(self, engine: str, dtype: str, into: Optional[dict] = None) -> dict[str, torch.Tensor]:
         """Every rank: the weights the rollout workers load (weight_sync.payload_state),
-        gathered in `dtype` (a collective)."""
+        gathered in `dtype` (a collective). Only rank 0 copies them to the host (the payload it
+        publishes), into `into`'s tensors by name when given (the relay's pinned buckets:
+        weight_sync=nccl); the others return {} and drop each gathered tensor at once."""
         state = payload_state(engine, self.module)
         cast = _DTYPES[dtype]
         out = {}
@@ -164,7 +166,10 @@ class GangRank:
                     if self.size > 1:
                         self.counter.add_bytes("all_gather", self.size * rows * per_row * shard.element_size())
                     value = value.full_tensor()
-                out[name] = value.to("cpu", copy=True).contiguous()
+                if self.rank == 0 and into is not None:
+                    into[name].copy_(value)
+                elif self.rank == 0:
+                    out[name] = value.to("cpu", copy=True).contiguous()
         return out
 
 

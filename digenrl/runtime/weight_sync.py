@@ -10,8 +10,9 @@ trainer never waits for a rollout worker.
     object-store  the whole module state dict (base + adapters), as mm_grpo ships weights
     lora-only     the trainable tensors only: adapters under LoRA (needs model.lora_rank > 0)
     nccl          the same payload as lora-only under LoRA, else the whole state dict, handed to
-                  trainer 0's relay (runtime/relay.py), which sends it to each rollout pull
-                  point-to-point over a process group (NCCL on GPU, gloo on CPU)
+                  trainer 0's relay (runtime/relay.py), which sends each version once down a
+                  chain of the rollout workers (NCCL links on GPU, gloo on CPU); each loads it
+                  at its pull
 
 `publish` returns (payload, bytes); the driver records bytes and seconds per step.
 """

@@ -205,22 +205,23 @@ class RolloutRank(_PolicyRank):
 
             arm_sigterm(notice_dir(cfg), lambda: self.id, cfg.runtime.rollout.notice_s)
 
-    @on_ranks(FIRST, FIRST)  # rank 0 pairs with the relay and broadcasts to the rest
+    @on_ranks(FIRST, FIRST)  # rank 0 joins the relay's chain and broadcasts to the rest
     def relay_connect(self, address) -> None:
-        """Join this worker's pair group with the relay (TrainerRank.relay_open's address)."""
+        """Join the relay's chain (or, outside it, fetch directly) at `address`
+        (TrainerRank.relay_open_chain / relay_attach); a thread receives every version from then on."""
         from digenrl.runtime.relay import RelayClient
 
         self.relay_client = RelayClient(device=self.cfg.model.device)
         self.relay_client.connect(address)
 
-    @on_ranks(ALL, ALL)  # a unit: rank 0 receives from the relay, every rank loads
+    @on_ranks(ALL, ALL)  # a unit: rank 0 loads from its relay client, every rank loads
     def receive_weights(self, unit: Optional[WeightSync], version: int) -> Synced:
-        """WeightSync under weight_sync=nccl: receive `version` from the relay, in place. In a
-        sequence-parallel rollout gang rank 0 receives it, then broadcasts it to the others."""
+        """WeightSync under weight_sync=nccl: load `version` in place from the host copy the relay
+        client received (bucket by bucket). Synced.bytes: what the client took off the wire since
+        its previous load. In a sequence-parallel rollout gang rank 0 loads it, then broadcasts
+        it to the others."""
         t0 = time.time()
-        got, nbytes = self.relay_client.receive(self.policy.module) if self.rank == 0 else (version, 0)
-        if got != version:
-            raise RuntimeError(f"{self.id}: the relay sent version {got}, the scheduler asked for {version}")
+        nbytes = self.relay_client.load(self.policy.module, version) if self.rank == 0 else 0
         if self.sp_group is not None:
             import torch.distributed as dist
 
@@ -244,7 +245,7 @@ class TrainerRank(_PolicyRank):
     """A rank of a trainer gang, holding a whole single-device `Trainer` (see module doc); the
     roles trainer and colocated (a colocated worker generates with these same methods). Under
     weight_sync=nccl rank 0 holds a `Relay` (runtime/relay.py); the publisher's (trainer 0's)
-    puts each version in it and serves rollout ranks' pulls from it on the actor's "relay" thread."""
+    puts each version in it, and the relay's own thread sends it down the rollout ranks' chain."""
 
     def __init__(self, cfg: Config, worker_id: str, rank: int = 0):
         from digenrl.runtime.gang_rank import master_config, trainer_policy
@@ -343,23 +344,35 @@ class TrainerRank(_PolicyRank):
         payload, nbytes, t_pub = None, 0, 0.0
         if publish:
             t1 = time.time()
-            payload, nbytes = self._publish()
-            if self.engine == "nccl":
-                payload = None  # rollout workers receive it from the relay, never the object store
+            # nccl: rollout workers receive it from the relay, never the object store
+            payload, nbytes = self._publish(payload=self.engine != "nccl")
             t_pub = time.time() - t1
         comm = self.counter.take()
         return payload, Stepped(**_times(t0), metrics=metrics, sums=sums, weight=weight, reduce_s=t_reduce,
                                 publish_s=t_pub, publish_bytes=nbytes, comm=comm, tag=self.switch.take())
 
-    def _publish(self) -> tuple[Optional[dict], int]:
+    def _publish(self, payload: bool = True) -> tuple[Optional[dict], int]:
         """The weights rollout workers pull (rank 0's; a gang gathers them first): the ones that
         sample, DiffusionNFT's old policy when train.nft_decay > 0. With weight_sync=nccl they
-        also go to this rank's relay, which serves each rollout pull (relay_* methods): the
-        optimizer step then puts nothing in the object store."""
+        go to this rank's relay instead, which sends them down the rollout ranks' chain (relay_*
+        methods): the optimizer step then puts nothing in the object store (`payload` False); a
+        single trainer hands the relay its live tensors (copied to pinned host memory on the
+        relay's stream), a gang's rank 0 copies each gathered tensor straight into the relay's
+        pinned buckets."""
         with self.learner.sampling_weights():
+            if self.relay is not None and not payload:
+                live = weight_sync.payload_state(self.engine, self.policy.module)
+                if self.gang is None:
+                    return None, self.relay.put(self.version, live)
+                from digenrl.runtime.gang_rank import _DTYPES
+                from digenrl.runtime.relay import unpack
+
+                packed = self.relay.reserve(self.version, live, _DTYPES[self.cfg.model.dtype])
+                self.gang.gather_payload(self.engine, self.cfg.model.dtype, into=unpack(packed.header, packed.buckets))
+                return None, self.relay.commit(packed)
             if self.gang is None:
                 state, nbytes = weight_sync.publish(self.engine, self.policy.module)
-            else:
+            else:  # only rank 0 copies the gathered tensors to the host
                 state = self.gang.gather_payload(self.engine, self.cfg.model.dtype)
         if self.gang is not None:
             if self.rank != 0:
@@ -370,18 +383,19 @@ class TrainerRank(_PolicyRank):
         return state, nbytes
 
     # -- the weight relay (weight_sync=nccl; the publisher's rank 0, on its "relay" thread) ------
-    def relay_open(self, peer: str):
-        return self.relay.open(peer)
+    def relay_open_chain(self, peers: list[str]) -> dict:
+        return self.relay.open_chain(peers)
 
-    def relay_accept(self, peer: str) -> None:
-        self.relay.accept(peer)
+    def relay_accept_chain(self) -> None:
+        self.relay.accept_chain()
 
-    def relay_serve(self, peer: str, version: int) -> int:
-        return self.relay.serve(peer, version)
+    def relay_attach(self, peer: str):
+        return self.relay.attach(peer)
 
-    def relay_close(self, peer: str) -> None:
-        """Forget a rollout worker that left the pool (elastic drain)."""
-        self.relay.close(peer)
+    def relay_errors(self) -> list[str]:
+        """What the relay gave up on since the last call (a receiver lost, a direct fetch never joined)."""
+        out, self.relay.errors = self.relay.errors, []
+        return out
 
     # -- services of trainer 0 (and every rank's part of them) ----------------------------------
     @on_ranks(ALL, FIRST)  # every rank generates (a sharded gang's forwards are collectives)

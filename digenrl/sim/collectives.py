@@ -10,6 +10,8 @@ reduce-scatter, HSDP all-reduce) is a new Traffic function and nothing else:
     ring all-reduce   2(n-1)/n * B     2(n-1) messages  (reduce-scatter + all-gather)
     ring all-gather   (n-1)/n * B      (n-1) messages per chunk (FSDP gathers layer by layer)
     pipelined bcast   B                one message per receiver (chunked chain)
+    relay chain       B per sender     trainer 0 -> receiver 1 -> ... -> receiver N, chunk by chunk:
+                                       every sender NIC but the tail's sends B once (relay_chain_*)
     all-to-all        (n-1)/n * B      (n-1) messages  (pairwise exchange; B: one rank's input)
 
 The *_s functions return a `devices.Cost` (always estimated: no link was measured), zero
@@ -85,6 +87,65 @@ def broadcast_traffic(nbytes: float, n_receivers: int) -> Traffic:
     if n_receivers <= 0:
         return Traffic(0.0, 0)
     return Traffic(nbytes, n_receivers)
+
+
+# The weight relay (runtime/relay.py) packs a version into buckets of RELAY_BUCKET_BYTES and moves
+# them in messages of at most RELAY_CHUNK_BYTES; a receiver forwards a chunk as soon as it has it,
+# so each hop of the chain adds one chunk's time, not the payload's.
+RELAY_BUCKET_BYTES = 64 << 20
+RELAY_CHUNK_BYTES = 1 << 20
+# NCCL's ring broadcast moves NCCL_BUFFSIZE / NCCL_STEPS = 4 MiB / 8 per pipeline step (its defaults).
+NCCL_RING_STEP_BYTES = 512 << 10
+
+
+def relay_chain_sends(nbytes: float, n_receivers: int) -> list[float]:
+    """Bytes each sender NIC of the relay chain puts on the wire for one version: trainer 0's
+    first, then receiver 1 .. N in chain order (the tail forwards nothing)."""
+    if n_receivers <= 0:
+        return [0.0]
+    return [float(nbytes)] * n_receivers + [0.0]
+
+
+def relay_chain_links(nbytes: float, n_receivers: int) -> list[float]:
+    """Bytes on each link of the chain (trainer 0 -> r1, r1 -> r2, ...): the payload once each."""
+    return [float(nbytes)] * max(n_receivers, 0)
+
+
+def pipelined_chain_s(nbytes: float, link: str | Link, n_receivers: int, chunk_bytes: float) -> float:
+    """A chunked store-and-forward chain over n_receivers hops: the head streams the payload
+    (bytes / bw, the senders keep several chunks in flight so a message's latency overlaps the
+    next), each further hop adds one chunk's time and every hop one latency."""
+    lk = get_link(link)
+    if n_receivers <= 0:
+        return 0.0
+    chunk = min(float(chunk_bytes), float(nbytes))
+    return nbytes / (lk.gbps * 1e9) + (n_receivers - 1) * chunk / (lk.gbps * 1e9) + n_receivers * lk.latency_s
+
+
+def relay_chain_s(nbytes: float, link: str | Link, n_receivers: int,
+                  chunk_bytes: float = RELAY_CHUNK_BYTES) -> Cost:
+    """The relay's chain (runtime/relay.py): one version reaches the last of n_receivers."""
+    lk = get_link(link)
+    if n_receivers <= 0:
+        return Cost(0.0)
+    return Cost(pipelined_chain_s(nbytes, lk, n_receivers, chunk_bytes), True, f"relay chain on {lk.name}")
+
+
+def broadcast_candidates_s(nbytes: float, link: str | Link, n_receivers: int) -> dict[str, float]:
+    """Seconds for one version to reach n_receivers, for each way the relay could send it:
+
+    chain        our pair links, chunks of RELAY_CHUNK_BYTES (trainer 0's NIC sends the payload once)
+    nccl-ring    one collective broadcast over a group of trainer 0 and the receivers: NCCL runs
+                 it as a ring, a pipelined chain in NCCL_RING_STEP_BYTES steps (root sends once)
+    binomial     a collective broadcast as a binomial tree (gloo's; an NCCL tree has no
+                 broadcast): ceil(log2(N + 1)) rounds of the whole payload, the root sending in
+                 every round
+    """
+    lk = get_link(link)
+    rounds = math.ceil(math.log2(n_receivers + 1)) if n_receivers > 0 else 0
+    return {"chain": pipelined_chain_s(nbytes, lk, n_receivers, RELAY_CHUNK_BYTES),
+            "nccl-ring": pipelined_chain_s(nbytes, lk, n_receivers, NCCL_RING_STEP_BYTES),
+            "binomial": rounds * (nbytes / (lk.gbps * 1e9) + lk.latency_s)}
 
 
 def allreduce_s(nbytes: float, n: int, link: str | Link) -> Cost:

@@ -39,7 +39,7 @@ from digenrl.sim import memory
 from digenrl.sim.catalogue import (BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, GIB, MODELS, MS, REWARD_MFU,
                                    TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, WEIGHT_SYNC_METHODS, Shape, get_link, get_model, get_reward, lora_params_B, sample_flops)
 from digenrl.sim.calibration import adamw_ms_per_B, fit_table, load_calibration
-from digenrl.sim.collectives import (allgather_s, allgather_traffic, broadcast_s, object_store_fanout_s,
+from digenrl.sim.collectives import (allgather_s, allgather_traffic, object_store_fanout_s, relay_chain_s,
                                      object_store_send_s, pcie_s)
 from digenrl.sim.devices import REFERENCE, Cost, get_device, scale_seconds, scaled, total
 
@@ -184,8 +184,11 @@ class CostModel:
                       sender_device="H200", receiver_device="H200", gpus_per_node: int = 8) -> Cost:
         """Push new weights from the trainers to n_receivers rollout GPUs.
 
-        nccl: one pipelined broadcast over `link` (trainer rank 0 already holds full weights;
-          gathering FSDP shards first is not included).
+        nccl: the relay's chain (runtime/relay.py): trainer 0's NIC sends the bytes once, each
+          receiver forwards them chunk by chunk (collectives.relay_chain_s: the last receiver
+          has them after bytes / bw + (n - 1) chunks + n latencies), then the receiver's own
+          host -> device load over its PCIe. The sender's device -> host staging is
+          OptimizerStep's (durations._publish_s).
         object-store (mm_grpo / Ray default): device->host over PCIe, copy into the object
           store (host memcpy ~10 GB/s), fan-out to receiving nodes over `link` at half its
           NCCL rate (TCP) along a binary tree (ceil(log2(nodes + 1)) hops), host->device.
@@ -196,7 +199,8 @@ class CostModel:
         if n_receivers <= 0:
             return Cost(0.0)
         if method == "nccl":
-            return broadcast_s(nbytes, link, n_receivers)
+            return Cost(float(relay_chain_s(nbytes, link, n_receivers)) + pcie_s(nbytes, receiver_device), True,
+                        f"relay chain on {get_link(link).name} + host->device")
         t = object_store_send_s(nbytes, sender_device) + object_store_fanout_s(nbytes, link, n_receivers, gpus_per_node)
         return Cost(t + pcie_s(nbytes, receiver_device), True, f"{method} via {get_link(link).name}")  # + host->device
 

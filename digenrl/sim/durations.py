@@ -19,7 +19,9 @@ the size of its sample shard, unit.samples = [first, last), when the scheduler s
                    parameters (+ offload) + publishing the new weights (disaggregated modes
                    only, see _publish_s).
     WeightSync     the receiving rollout worker's side of a sync over links.inter_pool:
-                   nccl = pipelined broadcast; object-store / lora-only = the network hops and
+                   nccl = the relay's chain delivering the version (trainer 0's NIC sends it
+                   once, each receiver forwards it) + the host->device load; object-store /
+                   lora-only = the network hops and
                    the host->device copy (the sender's device->host + object-store copy is in
                    OptimizerStep).
 
@@ -76,8 +78,7 @@ from digenrl.config.contract import RunContract
 from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, trainable_params_B
-from digenrl.sim.collectives import (allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s,
-                                     wire_s)
+from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s
 from digenrl.sim.devices import get_device
 from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.sim.tag_switch import must_offload, reload_bytes, switch_bytes
@@ -783,16 +784,18 @@ class DurationFn:
 
         Colocated: nothing (same weights). A gang of N > 1 first gathers the payload's tensors
         on trainer-0 (every unit's under object-store; the adapters only under lora-only and
-        nccl with LoRA, as the runtime's gather_payload does). nccl: the relay pushes the
-        bytes once into the pipelined chain. object-store / lora-only: device->host + one
-        copy into the store.
+        nccl with LoRA, as the runtime's gather_payload does). nccl: device->host into the
+        relay's pinned buckets (one trainer: its live tensors on the relay's stream, which the
+        trainer's stream waits for; a gang: rank 0 copies each gathered tensor straight in),
+        never a send: the chain is the rollout's WeightSync. object-store / lora-only:
+        device->host + one copy into the store.
         """
         if self.mode == "colocated" or self.n_rollout == 0:
             return 0.0
         tb, nbytes = self.tb, self._sync_bytes()
         t = self._publish_gather_s() if self.gang > 1 else 0.0
-        if tb.weight_sync == "nccl":  # the bytes leave the sender once; latencies are the receivers'
-            return t + wire_s(nbytes, tb.links.inter_pool)
+        if tb.weight_sync == "nccl":
+            return t + pcie_s(nbytes, dev)
         return t + object_store_send_s(nbytes, dev)
 
     def _sync_bytes(self) -> int:

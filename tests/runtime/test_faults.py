@@ -19,11 +19,14 @@ def _kill(rt, wid):
     kill_and_wait(rt.pids[wid])  # dead before the call is sent: the unit is lost for sure
 
 
-def test_rollout_worker_killed_mid_step(ray_cluster, local_run, tmp_path):
+@pytest.mark.parametrize("sync", ["object-store", pytest.param("nccl", marks=pytest.mark.slow)])
+def test_rollout_worker_killed_mid_step(ray_cluster, local_run, tmp_path, sync):
     # 2 rollout workers, trajectories in 2 segments: rollout-0 dies when it is sent the second
     # segment of a step-1 trajectory; the continuation restarts from the latent it left.
+    # nccl: rollout-0 heads the relay's chain; rollout-1 below it fetches the next version
+    # directly, and the replacement fetches every version directly (runtime/relay.py).
     cfg = load_config(None, tiny(tmp_path / "run", "gap", "runtime.rollout.workers=2",
-                                 "runtime.rollout_segment=2"))
+                                 "runtime.rollout_segment=2", f"runtime.weight_sync={sync}"))
     killed = []
 
     def fault(rt, wid, unit):

@@ -63,3 +63,47 @@ def test_object_store_sender_leg_is_charged_once(cm):
     grad_bytes = 4 * 24 + 8 * round(p_B * 1e9 / 24) * 24
     others = float(allreduce_s(grad_bytes, 8, "nvlink")) + float(cm.optimizer_step_s(p_B, "H200"))
     assert fn(trainer, OptimizerStep(0, 1)) - others == pytest.approx(nbytes / 55e9 + nbytes / 10e9, rel=1e-6)
+
+
+def test_relay_chain_by_hand(cm):
+    # 4 receivers, 1 GB: trainer 0's NIC and r1..r3 each send the payload once, the tail nothing;
+    # every link of the chain carries it once. The last receiver has it after 1 GB at 40 GB/s,
+    # 3 more 1 MiB chunks and 4 latencies of 20 us.
+    from digenrl.sim.collectives import (RELAY_CHUNK_BYTES, broadcast_candidates_s, relay_chain_links,
+                                         relay_chain_s, relay_chain_sends)
+
+    gb = 1e9
+    assert relay_chain_sends(gb, 4) == [gb, gb, gb, gb, 0.0] and relay_chain_links(gb, 4) == [gb] * 4
+    assert relay_chain_sends(gb, 0) == [0.0] and relay_chain_links(gb, 0) == []
+    assert RELAY_CHUNK_BYTES == 1 << 20
+    chain = gb / 40e9 + 3 * (1 << 20) / 40e9 + 4 * 20e-6
+    assert float(relay_chain_s(gb, "ib-400g", 4)) == pytest.approx(chain)
+    # nccl WeightSync: the chain, then the receiver's own host->device load over its PCIe (L40S: Gen4)
+    assert float(cm.weight_sync_s(gb, "ib-400g", 4, "nccl", "H200", "L40S")) == pytest.approx(chain + gb / 27.5e9)
+    # the candidates: NCCL's ring is the same chain in 512 KiB steps; a binomial tree sends the
+    # whole payload in ceil(log2(5)) = 3 rounds
+    c = broadcast_candidates_s(gb, "ib-400g", 4)
+    assert c["chain"] == pytest.approx(chain)
+    assert c["nccl-ring"] == pytest.approx(gb / 40e9 + 3 * (512 << 10) / 40e9 + 4 * 20e-6)
+    assert c["binomial"] == pytest.approx(3 * (gb / 40e9 + 20e-6))
+
+
+def test_nccl_publish_is_the_device_to_host_staging(cm):
+    # h200x16-flux (FLUX.1 12B full fine-tune, one-GPU trainers): under nccl the trainer's side of
+    # a publish is the bf16 weights device->host into the relay's pinned buckets (55 GB/s); under
+    # object-store it is that plus the copy into the store (10 GB/s). Everything else is equal.
+    from dataclasses import replace
+
+    tb = load_testbed("h200x16-flux")
+    fns = {ws: duration_fn(config_for(replace(tb, weight_sync=ws), RunSpec("gap"), 4), replace(tb, weight_sync=ws), cm)
+           for ws in ("nccl", "object-store")}
+    trainer = {ws: next(w for w in fn.layout.workers if w.role == "trainer") for ws, fn in fns.items()}
+    nbytes = cm.weight_bytes(tb.model)
+    diff = fns["object-store"](trainer["object-store"], OptimizerStep(0, 1)) - fns["nccl"](trainer["nccl"], OptimizerStep(0, 1))
+    assert diff == pytest.approx(nbytes / 10e9, rel=1e-6)
+    rollout = next(w for w in fns["nccl"].layout.workers if w.role == "rollout")
+    n = sum(1 for w in fns["nccl"].layout.workers if w.role == "rollout")
+    from digenrl.sim.collectives import relay_chain_s
+
+    assert fns["nccl"](rollout, WeightSync(1)) == pytest.approx(
+        float(relay_chain_s(nbytes, "ib-400g", n)) + nbytes / 55e9, rel=1e-6)
