@@ -1,7 +1,8 @@
 """Identical workers simulated once (run_virtual `classes`, Scheduler.complete_parked): the reduced
 engine against the unreduced one (every fast path off) on seeded random pools and testbeds, with
 losses, joins and spot notices: the same trace span for span, the same end, membership, events,
-scheduler state and cost-model bookkeeping."""
+scheduler state and cost-model bookkeeping. The constant-cost pools (faults and notices included)
+run in the default tier; the cost-model and spot runs (seconds) in the slow tier."""
 
 import random
 
@@ -110,6 +111,7 @@ SPECS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset,gpus,spec", SPECS)
 def test_cost_model_runs(preset, gpus, spec):
     """The cost model's durations (one per device; its memo and per-worker state) and its
@@ -136,6 +138,7 @@ SPOT_TB = {"name": "spot-classes", "pools": [
     "group_size": 4, "groups_per_step": 4, "micro_batch": 2, "rollout_batch": 4}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(3))
 def test_spot_notices(seed):
     """A spot rollout pool under the seeded preemption process (sim.spot's events: notices,
