@@ -98,9 +98,11 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
         trace.preemption = {"missed": [], "refused": []}
     # kinds whose completion may only return a worker to its idle class (Scheduler.parks); none
     # under max_events, which counts every event before the next assign()
-    quiet_kinds = {k for k, on in ((WeightSync, quiet_syncs), (OptimizerStep, classes)) if on}
-    if max_events is not None:
-        quiet_kinds = set()
+    quiet_steps = classes and max_events is None
+    quiet_syncs = quiet_syncs and max_events is None
+    # without losses, joins or drains (none before the run either) every rollout worker's sync
+    # parks it (nothing is pinned on a syncing worker, none is draining or stale): no need to ask
+    no_events = not (failures or joins or drains or deadlines or scheduler.draining)
     quiet = None  # (kind, version) of the last event: a completion that parked, whose assign() started nothing
     heap: list = []
     seq = 0
@@ -183,7 +185,10 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
                 if cur is None or cur[3] != token:
                     continue  # the worker was lost while running this unit
                 t = type(unit)
-                if t in quiet_kinds and parks(wid, unit):
+                if t is WeightSync:
+                    if quiet_syncs and (no_events or parks(wid, unit)):
+                        parked = (t, unit.version)
+                elif t is OptimizerStep and quiet_steps and parks(wid, unit):
                     parked = (t, unit.version)
                 del running[wid]
                 complete(wid, unit)
