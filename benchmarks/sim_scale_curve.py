@@ -1,4 +1,4 @@
-"""Simulation time against cluster size, identical workers simulated once or one by one.
+"""Simulation time against cluster size, with run_virtual's class reduction and without.
 
     python benchmarks/sim_scale_curve.py [--testbed FILE|PRESET] [--gpus 16,64,...,65536]
                                          [--unreduced-max 16384] [--repeat 3] [--png curve.png]
@@ -78,9 +78,9 @@ def main(argv=None) -> int:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([x[0] for x in rows], [x[1] for x in rows], "o-", label="identical workers as one class")
+        ax.plot([x[0] for x in rows], [x[1] for x in rows], "o-", label="reduced (run_virtual classes=True)")
         un = [x for x in rows if x[2] is not None]
-        ax.plot([x[0] for x in un], [x[2] for x in un], "s--", label="one by one (reference)")
+        ax.plot([x[0] for x in un], [x[2] for x in un], "s--", label="unreduced (every fast path off)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("GPUs")
