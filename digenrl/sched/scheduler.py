@@ -612,6 +612,69 @@ class Scheduler:
         out, self._drained = self._drained, []
         return out
 
+    # ------------------------------------------------------------------ idle classes
+    def parks(self, worker_id: str, unit: Unit) -> bool:
+        """Would `complete(worker_id, unit)` do nothing but return the worker to its idle
+        class (role, version)? True for a rollout worker's WeightSync and for an OptimizerStep
+        that does not end the barrier (another trainer has yet to report), when the worker is
+        not draining, has no pinned work and no stale unit. A virtual clock uses it to resolve
+        identical completions as one (sim.engine, `complete_parked`)."""
+        ws = self._w.get(worker_id)
+        if ws is None or ws.unit is not unit or worker_id in self._pinned or worker_id in self._stale:
+            return False
+        if type(unit) is WeightSync:
+            return ws.role == "rollout" and worker_id not in self._draining
+        return (type(unit) is OptimizerStep and ws.role == self._train_role and worker_id in self._opt_given
+                and self._opt_reported + 1 < len(self._trainers))
+
+    def complete_parked(self, items, start: int = 0) -> int:
+        """`complete(wid, unit)` for items[start], items[start + 1], ... (each a tuple whose
+        first two fields are the worker id and the unit) as long as each `parks` (see there),
+        all of one kind; stops before the first that does not. Returns the index it stopped at.
+        The same state as those complete() calls one by one (tests/sim/test_engine_fast.py), with
+        one version count and one barrier count for the lot: a sync wave of a large rollout pool
+        and the optimizer barrier of many trainer gangs are most events at scale."""
+        n = len(items)
+        if start >= n:
+            return start
+        kind = type(items[start][1])
+        w, pinned, stale, draining = self._w, self._pinned, self._stale, self._draining
+        i = start
+        if kind is WeightSync:
+            pools = self._idle["rollout"]
+            while i < n:
+                wid, unit = items[i][0], items[i][1]
+                ws = w.get(wid)
+                if (ws is None or ws.unit is not unit or type(unit) is not WeightSync or ws.role != "rollout"
+                        or wid in pinned or wid in stale or wid in draining):
+                    break
+                ws.unit = None
+                pool = pools.get(ws.version)
+                if pool is None:
+                    pools[ws.version] = {wid: None}
+                else:
+                    pool[wid] = None
+                i += 1
+            self._n_syncing -= i - start
+        elif kind is OptimizerStep:
+            pools, role = self._idle[self._train_role], self._train_role
+            given, left = self._opt_given, len(self._trainers) - 1 - self._opt_reported
+            while i < n and i - start < left:
+                wid, unit = items[i][0], items[i][1]
+                ws = w.get(wid)
+                if (ws is None or ws.unit is not unit or type(unit) is not OptimizerStep or ws.role != role
+                        or wid not in given or wid in pinned or wid in stale):
+                    break
+                ws.unit = None
+                pool = pools.get(0)
+                if pool is None:
+                    pools[0] = {wid: None}
+                else:
+                    pool[wid] = None
+                i += 1
+            self._opt_reported += i - start
+        return i
+
     @property
     def draining(self) -> list[str]:
         """Ids of workers draining now (still in `workers` until they leave)."""

@@ -31,7 +31,8 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 max_events: Optional[int] = None,
                 on_version: Optional[Callable[[int, float], bool]] = None,
                 quiet_syncs: bool = True,
-                batched: bool = True) -> Trace:
+                batched: bool = True,
+                classes: bool = True) -> Trace:
     """Run `scheduler` to completion on a virtual clock and return its Trace.
 
     duration_fn(worker, unit) -> seconds (the cost model). `failures`: (time, worker_id)
@@ -48,11 +49,23 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     report.run_spec_within). Raises RuntimeError on deadlock (nothing running, not done).
 
     `quiet_syncs` (exact; False is the reference, tests/sim/test_engine_fast.py): a weight sync
-    that ends right after another one of the same version whose assign() started nothing does
-    not call assign(). All that sync's completion changed is one more idle rollout worker at
-    that version (and one sync fewer in flight, which leaves TAG's reserve, syncing + idle
-    rollout workers, as it was): any work such a worker could take, the first one already
-    would have. A large rollout pool's syncs (one per worker and version) are most events.
+    that ends right after another one of the same version whose completion only returned its
+    worker idle (Scheduler.parks) and whose assign() started nothing does not call assign() when
+    it parks too. All that sync's completion changed is one more idle rollout worker at that
+    version (and one sync fewer in flight, which leaves TAG's reserve, syncing + idle rollout
+    workers, as it was): any work such a worker could take, the first one already would have.
+    A large rollout pool's syncs (one per worker and version) are most events.
+
+    `classes` (exact; False is the reference): identical workers in one state are one class.
+    The same rule for the OptimizerSteps of one barrier that do not end it (the trainer joins
+    the idle trainers; during the barrier an idle trainer may only take a Reward, which the
+    first one would have taken), and the completions of such a class that end together (one
+    heap entry, `batched`) are resolved at once (Scheduler.complete_parked: one call for the
+    run of them, no assign() in between): a 65,536-GPU cluster's idle rollout workers and
+    trainer gangs cost a loop iteration each per version, not an event. They split apart when
+    something sets one apart: a loss, a drain or a notice, pinned work, a unit that ends at
+    another time (another device), the barrier's last OptimizerStep (which advances the version
+    and is an event of its own).
 
     `batched` (exact; False is the reference): units launched together that end at the same
     time share one heap entry, processed in launch order. Their entries (end, seq) would have
@@ -67,25 +80,30 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     gc.disable()
     try:
         return _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max_events, on_version,
-                    quiet_syncs, batched)
+                    quiet_syncs, batched, classes)
     finally:
         if enabled:
             gc.enable()
 
 
 def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max_events, on_version, quiet_syncs,
-         batched) -> Trace:
+         batched, classes) -> Trace:
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
     trace = Trace(workers={wid: w.role for wid, w in workers.items()},
                   alive={wid: [0.0, None] for wid in workers})
     failures, joins, drains, deadlines = list(failures), list(joins), list(drains), list(deadlines)
-    quiet_syncs = quiet_syncs and not (failures or joins or drains or deadlines)  # no losses, arrivals, drains
     noticed = {wid for _, wid in deadlines}  # their drains are notices (see the docstring)
     gone: set[str] = set()  # workers lost or drained (a deadline after that is met)
     if deadlines:
         trace.preemption = {"missed": [], "refused": []}
-    quiet_ids = {wid for wid, w in workers.items() if w.role == "rollout"} if quiet_syncs else set()
-    quiet = None  # version of the last event, a WeightSync whose assign() started nothing
+    # kinds whose completion may only return a worker to its idle class (Scheduler.parks); none
+    # under max_events, which counts every event before the next assign()
+    quiet_steps = classes and max_events is None
+    quiet_syncs = quiet_syncs and max_events is None
+    # without losses, joins or drains (none before the run either) every rollout worker's sync
+    # parks it (nothing is pinned on a syncing worker, none is draining or stale): no need to ask
+    no_events = not (failures or joins or drains or deadlines or scheduler.draining)
+    quiet = None  # (kind, version) of the last event: a completion that parked, whose assign() started nothing
     heap: list = []
     seq = 0
     running: dict[str, tuple[float, Unit, int, int]] = {}  # wid -> (start, unit, version, token)
@@ -105,6 +123,7 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
 
     assign, complete = scheduler.assign, scheduler.complete
     bts = scheduler.cfg.bts
+    parks, complete_parked = scheduler.parks, scheduler.complete_parked
 
     def launch() -> int:
         nonlocal seq
@@ -135,28 +154,52 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
             raise RuntimeError(f"deadlock at t={now}: nothing running, not done; "
                                f"{scheduler.describe()}")
         now, _, what, payload = pop(heap)
-        for item in (payload if what == _DONE else (payload,)):
-            if item is not payload and scheduler.done:  # the rest of a batch ends after the run
+        items = payload if what == _DONE else (payload,)
+        i, n_items = 0, len(items)
+        while i < n_items:
+            item = items[i]
+            i += 1
+            if i > 1 and scheduler.done:  # the rest of a batch ends after the run
                 break
+            if quiet is not None and what == _DONE:
+                unit = item[1]
+                if type(unit) is quiet[0] and unit.version == quiet[1]:
+                    # nothing to assign (see the docstring); with `classes`, the whole run of such
+                    # completions at once (complete_parked stops before one that does more than park)
+                    j = complete_parked(items, i - 1) if classes else i - 1 + parks(item[0], unit)
+                    if j >= i:
+                        if not classes:
+                            complete(item[0], unit)
+                        n_events += j - i + 1
+                        kind_name = KINDS[type(unit)]
+                        for wid, unit, _ in items[i - 1:j]:
+                            cur = running.pop(wid)
+                            if record:
+                                v = unit.version
+                                spans.append(Span(wid, kind_name, cur[0], now, v,
+                                                  v - 1 if kind_name == "sync" else unit.step, None, unit))
+                        i = j
+                        continue
             n_events += 1
-            synced = None  # the version a rollout worker's WeightSync just ended with
+            parked = None  # (kind, version) of a completion that only returned its worker idle
             if what == _DONE:
                 wid, unit, token = item
                 cur = running.get(wid)
                 if cur is None or cur[3] != token:
                     continue  # the worker was lost while running this unit
+                t = type(unit)
+                if t is WeightSync:
+                    if quiet_syncs and (no_events or parks(wid, unit)):
+                        parked = (t, unit.version)
+                elif t is OptimizerStep and quiet_steps and parks(wid, unit):
+                    parked = (t, unit.version)
                 del running[wid]
                 complete(wid, unit)
-                if type(unit) is WeightSync:  # most events at scale: the span inline (_version, _step)
-                    v = unit.version
+                if t is WeightSync:  # most events at scale: the span inline (_version, _step)
                     if record:
+                        v = unit.version
                         spans.append(Span(wid, "sync", cur[0], now, v, v - 1, None, unit))
-                    if wid in quiet_ids:
-                        if quiet == v and (max_events is None or n_events <= max_events):
-                            continue  # nothing to assign (see the docstring)
-                        synced = v
                 else:
-                    t = type(unit)
                     if record:  # kind, _version and _step, inline
                         spans.append(Span(wid, KINDS[t], cur[0], now,
                                           cur[2] if t is Train else None if t is Reward else unit.version,
@@ -196,7 +239,7 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
                 gone.add(w.id)
             if max_events is not None and n_events > max_events:
                 raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
-            quiet = synced if launch() == 0 else None
+            quiet = parked if launch() == 0 else None
     trace.end = now
     trace.n_events = n_events
     return trace
