@@ -48,6 +48,7 @@ class Pairs(NamedTuple):
     rows: torch.Tensor  # (n,) long: the micro-batch row of each pair (a row repeats once per slot)
     steps: torch.Tensor  # (n,) long: the denoising step each pair trains (its timestep)
     segments: list  # the pass's (slot, first, last) segments, in the order of `rows`
+    step_list: list  # `steps` as Python ints (host code reads these, never the tensor)
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,7 @@ class Learner:
         if (config.beta > 0 or config.loss == "dpo") and not has_lora(policy.module):
             self._reference = copy.deepcopy(policy.module).requires_grad_(False).eval()
         self._sums: dict[str, float] = defaultdict(float)
+        self._dev: dict[str, torch.Tensor] = {}  # this step's metric sums still on the device (_flush)
         self._weight = 0.0
         # FSDP2-sharded module: ranks must issue the same forwards/backwards (ghost passes)
         self.sharded = any(type(p).__name__ == "DTensor" for p in self.params)
@@ -171,9 +173,8 @@ class Learner:
     def _pairs(self, traj: Trajectories, segments: Sequence[Segment], spec: SampleSpec) -> Pairs:
         """The rows and denoising steps of a pass's (sample, slot) pairs, in segment order."""
         rows = torch.cat([torch.arange(a, b) for _, a, b in segments])
-        steps = torch.tensor([s for t, a, b in segments for s in trained_steps(spec, traj.coords[a:b], t)],
-                             dtype=torch.long)
-        return Pairs(rows, steps, list(segments))
+        step_list = [s for t, a, b in segments for s in trained_steps(spec, traj.coords[a:b], t)]
+        return Pairs(rows, torch.tensor(step_list, dtype=torch.long), list(segments), step_list)
 
     def score(self, traj: Trajectories, t: int, spec: SampleSpec, rows: slice = slice(None)):
         """Recompute the policy's SDE step at trained slot t (the denoising step t, or each
@@ -205,6 +206,7 @@ class Learner:
             kind=spec.kind,
             noise_level=spec.noise_level,
             prev_sample=traj.latents[pairs.rows, pairs.steps + 1].to(device),
+            check=False,  # the schedule was checked once for the unit (accumulate), on the host
         )
 
     def _velocity(self, traj: Trajectories, x: torch.Tensor, sigma: torch.Tensor, spec: SampleSpec, rows):
@@ -236,8 +238,8 @@ class Learner:
         if spec.kind not in ("flow-sde", "dance-sde"):
             raise ValueError(f"grpo-guard needs a Gaussian SDE log-prob (flow-sde or dance-sde), not {spec.kind}")
         x_next = traj.latents[pairs.rows, pairs.steps + 1].to(std.device)
-        coords = [traj.coords[r] for r in pairs.rows.tolist()]
-        noise = sde_noise(x_next.shape[1:], spec, coords, pairs.steps.tolist()).to(std.device)
+        coords = [c for _, a, b in pairs.segments for c in traj.coords[a:b]]
+        noise = sde_noise(x_next.shape[1:], spec, coords, pairs.step_list).to(std.device)
         return x_next - std.detach() * noise
 
     def _forward_targets(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec):
@@ -270,7 +272,9 @@ class Learner:
         the unit's first pair, so that every rank of an FSDP gang issues the same collectives
         whatever its share (a rank with no rows runs ghosts only). On a sharded module the
         gradient is reduced once, after the unit's last pass, when the unsharded trainable
-        gradient is small (`defers_reduction`).
+        gradient is small (`defers_reduction`). Nothing in a pass reads a value back to the
+        host: metrics and non-finite losses are summed on the device and read at the optimizer
+        step (`accumulated`, `optimizer_step`); returns {}.
         """
         if traj.advantages is None:
             raise ValueError("trajectories have no advantages yet: compute rewards and advantages first")
@@ -280,6 +284,8 @@ class Learner:
         c = self.config
         if c.loss == "dpo":
             return self._accumulate_pairs(traj, t_steps, spec, adv, first, last, total_samples * total_steps)
+        if not bool((spec.sigmas[:-1] > spec.sigmas[1:]).all()):  # (host values: no device read)
+            raise ValueError("the sampling schedule's sigmas must decrease strictly")
         plan = plan_passes(first, last, t_steps, c.backward_batch, c.pairs_per_pass)
         if passes and passes < len(plan):
             raise ValueError(f"{passes} passes cannot train rows [{first}, {last}) x {len(t_steps)} slots "
@@ -337,14 +343,14 @@ class Learner:
         return self._backward(loss, m, weight, traj.step, pairs.segments[0][0], ghost)
 
     def _backward(self, loss: torch.Tensor, m: dict, weight: float, step: int, t: int, ghost: bool) -> dict[str, float]:
-        """Backward `loss * weight` into the step's gradient and record its metrics; a ghost
-        (or a non-finite loss) backwards weight 0 on a sharded module and records nothing."""
-        finite = bool(torch.isfinite(loss))
-        if ghost or not finite:
-            if not ghost:
-                log.warning("non-finite loss at step %d, trained slot %d: skipped", step, t)
-                self._sums["train/skipped_units"] += 1
-            if self.sharded:  # every rank of a gang runs the same backwards (FSDP collectives)
+        """Backward `loss * weight` into the step's gradient and fold its metrics into the step's
+        sums, on the device: nothing in a pass reads a value back to the host (a read stalls a
+        GPU's stream); the sums are read once, at the optimizer step (`_flush`). A non-finite
+        loss is counted (train/skipped_units), not branched on: its gradient makes the step's
+        norm non-finite, and `optimizer_step` skips the step. A ghost pass backwards weight 0 on
+        a sharded module (every rank of a gang runs the same backwards) and records nothing."""
+        if ghost:
+            if self.sharded:
                 self.grads.before_backward()
                 (loss.nan_to_num(0.0, 0.0, 0.0) * 0.0).backward()
                 self.grads.fold()
@@ -352,10 +358,34 @@ class Learner:
         self.grads.before_backward()
         (loss * weight).backward()
         self.grads.fold()
+        device = loss.device
+        self._add_device("train/skipped_units", (~torch.isfinite(loss.detach())).float(), 1.0)
         for k, v in m.items():
-            add_metric(self._sums, k, float(v), weight)
+            self._add_device(k, torch.as_tensor(v, device=device).detach().float(), weight)
         self._weight += weight
-        return {k: float(v) for k, v in m.items()}
+        return {}
+
+    def _add_device(self, key: str, value: torch.Tensor, weight: float) -> None:
+        """Fold one pass's metric into the step's device sums: weighted sum, or max for a _max key."""
+        value = value.reshape(())
+        have = self._dev.get(key)
+        if key.endswith("_max"):
+            self._dev[key] = value if have is None else torch.maximum(have, value)
+        else:
+            self._dev[key] = value * weight if have is None else have + value * weight
+
+    def _flush(self) -> None:
+        """The device sums into `_sums`: one read back to the host for all of them."""
+        if not self._dev:
+            return
+        keys = list(self._dev)
+        values = torch.stack([self._dev[k].to(self._dev[keys[0]].device) for k in keys]).tolist()
+        self._dev.clear()
+        for k, v in zip(keys, values):
+            if k.endswith("_max"):
+                add_metric(self._sums, k, v, 1.0)
+            else:
+                self._sums[k] += v
 
     def _grpo_loss(self, traj: Trajectories, pairs: Pairs, spec: SampleSpec, adv: torch.Tensor, denominator: int):
         """(loss, metrics, weight in the step mean) of grpo / grpo-guard / flow-dppo on a pass."""
@@ -519,6 +549,7 @@ class Learner:
     def accumulated(self) -> tuple[dict[str, float], float]:
         """Weighted metric sums and total weight since the last optimizer step (a trainer
         that combines several learners' metrics needs both, see runtime/driver.py)."""
+        self._flush()
         return dict(self._sums), self._weight
 
     def zero_grad(self) -> None:
@@ -531,6 +562,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         self.grads.clear()
         self._sums.clear()
+        self._dev.clear()
         self._weight = 0.0
 
     # -- the step ----------------------------------------------------------------------
@@ -544,8 +576,11 @@ class Learner:
         """
         if self.old is not None and version is None:
             raise ValueError("optimizer_step needs the version it makes to refresh the old policy (nft_decay > 0)")
+        self._flush()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.max_grad_norm)
         skipped = not torch.isfinite(grad_norm)
+        if self._sums.get("train/skipped_units"):
+            log.warning("%d training passes had a non-finite loss", int(self._sums["train/skipped_units"]))
         if skipped:
             log.warning("non-finite gradient norm: optimizer step skipped")
         else:

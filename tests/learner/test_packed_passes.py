@@ -130,3 +130,54 @@ def test_ghost_passes_pad_a_unit_and_weigh_nothing():
 def test_pairs_per_pass_and_backward_batch_are_one_knob():
     with pytest.raises(ValueError, match="both size a pass"):
         LearnerConfig(pairs_per_pass=4, backward_batch=2)
+
+
+def test_no_host_read_inside_a_pass(monkeypatch):
+    # Every read of a tensor's value back to the host (bool, float, int, item, tolist, numpy)
+    # made while a pass runs is counted: there must be none (on a GPU each stalls the stream);
+    # the metrics are read once, at the optimizer step
+    from digenrl.learner import learner as learner_mod
+
+    policy = tiny_policy(depth=1, lora_rank=4)
+    traj = batch(policy)
+    reads, inside = [], [False]
+    for name in ("__bool__", "__float__", "__int__", "item", "tolist", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _original=original, _name=name, **k):
+            if inside[0]:
+                reads.append(_name)
+            return _original(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    passes = learner_mod.Learner._backward_pairs
+
+    def in_pass(self, *a, **k):
+        inside[0] = True
+        try:
+            return passes(self, *a, **k)
+        finally:
+            inside[0] = False
+    monkeypatch.setattr(learner_mod.Learner, "_backward_pairs", in_pass)
+    for config in ({}, {"loss": "grpo-guard", "beta": 0.1}, {"loss": "nft"}, {"pairs_per_pass": 5}):
+        learner = Learner(policy, LearnerConfig(**config))
+        learner.accumulate(traj, [0, 1, 2], SPEC, total_samples=6, total_steps=3)
+        assert reads == [], (config, reads)
+        metrics = learner.optimizer_step()  # the one read, outside the passes
+        assert metrics.get("loss/ratio_mean", 1.0) == pytest.approx(1.0) and metrics["train/skipped_units"] == 0.0
+    # the counter does count: a read inside a pass is seen
+    inside[0] = True
+    bool(torch.ones(()))
+    inside[0] = False
+    assert reads == ["__bool__"]
+
+
+def test_a_non_finite_pass_skips_the_step_and_is_counted():
+    policy = tiny_policy(depth=1)
+    traj = batch(policy)
+    traj.advantages = torch.tensor([float("nan")] + ADV[1:])
+    learner = Learner(policy, LearnerConfig())
+    before = [p.detach().clone() for p in learner.params]
+    learner.accumulate(traj, [0, 1], SPEC, total_samples=6, total_steps=2)
+    metrics = learner.optimizer_step()
+    assert metrics["train/skipped_step"] == 1.0 and metrics["train/skipped_units"] == 2.0  # row 0 in both passes
+    assert all(torch.equal(a, b) for a, b in zip(before, learner.params))
