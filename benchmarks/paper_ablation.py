@@ -217,6 +217,23 @@ def summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compact(results: list[dict]) -> str:
+    """One line per run: samples/s of every row, then the top rung's speedups (docs/simulator.md)."""
+    labels = list(dict.fromkeys(d["label"] for res in results for d in res["rows"]))
+    lines = ["| testbed | " + " | ".join(labels) + " | top rung x veRL-Omni | x GenRL |",
+             "|---|" + "---|" * (len(labels) + 2)]
+    for res in results:
+        by = {d["label"]: d for d in res["rows"]}
+        cells = [("-" if l not in by else f"{by[l]['samples_per_s']:.3f}" + ("*" if not by[l]["memory_checked"] else ""))
+                 for l in labels]
+        ladder = [d for d in res["rows"] if d["label"] not in BASELINE_ROWS]
+        top = ladder[-1] if ladder else {}
+        xs = [("-" if top.get(f"x_{b}") is None else
+               f"{top[f'x_{b}']:.2f}" + (" per $" if top[f"x_{b}_basis"] == "per $" else "")) for b in VS]
+        lines.append(f"| {res['testbed']} | " + " | ".join(cells) + f" | {xs[0]} | {xs[1]} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help=f"one testbed x one workload: {QUICK}")
@@ -243,6 +260,8 @@ def main(argv=None) -> int:
                 print(markdown(res), f"\n({res['wall_s']:.0f} s)\n", flush=True)
     print("### Summary\n")
     print(summary(results))
+    print("\n### Samples per second, every row\n")
+    print(compact(results))
     wall = time.perf_counter() - t0
     print(f"\n{len(results)} testbed x workload runs in {wall:.0f} s wall")
     Path(a.json).write_text(json.dumps({"paper_speedup": PAPER, "ablation": [dataclasses.asdict(r) for r in ABLATION],
