@@ -75,7 +75,7 @@ class Device:
 # "specialty cloud" tier in the Mercatus cloud GPU price survey (May 2026; A100-80G
 # $1.10-1.50, H100 $2.50-3.50, H200 $3.50-4.50), AWS list price for A10G (g5.xlarge
 # $1.006/h, instance including CPUs), and community-cloud ranges for L40S / 4090 / L4 /
-# B200 / H20 (order of magnitude only). Use them for throughput-per-dollar comparisons,
+# B200 / H20 / RTX A6000 / RTX PRO 6000 (order of magnitude only). Use them for throughput-per-dollar comparisons,
 # and re-run with your own prices before quoting a dollar figure.
 PRICE_SOURCE = "estimate: public on-demand list prices 2025-2026 (Mercatus survey, AWS, community clouds)"
 
@@ -102,6 +102,22 @@ DEVICES: dict[str, Device] = {
         Device("RTX4090", 165.0, 24.0, 1008.0, 0.0, _GEN4, 0.60, "GeForce, 24 GB GDDR6X"),
         Device("B200", 2250.0, 179.0, 8000.0, 1800.0, _GEN5, 5.50, "Blackwell HGX B200"),
         Device("H20", 148.0, 95.6, 4000.0, 900.0, _GEN5, 1.50, "export Hopper, 96 GB"),
+        # The paper's testbed A part (issue 38). NVIDIA RTX A6000 data sheet: 48 GB GDDR6 with ECC,
+        # 768 GB/s, PCI Express 4.0 x16, "Tensor performance 309.7 TFLOPS" with structured sparsity,
+        # i.e. 154.8 dense FP16/BF16 tensor TFLOP/s; a professional card, so fp32 accumulate runs
+        # at the full rate (GeForce halves it). NVLink is a 2-way bridge only (112.5 GB/s
+        # bidirectional between a pair): no all-to-all NVLink in an 8-GPU node, so 0 here and
+        # PCIe Gen4 between a node's GPUs (link `pcie4`). Memory: torch reports 47.54 GiB
+        # (its OOM messages on this card). Price: community-cloud order of magnitude.
+        Device("RTX-A6000", 154.8, 47.5, 768.0, 0.0, _GEN4, 0.50,
+               "Ampere workstation, 48 GB GDDR6, PCIe Gen4, no NVLink switch"),
+        # The paper's testbed C part (issue 38). NVIDIA RTX PRO 6000 Blackwell (Server / Workstation
+        # Edition, same GB202 with 188 SMs): 96 GB GDDR7 with ECC at 1792 GB/s, PCIe Gen5 x16, no
+        # NVLink; "4000 AI TOPS" is FP4 with sparsity, i.e. 503.8 dense FP16/BF16 tensor TFLOP/s
+        # with fp32 accumulate (1007.6 sparse; the product's spec tables). nvidia-smi reports
+        # 97887 MiB (95.6 GiB). Price: community-cloud order of magnitude.
+        Device("RTX-PRO-6000", 503.8, 95.6, 1792.0, 0.0, _GEN5, 1.80,
+               "Blackwell workstation/server, 96 GB GDDR7, PCIe Gen5, no NVLink"),
     ]
 }
 
