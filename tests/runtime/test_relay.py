@@ -15,11 +15,11 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from digenrl.learner.comm import CommCounter
 from digenrl.runtime.relay import Relay, RelayClient, pack, unpack
+from tests.helpers.ranks import rank_context
 
 CAP = 2048  # bucket cap in bytes: small, so the tiny net below spans several buckets per dtype
 TIMEOUT_S = 30.0
@@ -75,7 +75,7 @@ def _client(address, go, n_receives: int, out) -> None:
 def _clients(specs):
     """Start one spawned `_client` per (address, go, n_receives); yields a function that returns
     client i's results. Clients still running at exit are killed."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     queues = [ctx.Queue() for _ in specs]
     procs = [ctx.Process(target=_client, args=(*spec, q), daemon=True) for spec, q in zip(specs, queues)]
     for p in procs:
@@ -141,7 +141,7 @@ def test_serving_does_not_block_the_owners_thread():
     v1, v2 = _Net(seed=1).state_dict(), _Net(seed=2).state_dict()
     relay.put(1, v1)
     address = relay.open("r0")
-    go = mp.get_context("spawn").Event()
+    go = rank_context().Event()
     with _clients([(address, go, 1)]) as results:
         relay.accept("r0")
         serving = threading.Thread(target=relay.serve, args=("r0", 1), daemon=True)
