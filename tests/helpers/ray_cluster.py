@@ -29,7 +29,9 @@ def shared_ray_cluster() -> Iterator[None]:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=NUM_CPUS, **RAY_ARGS)
+        # "local": a cluster of our own, never one found on the machine (another run's `ray start`,
+        # RAY_ADDRESS), which refuses num_cpus
+        ray.init(address="local", num_cpus=NUM_CPUS, **RAY_ARGS)
     try:
         yield
     finally:

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.io import checkpoint as ckpt
 from digenrl.learner import Learner
 from digenrl.learner.sharded import full_tensors
 from digenrl.models.lora import trainable_state_dict
+from tests.helpers.ranks import spawn_ranks
 from tests.learner.tiny_setup import CONFIG as _BASE
 from tests.learner.tiny_setup import SPEC, T_STEPS, WORLD, four_sample_batch, rows_of, tiny_policy
 
@@ -92,7 +92,7 @@ def test_gang_checkpoint_loads_unsharded_and_continues(tmp_path, lora_rank):
     single.accumulate(traj, T_STEPS, SPEC, total_samples=len(traj), total_steps=len(T_STEPS))
     single.optimizer_step()
     ckpt.save_sharded(tmp_path / "single", single.policy.module, single.optimizer, single.ema)
-    mp.spawn(_gang, args=(str(tmp_path), lora_rank), nprocs=WORLD, join=True)
+    spawn_ranks(_gang, (str(tmp_path), lora_rank), WORLD)
     gang = torch.load(tmp_path / "gang.pt", weights_only=False)
 
     step_dir = ckpt.latest_checkpoint(tmp_path / "run")
@@ -232,7 +232,7 @@ def test_local_trainer_resumes_from_gang_checkpoint(tiny_overrides, tmp_path, lo
         return [o.replace(str(tmp_path / "run"), str(tmp_path / run)) for o in base]
 
     Trainer(load_config(None, overrides("whole")), progress=False).train()  # 2 steps, one process
-    mp.spawn(_gang_trainer, args=(str(tmp_path), overrides("gang")), nprocs=WORLD, join=True)
+    spawn_ranks(_gang_trainer, (str(tmp_path), overrides("gang")), WORLD)
     assert ckpt.is_sharded(tmp_path / "gang" / "checkpoints" / "step_000001")
     resumed = Trainer(load_config(None, overrides("gang")), progress=False)
     resumed.train(resume=True)  # step 1 only, from the gang's step 0

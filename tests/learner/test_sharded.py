@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import sigma_schedule
 from digenrl.rollout import SampleSpec, advance, start
 from digenrl.models.lora import trainable_state_dict
+from tests.helpers.ranks import spawn_ranks
 from tests.learner.tiny_setup import ADVANTAGES, CONFIG, SPEC, T_STEPS, WORLD, four_sample_batch, rows_of, tiny_policy
 
 
@@ -73,7 +73,7 @@ def _worker(rank: int, tmp: str, lora_rank: int, mesh_shape: tuple[int, ...], re
 
 def _sharded(tmp_path: Path, lora_rank: int, mesh_shape=(WORLD,), reshard=True, bf16=False) -> dict:
     torch.save(four_sample_batch(tiny_policy(2, lora_rank)), tmp_path / "batch.pt")
-    mp.spawn(_worker, args=(str(tmp_path), lora_rank, mesh_shape, reshard, bf16), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (str(tmp_path), lora_rank, mesh_shape, reshard, bf16), WORLD)
     return torch.load(tmp_path / "rank0.pt", weights_only=False)
 
 
@@ -146,7 +146,7 @@ def test_packed_passes_on_a_gang_match_the_per_timestep_single_device(tmp_path, 
     (no_sync between the passes: the tiny model's gradient is small)."""
     want = _single_device(lora_rank)["grads"]
     torch.save(four_sample_batch(tiny_policy(2, lora_rank)), tmp_path / "batch.pt")
-    mp.spawn(_packed_worker, args=(str(tmp_path), lora_rank, 4), nprocs=WORLD, join=True)
+    spawn_ranks(_packed_worker, (str(tmp_path), lora_rank, 4), WORLD)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
     for name, g in want.items():
         torch.testing.assert_close(got["grads"][name], g, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"grad of {name}: {m}")
@@ -250,7 +250,7 @@ def test_nft_old_policy_on_sharded_parameters_matches_single_device(tmp_path, lo
     traj.advantages = torch.tensor(ADVANTAGES)
     torch.save(traj, tmp_path / "batch.pt")
     want = _nft_single(lora_rank, traj)
-    mp.spawn(_nft_worker, args=(str(tmp_path), lora_rank), nprocs=WORLD, join=True)
+    spawn_ranks(_nft_worker, (str(tmp_path), lora_rank), WORLD)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
     # weights after AdamW: its first step is ~lr * sign(g), so a near-zero gradient's round-off moves
     # a weight by up to ~1e-6 here (lr 1e-3); the existing sharded tests allow 1e-5 for the same reason
@@ -319,7 +319,7 @@ def test_z_image_blocks_are_fsdp_units(tmp_path):
 
     with torch.no_grad():
         want = torch.stack(module(*_z_image_inputs(), return_dict=False)[0])
-    mp.spawn(_z_image_worker, args=(str(tmp_path),), nprocs=WORLD, join=True)
+    spawn_ranks(_z_image_worker, (str(tmp_path),), WORLD)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
     # one unit per block plus the root (""); nothing else
     assert got["units"] == ["", "context_refiner.0", "layers.0", "layers.1", "noise_refiner.0"]
@@ -380,7 +380,7 @@ def test_new_family_blocks_are_fsdp_units(family, tmp_path, monkeypatch):
     module = policy.module
     blocks = [f"transformer_blocks.{i}" for i in range(len(module.transformer_blocks))]
     blocks += [f"single_transformer_blocks.{i}" for i in range(len(getattr(module, "single_transformer_blocks", [])))]
-    mp.spawn(_new_family_worker, args=(str(tmp_path), family, str(folder)), nprocs=WORLD, join=True)
+    spawn_ranks(_new_family_worker, (str(tmp_path), family, str(folder)), WORLD)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
     assert got["units"] == sorted(["", *blocks])
     torch.testing.assert_close(got["out"], want, rtol=1e-5, atol=1e-6)

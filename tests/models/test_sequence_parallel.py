@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 pytest.importorskip("diffusers")
 
@@ -26,6 +25,7 @@ from digenrl.learner.comm import CommCounter  # noqa: E402
 from digenrl.math import sigma_schedule  # noqa: E402
 from digenrl.models import sequence_parallel as sp_mod  # noqa: E402
 from digenrl.rollout import SampleSpec, advance, start  # noqa: E402
+from tests.helpers.ranks import spawn_ranks  # noqa: E402
 from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
 
 HEADS = 4  # divisible by every degree tested
@@ -39,7 +39,7 @@ SPEC = SampleSpec(sigmas=sigma_schedule(3, 3.0), sde_steps=(0, 1))
 
 # ----------------------------------------------------------------------------- processes
 def _spawn(fn, world: int, tmp: Path, *args) -> dict:
-    mp.spawn(_rank_main, args=(world, str(tmp), fn, args), nprocs=world, join=True)
+    spawn_ranks(_rank_main, (world, str(tmp), fn, args), world)
     return torch.load(tmp / "rank0.pt", weights_only=False)
 
 

@@ -155,12 +155,12 @@ def serve_cluster():
                 os.environ[key] = value
 
 
-@pytest.fixture
-def reward(tmp_path):
-    return Brightness(log=str(tmp_path / "batch_sizes.txt"))
+@pytest.fixture(scope="class")
+def reward(tmp_path_factory):
+    return Brightness(log=str(tmp_path_factory.mktemp("server") / "batch_sizes.txt"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="class")
 def server(serve_cluster, reward):
     with RewardServer(reward, port=0, replicas=1, max_batch=8, max_request_mb=0.05, timeout_s=10) as s:
         yield s
@@ -180,16 +180,77 @@ def test_codec_roundtrip():
     assert torch.equal(images, x)
 
 
-def test_good_request_matches_local(server, client, reward):
-    x = torch.rand(4, 3, 16, 16)
-    torch.testing.assert_close(client(x, PROMPTS), Brightness()(quantized(x), PROMPTS))
-    video = torch.rand(2, 3, 3, 8, 8)
-    torch.testing.assert_close(client(video, PROMPTS[:2]), Brightness()(quantized(video), PROMPTS[:2]))
-    assert client.health()["reward"] == "brightness"
-    # larger than max_batch (8): scored in chunks, same numbers
-    big = torch.rand(12, 3, 4, 4)
-    torch.testing.assert_close(client(big, ["p"] * 12), Brightness()(quantized(big), ["p"] * 12))
-    assert max(reward.batch_sizes) == 8  # max_batch: no reward call held more
+class TestOneServer:
+    """Tests that share one deployment (`server`, class-scoped: a deployment is a replica process
+    that imports torch, seconds of CPU); each leaves it serving, and reads only the batch
+    sizes logged after it began."""
+
+    def test_good_request_matches_local(self, server, client, reward):
+        before = len(reward.batch_sizes)  # the calls of the class's tests before this one
+        x = torch.rand(4, 3, 16, 16)
+        torch.testing.assert_close(client(x, PROMPTS), Brightness()(quantized(x), PROMPTS))
+        video = torch.rand(2, 3, 3, 8, 8)
+        torch.testing.assert_close(client(video, PROMPTS[:2]), Brightness()(quantized(video), PROMPTS[:2]))
+        assert client.health()["reward"] == "brightness"
+        # larger than max_batch (8): scored in chunks, same numbers
+        big = torch.rand(12, 3, 4, 4)
+        torch.testing.assert_close(client(big, ["p"] * 12), Brightness()(quantized(big), ["p"] * 12))
+        assert max(reward.batch_sizes[before:]) == 8  # max_batch: no reward call held more
+
+    def test_malformed_requests_get_400(self, server, client):
+        status, err = post(server, b"definitely not safetensors")
+        assert status == 400 and err["error"] == "malformed_request" and "safetensors" in err["message"]
+        status, err = post(server, save({"images": torch.zeros(1, 3, 4, 4, dtype=torch.uint8)}))
+        assert status == 400 and "'prompts'" in err["message"]
+        body = save({"images": torch.zeros(2, 3, 4, 4, dtype=torch.uint8)}, metadata={"prompts": json.dumps(["one"])})
+        status, err = post(server, body)
+        assert status == 400 and "2 samples but 1 prompts" in err["message"]
+        body = save({"pixels": torch.zeros(1, 3, 4, 4, dtype=torch.uint8)}, metadata={"prompts": '["a"]'})
+        status, err = post(server, body)
+        assert status == 400 and "'images'" in err["message"]
+        body = save({"images": torch.zeros(1, 3, 4, 4, dtype=torch.int32)}, metadata={"prompts": '["a"]'})
+        assert post(server, body)[0] == 400
+        body = save({"images": torch.full((1, 3, 4, 4), 2.0)}, metadata={"prompts": '["a"]'})
+        assert post(server, body)[0] == 400  # floats outside [0, 1]
+        assert post(server, b"", path="/nope")[0] == 404
+        # the wrong reward: fails at once (4xx is not retried), naming both
+        with pytest.raises(RemoteRewardError, match="serves reward 'brightness'.*asked for 'pickscore'") as info:
+            RemoteReward(server.url, "pickscore", retries=5, backoff=10)(torch.rand(1, 3, 4, 4), ["a"])
+        assert info.value.status == 400
+        assert_still_serving(server, client)
+
+    def test_missing_content_length_gets_411(self, server, client):
+        conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
+        conn.putrequest("POST", "/score")
+        conn.endheaders()
+        resp = conn.getresponse()
+        assert resp.status == 411 and "Content-Length" in json.loads(resp.read())["message"]
+        conn.close()
+        assert_still_serving(server, client)
+
+    def test_oversized_request_gets_413(self, server, client):
+        big = torch.rand(8, 3, 64, 64)  # 96 KiB of uint8 > 0.05 MiB
+        status, err = post(server, encode_request(big, ["p"] * 8))
+        assert status == 413 and err["error"] == "request_too_large" and "max_request_mb" in err["message"]
+        with pytest.raises(RemoteRewardError, match="max_request_mb") as info:
+            client(big, ["p"] * 8)
+        assert info.value.status == 413
+        assert_still_serving(server, client)
+
+    def test_upload_that_pauses_mid_body_is_scored(self, server, client):
+        x = torch.rand(2, 3, 8, 8)
+        body = encode_request(x, ["a", "b"])
+        sock = _send_half(server, body)
+        try:
+            # the replica holds half a body and waits for the rest (read_timeout_s 60: far off)
+            wait_until(lambda: health_shows(client, uploading=1), "the replica to be receiving the body")
+            sock.sendall(body[len(body) // 2 :])
+            status, payload = _answer(sock)
+        finally:
+            sock.close()
+        assert status == 200
+        torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "b"]))
+        assert_still_serving(server, client)
 
 
 def test_tiny_clip_over_the_wire(serve_cluster, tiny_clip_dir):
@@ -222,10 +283,21 @@ def test_concurrent_requests_are_batched(serve_cluster, tmp_path):
         assert_still_serving(s, client, n=8)
 
 
-def test_reward_exception_gets_500_and_spares_batchmates(serve_cluster, tmp_path):
-    # max_batch 3 = the two requests' samples: they share a call whatever order they arrive in
-    reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
+@pytest.fixture(scope="class")
+def batches_of_3(serve_cluster, tmp_path_factory):
+    """A server whose batches hold 3 samples and wait LONG_WAIT_S to fill, and its reward."""
+    reward = Brightness(log=str(tmp_path_factory.mktemp("batches_of_3") / "batch_sizes.txt"))
     with RewardServer(reward, port=0, replicas=1, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
+        yield s, reward
+
+
+class TestBatchesOf3:
+    """Tests that share one deployment whose batches hold 3 samples (`batches_of_3`)."""
+
+    def test_reward_exception_gets_500_and_spares_batchmates(self, batches_of_3):
+        # max_batch 3 = the two requests' samples: they share a call whatever order they arrive in
+        s, reward = batches_of_3
+        before = len(reward.batch_sizes)  # the calls of the class's tests before this one
         client = RemoteReward(s.url, "brightness", retries=2, backoff=0.05)
         x = torch.rand(2, 3, 8, 8)
         results, threads = send_all(s, [(torch.rand(1, 3, 8, 8), ["boom"]), (x, ["a", "b"])])
@@ -234,52 +306,25 @@ def test_reward_exception_gets_500_and_spares_batchmates(serve_cluster, tmp_path
         assert bad_status == 500 and bad["error"] == "reward_failed" and "RuntimeError: kaboom" in bad["message"]
         assert good_status == 200
         # they were batched (3); the failed call was then re-run request by request (1 and 2)
-        assert reward.batch_sizes[0] == 3 and sorted(reward.batch_sizes[1:]) == [1, 2], reward.batch_sizes
+        sizes = reward.batch_sizes[before:]
+        assert sizes[0] == 3 and sorted(sizes[1:]) == [1, 2], sizes
         torch.testing.assert_close(torch.tensor(good["scores"]), Brightness()(quantized(x), ["a", "b"]))
         assert_still_serving(s, client, n=3)
 
-
-def test_malformed_requests_get_400(server, client):
-    status, err = post(server, b"definitely not safetensors")
-    assert status == 400 and err["error"] == "malformed_request" and "safetensors" in err["message"]
-    status, err = post(server, save({"images": torch.zeros(1, 3, 4, 4, dtype=torch.uint8)}))
-    assert status == 400 and "'prompts'" in err["message"]
-    body = save({"images": torch.zeros(2, 3, 4, 4, dtype=torch.uint8)}, metadata={"prompts": json.dumps(["one"])})
-    status, err = post(server, body)
-    assert status == 400 and "2 samples but 1 prompts" in err["message"]
-    body = save({"pixels": torch.zeros(1, 3, 4, 4, dtype=torch.uint8)}, metadata={"prompts": '["a"]'})
-    status, err = post(server, body)
-    assert status == 400 and "'images'" in err["message"]
-    body = save({"images": torch.zeros(1, 3, 4, 4, dtype=torch.int32)}, metadata={"prompts": '["a"]'})
-    assert post(server, body)[0] == 400
-    body = save({"images": torch.full((1, 3, 4, 4), 2.0)}, metadata={"prompts": '["a"]'})
-    assert post(server, body)[0] == 400  # floats outside [0, 1]
-    assert post(server, b"", path="/nope")[0] == 404
-    # the wrong reward: fails at once (4xx is not retried), naming both
-    with pytest.raises(RemoteRewardError, match="serves reward 'brightness'.*asked for 'pickscore'") as info:
-        RemoteReward(server.url, "pickscore", retries=5, backoff=10)(torch.rand(1, 3, 4, 4), ["a"])
-    assert info.value.status == 400
-    assert_still_serving(server, client)
-
-
-def test_missing_content_length_gets_411(server, client):
-    conn = http.client.HTTPConnection(server.host, server.port, timeout=10)
-    conn.putrequest("POST", "/score")
-    conn.endheaders()
-    resp = conn.getresponse()
-    assert resp.status == 411 and "Content-Length" in json.loads(resp.read())["message"]
-    conn.close()
-    assert_still_serving(server, client)
-
-
-def test_oversized_request_gets_413(server, client):
-    big = torch.rand(8, 3, 64, 64)  # 96 KiB of uint8 > 0.05 MiB
-    status, err = post(server, encode_request(big, ["p"] * 8))
-    assert status == 413 and err["error"] == "request_too_large" and "max_request_mb" in err["message"]
-    with pytest.raises(RemoteRewardError, match="max_request_mb") as info:
-        client(big, ["p"] * 8)
-    assert info.value.status == 413
-    assert_still_serving(server, client)
+    def test_batch_wait_gathers_requests_sent_apart(self, batches_of_3):
+        # max_batch 3 = both requests' samples: the batch closes when the second one joins it
+        s, reward = batches_of_3
+        before = len(reward.batch_sizes)
+        client = RemoteReward(s.url, "brightness", retries=0)
+        xs = [torch.rand(1, 3, 8, 8), torch.rand(2, 3, 8, 8)]
+        first, threads = send_all(s, [(xs[0], ["p"])])
+        wait_until(lambda: health_shows(client, queued=1), "the first request to wait in its batch")
+        second, more = send_all(s, [(xs[1], ["p", "p"])])  # sent after the first is already waiting
+        join(threads + more)
+        for x, (status, payload) in zip(xs, first + second):
+            assert status == 200
+            torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["p"] * len(x)))
+        assert reward.batch_sizes[before:] == [3]  # one reward call for both
 
 
 def test_slow_reward_gets_504_and_client_gives_up_clearly(serve_cluster, tmp_path):
@@ -355,22 +400,6 @@ def _answer(sock: socket.socket) -> tuple[int, dict]:
     resp = http.client.HTTPResponse(sock)
     resp.begin()
     return resp.status, json.loads(resp.read())
-
-
-def test_upload_that_pauses_mid_body_is_scored(server, client):
-    x = torch.rand(2, 3, 8, 8)
-    body = encode_request(x, ["a", "b"])
-    sock = _send_half(server, body)
-    try:
-        # the replica holds half a body and waits for the rest (read_timeout_s 60: far off)
-        wait_until(lambda: health_shows(client, uploading=1), "the replica to be receiving the body")
-        sock.sendall(body[len(body) // 2 :])
-        status, payload = _answer(sock)
-    finally:
-        sock.close()
-    assert status == 200
-    torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["a", "b"]))
-    assert_still_serving(server, client)
 
 
 def test_stalled_upload_gets_408(serve_cluster):
@@ -460,19 +489,3 @@ def test_a_reward_that_cannot_load_fails_start(serve_cluster, tmp_path):
     tries = len(calls.read_text().split())
     assert 1 <= tries <= 3, f"{tries} constructor tries: a few (max_constructor_retry_count), not Serve's default 20"
     assert serve.status().applications == {}  # start() deleted the failed app
-
-
-def test_batch_wait_gathers_requests_sent_apart(serve_cluster, tmp_path):
-    # max_batch 3 = both requests' samples: the batch closes when the second one joins it
-    reward = Brightness(log=str(tmp_path / "batch_sizes.txt"))
-    with RewardServer(reward, port=0, replicas=1, max_batch=3, batch_wait_s=LONG_WAIT_S, timeout_s=60) as s:
-        client = RemoteReward(s.url, "brightness", retries=0)
-        xs = [torch.rand(1, 3, 8, 8), torch.rand(2, 3, 8, 8)]
-        first, threads = send_all(s, [(xs[0], ["p"])])
-        wait_until(lambda: health_shows(client, queued=1), "the first request to wait in its batch")
-        second, more = send_all(s, [(xs[1], ["p", "p"])])  # sent after the first is already waiting
-        join(threads + more)
-        for x, (status, payload) in zip(xs, first + second):
-            assert status == 200
-            torch.testing.assert_close(torch.tensor(payload["scores"]), Brightness()(quantized(x), ["p"] * len(x)))
-        assert reward.batch_sizes == [3]  # one reward call for both

@@ -17,7 +17,6 @@ import os
 import torch
 import yaml
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from digenrl.config.schema import dump_config, load_config
 from digenrl.config.contract import contract
@@ -35,6 +34,7 @@ from digenrl.sim.workload import RunSpec
 from digenrl.sim.simulate import simulate
 from digenrl.sim.testbed import list_presets, load_testbed
 from digenrl.sim.workload import config_for, fitting_gang, refusal, trainer_fit
+from tests.helpers.ranks import spawn_ranks
 
 WORLD = 2
 TINY = TinyDiTConfig(image_size=8, dim=32, depth=2, heads=2)
@@ -206,7 +206,7 @@ def _worker(rank: int, tmp: str) -> None:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gang")
-    mp.spawn(_worker, args=(str(tmp),), nprocs=WORLD, join=True)
+    spawn_ranks(_worker, (str(tmp),), WORLD)
     return torch.load(tmp / "counts.pt")
 
 
