@@ -63,8 +63,9 @@ def _train(args: argparse.Namespace) -> int:
     except lost as e:  # a lost trainer: the message says how to continue (--resume)
         print(f"digenrl train: {e}", file=sys.stderr)
         return 3
-    except late as e:  # a wait past its deadline: the message names what it waited for
-        print(f"digenrl train: gave up waiting: {e}", file=sys.stderr)
+    except late as e:  # a wait past its deadline, or one that could never end: the message names what for
+        why = "refused: " if type(e).__name__ == "Unplaceable" else "gave up waiting: "
+        print(f"digenrl train: {why}{e}", file=sys.stderr)
         return 4
     except KeyboardInterrupt:  # Ctrl-C: where the run stands and how to continue, no traceback
         return _interrupted(Path(cfg.run.run_dir), args.argv)

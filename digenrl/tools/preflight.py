@@ -40,7 +40,8 @@ def looks_like_path(value: str) -> bool:
 
 def check_inputs(cfg: Config) -> None:
     """Raise one ConfigError listing every input the run could not read (one per line)."""
-    remote = cfg.run.mode != "local" and bool(cfg.runtime.address or os.environ.get("RAY_ADDRESS"))
+    address = (cfg.runtime.address or os.environ.get("RAY_ADDRESS") or "").strip().lower()
+    remote = cfg.run.mode != "local" and address not in ("", "local")  # "local": a cluster started here
     checks = [_check_prompts]
     if not remote:
         checks = [_check_model, *checks, _check_reward_paths]

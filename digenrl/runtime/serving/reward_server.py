@@ -45,6 +45,7 @@ from digenrl.rewards.auth import (NEW_TOKEN, TOKEN_ENV, TOKEN_FILE_ENV, bearer, 
                                   token_digest)
 from digenrl.rewards.base import Reward
 from digenrl.rewards.specs import resolve_factory
+from digenrl.runtime.cluster import cluster_address
 from digenrl.runtime.serving.options import AUTO_REPLICAS_MAX, ServeOptions
 from digenrl.runtime.serving.reward_app import RewardDeployment
 
@@ -248,7 +249,7 @@ def _connect(address: Optional[str], o: ServeOptions) -> bool:
     """Make sure Ray is up; True when this call started a local cluster (sized for the replicas)."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(address)  # "local": a new local cluster, sized here
     if address:
         ray.init(address=address, include_dashboard=False)
         return False
