@@ -6,6 +6,8 @@
                                sized local cluster too; an address where nothing answers is
                                refused within CONNECT_TIMEOUT_S
     cluster_address(address)   the existing cluster to join, or None (start a local one)
+    _check_token(address)      a cluster that wants Ray's token (RAY_AUTH_MODE=token) this process
+                               does not have: ClusterRefused at once, saying how to give it
     session(address, pools)    the same as a context: shuts down a cluster it started
     actor_options(pool)        num_cpus / num_gpus / accelerator_type / custom resources
     PoolPlacement(pool, n)     the trainer pool's single-device workers in one PACK placement
@@ -65,6 +67,7 @@ def connect(address: Optional[str], pools: list[tuple[PoolConfig, int]]) -> bool
     address = cluster_address(address)
     if address:
         _check_reachable(address)
+        _check_token(address)
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
         return False
     cpus = sum(p.num_cpus * n for p, n in pools)
@@ -100,6 +103,48 @@ def _check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None
         raise WaitTimeout(f"Ray cluster at {address!r} (runtime.address, else $RAY_ADDRESS): nothing "
                           f"answers at {host}:{port} ({e}); start it (`ray start --head --port={port}`), "
                           "fix the address, or unset both to start a local cluster") from None
+
+
+class ClusterRefused(RuntimeError):
+    """The cluster at the address refused this driver (Ray's token authentication)."""
+
+
+TOKEN_HELP = ("set RAY_AUTH_MODE=token and give the cluster's token in RAY_AUTH_TOKEN, or in a file named by "
+              "RAY_AUTH_TOKEN_PATH (or ~/.ray/auth_token), as on the cluster's nodes")
+
+
+def _check_token(address: str) -> None:
+    """Refuse at once, saying so, a cluster that wants a token this process does not have.
+
+    Ray's token authentication (Ray >= 2.52: RAY_AUTH_MODE=token on the cluster): a driver
+    without the token, or with another, is answered "Unauthenticated", which ray.init retries
+    for about 20 s with a log line a second, then reports as a failed connection; with
+    RAY_AUTH_MODE=token and no token at all, Ray's GCS client aborts the process. One GCS
+    client, made after the token is known to be there, asks once."""
+    try:
+        from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:  # a Ray without token authentication
+        return
+    gcs = address.removeprefix("ray://")
+    if ":" not in gcs or gcs.startswith("auto"):  # "auto" and such: left to ray.init
+        return
+    try:
+        ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+        GcsClient(address=gcs)
+    except AuthenticationError as e:
+        mode = os.environ.get("RAY_AUTH_MODE", "")
+        if mode == "token" and "no authentication token" in str(e).lower():
+            why = "this driver has RAY_AUTH_MODE=token but no token to send"
+        elif mode == "token":
+            why = "it refused this driver's token, which is not the cluster's"
+        else:
+            why = "it refused this driver, which sends no token (RAY_AUTH_MODE is not token): the cluster wants Ray's token"
+        raise ClusterRefused(f"Ray cluster at {address!r} (runtime.address, else $RAY_ADDRESS): {why}. "
+                             f"To join it, {TOKEN_HELP}") from None
+    except Exception:  # noqa: BLE001 - anything else: ray.init says it (unreachable was checked above)
+        return
 
 
 @contextmanager

@@ -50,11 +50,12 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.run.mode == "local":
         from digenrl.train.trainer import Trainer as trainer_cls
     else:
+        from digenrl.runtime.cluster import ClusterRefused
         from digenrl.runtime.driver import RayDriver as trainer_cls
         from digenrl.runtime.loop import WorkerLostError
         from digenrl.runtime.waits import WaitTimeout
 
-        lost, late = (WorkerLostError,), (WaitTimeout,)
+        lost, late = (WorkerLostError,), (WaitTimeout, ClusterRefused)
 
     print(f"digenrl train: model={cfg.model.name} mode={cfg.run.mode} steps={cfg.train.steps} "
           f"samples/step={cfg.data.groups_per_step * cfg.data.group_size} run_dir={cfg.run.run_dir}")
@@ -63,8 +64,8 @@ def _train(args: argparse.Namespace) -> int:
     except lost as e:  # a lost trainer: the message says how to continue (--resume)
         print(f"digenrl train: {e}", file=sys.stderr)
         return 3
-    except late as e:  # a wait past its deadline, or one that could never end: the message names what for
-        why = "refused: " if type(e).__name__ == "Unplaceable" else "gave up waiting: "
+    except late as e:  # a wait past its deadline, one that could never end, a cluster that refused the driver
+        why = {"Unplaceable": "refused: ", "ClusterRefused": ""}.get(type(e).__name__, "gave up waiting: ")
         print(f"digenrl train: {why}{e}", file=sys.stderr)
         return 4
     except KeyboardInterrupt:  # Ctrl-C: where the run stands and how to continue, no traceback

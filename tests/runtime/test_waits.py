@@ -11,6 +11,7 @@ deadline: tested with the cluster's node totals and its autoscaler injected (`cl
 them run as on a cluster that may grow (`may_grow`), where the deadline decides."""
 
 import dataclasses
+import re
 import socket
 import time
 
@@ -182,6 +183,32 @@ def test_ray_address_local_starts_the_local_cluster_the_run_would_start(monkeypa
     assert cluster.connect("local", pools) is True and calls.pop()["address"] == "local"  # runtime.address=local too
     monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
     assert cluster.cluster_address(None) == "10.0.0.5:6379" and cluster.cluster_address("auto") == "auto"
+
+
+@pytest.mark.parametrize("mode, token, says", [
+    (None, None, "it refused this driver, which sends no token (RAY_AUTH_MODE is not token): the cluster wants Ray's token"),
+    ("token", "a" * 32, "it refused this driver's token, which is not the cluster's"),
+])
+def test_a_cluster_that_wants_rays_token_refuses_the_driver_at_once(monkeypatch, mode, token, says):
+    # Ray's token authentication: the GCS answers "Unauthenticated" (injected here; the nodes tier
+    # runs it for real), and the driver stops with a message instead of ray.init's 20 s of retries
+    import ray._raylet
+    from ray.exceptions import AuthenticationError
+
+    def gcs_client(address):
+        raise AuthenticationError("RPC error: InvalidAuthToken: Authentication token is missing or incorrect")
+
+    monkeypatch.setattr(ray._raylet, "GcsClient", gcs_client)
+    for key, value in (("RAY_AUTH_MODE", mode), ("RAY_AUTH_TOKEN", token)):
+        if value is None:
+            monkeypatch.delenv(key, raising=False)
+        else:
+            monkeypatch.setenv(key, value)
+    with pytest.raises(cluster.ClusterRefused, match=f"Ray cluster at '10.0.0.5:6379' .*: {re.escape(says)}. "
+                                                     "To join it, set RAY_AUTH_MODE=token and give the cluster's token"):
+        cluster._check_token("10.0.0.5:6379")
+    monkeypatch.setattr(ray._raylet, "GcsClient", lambda address: None)  # the token checks out
+    cluster._check_token("10.0.0.5:6379")
 
 
 def test_the_event_loops_watchdog_names_the_units_in_flight(ray_cluster):
