@@ -2,6 +2,7 @@
 
     python benchmarks/reward_server_load.py [--clients 64] [--duration-s 60] [--bad-fraction 0.05]
                                             [--replicas 0] [--reward-on auto] [--url http://host:port]
+                                            [--auth off|on|both]
 
 Starts `digenrl.runtime.serving.RewardServer` with the JPEG-compressibility reward on a new local Ray
 cluster (or loads a server already at --url that serves it) and runs `clients` threads for
@@ -14,6 +15,15 @@ cluster (or loads a server already at --url that serves it) and runs `clients` t
     slow       a good body sent in 8 pieces over ~1 s              expect 200 and the right scores
     stalled    half a body, then silence until the server answers  expect 408 (or the connection cut)
 
+With a token (`--auth on`: the server is started with a fresh one; with --url, the token is
+$DIGENRL_REWARD_TOKEN), every request carries it, and a fifth kind of bad request joins the mix:
+
+    unauthorized  a good body with a wrong token, or none               expect 401
+
+`--auth both` starts the server without a token and with one, `--pairs` times each in the order
+off, on, on, off, off, on, ... (so that a machine whose load drifts favours neither), runs the
+same load against each, and prints every report and their requests/s and p50 side by side.
+
 Every good (and slow) answer is compared with the reward computed locally on the same
 uint8-quantised images. Prints one JSON report (requests sent/answered/correct per kind,
 statuses, connection errors, p50/p99 latency of good requests, throughput) and exits 1 if
@@ -25,7 +35,9 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
 import random
+import secrets
 import socket
 import sys
 import threading
@@ -39,7 +51,8 @@ from digenrl.rewards.toy import JpegCompressibility
 from digenrl.rewards.wire import encode_request
 
 REWARD_SPEC = "digenrl.rewards.toy:JpegCompressibility"
-EXPECTED = {"malformed": {400}, "oversized": {413}, "stalled": {408, "cut"}}  # good and slow: 200 + right scores
+EXPECTED = {"malformed": {400}, "oversized": {413}, "stalled": {408, "cut"},
+            "unauthorized": {401}}  # good and slow: 200 + right scores
 
 
 @dataclass
@@ -84,29 +97,36 @@ def _exchange(host: str, port: int, head: bytes, body: bytes, pieces: int, pause
         sock.close()
 
 
-def _head(length: int) -> bytes:
-    return (f"POST /score HTTP/1.1\r\nHost: reward\r\nContent-Type: application/octet-stream\r\n"
+def _head(length: int, token: str | None = None) -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return (f"POST /score HTTP/1.1\r\nHost: reward\r\nContent-Type: application/octet-stream\r\n{auth}"
             f"Content-Length: {length}\r\nConnection: close\r\n\r\n").encode()
 
 
-def one_request(kind: str, host: str, port: int, good: list, rng: random.Random, limits: dict) -> tuple:
-    """Send one request of `kind`; returns (status or "cut"/"error:..", latency_s, expected scores or None, raw)."""
+def one_request(kind: str, host: str, port: int, good: list, rng: random.Random, limits: dict,
+                token: str | None = None) -> tuple:
+    """Send one request of `kind` (with `token`, if any); returns (status or "cut"/"error:..", latency_s,
+    expected scores or None, raw)."""
     body, expected = good[rng.randrange(len(good))]
     start = time.perf_counter()
     try:
         if kind in ("good", "slow"):
             pieces, pause = (1, 0.0) if kind == "good" else (8, 1.0 / 7)
-            status, raw = _exchange(host, port, _head(len(body)), body, pieces, pause, limits["client_timeout_s"])
+            status, raw = _exchange(host, port, _head(len(body), token), body, pieces, pause, limits["client_timeout_s"])
         elif kind == "malformed":
             junk = rng.choice([body[: len(body) // 2], b"\x00" * 64, b"not safetensors at all", body[:8] + body[16:]])
-            status, raw = _exchange(host, port, _head(len(junk)), junk, 1, 0.0, limits["client_timeout_s"])
+            status, raw = _exchange(host, port, _head(len(junk), token), junk, 1, 0.0, limits["client_timeout_s"])
             expected = None
         elif kind == "oversized":
             big = bytes(limits["max_request_bytes"] + 1 + rng.randrange(1 << 16))
-            status, raw = _exchange(host, port, _head(len(big)), big, 1, 0.0, limits["client_timeout_s"])
+            status, raw = _exchange(host, port, _head(len(big), token), big, 1, 0.0, limits["client_timeout_s"])
+            expected = None
+        elif kind == "unauthorized":  # a good body, a wrong token or none
+            wrong = rng.choice([None, secrets.token_urlsafe(32), (token or "")[:-1] + "x"])
+            status, raw = _exchange(host, port, _head(len(body), wrong), body, 1, 0.0, limits["client_timeout_s"])
             expected = None
         else:  # stalled: half the body, then nothing until after the server's read timeout
-            status, raw = _stall(host, port, body, limits)
+            status, raw = _stall(host, port, body, limits, token)
             expected = None
     except (ConnectionResetError, BrokenPipeError, http.client.RemoteDisconnected) as e:
         status, raw, expected = ("cut" if kind == "stalled" else f"error:{type(e).__name__}"), b"", expected
@@ -115,13 +135,13 @@ def one_request(kind: str, host: str, port: int, good: list, rng: random.Random,
     return status, time.perf_counter() - start, expected, raw
 
 
-def _stall(host: str, port: int, body: bytes, limits: dict):
+def _stall(host: str, port: int, body: bytes, limits: dict, token: str | None = None):
     sock = socket.create_connection((host, port), timeout=limits["client_timeout_s"])
     try:
         # The rest never comes, so a 408 is the only right answer whenever the server reads.
         # (Sending it after a pause would race the server: while a reward batch holds its
         # event loop, it cannot see when bytes arrived, and may find the whole body at once.)
-        sock.sendall(_head(len(body)) + body[: len(body) // 2])
+        sock.sendall(_head(len(body), token) + body[: len(body) // 2])
         resp = http.client.HTTPResponse(sock)
         resp.begin()
         return resp.status, resp.read()
@@ -130,21 +150,22 @@ def _stall(host: str, port: int, body: bytes, limits: dict):
 
 
 def run_load(url: str, clients: int, duration_s: float, bad_fraction: float, limits: dict,
-             samples: int = 4, size: int = 64, seed: int = 0) -> dict:
-    """Drive the server at `url` and return the report (see the module docstring)."""
+             samples: int = 4, size: int = 64, seed: int = 0, token: str | None = None) -> dict:
+    """Drive the server at `url` and return the report (see the module docstring). With `token`,
+    every request carries it, and the bad requests include unauthorized ones."""
     host, port = url.split("://")[-1].rsplit(":", 1)
     port = int(port)
     good = make_requests(32, samples, size, seed)
-    tallies = {k: Tally() for k in ("good", "slow", "malformed", "oversized", "stalled")}
+    bad_kinds = ["malformed", "oversized", "slow", "stalled"] + (["unauthorized"] if token else [])
+    tallies = {k: Tally() for k in ("good", *bad_kinds)}
     lock = threading.Lock()
     stop_at = time.monotonic() + duration_s
-    bad_kinds = ["malformed", "oversized", "slow", "stalled"]
 
     def client(i: int) -> None:
         rng = random.Random(seed * 1000 + i)
         while time.monotonic() < stop_at:
             kind = rng.choice(bad_kinds) if rng.random() < bad_fraction else "good"
-            status, latency, expected, raw = one_request(kind, host, port, good, rng, limits)
+            status, latency, expected, raw = one_request(kind, host, port, good, rng, limits, token)
             ok = None
             if kind in ("good", "slow") and status == 200:
                 scores = torch.tensor(json.loads(raw)["scores"], dtype=torch.float32)
@@ -182,6 +203,7 @@ def report(tallies: dict[str, Tally], wall_s: float, clients: int, duration_s: f
     conn_errors = sum(n for t in tallies.values() for s, n in t.statuses.items() if str(s).startswith("error:"))
     return {
         "clients": clients, "duration_s": duration_s, "wall_s": round(wall_s, 1), "bad_fraction": bad_fraction,
+        "auth": "unauthorized" in tallies,
         "samples_per_request": samples,
         "requests": {k: {"sent": t.sent, "statuses": {str(s): n for s, n in sorted(t.statuses.items(), key=str)},
                          **({"correct": t.correct, "wrong": t.wrong} if k in ("good", "slow") else {})}
@@ -209,25 +231,62 @@ def main() -> int:
     ap.add_argument("--read-timeout-s", type=float, default=2.0)
     ap.add_argument("--url", help="a running server with the same reward and limits (default: start one)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--auth", choices=("off", "on", "both"), default="off",
+                    help="on: the server wants a token (a fresh one; with --url, $DIGENRL_REWARD_TOKEN) and "
+                         "unauthorized requests join the bad ones; both: a run without, then one with it")
+    ap.add_argument("--pairs", type=int, default=1, help="--auth both: runs of each, alternating (off, on, on, off, ...)")
     args = ap.parse_args()
     limits = {"max_request_bytes": int(args.max_request_mb * 2**20), "read_timeout_s": args.read_timeout_s,
               "client_timeout_s": 60.0}
+    command = " ".join(["python", "benchmarks/reward_server_load.py", *sys.argv[1:]])
+    pairs = [[False, True] if i % 2 == 0 else [True, False] for i in range(args.pairs)]
+    runs = {"off": [False], "on": [True], "both": [auth for pair in pairs for auth in pair]}[args.auth]
     if args.url:
+        if args.auth == "both":
+            ap.error("--auth both starts its own servers; not with --url")
         result = run_load(args.url, args.clients, args.duration_s, args.bad_fraction, limits, args.samples,
-                          args.size, args.seed)
+                          args.size, args.seed, token=os.environ.get("DIGENRL_REWARD_TOKEN") if runs[0] else None)
+        results = [result]
     else:
-        from digenrl.runtime.serving.reward_server import RewardServer
+        import ray
 
-        with RewardServer(REWARD_SPEC, port=0, replicas=args.replicas, reward_on=args.reward_on, max_batch=args.max_batch,
-                          max_request_mb=args.max_request_mb, read_timeout_s=args.read_timeout_s) as server:
-            result = run_load(server.url, args.clients, args.duration_s, args.bad_fraction, limits, args.samples,
-                              args.size, args.seed)
-            result["server_health_after"] = server.health()
-            result["server"] = {"replicas": server.options.replicas, "reward_on": server.options.reward_on,
-                                "reward_in_thread": server.options.reward_in_thread}
-    result["command"] = " ".join(["python", "benchmarks/reward_server_load.py", *sys.argv[1:]])
-    print(json.dumps(result, indent=1))
-    return 0 if result["ok"] else 1
+        ray.init(address="local", include_dashboard=False, log_to_driver=False)  # one cluster for every run
+        results = [serve_and_load(args, limits, secrets.token_urlsafe(32) if auth else None) for auth in runs]
+    for result in results:
+        result["command"] = command
+    if len(results) == 1:
+        print(json.dumps(results[0], indent=1))
+        return 0 if results[0]["ok"] else 1
+    print(json.dumps({"runs": results, "compare": compare(results)}, indent=1))
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+def serve_and_load(args, limits: dict, token: str | None) -> dict:
+    """Start a server (with `token`, if any), run the load against it, stop it."""
+    from digenrl.runtime.serving.reward_server import RewardServer
+
+    with RewardServer(REWARD_SPEC, port=0, replicas=args.replicas, reward_on=args.reward_on, max_batch=args.max_batch,
+                      max_request_mb=args.max_request_mb, read_timeout_s=args.read_timeout_s, token=token or "") as server:
+        result = run_load(server.url, args.clients, args.duration_s, args.bad_fraction, limits, args.samples,
+                          args.size, args.seed, token=token)
+        result["server_health_after"] = server.health()
+        result["server"] = {"replicas": server.options.replicas, "reward_on": server.options.reward_on,
+                            "reward_in_thread": server.options.reward_in_thread}
+    return result
+
+
+def compare(results: list[dict]) -> dict:
+    """Good requests/s, p50 and p99 of each run in order, and their medians, auth off against on."""
+    import statistics
+
+    rows = [{"auth": "on" if r["auth"] else "off", "good_requests_per_s": r["throughput"]["good_requests_per_s"],
+             "p50_ms": r["latency_ms"]["p50"], "p99_ms": r["latency_ms"]["p99"],
+             "good_lost_or_wrong": r["good_lost_or_wrong"], "ok": r["ok"],
+             "unauthorized": r["requests"].get("unauthorized", {}).get("statuses")} for r in results]
+    median = {side: {key: statistics.median(row[key] for row in rows if row["auth"] == side)
+                     for key in ("good_requests_per_s", "p50_ms", "p99_ms")}
+              for side in ("off", "on") if any(row["auth"] == side for row in rows)}
+    return {"runs_in_order": rows, "median": median}
 
 
 if __name__ == "__main__":

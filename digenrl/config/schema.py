@@ -41,7 +41,9 @@ SHARD_KINDS = ("none", "fsdp")
 SP_FAMILIES = ("wan", "hunyuan-video", "hunyuan-video-1.5", "hunyuan-video-1.5-i2v")
 RESHARD_KINDS = ("after-forward", "after-step")
 # rollout-pool keys of spot workers and autoscaling (refused on the other pools)
-SPOT_KEYS = ("preemptible", "notice_s", "notices", "preemptions", "max_workers")
+SPOT_KEYS = ("preemptible", "notice_s", "notices", "preemptions", "max_workers", "watch", "metadata_url",
+             "watch_poll_s")
+WATCH_CLOUDS = ("aws", "gce", "azure")  # runtime.rollout.watch: whose metadata service each node's watcher polls
 # runtime.trainer.tag_offload: when a trainer's TAG switch offloads its uncommitted state (sim/tag_switch.py)
 TAG_OFFLOAD = ("auto", "always", "never")
 LOGGERS = ("tensorboard", "wandb")  # run.loggers: where step metrics go besides metrics.jsonl
@@ -606,6 +608,14 @@ class PoolConfig:
     # a CPU); always; never. A sharded gang's ranks move their shards; its masters stay (the
     # generation gathers them). Counted: tag/* step metrics
     tag_offload: str = "auto"
+    # preemptible: the cloud whose metadata service a watcher on each node with spot workers polls
+    # (aws: IMDSv2 spot/instance-action; gce: instance/preempted; azure: Scheduled Events), its
+    # answer written as the notice of every worker on that node (runtime/cloud_notices.py); None = off
+    watch: Optional[str] = None
+    # watch: the metadata service's base URL; None = the cloud's (http://169.254.169.254, GCE's
+    # http://metadata.google.internal). "{node_id}" / "{node_ip}" in it: the watcher's node
+    metadata_url: Optional[str] = None
+    watch_poll_s: float = 2.0  # watch: seconds between polls (gce: the longest a wait_for_change hangs)
 
     def check(self, key: str, minimum: int) -> None:
         _check(self.workers >= minimum, f"{key}.workers", f"must be >= {minimum}, got {self.workers}")
@@ -644,8 +654,17 @@ class PoolConfig:
         _check(self.sp == 1, f"{key}.sp", f"a rollout gang's sequence-parallel degree is {key}.gang; leave sp at 1")
         _check(math.isfinite(self.notice_s) and self.notice_s >= 0, f"{key}.notice_s",
                f"must be a finite number of seconds >= 0, got {self.notice_s}")
+        if self.watch is not None:
+            _one_of(self.watch, f"{key}.watch", WATCH_CLOUDS)
+        _check(math.isfinite(self.watch_poll_s) and self.watch_poll_s > 0, f"{key}.watch_poll_s",
+               f"must be a finite number of seconds > 0, got {self.watch_poll_s}")
+        _check(self.metadata_url is None or self.metadata_url.startswith(("http://", "https://")),
+               f"{key}.metadata_url", f"must be an http(s):// URL, got {self.metadata_url!r}")
+        _check(self.watch is not None or (self.metadata_url is None and self.watch_poll_s == PoolConfig.watch_poll_s),
+               f"{key}.metadata_url" if self.metadata_url is not None else f"{key}.watch_poll_s",
+               f"belongs to the metadata watcher: set {key}.watch to one of {', '.join(WATCH_CLOUDS)}")
         if not self.preemptible:
-            for name in ("notice_s", "notices", "preemptions"):
+            for name in ("notice_s", "notices", "preemptions", "watch"):
                 _check(getattr(self, name) == getattr(PoolConfig, name), f"{key}.{name}",
                        f"acts on spot workers only: set {key}.preemptible=true")
         if self.preemptions:
@@ -831,6 +850,8 @@ class Config:
                    "come from the joins of runtime.rollout.preemptions")
             _check(rt.reward.workers == 0, "runtime.reward.workers",
                    "emulated compute models rewards on the generating worker; set 0")
+            _check(rt.rollout.watch is None, "runtime.rollout.watch",
+                   "emulated workers run on no cloud's machine; their notices come from runtime.rollout.preemptions")
             _check(rt.network_interface is None, "runtime.network_interface",
                    "emulated workers sleep and run no collectives or relay; leave it unset")
         # model.device=cuda on Ray: every pool that loads the policy must reserve a GPU. A Ray

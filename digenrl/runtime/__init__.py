@@ -16,6 +16,9 @@
     emulated.py     EmulatedWorker (sleeps the cost model's time), its backend and loop
     elastic.py      Elastic: the run's side of `digenrl scale` (join / drain rollout workers mid-run)
     scale.py        scale requests and the driver's pools.json in the run directory (no Ray: the CLI's side)
+    preempt.py      spot rollout workers: notice sources (trace, files, SIGTERM), drain, deadline kill
+    cloud_notices.py  the clouds' reclaim notices: a watcher per node polls AWS / GCE / Azure metadata
+                    and writes the notices of the workers registered on its node
     serving/        the reward server on Ray Serve (`digenrl reward-server`): deployment, options, start/stop
 
 `digenrl bench` (digenrl/tools/bench.py) sits above this package and digenrl.sim: the runtime

@@ -184,10 +184,10 @@ class Actors:
         # a lost node may have been the only one with room for this pool: say so, not hang
         what = f"{old.role} (replacing lost worker {old.id})"
         if gang > 1:  # node-aligned, as at the start
-            pg = self._placements[new.id] = GangPlacement(pool, gang, what, timeout_s)
+            pg = self._placements[new.id] = GangPlacement(pool, gang, what, timeout_s, wait_for_nodes=True)
             self._spawn(new, [pg.options(pool, r) for r in range(gang)])
         else:
-            await_room(pool, 1, what, timeout_s)
+            await_room(pool, 1, what, timeout_s, wait_for_nodes=True)
             self._spawn(new, [actor_options(pool)])
         self.rank_pids.update(self._await_ready([new.id]))
         self.pids[new.id] = self.rank_pids[new.id][0]

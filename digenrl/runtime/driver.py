@@ -51,7 +51,8 @@ from digenrl.runtime.backend import RealBackend, StepPlans
 from digenrl.runtime.cluster import actor_options, await_room, connect
 from digenrl.runtime.elastic import Elastic
 from digenrl.runtime.loop import EventLoop
-from digenrl.runtime.preempt import Preemption, polls, spot_sources
+from digenrl.runtime.cloud_notices import Watchers
+from digenrl.runtime.preempt import Preemption, notice_dir, polls, spot_sources
 from digenrl.runtime.waits import within
 from digenrl.sched import Scheduler, Unit
 from digenrl.io.trace import Trace, TraceLog, build_outputs, iter_spans, plot_gantt, read_trace, write_chrome_trace
@@ -82,6 +83,7 @@ class RayDriver:
         self.notices = notices  # spot notice sources (tests); None = the config's (preempt.spot_sources)
         self.preemption: Optional[Preemption] = None  # runtime.rollout.preemptible: the driver's side
         self.spot: Optional[dict] = None  # its counts after the run (notices, honoured, killed, ...)
+        self.watchers: Optional[Watchers] = None  # runtime.rollout.watch: the nodes' metadata watchers
 
     @property
     def trace(self) -> Optional[Trace]:
@@ -125,6 +127,10 @@ class RayDriver:
         latest = self.recorder.resume_checkpoint() if resume else None
         pools = contract(cfg).pools
         started = connect(cfg.runtime.address, [(p.resources, p.workers * p.resources.gang) for p in pools])
+        if cfg.runtime.rollout.preemptible:  # spot workers register on their nodes as they start: this run's
+            from digenrl.runtime.cloud_notices import clear
+
+            clear(notice_dir(cfg))
         try:
             if cfg.wants_plan():  # a resumed run keeps the plan its checkpoint was made with
                 cfg = self.cfg = self._plan_here() if latest is None else _planned(cfg, latest)
@@ -200,6 +206,8 @@ class RayDriver:
                 self.notices if self.notices is not None else spot_sources(self.cfg),
                 clock=lambda loop: loop.now(), kill=backend.kill,
                 add=lambda join, loop: elastic.grow(f"spot replacement for {join.replaces} ({join.worker})"))
+        # runtime.rollout.watch: a watcher on each spot node polls the cloud's metadata service
+        watchers = self.watchers = Watchers.from_config(self.cfg)
         autoscaler = None
         if pool.max_workers:  # ask Ray's autoscaler for nodes (runtime/autoscale.py)
             autoscaler = Autoscaler(self.cfg, lambda loop: elastic.rollout_count(loop.sched), elastic.grow)
@@ -207,8 +215,8 @@ class RayDriver:
         self.trace_log, self._trace = self.run_dir / "trace.jsonl", None
         with TraceLog(self.trace_log) as log:
             loop = EventLoop(sched, backend, on_dispatch=self._hook,
-                             poll=polls(elastic.poll, self.preemption and self.preemption.poll,
-                                        autoscaler and autoscaler.poll),
+                             poll=polls(elastic.poll, watchers and watchers.poll,
+                                        self.preemption and self.preemption.poll, autoscaler and autoscaler.poll),
                              on_leave=elastic.left, trace=log, stall_s=self.cfg.runtime.stall_timeout_s)
             elastic.start(loop)
             if autoscaler is not None:
@@ -216,6 +224,8 @@ class RayDriver:
             try:
                 loop.run()
             finally:
+                if watchers is not None:
+                    watchers.close()
                 if autoscaler is not None:
                     autoscaler.close()
                 if self.preemption is not None:

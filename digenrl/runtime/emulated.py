@@ -92,6 +92,17 @@ class EmulatedWorker:
         arm_sigterm(directory, lambda: self.worker.id, notice_s)
         return True
 
+    def register_node(self, directory: str) -> str:
+        """A spot worker: record this worker on its node in `directory`'s registry, where the node's
+        metadata watcher finds it (runtime/cloud_notices.py). Returns the node id."""
+        import ray
+
+        from digenrl.runtime.cloud_notices import register
+
+        node = ray.get_runtime_context().get_node_id()
+        register(directory, node, self.worker.id, ray.util.get_node_ip_address())
+        return node
+
     def run(self, unit: Unit, t_ref: Optional[float] = None, *inputs) -> Slept:
         """`inputs` are refs of the units this one consumes (resolved by Ray: real messages).
         `t_ref`: wall time (modelled timeline) of the completions that enabled this unit."""

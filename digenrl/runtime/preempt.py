@@ -107,14 +107,15 @@ class FileNotices:
     Its content gives the deadline (`parse_notice`); a file that does not parse gives
     `default_s` (and a warning): a notice is never ignored. Names starting with '.' are
     skipped (write a notice as .tmp, then rename it: `write_notice`), and so are files that
-    were there when the source was made (an earlier run's). `now_unix`: the wall clock
-    (tests inject one).
+    were there when the source was made (an earlier run's), until one is written again (a
+    new modification time: a resumed run's worker of the same id noticed anew). `now_unix`:
+    the wall clock (tests inject one).
     """
 
     def __init__(self, directory: Union[str, Path], default_s: float, now_unix: Callable[[], float] = time.time):
         self.dir, self.default_s, self.now_unix = Path(directory), default_s, now_unix
         # files already there are an earlier run's (a resumed run reuses worker ids): not notices
-        self.seen: set[str] = set(self._names())
+        self.seen: dict[str, int] = {n: self._mtime(n) for n in self._names()}  # name -> mtime taken
         if self.seen:
             log.warning("notices directory %s already holds %s: taken as an earlier run's, not as notices",
                         self.dir, sorted(self.seen))
@@ -125,12 +126,19 @@ class FileNotices:
         except FileNotFoundError:
             return []
 
+    def _mtime(self, name: str) -> int:
+        try:
+            return os.stat(self.dir / name).st_mtime_ns
+        except OSError:
+            return -1
+
     def poll(self, now_s: float) -> list[Event]:
         out: list[Event] = []
         for name in self._names():
-            if name in self.seen:
+            mtime = self._mtime(name)
+            if self.seen.get(name) == mtime:
                 continue
-            self.seen.add(name)
+            self.seen[name] = mtime
             try:
                 text = (self.dir / name).read_text()
                 left = parse_notice(text, self.default_s, self.now_unix())

@@ -2,6 +2,7 @@
 it waited for, who did not answer, and the config key (or constant) that sets the deadline.
 
     WaitTimeout                      the error (`digenrl train` prints it and exits 4)
+    Unplaceable                      a placement that can never succeed, refused without waiting
     wait_all(named, timeout_s, ...)  ray.get of every named ref, or WaitTimeout naming the late ones
     within(runtime, deadline, ...)   wait_all with runtime.<deadline>_timeout_s ("start", "stall")
 
@@ -18,6 +19,11 @@ import ray
 
 class WaitTimeout(RuntimeError):
     """A wait of the driver passed its deadline; the message says what it waited for and why."""
+
+
+class Unplaceable(WaitTimeout):
+    """A placement that can never succeed on this cluster (runtime/cluster.py,
+    `refuse_if_infeasible`): refused at once, with the message its deadline would have given."""
 
 
 def wait_all(named: Mapping[str, Any], *, timeout_s: float, what: str, key: str,

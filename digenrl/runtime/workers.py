@@ -201,9 +201,15 @@ class RolloutRank(_PolicyRank):
         self.policy = build_policy(cfg.model, progress=False)
         self.rewarder = build_rewarder(cfg)
         if cfg.runtime.rollout.preemptible:  # a spot worker: SIGTERM is its notice, not an exit
+            import ray
+
+            from digenrl.runtime.cloud_notices import register
             from digenrl.runtime.preempt import arm_sigterm, notice_dir
 
             arm_sigterm(notice_dir(cfg), lambda: self.id, cfg.runtime.rollout.notice_s)
+            # its node's watcher (and a preStop hook) writes its notice when the node is reclaimed
+            register(notice_dir(cfg), ray.get_runtime_context().get_node_id(), self.id,
+                     ray.util.get_node_ip_address())
 
     @on_ranks(FIRST, FIRST)  # rank 0 joins the relay's chain and broadcasts to the rest
     def relay_connect(self, address) -> None:

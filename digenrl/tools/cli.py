@@ -4,7 +4,7 @@
     digenrl train --help-config     (every config key: type, default, description)
                   (key=value overrides may go anywhere among the options)
     digenrl pretrain-toy [--steps N] [--out FILE]
-    digenrl reward-server SPEC [--replicas N] [--host H] [--port P] [--address A] ...  (Ray Serve)
+    digenrl reward-server SPEC [--replicas N] [--host H] [--port P] [--address A] [--token-file F] ...  (Ray Serve)
     digenrl prompts list | fetch NAME [--split train|test]   (named prompt sets: data.prompts=NAME)
     digenrl simulate --testbed FILE|PRESET      (each takes --help)
     digenrl plan --testbed FILE|PRESET --gpus N
@@ -50,11 +50,12 @@ def _train(args: argparse.Namespace) -> int:
     if cfg.run.mode == "local":
         from digenrl.train.trainer import Trainer as trainer_cls
     else:
+        from digenrl.runtime.cluster import ClusterRefused
         from digenrl.runtime.driver import RayDriver as trainer_cls
         from digenrl.runtime.loop import WorkerLostError
         from digenrl.runtime.waits import WaitTimeout
 
-        lost, late = (WorkerLostError,), (WaitTimeout,)
+        lost, late = (WorkerLostError,), (WaitTimeout, ClusterRefused)
 
     print(f"digenrl train: model={cfg.model.name} mode={cfg.run.mode} steps={cfg.train.steps} "
           f"samples/step={cfg.data.groups_per_step * cfg.data.group_size} run_dir={cfg.run.run_dir}")
@@ -63,8 +64,9 @@ def _train(args: argparse.Namespace) -> int:
     except lost as e:  # a lost trainer: the message says how to continue (--resume)
         print(f"digenrl train: {e}", file=sys.stderr)
         return 3
-    except late as e:  # a wait past its deadline: the message names what it waited for
-        print(f"digenrl train: gave up waiting: {e}", file=sys.stderr)
+    except late as e:  # a wait past its deadline, one that could never end, a cluster that refused the driver
+        why = {"Unplaceable": "refused: ", "ClusterRefused": ""}.get(type(e).__name__, "gave up waiting: ")
+        print(f"digenrl train: {why}{e}", file=sys.stderr)
         return 4
     except KeyboardInterrupt:  # Ctrl-C: where the run stands and how to continue, no traceback
         return _interrupted(Path(cfg.run.run_dir), args.argv)
@@ -130,6 +132,15 @@ def _reward_server(args: argparse.Namespace) -> int:
         print(f"digenrl reward-server: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+class _RefuseToken(argparse.Action):
+    """`--token`: refused without echoing its value (a process's arguments are readable by every
+    user of its machine, and its shell history keeps them)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("the token is never a command-line argument: set DIGENRL_REWARD_TOKEN in the environment, "
+                     "or pass --token-file PATH (or set DIGENRL_REWARD_TOKEN_FILE=PATH)")
 
 
 def serve_options(args: argparse.Namespace):
@@ -265,7 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("reward-server", help="serve a reward model over HTTP on Ray Serve (safetensors in, JSON out)")
     r.add_argument("reward", help="e.g. 'pickscore?path=/models/PickScore_v1&device=cuda' or module.path:Factory")
-    r.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to serve other machines")
+    r.add_argument("--host", default="127.0.0.1",
+                   help="0.0.0.0 to serve other machines (then a token is required: $DIGENRL_REWARD_TOKEN or --token-file)")
     r.add_argument("--port", type=int, default=8000, help="0: a free port (or that of the Serve already running)")
     r.add_argument("--ingress", default="replica",
                    help="who listens for HTTP: each replica itself (fast; each node serves its own replicas) "
@@ -289,6 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--gpus-per-replica", type=float, default=0.0, help="e.g. 1 for a reward on device=cuda")
     r.add_argument("--shutdown-grace-s", type=float, default=3.0,
                    help="after Ctrl-C, how long requests in flight may still run")
+    r.add_argument("--token-file", help="a file holding the bearer token every request must carry (default: "
+                                        "$DIGENRL_REWARD_TOKEN, else the file $DIGENRL_REWARD_TOKEN_FILE names; "
+                                        "the token itself is never an argument)")
+    r.add_argument("--token", nargs="?", action=_RefuseToken, help=argparse.SUPPRESS)  # not --token-file abbreviated
+    r.add_argument("--tls-cert", help="PEM certificate file: serve HTTPS (with --tls-key)")
+    r.add_argument("--tls-key", help="PEM private key file of --tls-cert")
     r.set_defaults(func=_reward_server)
 
     ps = sub.add_parser("prompts", help="named prompt sets (pickscore, ocr, geneval, drawbench): list, fetch")

@@ -8,7 +8,10 @@ files: tests/test_recipes.py); this is the second stage, run by `digenrl train`,
 looks at the files the run is about to read: model.path, model.prompt_cache (when no text
 encoder is loaded), data.prompts, data.eval_prompts (a named prompt set is fetched here, once,
 into the cache), reward.paths and runtime.testbed; and that the packages run.loggers needs
-are installed (wandb is an optional extra).
+are installed (wandb is an optional extra). A served reward (reward.paths.remote) is asked for
+its /health with this process's token: a server that wants a token the environment does not
+give (401), or that serves another reward, stops the run here, naming the key; one that does not
+answer is left to the run (its workers may reach a network this machine does not).
 
 Model and reward files are read by the Ray workers. When the run joins an existing
 cluster (runtime.address or $RAY_ADDRESS) they may live on disks this machine does not
@@ -37,13 +40,16 @@ def looks_like_path(value: str) -> bool:
 
 def check_inputs(cfg: Config) -> None:
     """Raise one ConfigError listing every input the run could not read (one per line)."""
-    remote = cfg.run.mode != "local" and bool(cfg.runtime.address or os.environ.get("RAY_ADDRESS"))
+    address = (cfg.runtime.address or os.environ.get("RAY_ADDRESS") or "").strip().lower()
+    remote = cfg.run.mode != "local" and address not in ("", "local")  # "local": a cluster started here
     checks = [_check_prompts]
     if not remote:
         checks = [_check_model, *checks, _check_reward_paths]
     if cfg.runtime.compute == "emulated" and cfg.run.mode != "local":  # no model, prompt or reward is read
         checks = [lambda c: _check_testbed(c.runtime.testbed)]
     checks.append(_check_loggers)
+    if cfg.runtime.compute != "emulated" or cfg.run.mode == "local":
+        checks.append(_check_remote_reward)
     problems = []
     for check in checks:  # a recipe's placeholders all show at once, not one per attempt
         try:
@@ -127,6 +133,29 @@ def _check_reward_paths(cfg: Config) -> None:
                                             "a local model folder or file; nothing is downloaded")))
     if missing:
         raise ConfigError("\n  ".join(missing))
+
+
+def _check_remote_reward(cfg: Config, timeout_s: float = 10.0) -> None:
+    if "remote" not in cfg.reward.weights or "remote" not in cfg.reward.paths:
+        return
+    from digenrl.rewards.auth import TokenError
+    from digenrl.rewards.client import RemoteReward, RemoteRewardError
+
+    url, _, served = cfg.reward.paths["remote"].partition("#")
+    try:
+        health = RemoteReward(url, served, timeout_s=timeout_s, retries=0).health()
+    except (TokenError, RemoteRewardError) as e:
+        if isinstance(e, RemoteRewardError) and e.status != 401:
+            return  # up but unwell: the run's retries decide
+        raise ConfigError(f"reward.paths.remote: {e}") from None
+    except OSError as e:
+        if "CERTIFICATE_VERIFY_FAILED" in str(e):
+            raise ConfigError(f"reward.paths.remote: {url}: its certificate does not check out ({e}); set "
+                              "DIGENRL_REWARD_CA to the CA (or the server's certificate) that signed it") from None
+        return  # not reachable from here: the workers may reach it
+    if health.get("reward") not in (None, served):
+        raise ConfigError(f"reward.paths.remote: the server at {url} serves reward {health['reward']!r}, "
+                          f"not {served!r}: fix the '#{served}' part, or the URL")
 
 
 def _check_loggers(cfg: Config) -> None:

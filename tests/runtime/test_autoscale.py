@@ -2,7 +2,9 @@
 worker added per poll while there is room, and (tier `nodes`) a cluster whose autoscaler
 starts fake nodes: the request made, spot workers joined as their nodes came up, their nodes
 reclaimed (one after a drain, one under its unit), and the pool refilled on the nodes started
-in their place."""
+in their place. The notices come as on a cloud: each spot node's metadata watcher
+(runtime/cloud_notices.py) polls a fake AWS metadata service (tests/helpers/fake_metadata.py),
+which answers per node, and writes the notice files the driver reads."""
 
 import pytest
 import ray
@@ -10,12 +12,13 @@ import ray
 from digenrl.config.schema import load_config
 from digenrl.runtime.autoscale import Autoscaler, cluster_request, pool_bundles
 from digenrl.runtime.emulated import PREEMPT_POLL_S, EmulatedBackend, EmulatedLoop, EmulatedWorker
-from digenrl.runtime.preempt import Preemption, polls
+from digenrl.runtime.cloud_notices import Watchers
+from digenrl.runtime.preempt import FileNotices, Preemption, polls
 from digenrl.sched import SchedConfig, Scheduler, Worker
-from digenrl.sched.preemption import Notice
 
 from ..sched.sched_helpers import COST, const_cost
 from tests.helpers.autoscaling_cluster import HEAD_ID, autoscaling_cluster, parent_pid, reclaim
+from tests.helpers.fake_metadata import FakeMetadata
 from tests.helpers.ray_cluster import leave_shared_ray_cluster
 
 
@@ -63,22 +66,14 @@ def test_poll_adds_one_worker_per_poll_while_there_is_room_up_to_max():
     assert asked[-1] == {"bundles": []}  # the request withdrawn
 
 
-class _Inbox:
-    def __init__(self):
-        self.events = []
-
-    def poll(self, now_s):
-        out, self.events = self.events, []
-        return out
-
-
 class _SpotJoiner:
-    """Starts emulated rollout workers that need a `spot` node and joins each once it is up.
+    """Starts emulated rollout workers that need a `spot` node and joins each once it is up,
+    registered on its node in `notices` (as a real spot worker registers itself).
     slow: {worker: factor} for workers whose units take that much longer in wall time."""
 
-    def __init__(self, backend: EmulatedBackend, slow: dict[str, float]):
-        self.backend, self.slow = backend, slow
-        self.joining, self.joined, self.raylet, self.spot_nodes = {}, [], {}, {}
+    def __init__(self, backend: EmulatedBackend, slow: dict[str, float], notices):
+        self.backend, self.slow, self.notices = backend, slow, str(notices)
+        self.joining, self.joined, self.raylet, self.spot_nodes, self.node = {}, [], {}, {}, {}
 
     def add(self, why: str) -> str:
         wid = f"spot-{len(self.joined) + len(self.joining)}"
@@ -94,6 +89,7 @@ class _SpotJoiner:
                 continue
             del self.joining[wid]
             self.raylet[wid] = parent_pid(ray.get(pid))  # the node's raylet started the worker process
+            self.node[wid] = ray.get(h.register_node.remote(self.notices))
             self.spot_nodes[wid] = ray.cluster_resources().get("spot", 0)
             w = Worker(wid, "rollout")
             self.backend.handles[wid], self.backend.workers[wid] = h, w
@@ -114,14 +110,17 @@ class _Enough(Exception):
 
 
 @pytest.mark.nodes  # a head and 4 fake nodes started by Ray's autoscaler (~1-2 min on 2 shared cores)
-def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted():
+def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted(tmp_path):
     """Two spot nodes come up for the request and their workers join. The provider reclaims
     both: spot-0 is noticed well ahead, drains, leaves, and then its node goes; spot-1 is
     noticed with no time left while it works, so its node goes at once, under its unit, which
     the scheduler gives to another worker. Each time the autoscaler notices the dead node,
-    terminates it, starts another for the standing request, and the pool is refilled there."""
+    terminates it, starts another for the standing request, and the pool is refilled there.
+    Each notice is the fake AWS metadata service's answer for that node, which the node's
+    watcher writes as the worker's notice file."""
     leave_shared_ray_cluster()
-    with autoscaling_cluster(head_cpus=2, spot_cpus=1, max_spot=2):
+    notices = tmp_path / "notices"
+    with autoscaling_cluster(head_cpus=2, spot_cpus=1, max_spot=2), FakeMetadata("aws") as imds:
         assert ray.cluster_resources().get("spot", 0) == 0  # no spot node before the request
         # two spot workers, one per node; r0 is an on-demand worker on the head, so the pool has a
         # worker before any node is up, and it is not in the request
@@ -131,7 +130,9 @@ def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted():
         sched = Scheduler(sc, [Worker("r0", "rollout"), Worker("t0", "trainer")])
         backend = EmulatedBackend(sched.workers, const_cost(COST, sc.samples_per_group), time_scale=0.01)
         # spot-1's units last 100x longer (2 s of wall time): one is surely in flight when its node goes
-        joiner, inbox, asked = _SpotJoiner(backend, slow={"spot-1": 100.0}), _Inbox(), []
+        joiner, asked = _SpotJoiner(backend, slow={"spot-1": 100.0}, notices=notices), []
+        # a watcher on each spot node, polling the fake IMDS at {its url}/n/<node id>
+        watchers = Watchers("aws", imds.url + "/n/{node_id}", notices, poll_s=0.2, notice_s=30.0, every_s=0.2)
         request = ray.autoscaler.sdk.request_resources
 
         def record(**kw):
@@ -139,26 +140,30 @@ def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted():
             request(**kw)
 
         scaler = Autoscaler(cfg, joiner.count, joiner.add, every_s=0.5, request=record)
-        # past a deadline the provider takes the node, the worker's process with it
-        spot = Preemption([inbox], clock=lambda loop: loop.now(), kill=lambda wid: reclaim(joiner.raylet[wid]))
         seen = {}
+
+        def kill(wid):  # past a deadline the provider takes the node, the worker's process with it
+            seen.setdefault("cut", loop.sched.in_flight.get(wid))  # the unit it takes with it
+            reclaim(joiner.raylet[wid])
+
+        spot = Preemption([FileNotices(notices, 30.0)], clock=lambda loop: loop.now(), kill=kill)
 
         def phases(loop):
             workers = {w.id for w in loop.sched.workers}
             if "honoured" not in seen and len(joiner.joined) == 2:  # both spot nodes up and in use
                 seen["honoured"] = "spot-0"
-                inbox.events.append(Notice(0.0, "spot-0", 1e6))  # drained well before its deadline
+                imds.set("notice", node=joiner.node["spot-0"], seconds=1e6)  # drained well before its deadline
             elif "honoured" in seen and "left" not in seen and "spot-0" not in workers:
                 seen["left"] = loop.now()
                 reclaim(joiner.raylet["spot-0"])  # drained and gone: now its node goes
-            elif "cut" not in seen and len(joiner.joined) == 3 and "spot-1" in loop.sched.in_flight:
-                seen["cut"] = loop.sched.in_flight["spot-1"]
-                inbox.events.append(Notice(0.0, "spot-1", 0.0))  # no time to drain: its node goes under it
+            elif "noticed" not in seen and len(joiner.joined) == 3 and "spot-1" in loop.sched.in_flight:
+                seen["noticed"] = True
+                imds.set("notice", node=joiner.node["spot-1"], seconds=0.0)  # no time: its node goes under it
             elif len(joiner.joined) == 4:
                 raise _Enough
 
         loop = EmulatedLoop(sched, backend, stall_s=300, poll_s=PREEMPT_POLL_S,
-                            poll=polls(joiner.poll, spot.poll, phases, scaler.poll))
+                            poll=polls(joiner.poll, watchers.poll, spot.poll, phases, scaler.poll))
         scaler.start()
         try:
             with pytest.raises(_Enough):  # the run itself is 10^5 steps long: it stops here
@@ -166,8 +171,17 @@ def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted():
             stats = spot.finish(loop)
             nodes = [n for n in ray.nodes() if n["NodeID"] != HEAD_ID]
         finally:
+            watchers.close()
             scaler.close()
             backend.close()
+        # the notices came from the metadata service, through a watcher on each reclaimed node
+        assert {r["worker"] for r in spot.log if r["event"] == "notice"} == {"spot-0", "spot-1"}
+        # one watcher per spot node, started as its worker registered (the last, spot-3's, may not have
+        # been started yet when the test stopped the run)
+        spot_nodes = [joiner.node[w] for w in joiner.joined]
+        assert watchers.watched in (spot_nodes, spot_nodes[:3]) and len(set(spot_nodes)) == 4
+        assert sorted(p.name for p in notices.iterdir() if not p.name.startswith(".")) == ["spot-0", "spot-1"]
+        assert any(path == "/latest/meta-data/spot/instance-action" for _, path, _ in imds.requests)
         assert asked[0] == {"bundles": cluster_request(cfg)} and asked[-1] == {"bundles": []}
         assert sum(1 for b in asked[0]["bundles"] if b.get("spot")) == 2
         assert joiner.joined == ["spot-0", "spot-1", "spot-2", "spot-3"]
@@ -182,5 +196,5 @@ def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted():
         assert tr.alive["spot-2"][0] >= seen["left"]  # the refill came after spot-0 had left
         # spot-1's unit was lost with its node, and another worker did it again
         lost = [s for s in tr.spans if s.worker == "spot-1" and s.extra.get("lost")]
-        assert [s.unit for s in lost] == [seen["cut"]]
+        assert seen["cut"] is not None and [s.unit for s in lost] == [seen["cut"]]
         assert any(s.unit == seen["cut"] and s.worker != "spot-1" and not s.extra.get("lost") for s in tr.spans)

@@ -3,8 +3,19 @@ one node removed mid-run. A lost rollout node takes its actors and every object 
 held (ObjectReconstructionFailedError for the units that read them: the micro-batch is
 generated again); a lost trainer node ends the run with the --resume message.
 
+Ray's token authentication (`RAY_AUTH_MODE=token`, a token of the test's own in
+`RAY_AUTH_TOKEN`, on every node): a local run and a two-node run under it, and a driver without
+the token, or with another, refused with a message in seconds (`cluster._check_token`).
+
 Tier `nodes` (deselected by default): `pytest -m nodes tests/runtime/test_nodes.py`.
 """
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +166,91 @@ def test_gang_larger_than_a_node_spans_nodes(nodes_of, local_run, tmp_path, capl
     assert len(set(seen["trainer-0"])) == 2, seen
     assert "no node holds a whole gang of trainer-0" in caplog.text
     assert_matches_single_device(tmp_path / "run", local_run)
+
+
+# -- Ray's token authentication -----------------------------------------------------------------
+
+@pytest.fixture
+def token_auth(monkeypatch):
+    """RAY_AUTH_MODE=token and a fresh token (RAY_AUTH_TOKEN) in this process and in every Ray
+    process it starts; Ray's cached token state reset on the way in and out."""
+    from ray._private.authentication_test_utils import reset_auth_token_state
+
+    leave_shared_ray_cluster()
+    token = secrets.token_hex(32)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    reset_auth_token_state()
+    yield token
+    leave_shared_ray_cluster()
+    monkeypatch.undo()
+    reset_auth_token_state()
+
+
+def test_a_local_run_under_token_auth(token_auth, local_run, tmp_path):
+    # the run starts its own local cluster (Ray >= 2.59 turns token auth on for those anyway; here
+    # it is asked for, with this test's token)
+    from ray._raylet import AuthenticationTokenLoader
+
+    rt = RayDriver(load_config(None, tiny(tmp_path / "run", "gap")), progress=False, evaluate=False)
+    rt.train()
+    assert AuthenticationTokenLoader.instance().get_raw_token() == token_auth
+    assert_matches_single_device(tmp_path / "run", local_run)
+
+
+@pytest.fixture
+def token_cluster(token_auth):
+    """The `cluster` fixture's layout (driver-only head, a trainer node, a rollout node) with
+    token authentication on every node."""
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "_system_config": FAST})
+    nodes = {"trainer": c.add_node(num_cpus=1, resources=TRAINER),
+             "rollout": c.add_node(num_cpus=2, resources=ROLLOUT)}
+    own_ray_cluster(address=c.address)
+    yield c, nodes, token_auth
+    ray.shutdown()
+    c.shutdown()
+
+
+def _driver(address: str, run_dir: Path, *overrides: str, **env) -> tuple[int, str, float]:
+    """`digenrl train` in a process of its own, pointed at `address` with `env` for Ray's token
+    (HOME empty: no ~/.ray/auth_token to fall back on): (exit code, stderr, seconds)."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    full.update(RAY_ADDRESS=address, HOME=str(run_dir.parent / "home"), PYTHONPATH=str(Path(__file__).parents[2]),
+                **env)
+    (run_dir.parent / "home").mkdir(exist_ok=True)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "digenrl.tools.cli", "train", *tiny(run_dir, "gap", *overrides)],
+                          env=full, capture_output=True, text=True, timeout=300)
+    return done.returncode, done.stderr, time.monotonic() - t0
+
+
+def test_two_nodes_under_token_auth_and_a_driver_without_the_token(token_cluster, local_run, tmp_path):
+    c, nodes, token = token_cluster
+    cfg = load_config(None, tiny(tmp_path / "run", "gap", *PLACED))
+    seen = {}
+
+    def look(rt, wid, unit):
+        if not seen:
+            seen.update(rt.actors.nodes())
+
+    RayDriver(cfg, progress=False, evaluate=False, on_dispatch=look).train()
+    assert set(seen["trainer-0"]) != set(seen["rollout-0"]), seen  # the pools on the two nodes
+    assert_matches_single_device(tmp_path / "run", local_run)
+    # a driver without the token, or with another: refused at once with a message, not a hang
+    # (ray.init alone retried for ~20 s, then raised ConnectionError with a traceback)
+    code, err, _ = _driver(c.address, tmp_path / "none")
+    assert code == 4 and "Traceback" not in err, err
+    assert "it refused this driver, which sends no token (RAY_AUTH_MODE is not token)" in err
+    assert "set RAY_AUTH_MODE=token and give the cluster's token in RAY_AUTH_TOKEN" in err
+    code, err, _ = _driver(c.address, tmp_path / "wrong", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    assert code == 4 and "it refused this driver's token, which is not the cluster's" in err, err
+    code, err, _ = _driver(c.address, tmp_path / "empty", RAY_AUTH_MODE="token")
+    assert code == 4 and "RAY_AUTH_MODE=token but no token to send" in err, err
+    # the right token in a file (RAY_AUTH_TOKEN_PATH), as the Slurm script gives it, gets past the
+    # check and into the cluster: to a pool no node can place (it stops there, quickly)
+    path = tmp_path / "token"
+    path.write_text(token)
+    code, err, _ = _driver(c.address, tmp_path / "file", "runtime.rollout.accelerator=L40S",
+                           "runtime.placement_timeout_s=5", RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(path))
+    assert code == 4 and "refused this driver" not in err and "accelerator_type:L40S" in err, err

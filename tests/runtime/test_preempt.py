@@ -267,6 +267,47 @@ def test_real_run_drains_on_sigterm_and_regenerates_past_a_deadline(ray_cluster,
     assert_matches_single_device(run, local_run)  # gap is on-policy: the single-device weights
 
 
+@pytest.mark.slow  # real compute: a tiny gap run with 3 spot rollout workers (~1-2 min on 2 shared cores)
+def test_real_run_drains_on_the_metadata_services_notice(ray_cluster, local_run, tmp_path):
+    # runtime.rollout.watch=aws: the driver starts a watcher on the node its spot workers
+    # registered on; the fake IMDS (answering for that node) gives the spot instance-action
+    # during step 0, and the watcher writes it for every worker on the node. Two drain; the
+    # last rollout worker of gap cannot (nothing else would generate) and works on until its
+    # deadline, 600 s off. Nothing lost, nothing trained twice, the single-device weights.
+    from tests.helpers.fake_metadata import FakeMetadata
+    from tests.helpers.gates import wait_until
+
+    run = tmp_path / "run"
+    with FakeMetadata("aws") as imds:
+        cfg = load_config(None, tiny(run, "gap", "runtime.rollout.workers=3", "runtime.rollout_segment=2",
+                                     "runtime.rollout.preemptible=true", "runtime.rollout.notice_s=30",
+                                     "runtime.rollout.watch=aws", "runtime.rollout.watch_poll_s=0.2",
+                                     f"runtime.rollout.metadata_url={imds.url}/n/{{node_id}}"))
+        node, done = ray.get_runtime_context().get_node_id(), []
+
+        def hook(rt, wid, unit):
+            if not done and type(unit) is Generate and wid == "rollout-1" and unit.step == 0:
+                imds.set("notice", node=node, seconds=600.0)  # the node is reclaimed in 10 minutes
+                rt.watchers.poll(rt.elastic.loop)  # (the loop's own poll waits for this hook to return)
+                workers = [f"rollout-{i}" for i in range(3)]
+                wait_until(lambda: all((run / "notices" / w).exists() for w in workers),
+                           "the node's watcher to write every rollout worker's notice")
+                rt.preemption.poll(rt.elastic.loop)
+                done.append("noticed")
+
+        rt = RayDriver(cfg, progress=False, evaluate=False, on_dispatch=hook)
+        summary = rt.train()
+    assert done == ["noticed"]
+    assert any(p == "/latest/api/token" for m, p, _ in imds.requests)  # IMDSv2: the session token first
+    spot = summary["spot"]
+    assert (spot["notices"], spot["honoured"], spot["refused"], spot["killed"]) == (3, 2, 1, 0), spot
+    tr = rt.trace
+    assert not any((s.extra or {}).get("lost") for s in tr.spans)
+    assert sum(tr.alive[f"rollout-{i}"][1] is not None for i in range(3)) == 2  # two left, drained
+    assert_trained_exactly_once(rt.trained, cfg, 2)
+    assert_matches_single_device(run, local_run)
+
+
 @pytest.mark.slow  # a testbed's cost model on emulated actors, a drawn trace (~1-2 min on 2 shared cores)
 def test_emulated_run_takes_a_preemption_trace(ray_cluster, tmp_path):
     from digenrl.config.contract import contract

@@ -38,6 +38,7 @@ NON_DEFAULT = {
     "host": "0.0.0.0", "port": 9123, "ingress": "proxy", "replicas": 3, "max_batch": 16, "batch_wait_s": 0.05,
     "max_request_mb": 8.0, "timeout_s": 30.0, "read_timeout_s": 5.0, "max_ongoing": 32, "max_queued": -1,
     "cpus_per_replica": 0.5, "gpus_per_replica": 1.0, "shutdown_grace_s": 7.5, "reward_on": "thread",
+    "token_file": "/run/secrets/reward-token", "tls_cert": "/etc/tls/tls.crt", "tls_key": "/etc/tls/tls.key",
 }
 EXIT_LIMIT_S = 10.0  # issue 29: `digenrl reward-server` exits within 10 s of Ctrl-C (timing tier)
 # The slow tier's bound: a command that hangs fails, one slowed by a loaded machine does not
@@ -74,6 +75,8 @@ def test_every_flag_reaches_its_option():
     ("--cpus-per-replica", "-1", "cpus_per_replica must be >= 0"),
     ("--gpus-per-replica", "-1", "gpus_per_replica must be >= 0"),
     ("--shutdown-grace-s", "-1", "shutdown_grace_s must be >= 0"),
+    ("--tls-cert", "/etc/tls/tls.crt", "tls_key must be given with tls_cert (--tls-cert)"),
+    ("--tls-key", "/etc/tls/tls.key", "tls_cert must be given with tls_key (--tls-key)"),
 ])
 def test_bad_values_are_refused_naming_the_option(flag, value, message, capsys):
     assert main(["reward-server", SPEC, flag, value]) == 2

@@ -6,6 +6,7 @@ and the deployment share one typed config.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 INGRESS = ("replica", "proxy")  # who listens for HTTP: each replica itself, or Serve's proxy
@@ -50,6 +51,11 @@ class ServeOptions:
     cpus_per_replica, gpus_per_replica   Ray resources each replica reserves
     shutdown_grace_s    on stop (Ctrl-C), how long requests in flight may still run; then their
                         replicas are killed and their clients see an error (RemoteReward retries it)
+    token_file          a file holding the bearer token every request must carry (else the token is
+                        $DIGENRL_REWARD_TOKEN, else the file $DIGENRL_REWARD_TOKEN_FILE names; never an
+                        option's value: `digenrl.rewards.auth`). Without a token the server listens on
+                        loopback addresses only
+    tls_cert, tls_key   PEM certificate (chain) and private key files: the listener speaks HTTPS
     """
 
     host: str = "127.0.0.1"
@@ -67,6 +73,9 @@ class ServeOptions:
     cpus_per_replica: float = 1.0
     gpus_per_replica: float = 0.0
     shutdown_grace_s: float = 3.0  # with ~4 s of teardown, `digenrl reward-server` exits within 10 s of Ctrl-C
+    token_file: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
 
     def __post_init__(self) -> None:
         def need(ok: bool, key: str, allowed: str) -> None:
@@ -85,6 +94,12 @@ class ServeOptions:
             need(getattr(self, key) > 0, key, "> 0")
         for key in ("batch_wait_s", "cpus_per_replica", "gpus_per_replica", "shutdown_grace_s"):
             need(getattr(self, key) >= 0, key, ">= 0")
+        need(bool(self.tls_cert) == bool(self.tls_key), "tls_key" if self.tls_cert else "tls_cert",
+             "given with " + ("tls_cert (--tls-cert)" if self.tls_cert else "tls_key (--tls-key)"))
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
 
     @property
     def reward_in_thread(self) -> bool:

@@ -14,6 +14,9 @@ received within read_timeout_s), 411 (no Content-Length), 413 (body over max_req
 500 (the reward raised), 504 (not scored within timeout_s), 503 (full: under "replica", JSON
 {"error": "overloaded"} past max_ongoing + max_queued requests in flight; under "proxy", Serve's own
 text body once max_queued_requests wait for a full replica); the client retries 5xx either way.
+With a token (ServeOptions.token_file, $DIGENRL_REWARD_TOKEN: `digenrl.rewards.auth`), every
+route, /health included, first checks `Authorization: Bearer <token>` in constant time; a missing
+or wrong one gets 401 {"error": "unauthorized"} and nothing else, before any body is read.
 GET /health -> {"status": "ok", "reward", "uploading", "queued", "busy", "served",
 "max_request_bytes", "max_batch", "timeout_s", "replica"}: the numbers of the replica that
 answered (uploading: request bodies being received; queued: chunks waiting for a reward call;
@@ -40,6 +43,7 @@ from ray import serve
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
+from digenrl.rewards.auth import authorized
 from digenrl.rewards.base import Reward
 from digenrl.rewards.batching import Scored, score_requests
 from digenrl.rewards.specs import resolve_reward
@@ -53,6 +57,7 @@ log = logging.getLogger(__name__)
 INLINE_DECODE_BYTES = 2**20
 DRAIN_FACTOR = 8  # read and discard oversized bodies up to 8x the limit, so the client sees the 413
 
+UNAUTHORIZED = {"error": "unauthorized"}  # the whole answer to a missing or wrong token: no detail
 Chunk = tuple[torch.Tensor, list[str]]  # (n, ...) float32 images in [0, 1], n prompts; n <= max_batch
 
 
@@ -64,11 +69,14 @@ def _samples(chunks: list[Chunk]) -> int:
 @serve.deployment(name="reward")
 class RewardDeployment:
     """One replica: builds the reward from its spec (on the replica, so it loads on the
-    replica's device) and answers /score and /health. Options come from `ServeOptions`."""
+    replica's device) and answers /score and /health. Options come from `ServeOptions`;
+    `token_digest` (SHA-256 of the token, so the token itself is in no deployment's arguments):
+    every request must carry that token (None: no token asked)."""
 
-    async def __init__(self, reward: str | Reward, options: ServeOptions):
+    async def __init__(self, reward: str | Reward, options: ServeOptions, token_digest: bytes | None = None):
         self.reward = resolve_reward(reward)
         self.options = options
+        self._token_digest = token_digest
         # reward_on "thread": one thread calls the reward, so rewards need not be thread-safe, and the
         # event loop reads other requests' bodies meanwhile; "loop": the event loop calls it (no GIL
         # handoffs between the two; a CPU reward gains nothing from the thread, see ServeOptions)
@@ -93,7 +101,9 @@ class RewardDeployment:
         """The replica listener's ASGI app: the handler Serve's proxy reaches, behind the replica's
         own admission limit (Serve's max_ongoing / max_queued count only the requests Serve routes)."""
         request = Request(scope, receive)
-        if (request.method, request.url.path.rstrip("/")) == ("GET", "/health"):  # answered even when full
+        if not self._authorized(request):
+            response = _unauthorized()
+        elif (request.method, request.url.path.rstrip("/")) == ("GET", "/health"):  # answered even when full
             response = JSONResponse(self.health())
         elif self.options.max_queued != -1 and self._admitted >= self.options.max_ongoing + self.options.max_queued:
             message = (f"this replica holds {self._admitted} requests (max_ongoing {self.options.max_ongoing} "
@@ -103,12 +113,21 @@ class RewardDeployment:
         else:
             self._admitted += 1
             try:
-                response = await self(request)
+                response = await self._handle(request)
             finally:
                 self._admitted -= 1
         await response(scope, receive, send)
 
+    def _authorized(self, request: Request) -> bool:
+        return self._token_digest is None or authorized(request.headers.get("authorization"), self._token_digest)
+
     async def __call__(self, request: Request) -> Response:
+        """The handler Serve's proxy calls (ingress "proxy")."""
+        if not self._authorized(request):
+            return _unauthorized()
+        return await self._handle(request)
+
+    async def _handle(self, request: Request) -> Response:
         route = (request.method, request.url.path.rstrip("/"))
         try:
             if route == ("GET", "/health"):
@@ -185,11 +204,18 @@ class RewardDeployment:
             self._running = 0
 
 
+def _unauthorized() -> Response:
+    # the request's body is not read; the connection stays open, so the server reads and drops
+    # the rest of it, and the client gets the 401 rather than a reset while it still sends
+    return JSONResponse(UNAUTHORIZED, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+
+
 async def start_listener(app, o: ServeOptions) -> uvicorn.Server:
     """Serve `app` at o.host:o.port from this process's running event loop; returns once listening.
 
     SO_REUSEPORT lets every replica on a node bind the same port; the kernel spreads new connections
-    over them. Requests in flight get up to shutdown_grace_s when the listener stops.
+    over them. Requests in flight get up to shutdown_grace_s when the listener stops. With
+    o.tls_cert and o.tls_key, the listener speaks HTTPS.
     """
     sock = socket.socket(socket.AF_INET6 if ":" in o.host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -201,6 +227,7 @@ async def start_listener(app, o: ServeOptions) -> uvicorn.Server:
     config = uvicorn.Config(
         app, interface="asgi3", lifespan="off", access_log=False, proxy_headers=False, log_config=None, log_level=logging.WARNING,
         timeout_graceful_shutdown=o.shutdown_grace_s,  # type: ignore[arg-type] - asyncio.wait_for takes a float
+        ssl_certfile=o.tls_cert, ssl_keyfile=o.tls_key,
     )  # fmt: skip
     server = uvicorn.Server(config)
     server.install_signal_handlers = lambda: None  # signals belong to the Ray worker, not to uvicorn

@@ -14,6 +14,12 @@
 
 A new local cluster is started with address="local", never by joining whatever cluster
 another process left running on this machine; pass address="auto" to join that one.
+
+Authentication (`digenrl.rewards.auth`): the token is RewardServer's `token`, else the file
+ServeOptions.token_file, else $DIGENRL_REWARD_TOKEN, else the file $DIGENRL_REWARD_TOKEN_FILE
+names. Without one, start() refuses any host but a loopback one. The replicas get the token's
+SHA-256, never the token. ServeOptions.tls_cert / tls_key put HTTPS on the listener (the
+replicas', or Serve's proxy when this call starts it).
 """
 
 from __future__ import annotations
@@ -35,8 +41,11 @@ from typing import Any, Optional
 import ray
 from ray import serve
 
+from digenrl.rewards.auth import (NEW_TOKEN, TOKEN_ENV, TOKEN_FILE_ENV, bearer, is_loopback, read_token,
+                                  token_digest)
 from digenrl.rewards.base import Reward
 from digenrl.rewards.specs import resolve_factory
+from digenrl.runtime.cluster import cluster_address
 from digenrl.runtime.serving.options import AUTO_REPLICAS_MAX, ServeOptions
 from digenrl.runtime.serving.reward_app import RewardDeployment
 
@@ -55,22 +64,32 @@ class RewardServer:
 
     `reward` is a spec (`digenrl.rewards.specs.resolve_reward`), built on each replica, or a
     Reward object, pickled to each replica (each replica scores with its own copy).
-    Keyword options are `ServeOptions` fields. Read `.url` after `start()`.
+    Keyword options are `ServeOptions` fields. `token`: the bearer token clients must send (None:
+    ServeOptions.token_file, else the environment's, see the module doc). Read `.url` after `start()`.
     """
 
-    def __init__(self, reward: str | Reward, address: Optional[str] = None, app_name: str = APP_NAME, **options: Any):
+    def __init__(self, reward: str | Reward, address: Optional[str] = None, app_name: str = APP_NAME,
+                 token: Optional[str] = None, **options: Any):
         self.reward_spec, self.address, self.app_name = reward, address, app_name
         self.options = ServeOptions(**options)
         self.host, self.port = self.options.host, self.options.port
+        self._token = read_token(self.options.token_file) if token is None else token
+        self._token_digest = token_digest(self._token) if self._token else None  # what the replicas get
         self._started_ray = self._started_serve = self._deployed = False
         self.stopping = ""  # the step stop() is in, for a message when it overruns
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self.options.scheme}://{self.host}:{self.port}"
+
+    @property
+    def wants_token(self) -> bool:
+        return self._token_digest is not None
 
     def start(self) -> "RewardServer":
         o = self.options
+        _check_exposure(o.host, self.wants_token)
+        _check_tls(o)
         if isinstance(self.reward_spec, str):  # an unknown name fails here, not in every replica
             _check_wire(resolve_factory(self.reward_spec.partition("?")[0]), self.reward_spec.partition("?")[0])
         else:
@@ -93,9 +112,10 @@ class RewardServer:
                 graceful_shutdown_timeout_s=o.shutdown_grace_s,
                 max_constructor_retry_count=2,  # a reward that cannot load fails start(), not 20 tries later
                 logging_config={"enable_access_log": False},  # a log line per request costs throughput
-            ).bind(self.reward_spec, o)
+            ).bind(self.reward_spec, o, self._token_digest)
             self._deployed = True  # from here stop() deletes the app, even one whose replicas failed
-            serve.run(app, name=self.app_name, route_prefix="/")
+            # ingress "replica": no proxy routes to the app, so several servers (apps) share a cluster
+            serve.run(app, name=self.app_name, route_prefix="/" if o.ingress == "proxy" else None)
         except Exception as e:
             why = _deployment_message(self.app_name) if self._deployed else ""
             self.stop()
@@ -147,12 +167,21 @@ class RewardServer:
 
     def health(self) -> dict[str, Any]:
         """GET /health, answered by one replica (its counters, not the sum over replicas)."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+        if self.options.tls_cert:  # this process asks its own listener: no certificate check
+            import ssl
+
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=30, context=ssl._create_unverified_context())
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
         try:
-            conn.request("GET", "/health")
-            return json.loads(conn.getresponse().read())
+            conn.request("GET", "/health", headers={"Authorization": bearer(self._token)} if self._token else {})
+            resp = conn.getresponse()
+            payload = json.loads(resp.read())
         finally:
             conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"{self.url}/health answered {resp.status}: {payload}")
+        return payload
 
     def _start_serve(self) -> int:
         """Start Serve (ingress "proxy": with its HTTP proxy at host:port) or use the running one.
@@ -172,6 +201,9 @@ class RewardServer:
                 raise ValueError("Ray Serve already runs on this cluster without an HTTP proxy; "
                                  "use --ingress replica, or stop that Serve instance")
             host, port = running
+            if self.options.tls_cert:
+                raise ValueError("Ray Serve already runs on this cluster with its HTTP proxy, whose TLS is set when "
+                                 "it starts; use --ingress replica for --tls-cert, or stop that Serve instance")
             if (self.options.port not in (0, port)) or self.options.host != host:
                 raise ValueError(
                     f"Ray Serve already runs on this cluster with its HTTP proxy at {host}:{port}; "
@@ -180,16 +212,44 @@ class RewardServer:
                 )
             return port
         port = self.options.port or _free_port(self.options.host)
-        serve.start(http_options={"host": self.options.host, "port": port})
+        tls = {"ssl_certfile": self.options.tls_cert, "ssl_keyfile": self.options.tls_key} if self.options.tls_cert else {}
+        serve.start(http_options={"host": self.options.host, "port": port, **tls})
         self._started_serve = True
         return port
+
+
+def _check_exposure(host: str, has_token: bool) -> None:
+    """Refuse to listen where other machines reach the server without a token."""
+    if has_token or is_loopback(host):
+        return
+    raise ValueError(
+        f"--host {host} lets other machines reach the reward server, and it has no token: anyone who reaches "
+        f"it could use its GPUs and probe the run's reward. Set one in the environment, "
+        f"export {TOKEN_ENV}=$({NEW_TOKEN}), or put it in a file and pass --token-file PATH "
+        f"(or set {TOKEN_FILE_ENV}=PATH); give the clients the same token ({TOKEN_ENV} or {TOKEN_FILE_ENV}). "
+        "Or listen on 127.0.0.1 only"
+    )
+
+
+def _check_tls(o: ServeOptions) -> None:
+    for key, path in (("--tls-cert", o.tls_cert), ("--tls-key", o.tls_key)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{key} {path}: no such file")
+    if o.tls_cert:
+        import ssl
+
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(o.tls_cert, o.tls_key)
+        except (ssl.SSLError, OSError) as e:
+            raise ValueError(f"--tls-cert {o.tls_cert} / --tls-key {o.tls_key}: not a certificate and its key ({e})") \
+                from None
 
 
 def _connect(address: Optional[str], o: ServeOptions) -> bool:
     """Make sure Ray is up; True when this call started a local cluster (sized for the replicas)."""
     if ray.is_initialized():
         return False
-    address = address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(address)  # "local": a new local cluster, sized here
     if address:
         ray.init(address=address, include_dashboard=False)
         return False
@@ -270,8 +330,9 @@ def serve_forever(reward: str | Reward, address: Optional[str] = None, **options
     stop_on_signals()  # again: starting a local Ray cluster put Ray's own SIGTERM handler in place of ours
     try:
         h = server.health()
+        auth = "every request needs the token" if server.wants_token else "no token: this machine only"
         print(f"serving reward {h['reward']!r} at {server.url} with {server.options.replicas} replica(s) "
-              "(POST /score, GET /health); Ctrl-C or SIGTERM stops it", flush=True)
+              f"(POST /score, GET /health; {auth}); Ctrl-C or SIGTERM stops it", flush=True)
         while True:
             time.sleep(3600)
     except Stop as stop:
