@@ -359,9 +359,9 @@ class Learner:
         (loss * weight).backward()
         self.grads.fold()
         device = loss.device
-        self._add_device("train/skipped_units", (~torch.isfinite(loss.detach())).float(), 1.0)
+        self._add_device("train/skipped_units", (~torch.isfinite(loss.detach())).double(), 1.0)
         for k, v in m.items():
-            self._add_device(k, torch.as_tensor(v, device=device).detach().float(), weight)
+            self._add_device(k, torch.as_tensor(v, device=device).detach().double(), weight)
         self._weight += weight
         return {}
 

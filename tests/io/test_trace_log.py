@@ -24,7 +24,7 @@ from tests.sched.sched_helpers import const_cost, random_losses
 def simulated():
     """A digenrl run (TCSS: steps overlap) with rollout and reward workers lost and joining."""
     failures, joins = random_losses(random.Random(3))
-    c = SchedConfig(mode="digenrl", rl_steps=6, groups_per_step=8, micro_batch_groups=2, num_steps=6,
+    c = SchedConfig(mode="digenrl", tcss=True, rl_steps=6, groups_per_step=8, micro_batch_groups=2, num_steps=6,
                     rollout_segment=2, tsp_chunk=2)
     workers = [Worker(f"r{i}", "rollout") for i in range(4)] + [Worker(f"t{i}", "trainer") for i in range(2)] \
         + [Worker(f"w{i}", "reward") for i in range(2)]

