@@ -50,13 +50,10 @@ def measure(folder: Path, gang: int, lora: bool, loader: str, device: torch.devi
             step: bool) -> dict:
     """Rank 0 of a gang of `gang`: load, then (optionally) one training step; peaks in GiB."""
     import torch.distributed as dist
-    from diffusers import FluxTransformer2DModel
+    from load_memory import build_module
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from digenrl.models.diffusers_adapters.base import DEFAULT_LORA_TARGETS, _dtype_kwarg
-    from digenrl.models.empty import WeightFiles, params_on_meta
-    from digenrl.models.lora import LoraSpec, apply_lora
     from digenrl.profile.timing import PeakMemory
     from digenrl.runtime.gang_rank import load_sharded
 
@@ -67,16 +64,7 @@ def measure(folder: Path, gang: int, lora: bool, loader: str, device: torch.devi
         peak.reset()
         start = peak.read()  # (CPU: the process's RSS; CUDA: 0 between rows)
         t0 = time.time()
-        if loader == "whole":
-            module = FluxTransformer2DModel.from_pretrained(folder, **{_dtype_kwarg(): torch.float32}).to(device)
-            files = None
-        else:
-            with params_on_meta():
-                module = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
-            files = WeightFiles.in_folder(folder)
-        module.requires_grad_(not lora)
-        if lora:  # (peft puts the adapters where their base layer is)
-            apply_lora(module, LoraSpec(LORA_RANK, 2.0 * LORA_RANK, DEFAULT_LORA_TARGETS))
+        module, files = build_module(folder, loader, lora, device.type)
         load_sharded(SimpleNamespace(module=module, weight_files=files), mesh, dtype="bfloat16", lora=lora,
                      device=device.type)
         if device.type == "cuda":

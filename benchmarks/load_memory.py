@@ -97,6 +97,29 @@ def write_checkpoint(folder: Path, double: int, single: int, config: dict | None
     return n, len(blocks)
 
 
+def build_module(folder: Path, loader: str, lora: bool, device: str = "cpu"):
+    """(module, weight files) of the checkpoint in `folder` as a gang rank builds it: `whole`
+    loads every fp32 weight (on `device`), `sharded` builds on the meta device for load_sharded
+    to fill; LoRA adapters injected where their base layer is (shared with gpu_load_check)."""
+    from diffusers import FluxTransformer2DModel
+
+    from digenrl.models.diffusers_adapters.base import DEFAULT_LORA_TARGETS, _dtype_kwarg
+    from digenrl.models.empty import WeightFiles, params_on_meta
+    from digenrl.models.lora import LoraSpec, apply_lora
+
+    if loader == "whole":
+        module = FluxTransformer2DModel.from_pretrained(folder, **{_dtype_kwarg(): torch.float32}).to(device)
+        files = None
+    else:
+        with params_on_meta():
+            module = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
+        files = WeightFiles.in_folder(folder)
+    module.requires_grad_(not lora)
+    if lora:  # (peft puts the adapters where their base layer is)
+        apply_lora(module, LoraSpec(LORA_RANK, 2.0 * LORA_RANK, DEFAULT_LORA_TARGETS))
+    return module, files
+
+
 def _rss_gib() -> float:
     m = re.search(r"VmRSS:\s+(\d+) kB", Path("/proc/self/status").read_text())
     return int(m.group(1)) * 1024 / GIB
@@ -126,11 +149,6 @@ def _rank(rank: int, world: int, args: dict) -> None:
 
 
 def _measure(mesh, args: dict) -> dict:
-    from diffusers import FluxTransformer2DModel
-
-    from digenrl.models.diffusers_adapters.base import DEFAULT_LORA_TARGETS, _dtype_kwarg
-    from digenrl.models.empty import WeightFiles, params_on_meta
-    from digenrl.models.lora import LoraSpec, apply_lora
     from digenrl.profile.timing import PeakMemory
     from digenrl.runtime.gang_rank import load_sharded
 
@@ -140,16 +158,7 @@ def _measure(mesh, args: dict) -> dict:
     peak.reset()
     base = _rss_gib()
     t0 = time.time()
-    if args["loader"] == "whole":
-        module = FluxTransformer2DModel.from_pretrained(folder, **{_dtype_kwarg(): torch.float32})
-        files = None
-    else:
-        with params_on_meta():
-            module = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
-        files = WeightFiles.in_folder(folder)
-    module.requires_grad_(not lora)
-    if lora:
-        apply_lora(module, LoraSpec(LORA_RANK, 2.0 * LORA_RANK, DEFAULT_LORA_TARGETS))
+    module, files = build_module(folder, args["loader"], lora)
     policy = SimpleNamespace(module=module, weight_files=files)
     load_sharded(policy, mesh, dtype="bfloat16", lora=lora)
     out.update(base_gib=base, load_gib=peak.read() - base, load_s=time.time() - t0)
