@@ -68,11 +68,12 @@ def _relay(init_timeout_s: float = TIMEOUT_S, **kw) -> Relay:
                  init_timeout_s=init_timeout_s, **kw)
 
 
-def _chain(relay: Relay, n: int, client_cls=RelayClient) -> list[RelayClient]:
-    """n receivers (threads of this process) joined to a new chain, in chain order."""
+def _chain(relay: Relay, n: int, client_cls=RelayClient, classes: dict = {}) -> list[RelayClient]:
+    """n receivers r0 .. r{n-1} (threads of this process) joined to a new chain, in chain order;
+    `classes`: a receiver's own class by name (default client_cls)."""
     peers = [f"r{i}" for i in range(n)]
     addresses = relay.open_chain(peers)
-    clients = [client_cls(counter=CommCounter()) for _ in peers]
+    clients = [classes.get(p, client_cls)(counter=CommCounter()) for p in peers]
     joining = [threading.Thread(target=c.connect, args=(addresses[p],)) for c, p in zip(clients, peers)]
     for t in joining:
         t.start()
@@ -151,15 +152,7 @@ def test_a_receiver_leaving_mid_transfer_does_not_stop_the_others():
     v1, v2 = _Net(seed=1).state_dict(), _Net(seed=2).state_dict()
     payload = _payload(v1)
     relay.put(1, v1)
-    peers = ["r0", "r1", "r2", "r3"]
-    addresses = relay.open_chain(peers)
-    clients = [(_Leaves if p == "r1" else RelayClient)(counter=CommCounter()) for p in peers]
-    joining = [threading.Thread(target=c.connect, args=(addresses[p],)) for c, p in zip(clients, peers)]
-    for t in joining:
-        t.start()
-    relay.accept_chain()
-    for t in joining:
-        t.join(TIMEOUT_S)
+    clients = _chain(relay, 4, classes={"r1": _Leaves})
     try:
         for c in clients:
             _load(c, 1)
