@@ -94,3 +94,39 @@ def test_greedy_tag_loses_and_bts_does_not():
     decided = [d for d in s.decisions if d.step > 0]  # after the first step the rates are known
     assert decided and not any(d.insert for d in decided)
     assert all(d.gain_s == 0.0 for d in decided)
+
+
+def test_tag_handback_key_acts():
+    # runtime.tag_handback reaches the scheduler; false: a trainer finishes its trajectory
+    # rather than hand it back when training work appears (no mid-trajectory switch)
+    from digenrl.config.contract import contract
+    from digenrl.config.schema import load_config
+
+    assert contract(load_config(None, ["runtime.tag_handback=false"])).sched.tag_handback is False
+    # the scene of test_events.test_tag_hand_over_to_rollout_same_version: t0 at a segment
+    # boundary with training ready hands over only when tag_handback is on
+    from digenrl.sched import Generate, Train
+
+    for back in (True, False):
+        cfg = SchedConfig(mode="gap+tsp+tag", groups_per_step=3, num_steps=4, tsp_chunk=3, tag_handback=back)
+        s = Scheduler(cfg, [Worker("r0", "rollout"), Worker("t0", "trainer"), Worker("t1", "trainer")])
+        a = {x.worker_id: x.unit for x in s.assign()}
+        s.complete("r0", a["r0"])
+        (r,) = s.assign()
+        s.complete("r0", r.unit)  # r0's micro-batch rewarded: its Train unit is ready
+        s.complete("t0", a["t0"])
+        b = {x.worker_id: x.unit for x in s.assign()}
+        if back:
+            assert isinstance(b["t0"], Train) and s.stats["handovers"] == 1
+        else:  # t0 keeps generating its trajectory; the Train unit waits for a free trainer
+            assert b["t0"] == Generate(0, a["t0"].mb, a["t0"].groups, 0, 1, 2) and s.stats["handovers"] == 0
+
+
+def test_pairs_per_pass_key_refused_beside_backward_batch():
+    from digenrl.config.schema import ConfigError, load_config
+
+    assert load_config(None, ["train.pairs_per_pass=8"]).train.pairs_per_pass == 8
+    with pytest.raises(ConfigError, match="train.pairs_per_pass"):
+        load_config(None, ["train.pairs_per_pass=8", "train.backward_batch=2"])
+    with pytest.raises(ConfigError, match="train.pairs_per_pass"):
+        load_config(None, ["train.pairs_per_pass=-1"])
