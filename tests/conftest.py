@@ -35,3 +35,50 @@ def ray_cluster():
     """
     with shared_ray_cluster():
         yield
+
+
+# -- the order files reach the workers ----------------------------------------------------------
+# `-n auto --dist loadfile` (pyproject.toml) gives each worker whole files, two queued ahead, in
+# the order they are collected; the longest files first leave short ones for the end, so no
+# worker sits idle while another runs a Ray file alone. tests/durations.json holds each file's
+# seconds from one default-tier run; refresh it with `pytest --record-durations tests/durations.json`.
+# A file it does not list counts DEFAULT_S (new files run mid-queue).
+DURATIONS = os.path.join(os.path.dirname(__file__), "durations.json")
+DEFAULT_S = 1.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", metavar="PATH", default=None,
+                     help="write each test file's total seconds (setup, call, teardown) to PATH as JSON")
+
+
+def pytest_collection_modifyitems(config, items):
+    import json
+
+    try:
+        with open(DURATIONS) as f:
+            seconds = json.load(f)
+    except FileNotFoundError:
+        return
+    first = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::")[0], i)
+    # stable: a file's tests keep their order; equal files keep collection order
+    items.sort(key=lambda it: (-seconds.get(it.nodeid.split("::")[0], DEFAULT_S), first[it.nodeid.split("::")[0]]))
+
+
+_recorded: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    _recorded[report.nodeid.split("::")[0]] = _recorded.get(report.nodeid.split("::")[0], 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--record-durations")
+    if path and not hasattr(session.config, "workerinput"):  # the controller sees every worker's reports
+        import json
+
+        with open(path, "w") as f:
+            json.dump({k: round(v, 2) for k, v in sorted(_recorded.items())}, f, indent=0, sort_keys=True)
+            f.write("\n")

@@ -133,6 +133,9 @@ TINY = ["train.steps=2", "data.groups_per_step=2", "data.micro_batch_groups=1", 
 LINE = re.compile(r"^step +(\d+)  reward \d\.\d{4} \+- \d\.\d{4}  loss [+-]\d\.\d\de[+-]\d\d  [\d.]+ samples/s")
 
 
+# the slow tier: the default tier checks the Ray run's summary against the single-device run's
+# in tests/runtime/test_equivalence.py (test_on_policy_modes_match_single_device)
+@pytest.mark.slow
 def test_local_and_ray_runs_write_the_same_summary(ray_cluster, tmp_path, capsys):
     from digenrl.runtime.driver import RayDriver
 

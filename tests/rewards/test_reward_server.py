@@ -253,6 +253,7 @@ class TestOneServer:
         assert_still_serving(server, client)
 
 
+@pytest.mark.slow  # a model reward over the wire; the default tier sends the toy one (TestOneServer)
 def test_tiny_clip_over_the_wire(serve_cluster, tiny_clip_dir):
     reward = ClipScore(tiny_clip_dir)
     x = torch.rand(3, 3, 32, 32)
@@ -419,7 +420,7 @@ def test_stalled_upload_gets_408(serve_cluster):
 REFUSAL_TEXT = {"proxy": "backpressure", "replica": "max_ongoing 1 + max_queued 1"}
 
 
-@pytest.mark.parametrize("ingress", ["replica", "proxy"])
+@pytest.mark.parametrize("ingress", ["replica", pytest.param("proxy", marks=pytest.mark.slow)])
 def test_back_pressure_gets_503_and_the_client_retries(serve_cluster, tmp_path, ingress):
     # One request held by the replica (max_ongoing 1) and one queued (max_queued 1; "proxy": at the
     # proxy, "replica": the listener's second connection): while the gate is closed, every other

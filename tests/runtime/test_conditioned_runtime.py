@@ -16,8 +16,10 @@ from .conftest import tiny
 pytest.importorskip("diffusers")
 
 
-# colocated in the slow tier: one Ray mode in the default tier keeps it under 15 minutes
-@pytest.mark.parametrize("mode", ["disagg-sync", pytest.param("colocated", marks=pytest.mark.slow)])
+# the slow tier: the Ray path is the toy's (tests/runtime/test_equivalence.py, default tier) and the
+# edit model's conditioning is checked on one device (tests/models/test_conditioned_families.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["disagg-sync", "colocated"])
 def test_edit_model_matches_single_device(ray_cluster, tmp_path, mode):
     from tests.models.tiny_diffusers import build_flux_kontext, tiny_images
     from tests.helpers.prompt_rows import write_rows

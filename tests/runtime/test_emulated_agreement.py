@@ -60,8 +60,8 @@ def _schedule(trace):
             for s in sorted(trace.spans, key=lambda s: (s.end, s.start, s.worker))]
 
 
-# the default tier: the two modes with overlap (TAG, TCSS); every mode in the slow tier
-@pytest.mark.parametrize("label", [m if m in ("gap+tsp+tag", "digenrl") else pytest.param(m, marks=pytest.mark.slow)
+# the default tier: the default mode (TAG where BTS inserts it); every mode in the slow tier
+@pytest.mark.parametrize("label", [m if m == "digenrl" else pytest.param(m, marks=pytest.mark.slow)
                                    for m in MODES])
 def test_emulated_runtime_runs_the_simulated_schedule(actors, small, label):
     sim, emu, _ = _emulate(actors, small, label, "hidden")

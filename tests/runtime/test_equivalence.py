@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 
 from digenrl.config.schema import ConfigError, load_config
 from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
+from digenrl.io.recorder import SUMMARY_KEYS
 from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
 from digenrl.train.trainer import Trainer
@@ -62,7 +63,12 @@ def test_on_policy_modes_match_single_device(ray_cluster, local_run, tmp_path, m
         assert a["staleness_max"] == 0 and a["mode"] == mode.split(" ")[0]
         assert 0.0 <= a["bubble_ratio_rollout"] <= 1.0 and 0.0 <= a["bubble_ratio_trainer"] <= 1.0
     assert ours[0]["ratio_mean"] == 1.0  # the first update sees ratio == 1 exactly
-    assert summary["eval_reward_after"] is not None
+    # one summary for both trainers: the local keys plus the Ray run's schedule, the same base model
+    assert json.loads((run / "summary.json").read_text()) == summary
+    assert set(summary) >= set(SUMMARY_KEYS) and {"scheduler", "trace", "gantt"} <= set(summary)
+    local = json.loads((local_run / "summary.json").read_text())
+    assert summary["eval_reward_before"] == pytest.approx(local["eval_reward_before"], abs=1e-6)
+    assert summary["eval_reward_after"] == pytest.approx(local["eval_reward_after"], abs=1e-4)
     assert (run / "trace.json").exists() and (run / "gantt.png").exists()
     if mode == "gap+tsp+tag":  # idle trainers generated with their own weights
         on_trainers = sum(s.kind == "generate" and rt.trace.workers[s.worker] == "trainer" for s in rt.trace.spans)
@@ -114,7 +120,7 @@ def test_resume_continues_exactly(ray_cluster, local_run, tmp_path):
 def test_off_policy_lag_at_most_one(ray_cluster, tmp_path, mode):
     run = tmp_path / mode
     tcss = ["run.tcss_fraction=1"] if mode == "digenrl" else []  # TCSS, opt-in
-    cfg = load_config(None, tiny(run, mode, "model.lora_rank=4", "runtime.weight_sync=lora-only", *tcss, steps=4))
+    cfg = load_config(None, tiny(run, mode, "model.lora_rank=4", "runtime.weight_sync=lora-only", *tcss, steps=3))
     rt = RayDriver(cfg, progress=False, evaluate=False)
     rt.train()
     records = read_metrics(run)

@@ -49,10 +49,13 @@ def _overrides(run, mode, wan, *extra):
 # +tag: the trainer gang generates too; nccl: rank 0 of the rollout gang receives each version
 # from the relay and broadcasts it to rank 1 (a stale rank 1 would change step 2's samples)
 CASES = {"gap+tsp": [], "gap+tsp+tag": [], "gap+tsp nccl": ["runtime.weight_sync=nccl"]}
-SLOW = {"gap+tsp", "gap+tsp nccl"}  # the slow tier (-m slow, which CI runs); the default keeps +tag
+# the slow tier (-m slow, which CI runs): the default tier checks sequence parallelism in one
+# process (tests/models/test_sequence_parallel.py) and Ray gangs through the trainer's FSDP gang
+# (tests/runtime/test_gangs.py)
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(CASES))
 def test_sequence_parallel_gangs_match_single_device(ray_cluster, tmp_path, wan, case):
     mode = case.split()[0]
     local = tmp_path / "local"

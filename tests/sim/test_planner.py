@@ -58,8 +58,9 @@ def _same_plan(tb, label: str) -> None:
     assert fast.step_s == pytest.approx(ref.step_s, rel=1e-9)  # lag-0 rows: 3 steps measure what 12 do
 
 
-@pytest.mark.parametrize("label", ["colocated-ideal", "verl-omni", "disagg-sync", "one-step-off", "gap+tsp",
-                                   "gap+tsp+tag", "digenrl"])
+@pytest.mark.parametrize("label", ["colocated-ideal", "verl-omni", "disagg-sync", "one-step-off",
+                                   *(pytest.param(m, marks=pytest.mark.slow) for m in ("gap+tsp", "gap+tsp+tag")),
+                                   "digenrl"])  # digenrl searches every axis gap+tsp(+tag) does
 def test_pruned_search_chooses_what_the_unpruned_one_does(label):
     """Pruning by lower bounds, early stops and 3-step lag-0 runs change what is simulated, not the plan."""
     _same_plan(load_testbed(SMALL), label)
