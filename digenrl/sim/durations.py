@@ -82,7 +82,7 @@ from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allredu
 from digenrl.sim.devices import get_device
 from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.sim.tag_switch import must_offload, reload_bytes, switch_bytes
-from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
+from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel, JudgeServing
 from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
 from digenrl.sim.sp import SpDims, forward_bytes, image_tokens_for
@@ -547,9 +547,11 @@ class DurationFn:
     def _reward(self, dev: str, n: int) -> float:
         tb, cm = self.tb, self.cm
         rb = tb.rollout_batch
+        # a shipped reward phase decodes the whole step's answers together (shipped.step_costs, judge_decode)
+        judge = JudgeServing.of(tb, decode=not (self.system is not None and self.system.reward == "phase"))
 
         def f():
-            return _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape))
+            return _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape, judge))
         return self._memo(("reward", dev, n), f)
 
     @property
