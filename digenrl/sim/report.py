@@ -51,7 +51,7 @@ from typing import Optional
 
 from digenrl.config.contract import contract
 from digenrl.sched import Scheduler
-from digenrl.sim.catalogue import get_model
+from digenrl.sim.catalogue import get_judge, get_model
 from digenrl.sim.costs import CostModel, JudgeServing, default_cost_model
 from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn
@@ -394,7 +394,8 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
 
     generate  every sample's denoising steps, in forwards of rollout_batch (CFG included)
     encode    one text-encoder pass per prompt
-    reward    VAE decode + reward model, in batches of rollout_batch
+    reward    VAE decode + reward model, in batches of rollout_batch (a judge: + one decode of the
+              step's longest answer)
     train     every trained (sample, step) pair, packed micro_batch to a pass (learner.passes; with `kl`,
               + the reference policy's no-grad forward the KL term needs; with `old_forward`,
               + DiffusionNFT's old-policy forward; dpo: the rows of its pairs only)
@@ -409,8 +410,10 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
         "generate": tb.denoise_steps * _batched(lambda b: cm.denoise_s(m, device, b, tb.cfg, tb.shape), n,
                                                 tb.rollout_batch),
         "encode": float(cm.text_encode_s(m, device, tb.groups_per_step)),
-        "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape, JudgeServing.of(tb)), n,
-                           tb.rollout_batch),
+        # a generative judge: prefill in batches, the step's answers decoded together (their longest)
+        "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape, JudgeServing.of(tb, False)), n,
+                           tb.rollout_batch)
+        + (float(cm.judge_decode_s(tb.reward, device, n, JudgeServing.of(tb))) if get_judge(tb.reward) else 0.0),
         "train": _batched(
             lambda b: float(cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
             + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0)
