@@ -115,6 +115,7 @@ class Figure:
     unexplained: str = ""  # the cost this model does not explain, when the figure is out of tolerance
     new: str = ""  # the issue that added it ("issue 24": the scale check; "issue 39"); "": checked before
     upper_bound: bool = False  # the peer publishes "at most" this step time: only a slower prediction misses
+    guesses: str = ""  # what the recipe does not say and the testbed guesses (the table prints it)
 
     def within(self, predicted_s: float) -> bool:
         """The prediction inside the tolerance: within +-TOLERANCE, or under (1 + TOLERANCE) x an upper bound."""
@@ -163,10 +164,11 @@ FIGURES = (
                      # timestep_fraction 1.0 trains 10 timesteps; a testbed's window holds at most 9 of
                      # 10 (sampling.window_size): the tenth is left out (~10% of the training passes)
                      micro_batch=12, trained_steps=9, kl=True, old_forward=True), unexplained=NFT_GAP,
-           new="issue 39"),
+           new="issue 39", guesses="9 of its 10 trained timesteps (a testbed's window holds 9 of 10)"),
     Figure("UniRL Wan2.1-1.3B, 16x H20, serial replay", "colocated-ideal", 747.4, "s/step",
            f"{UNIRL} (description: 747.4 s per step, 460.0 s training, serial replay); the shape of "
-           "benchmarks/tsp_unirl.py", _unirl_wan(), unexplained=H20_GAP, new="issue 39"),
+           "benchmarks/tsp_unirl.py", _unirl_wan(), unexplained=H20_GAP, new="issue 39",
+           guesses="full fine-tune, checkpointing, PickScore, no CFG (the PR gives none)"),
     Figure("DanceGRPO FLUX full FT, 16x H800 (at most)", "colocated-ideal", 12 * 3600 / 200, "s/step",
            f"{DG}:README.md:140 (200 iterations within 12 hours; recipe {DG}:scripts/finetune/finetune_flux_grpo.sh:21-59)",
            _dance_flux(), new="issue 39", upper_bound=True),
@@ -227,8 +229,8 @@ def table(rows: list[dict]) -> str:
     is out of tolerance."""
     out = ["| figure | GPUs | system | published s/step | predicted s/step | error | prediction: gen / reward / "
            "train / opt / overhead / comm | judge decode: longest answer x step = s | step if one answer ran to "
-           "max_tokens | memory model | new | unexplained |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "max_tokens | memory model | new | guesses | unexplained |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     figs = {f.key: f for f in FIGURES}
     for r in rows:
         b, f = r["breakdown_s"], figs.get(r["figure"])
@@ -240,9 +242,13 @@ def table(rows: list[dict]) -> str:
                  if "judge_tokens" in r else "-")
         cap = f"{r['step_at_max_tokens_s']:.0f}" if r.get("step_at_max_tokens_s") else "-"
         pub = f"<= {r['published_s']:.0f}" if f and f.upper_bound else f"{r['published_s']:.0f}"
+        guesses = [f.guesses] if f and f.guesses else []
+        if "judge_tokens" in r:  # the judge's estimates (catalogue.JUDGES, EAGER_LAYER_S)
+            guesses.append("judge: mean answer of 30 tokens, memoryless length"
+                           + (", eager 0.34 ms a layer" if f and f.testbed.judge_eager else ""))
         out.append(f"| {r['figure']} | {r['gpus']} | {r['system']} | {pub} | {r['predicted_s']:.0f} | "
                    f"{100 * r['error']:+.0f}% | {parts} | {judge} | {cap} | {mem} | {f.new if f else ''} | "
-                   f"{f.unexplained if f and not r['within'] else ''} |")
+                   f"{'; '.join(guesses)} | {f.unexplained if f and not r['within'] else ''} |")
     return "\n".join(out)
 
 
