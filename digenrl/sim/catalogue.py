@@ -14,6 +14,7 @@ bandwidth in GB/s (1e9 B/s), parameters in billions (params_B).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from digenrl.config.schema import WEIGHT_SYNC_METHODS  # noqa: F401 (priced by CostModel.weight_sync_s)
@@ -345,12 +346,89 @@ REWARD_MODELS = {
     # PaddleOCR on the host CPU (flow_grpo flow_grpo/ocr.py:9,17 use_gpu=False; mm_grpo
     # gerl/utils/reward_score/ocr.py:41 device="cpu"): no GPU work beyond the VAE decode.
     "ocr-cpu": (0.0, 0.0, 0.0),
-    # Qwen3-VL-8B as an OCR judge (veRL-Omni's genrm_ocr): 8.2B LM over 256 visual tokens
-    # (512x512, patch 16, 2x2 merge) + ~40 prompt + ~30 answer tokens, and the 0.58B ViT
-    # over 1024 patches. ESTIMATE: the answer length is assumed (a short OCR string).
-    "qwen3-vl-8b": (8.77, 2 * (8.19e9 * 326 + 0.58e9 * 1024), 10 * MS),
+    # Qwen3-VL-8B as an OCR judge (veRL-Omni's genrm_ocr): a generative judge (JUDGES below),
+    # whose FLOPs here are its prefill at 512x512; costs.reward_model_s prices it from JUDGES.
+    "qwen3-vl-8b": (8.77, 2 * (8.19e9 * (256 + 40) + 0.58e9 * 1024), 10 * MS),
 }
 REWARD_MFU = 0.4
+
+
+@dataclass(frozen=True)
+class Judge:
+    """A generative (VLM) judge: it reads the image and writes an answer, token by token.
+
+    Its reward time is prefill + decode (costs.judge_prefill_s, costs.judge_decode_s): the
+    prefill is FLOPs (2 x LM params x (image + prompt tokens), + the ViT over its patches); the
+    decode is tokens x per-token latency, each token reading every LM weight once (lm_params_B x
+    bytes_per_weight over the GPUs' memory bandwidth at the server's tensor-parallel degree),
+    plus, in eager mode, a host launch cost per layer (EAGER_LAYER_S). A batch of answers
+    decodes together and ends with its longest (longest_answer). The answer length the recipe
+    asks for (max_tokens), eager mode and the tensor-parallel degree are the testbed's
+    (judge_max_tokens, judge_eager, judge_tp), as the recipe sets them.
+    """
+
+    name: str
+    lm_params_B: float  # the language model the decode reads per token
+    vit_params_B: float  # the vision tower (prefill only)
+    layers: int  # LM decoder layers (eager launch cost, TP all-reduces: 2 per layer)
+    hidden: int
+    bytes_per_weight: int  # 2: bf16 weights as served
+    patch: int  # ViT patch, pixels
+    merge: int  # patches merged per LM token along each side
+    prompt_tokens: int  # chat template + instruction
+    answer_tokens: int  # mean answer length (ESTIMATE where the note says so)
+    note: str = ""
+
+    def image_tokens(self, shape: Shape) -> int:
+        """LM tokens of one image (per frame pair for video: temporal patch 2)."""
+        side = self.patch * self.merge
+        frames = 1 if shape.frames == 1 else -(-shape.frames // 2)
+        return -(-shape.height // side) * -(-shape.width // side) * frames
+
+    def prefill_flops(self, shape: Shape) -> float:
+        """FLOPs of one request's prefill: the LM over image + prompt tokens, the ViT over its patches."""
+        img = self.image_tokens(shape)
+        return 2e9 * (self.lm_params_B * (img + self.prompt_tokens) + self.vit_params_B * img * self.merge**2)
+
+    @property
+    def decode_bytes(self) -> float:
+        """Weight bytes one decode step reads (the whole LM, split over a tensor-parallel group)."""
+        return self.lm_params_B * 1e9 * self.bytes_per_weight
+
+
+JUDGES = {
+    # Qwen3-VL-8B-Instruct (config.json: text 36 layers, hidden 4096; vision patch 16, spatial
+    # merge 2): 8.19B LM + 0.58B ViT. 512x512 -> 16 x 16 = 256 LM tokens. Prompt: genrm_ocr's
+    # one-line instruction in the chat template, ~40 tokens. ESTIMATE: a mean answer of 30
+    # tokens (the OCR targets are short phrases; no published length distribution).
+    "qwen3-vl-8b": Judge("qwen3-vl-8b", 8.19, 0.58, 36, 4096, 2, 16, 2, 40, 30,
+                         "answer_tokens 30 an ESTIMATE"),
+}
+
+# Host cost per decoder layer per token in eager mode (no CUDA graph: every kernel launched from
+# Python). ESTIMATE carried over from another model and GPU: vLLM-Omni's Qwen2.5-Omni-7B thinker
+# (28 layers) on A800 decoded at ~22-23 ms per token eager and ~13 ms with CUDA graphs
+# (vllm-project/vllm-omni issue 7960): (22.5 - 13) / 28 = 0.34 ms per layer.
+EAGER_LAYER_S = 0.34e-3
+
+
+def get_judge(name: str) -> Judge | None:
+    """The JUDGES entry of a reward model, or None for a reward model that scores in one forward."""
+    return JUDGES.get(name)
+
+
+def longest_answer(judge: Judge, n: int, max_tokens: int | None = None) -> float:
+    """Tokens the longest of n answers runs (a batch decodes until its longest ends).
+
+    Assumption (stated, not fitted): an answer ends with the same chance at every token
+    (a memoryless length with mean answer_tokens), so the longest of n runs about
+    answer_tokens x H(n), the n-th harmonic number (the exponential's largest order
+    statistic), capped at max_tokens (None: no cap)."""
+    if n <= 0:
+        return 0.0
+    h = sum(1.0 / k for k in range(1, n + 1)) if n <= 4096 else math.log(n) + 0.5772156649 + 1 / (2 * n)
+    t = judge.answer_tokens * h
+    return float(min(t, max_tokens) if max_tokens else t)
 
 
 def get_reward(name: str) -> tuple[float, float, float]:

@@ -36,8 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from digenrl.sim import memory
-from digenrl.sim.catalogue import (BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, GIB, MODELS, MS, REWARD_MFU,
-                                   TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, WEIGHT_SYNC_METHODS, Shape, get_link, get_model, get_reward, lora_params_B, sample_flops)
+from digenrl.sim.catalogue import (BYTES_OPT, BYTES_WEIGHT, DEFAULT_LORA_RANK, EAGER_LAYER_S, GIB, MODELS, MS,
+                                   REWARD_MFU, TEXT_ENCODERS, VAE_CALIB_SHAPES, VAES, WEIGHT_SYNC_METHODS, Shape,
+                                   get_judge, get_link, get_model, get_reward, longest_answer, lora_params_B,
+                                   sample_flops)
 from digenrl.sim.calibration import adamw_ms_per_B, fit_table, load_calibration
 from digenrl.sim.collectives import (allgather_s, allgather_traffic, object_store_fanout_s, relay_chain_s,
                                      object_store_send_s, pcie_s)
@@ -49,6 +51,23 @@ from digenrl.sim.devices import REFERENCE, Cost, get_device, scale_seconds, scal
 # fwd+bwd-frozen-base measurement exists.
 LORA_TRAIN_FACTOR = {False: 2.0 / 3.0, True: 3.0 / 4.0}
 PHASE_SWITCH_FIXED_S = 0.1  # estimate: mode toggles, torch.cuda.empty_cache, a device sync
+
+
+@dataclass(frozen=True)
+class JudgeServing:
+    """How a recipe serves its generative judge (the testbed's judge_* keys): the answer length it
+    asks for (max_tokens; None: no cap), eager mode, the tensor-parallel degree of one server, the
+    link its all-reduces cross, and whether the caller prices the decode here (decode)."""
+
+    max_tokens: int | None = None
+    eager: bool = False
+    tp: int = 1
+    link: str = "nvlink"
+    decode: bool = True
+
+    @classmethod
+    def of(cls, tb, decode: bool = True) -> "JudgeServing":
+        return cls(tb.judge_max_tokens, tb.judge_eager, tb.judge_tp, tb.links.intra_node, decode)
 
 
 @dataclass
@@ -149,17 +168,54 @@ class CostModel:
         return scale_seconds(Cost(fit.per_sample * k * batch, enc != "t5xxl"), 0.0, fit.fixed, device,
                              source=f"{enc}: T5-XXL x {k:.2f}")
 
-    def reward_model_s(self, reward: str, device, batch: int) -> Cost:
-        """Reward-model forward only (no VAE): FLOPs / (H200 peak * REWARD_MFU) + fixed; estimated."""
-        _, flops, fixed = get_reward(reward)
-        t_comp = batch * flops / (get_device(REFERENCE).bf16_tflops * 1e12 * REWARD_MFU)
-        return scale_seconds(Cost(t_comp, True), 0.0, Cost(fixed, True), device, source=f"{reward}: FLOP estimate")
+    def reward_model_s(self, reward: str, device, batch: int, shape: Shape | None = None,
+                       judge: "JudgeServing | None" = None) -> Cost:
+        """Reward-model work for `batch` samples (no VAE): FLOPs / (H200 peak * REWARD_MFU) + fixed,
+        estimated. A generative judge (catalogue.JUDGES): its prefill so, plus the batch's decode
+        (judge_decode_s) unless judge.decode is False (a shipped reward phase prices its decode once
+        per step, shipped.step_costs)."""
+        j = get_judge(reward)
+        if j is None:
+            _, flops, fixed = get_reward(reward)
+            t_comp = batch * flops / (get_device(REFERENCE).bf16_tflops * 1e12 * REWARD_MFU)
+            return scale_seconds(Cost(t_comp, True), 0.0, Cost(fixed, True), device, source=f"{reward}: FLOP estimate")
+        judge = judge or JudgeServing()
+        t = self.judge_prefill_s(reward, device, batch, shape or Shape(512, 512))
+        if judge.decode:
+            t = total(t, self.judge_decode_s(reward, device, batch, judge))
+        return Cost(float(t), True, f"{reward}: prefill + decode")
+
+    def judge_prefill_s(self, reward: str, device, batch: int, shape: Shape) -> Cost:
+        """A judge's prefill of `batch` requests: Judge.prefill_flops over the device's bf16 peak at
+        REWARD_MFU, + the reward's fixed seconds; estimated."""
+        _, _, fixed = get_reward(reward)
+        t_comp = batch * get_judge(reward).prefill_flops(shape) / (get_device(REFERENCE).bf16_tflops * 1e12 * REWARD_MFU)
+        return scale_seconds(Cost(t_comp, True), 0.0, Cost(fixed, True), device, source=f"{reward}: prefill FLOPs")
+
+    def judge_token_s(self, reward: str, device, tp: int = 1, eager: bool = False, link: str = "nvlink") -> Cost:
+        """One decode step of a judge server of `tp` GPUs: its LM weight bytes / tp over the device's
+        memory bandwidth (every weight read once per token), + 2 all-reduces per layer at the link's
+        latency when tp > 1, + EAGER_LAYER_S per layer in eager mode; estimated."""
+        j = get_judge(reward)
+        t = j.decode_bytes / tp / (get_device(device).hbm_gbps * 1e9)
+        if tp > 1:
+            t += 2 * j.layers * get_link(link).latency_s
+        if eager:
+            t += j.layers * EAGER_LAYER_S
+        return Cost(t, True, f"{reward}: decode step, tp {tp}{', eager' if eager else ''}")
+
+    def judge_decode_s(self, reward: str, device, n: int, judge: "JudgeServing") -> Cost:
+        """A batch of n answers decoded together: the longest answer's tokens (catalogue.longest_answer,
+        capped at max_tokens) x judge_token_s."""
+        tokens = longest_answer(get_judge(reward), n, judge.max_tokens)
+        return Cost(tokens * float(self.judge_token_s(reward, device, judge.tp, judge.eager, judge.link)), True,
+                    f"{reward}: {tokens:.0f} tokens decoded")
 
     def reward_s(self, model: str, device, batch: int, reward: str = "pickscore",
-                 shape: Shape | None = None) -> Cost:
-        """A Reward unit: VAE decode + reward-model forward for `batch` samples."""
-        return total(self.vae_decode_s(model, device, batch, shape), self.reward_model_s(reward, device, batch),
-                     source=f"decode + {reward}")
+                 shape: Shape | None = None, judge: "JudgeServing | None" = None) -> Cost:
+        """A Reward unit: VAE decode + reward-model work for `batch` samples."""
+        return total(self.vae_decode_s(model, device, batch, shape),
+                     self.reward_model_s(reward, device, batch, shape, judge), source=f"decode + {reward}")
 
     def optimizer_step_s(self, params_B: float, device) -> Cost:
         """Fused AdamW step (fp32 master + moments) over params_B billion parameters.

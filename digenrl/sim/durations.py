@@ -77,12 +77,12 @@ from dataclasses import dataclass, field
 from digenrl.config.contract import RunContract
 from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
-from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, trainable_params_B
+from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, get_judge, trainable_params_B
 from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s
 from digenrl.sim.devices import get_device
 from digenrl.math.grad_sum import grad_sum_bytes
 from digenrl.sim.tag_switch import must_offload, reload_bytes, switch_bytes
-from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel
+from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel, JudgeServing
 from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
 from digenrl.sim.sp import SpDims, forward_bytes, image_tokens_for
@@ -547,9 +547,15 @@ class DurationFn:
     def _reward(self, dev: str, n: int) -> float:
         tb, cm = self.tb, self.cm
         rb = tb.rollout_batch
+        # A generative judge: prefill in batches, then the unit's n answers decode together (its
+        # requests are concurrent) and end with the longest; a shipped reward phase decodes the whole
+        # step's answers together instead (shipped.step_costs, judge_decode).
+        serving = JudgeServing.of(tb, decode=False)
+        per_unit = get_judge(tb.reward) is not None and not (self.system is not None and self.system.reward == "phase")
 
         def f():
-            return _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape))
+            t = _in_batches(n, rb, lambda b: cm.reward_s(tb.model, dev, b, tb.reward, tb.shape, serving))
+            return t + (float(cm.judge_decode_s(tb.reward, dev, n, JudgeServing.of(tb))) if per_unit else 0.0)
         return self._memo(("reward", dev, n), f)
 
     @property

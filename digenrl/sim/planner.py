@@ -71,7 +71,7 @@ from typing import Iterator, NamedTuple
 
 from digenrl.sched import BATCH_MODES, GAP_MODES, MODES, TAG_MODES, TSP_MODES
 from digenrl.sim.baselines import IDEAL
-from digenrl.sim.costs import CostModel
+from digenrl.sim.costs import CostModel, JudgeServing
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import ON_POLICY, ideal_step_s, point_bound, run_spec, run_spec_within
 from digenrl.sim.workload import RunSpec
@@ -224,7 +224,7 @@ def analytic_split(tb: Testbed, cm: CostModel | None = None) -> int:
     n = tb.n_gpus
     rb, mb = tb.rollout_batch, tb.micro_batch
     g = (float(cm.generate_s(tb.model, dev, rb, tb.denoise_steps, tb.cfg, tb.shape))
-         + float(cm.reward_s(tb.model, dev, rb, tb.reward, tb.shape))) / rb
+         + float(cm.reward_s(tb.model, dev, rb, tb.reward, tb.shape, JudgeServing.of(tb)))) / rb
     t = float(cm.train_chunk_s(tb.model, dev, mb, tb.trained_steps, tb.grad_ckpt, tb.lora, tb.train_cfg,
                                tb.shape)) / mb
     return min(n - 1, max(1, round(n * g / (g + t))))

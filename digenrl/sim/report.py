@@ -51,8 +51,8 @@ from typing import Optional
 
 from digenrl.config.contract import contract
 from digenrl.sched import Scheduler
-from digenrl.sim.catalogue import get_model
-from digenrl.sim.costs import CostModel, default_cost_model
+from digenrl.sim.catalogue import get_judge, get_model
+from digenrl.sim.costs import CostModel, JudgeServing, default_cost_model
 from digenrl.sim.devices import get_device
 from digenrl.sim.durations import DurationFn
 from digenrl.sim.engine import run_virtual
@@ -90,7 +90,7 @@ class RunResult:
     samples_per_usd: float
     bubble: dict  # pool -> idle fraction over the steady window
     staleness_max: int
-    breakdown_s: dict  # per RL step: GPU-seconds / GPUs per kind + overhead + comm + idle (sums to step_s)
+    breakdown_s: dict  # per RL step: GPU-seconds / GPUs per kind + overhead + comm (+ judge: a generative judge's decode) + idle (sums to step_s)
     overhead_ws: dict  # baseline costs and exposed gang collectives (gang_*), GPU-seconds per step
     colocated_config: Optional[str] = None
     trace: Optional[Trace] = field(default=None, repr=False)
@@ -349,12 +349,13 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "optimizer_offload": "optimizer", "reward_moves": "optimizer", "extra_optimizer": "optimizer",
              "gang_reduce": "optimizer", "gang_backward_reduce": "train", "driver_dispatch": "optimizer",
              "gang_sp_generate": "generate", "gang_sp_train": "train", "park": "optimizer",
-             "reload": "train", "gang_recompute": "train",
+             "reload": "train", "gang_recompute": "train", "judge_decode": "optimizer",
              # TAG's switches (durations._tag_switch): into the helper inside a Generate, back
              # inside the Train or OptimizerStep that follows it
              "tag_switch_in": "generate", "tag_switch_out": "train", "tag_switch_out_opt": "optimizer"}
     for k, v in over.items():
-        col = "comm" if k.startswith("gang_") else "overhead"
+        # a generative judge's decode (shipped.step_costs) is a column of its own: "judge"
+        col = "comm" if k.startswith("gang_") else "judge" if k == "judge_decode" else "overhead"
         bd[where[k]] -= v / n
         bd[col] = bd.get(col, 0.0) + v / n
     bd.setdefault("overhead", 0.0)
@@ -393,7 +394,8 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
 
     generate  every sample's denoising steps, in forwards of rollout_batch (CFG included)
     encode    one text-encoder pass per prompt
-    reward    VAE decode + reward model, in batches of rollout_batch
+    reward    VAE decode + reward model, in batches of rollout_batch (a judge: + one decode of the
+              step's longest answer)
     train     every trained (sample, step) pair, packed micro_batch to a pass (learner.passes; with `kl`,
               + the reference policy's no-grad forward the KL term needs; with `old_forward`,
               + DiffusionNFT's old-policy forward; dpo: the rows of its pairs only)
@@ -408,7 +410,10 @@ def useful_work(tb: Testbed, device: str, cm: CostModel | None = None) -> dict:
         "generate": tb.denoise_steps * _batched(lambda b: cm.denoise_s(m, device, b, tb.cfg, tb.shape), n,
                                                 tb.rollout_batch),
         "encode": float(cm.text_encode_s(m, device, tb.groups_per_step)),
-        "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape), n, tb.rollout_batch),
+        # a generative judge: prefill in batches, the step's answers decoded together (their longest)
+        "reward": _batched(lambda b: cm.reward_s(m, device, b, tb.reward, tb.shape, JudgeServing.of(tb, False)), n,
+                           tb.rollout_batch)
+        + (float(cm.judge_decode_s(tb.reward, device, n, JudgeServing.of(tb))) if get_judge(tb.reward) else 0.0),
         "train": _batched(
             lambda b: float(cm.train_s(m, device, b, tb.grad_ckpt, tb.lora, tb.train_cfg, tb.shape))
             + (float(cm.denoise_s(m, device, b, tb.train_cfg, tb.shape)) if tb.kl else 0.0)

@@ -26,13 +26,15 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from digenrl.sim.catalogue import (BYTES_WEIGHT, TEXT_DIMS, TEXT_ENCODERS, VAES, get_model, latent_values,
-                                   get_reward, trainable_params_B)
+                                   get_judge, get_reward, trainable_params_B)
+from digenrl.sim.costs import JudgeServing
 from digenrl.sim.collectives import allgather_traffic, driver_dispatch_s, pageable_s, pcie_s
 
 VO = "verl-project/verl-omni@a1139baf"
 VO_FT = "verl-project/verl-omni@c415a591"  # the commit that published the full fine-tune figure
 VO_LORA = "verl-project/verl-omni@1cf9aa94"  # ... and the LoRA figures
 VO_JUNE = "verl-project/verl-omni@d07f42ba"  # ... and the 64x H100 FSDP1 figure
+VO_NFT = "verl-project/verl-omni@0d5610f5"  # ... and the DiffusionNFT figure
 VL = "verl-project/verl@8a694930"  # verl-omni's verl pin
 MM = "leibniz-csi/mm_grpo@301f5c05"
 GR = "ModelTC/GenRL@82a867e"
@@ -255,7 +257,27 @@ _JUNE = dataclasses.replace(
     sources={"parameters resident, optimizer state offloaded in the 64x H100 run":
              f"{VO_JUNE}:docs/algo/performance.md:87; "
              f"{VO_JUNE}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:264"})
-SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD, _JUNE.name: _JUNE})
+# ... and its DiffusionNFT trainer when it published that figure (0d5610f5; fp32 images still): no old
+# log-probs (DiffusionNFT trains from the final latents against its "old" adapter, whose forward runs
+# inside the update: the testbed's old_forward), a reference pass (ref_kl_coef: the testbed's kl).
+_NFT = dataclasses.replace(
+    _SPRING, name="verl-omni@2026-06-nft", label="veRL-Omni (June 2026), DiffusionNFT", recompute_logp=False,
+    sources={"DiffusionNFT's step: generation, the reward phase, a reference pass, the update (the old "
+             "adapter's forward inside it); no old log-probs":
+             f"{VO}:verl_omni/trainer/diffusion/ray_diffusion_trainer.py:1620,1638-1645,1657-1661,1663-1666; "
+             f"{VO_NFT}:verl_omni/workers/rollout/vllm_rollout/vllm_omni_async_server.py:257",
+             "LoRA 64 with the old adapter, no CFG, mini-batch 12 of 24 prompts, param + optimizer offload, "
+             "the judge tensor-parallel over the 4 GPUs":
+             f"{VO}:examples/diffusionnft_trainer/qwen_image/run_qwen_image_ocr_lora.sh:16,27,32-46,54-57,73"})
+# A generative judge as the reward phase serves it: eager mode is the reward rollout's default.
+_JUDGE_SOURCES = {
+    "the OCR judge asked for up to 4096 tokens per answer, served by vLLM in eager mode (the reward "
+    "rollout's enforce_eager default), max_num_seqs 1024: a step's answers decode together":
+        f"{VO}:verl_omni/utils/reward_score/genrm_ocr.py:38; "
+        f"{VO}:verl_omni/trainer/config/_generated_diffusion_trainer.yaml:407,416; "
+        f"{VO_JUNE}:verl_omni/trainer/config/_generated_diffusion_trainer.yaml:378"}
+SYSTEMS["verl-omni"].sources.update(_JUDGE_SOURCES)
+SYSTEMS.update({_SPRING.name: _SPRING, _ASYNC_REWARD.name: _ASYNC_REWARD, _JUNE.name: _JUNE, _NFT.name: _NFT})
 
 
 def get_system(name: str) -> System:
@@ -308,6 +330,8 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
     optimizer_offload   optimizer_moves round trips of this GPU's AdamW state + gradients (12 B/param)
     reward_moves        the reward model to the GPU and back (reward_moves, or a reward phase's
                         wake and sleep)
+    judge_decode        a generative judge's decode (costs.judge_decode_s): a reward phase waits for
+                        the longest answer of the step; a reward pool for the last images' answers
     extra_optimizer     AdamW steps beyond the scheduler's one per RL step
     driver_dispatch     a single controller's whole-batch transfers (Dispatch), every GPU waiting
     """
@@ -334,10 +358,17 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
         n_out, n_in = system.dispatch.dispatches(tb, system.reward)
         out["driver_dispatch"] = (n_out * driver_dispatch_s(batch, n_gpus, True)
                                   + n_in * driver_dispatch_s(batch, n_gpus, False))
+    judge = get_judge(tb.reward)
     if system.reward_moves or system.reward == "phase":
         params_B = get_reward(tb.reward)[0]
-        tp = n_gpus if system.reward == "phase" else 1  # a woken reward server is tensor-parallel over the GPUs
+        # a woken reward server is tensor-parallel over the GPUs (a judge: over the recipe's judge_tp)
+        tp = (tb.judge_tp if judge else n_gpus) if system.reward == "phase" else 1
         out["reward_moves"] = 2 * float(pcie_s(BYTES_WEIGHT * params_B * 1e9 / tp, device))
+    if judge is not None and system.reward in ("phase", "pool"):
+        # phase: every answer of the step decodes together on n_gpus / judge_tp servers and the phase
+        # ends with the longest; pool: scoring overlaps generation but for the last image of each GPU
+        n = tb.samples_per_step if system.reward == "phase" else n_gpus
+        out["judge_decode"] = float(cm.judge_decode_s(tb.reward, device, n, JudgeServing.of(tb)))
     if system.optimizer_steps > 1:
         out["extra_optimizer"] = (system.optimizer_steps - 1) * float(cm.optimizer_step_s(trainable / shards, device))
     return {k: v for k, v in out.items() if v > 0}

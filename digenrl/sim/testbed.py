@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from digenrl.sched.preemption import SpotSpec
-from digenrl.sim.catalogue import LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
+from digenrl.sim.catalogue import JUDGES, LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
 from digenrl.sim.devices import (DEVICES, SPOT_INTERRUPTIONS_PER_HOUR, SPOT_NOTICE_S, SPOT_PRICES,
                                  SPOT_REPLACE_S)
 
@@ -86,6 +86,11 @@ class Testbed:
     # upper bound); 0 = every sample (the other objectives)
     pair_rows: int = 0
     reward: str = "pickscore"
+    # A generative judge's serving (reward in catalogue.JUDGES), as the recipe sets it: the answer
+    # length it asks for (max_tokens; None: no cap), eager mode (no CUDA graphs), GPUs per server
+    judge_max_tokens: int | None = None
+    judge_eager: bool = False
+    judge_tp: int = 1
     weight_sync: str = "nccl"
     text_tokens: int | None = None  # text tokens in the joint sequence (the recipe's prompt length; None: the model's)
     # Sequence-parallel degrees (video models with Ulysses attention, sim.sp): fixed here, or
@@ -279,6 +284,16 @@ def _validate(tb: Testbed) -> None:
         raise TestbedError(f"key 'prompts': a .jsonl file of {{\"prompt\": ..., \"image\": ...}} rows, got {tb.prompts!r}")
     _one_of("reward", tb.reward, REWARD_MODELS)
     _one_of("weight_sync", tb.weight_sync, WEIGHT_SYNC_METHODS)
+    if tb.judge_max_tokens is not None:
+        _int("judge_max_tokens", tb.judge_max_tokens)
+    if not isinstance(tb.judge_eager, bool):
+        raise TestbedError(f"key 'judge_eager': must be true or false, got {tb.judge_eager!r}")
+    _int("judge_tp", tb.judge_tp)
+    if tb.reward not in JUDGES:
+        for k, default in (("judge_max_tokens", None), ("judge_eager", False), ("judge_tp", 1)):
+            if getattr(tb, k) != default:
+                raise TestbedError(f"key '{k}': reward {tb.reward!r} scores in one forward, not a generative "
+                                   f"judge; the key applies to rewards {sorted(JUDGES)}")
     for k in ("intra_node", "inter_node", "inter_pool"):
         _one_of(f"links.{k}", getattr(tb.links, k), LINKS)
     for k in ("height", "width", "frames", "denoise_steps", "group_size", "groups_per_step",
