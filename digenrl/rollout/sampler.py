@@ -10,13 +10,14 @@ the whole state is the `Trajectories` object (latents so far, step index).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import torch
 
 from digenrl.math import rng
 from digenrl.math import sde_step
+from digenrl.math.payload import kept_steps
 from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity, has_audio
 
 MODEL_TIMESTEPS = ("exact", "floor")  # SampleSpec.model_timestep, sampling.model_timestep
@@ -48,6 +49,12 @@ class SampleSpec:
     # DanceGRPO's int(sigma * 1000) timestep, while the SDE step still uses the exact sigma
     # (see `model_sigma`)
     model_timestep: str = "exact"
+    # Lean trajectories (math.payload): the RL step's trained slots (those the scheduler's Train
+    # units name; see `trained_steps`) and what the objective reads of the latents, "transitions"
+    # (x_t, x_{t+1} of each trained step), "final" (x_T) or "all". `ship` keeps those latents of a
+    # trajectory that leaves its worker; the default ships every latent.
+    trained_slots: tuple[int, ...] = ()
+    reads: str = "all"
 
     @property
     def num_steps(self) -> int:
@@ -80,7 +87,7 @@ class Trajectories:
     prompts: list[str]  # (B,)
     coords: list[tuple[int, int, int]]  # (step, group, sample) per row
     cond: Cond
-    latents: torch.Tensor  # (B, T+1, *latent) float32; [:, t] is x at sigmas[t]
+    latents: torch.Tensor  # (B, T+1, *latent) float32; [:, t] is x at sigmas[t] (see latent_steps)
     log_probs: torch.Tensor  # (B, T) float32 behaviour log-probs; NaN on ODE steps
     t_done: int = 0  # denoising steps completed
     images: Optional[torch.Tensor] = None  # decoded final samples, (B, 3, H, W) / (B, F, 3, H, W)
@@ -91,6 +98,24 @@ class Trajectories:
     rewards: Optional[torch.Tensor] = None  # (B,)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)
     advantages: Optional[torch.Tensor] = None  # (B,)
+    # None: `latents` holds every step, column t = x at sigmas[t]. Shipped lean (`ship`): (B, K)
+    # int64, the denoising step of each of row i's K columns (a row may repeat a column as padding
+    # when rows of different lean shards are concatenated); read through `latent`.
+    latent_steps: Optional[torch.Tensor] = None
+
+    def latent(self, rows: torch.Tensor, steps) -> torch.Tensor:
+        """x at denoising step steps[i] of row rows[i], (n, *latent): rows (n,) long, steps (n,)
+        long or one int. Raises if a lean trajectory did not ship that latent."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        steps = torch.as_tensor(steps, dtype=torch.long).expand(rows.shape)
+        if self.latent_steps is None:
+            return self.latents[rows, steps]
+        hit = self.latent_steps[rows] == steps[:, None]  # (n, K)
+        if not bool(hit.any(1).all()):  # (host tensors: the trajectory lives on the host)
+            i = int((~hit.any(1)).nonzero()[0])
+            raise ValueError(f"row {int(rows[i])} did not ship x at denoising step {int(steps[i])} "
+                             f"(it carries steps {self.latent_steps[rows[i]].tolist()})")
+        return self.latents[rows, hit.int().argmax(1)]
 
     @property
     def group_ids(self) -> torch.Tensor:
@@ -244,6 +269,42 @@ def finish(policy: Policy, traj: Trajectories) -> Trajectories:
         traj.audio = policy.decode_audio(final).float().cpu()
         traj.audio_rate = int(policy.audio_sample_rate)
     return traj
+
+
+def ship(traj: Trajectories, spec: SampleSpec) -> Trajectories:
+    """What leaves the worker: `traj` with only the latents its consumers read (math.payload:
+    each row's trained steps from `spec.trained_slots`, `spec.reads`, and x at t_done when the
+    segment stops early), the log-probs, the conditioning and the decoded media. A new object
+    (the latents gathered, nothing else copied); `traj` itself when spec.reads is "all"."""
+    if spec.reads == "all" or traj.latent_steps is not None:
+        return traj
+    t_done = None if traj.t_done == spec.num_steps else traj.t_done
+    rows = [kept_steps([s for slot in spec.trained_slots for s in trained_steps(spec, [c], slot)],
+                       spec.num_steps, spec.reads, t_done) for c in traj.coords]
+    width = max(len(r) for r in rows)
+    index = torch.tensor([list(r) + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long)  # (B, K)
+    latents = traj.latents[torch.arange(len(traj))[:, None], index]  # (B, K, *latent), a copy
+    return replace(traj, latents=latents, latent_steps=index)
+
+
+def expand(traj: Trajectories, spec: SampleSpec) -> Trajectories:
+    """A shipped (lean) segment back in the layout `advance` writes: (B, T+1) latents, fresh
+    buffers (objects from a store may be read-only), the shipped columns in place and zeros at
+    the steps not shipped (never read: a continuation reads x at t_done and writes later steps)."""
+    b = len(traj)
+    latents = torch.zeros(b, spec.num_steps + 1, *traj.latents.shape[2:], dtype=traj.latents.dtype)
+    if traj.latent_steps is None:
+        latents.copy_(traj.latents)
+    else:
+        latents[torch.arange(b)[:, None], traj.latent_steps] = traj.latents
+    return replace(traj, latents=latents, log_probs=traj.log_probs.clone(), latent_steps=None)
+
+
+def payload_bytes(traj: Trajectories) -> int:
+    """Bytes of the trajectory proper as shipped: its latents, their step index and the log-probs
+    (math.payload's count; the conditioning and decoded media are not counted)."""
+    parts = [traj.latents, traj.log_probs] + ([traj.latent_steps] if traj.latent_steps is not None else [])
+    return sum(t.numel() * t.element_size() for t in parts)
 
 
 def audio_kwargs(traj: Trajectories) -> dict:

@@ -27,6 +27,7 @@ from digenrl.data import PromptSource, check_conditioning, load_images, load_row
 from digenrl.train.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import CLEAN_SAMPLE_LOSSES, group_advantages
+from digenrl.math.payload import reads_of
 from digenrl.models import build_policy, sampling_sigmas
 from digenrl.models.lora import trainable_state_dict
 from digenrl.io.recorder import RunRecorder
@@ -83,6 +84,8 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         draw_levels=draw_levels,
         rollout_dtype=s.rollout_dtype,
         model_timestep=s.model_timestep,
+        trained_slots=tuple(trained),
+        reads=reads_of(cfg.train.loss),  # what leaves a rollout worker (rollout.sampler.ship)
     )
     chunk = tsp_chunk(cfg, len(trained))
     chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
