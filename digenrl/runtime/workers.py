@@ -39,13 +39,14 @@ import os
 import socket
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from typing import Any, Optional
 
 import torch
 
 from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
-from digenrl.rollout import SampleSpec, Trajectories, advance, audio_kwargs, finish, start
+from digenrl.rollout import SampleSpec, Trajectories, advance, audio_kwargs, expand, finish, payload_bytes, ship, start
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
@@ -116,7 +117,7 @@ class _PolicyRank(_Rank):
     # -- units ------------------------------------------------------------------------
     def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
                  coords: list[tuple[int, int, int]], spec: SampleSpec, rows: tuple[int, int],
-                 *prev: Trajectories) -> tuple[Trajectories, Generated]:
+                 *prev: Trajectories) -> tuple:
         """Denoising steps [t_start, t_end) of the rows `prompts` / `coords` of a micro-batch
         (the unit's, its sample shard's, or in a gang this rank's share); decodes when finished.
 
@@ -124,6 +125,11 @@ class _PolicyRank(_Rank):
         handed over by another worker or gang), `rows` the rows within their concatenation;
         none for a fresh micro-batch. Every random draw is a function of the sample's
         coordinates, so any split of the rows generates the same samples.
+
+        Returns one lean trajectory per row (rollout.sampler.ship: the latents its trainer reads,
+        the log-probs, the conditioning; no media), so a trainer rank receives exactly its rows;
+        then the decoded media of the rows for the reward (a Trajectories without latents), None
+        for a segment that stops early; then the Generated record.
         """
         t0 = time.time()
         if version != self.version:
@@ -135,13 +141,12 @@ class _PolicyRank(_Rank):
                 images = None if self.source is None else _row_images(self.source, coords, self.policy.height,
                                                                       self.policy.width)
                 traj = start(self.policy, prompts, coords, spec, step=step, version=version, images=images)
-            else:  # objects from the store may be read-only views: own the buffers we write
-                traj = select_rows(concat_trajectories(prev), *rows)
-                traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
+            else:  # the shipped (lean) rows back in the sampler's layout, in buffers we own
+                traj = expand(select_rows(concat_trajectories(prev), *rows), spec)
             advance(self.policy, traj, spec, unit.t_end)
             if unit.t_end == spec.num_steps and self._sp_lead:  # (the rest of its sp group: same latents)
                 finish(self.policy, traj)
-        return traj, Generated(**_times(t0), comm=self._generate_comm())
+        return (*ship_rows(traj, spec), media_of(traj), Generated(**_times(t0), comm=self._generate_comm()))
 
     def _generate_comm(self) -> dict:
         """The collectives a Generate unit reports: a rollout rank's (sequence parallelism), per
@@ -311,20 +316,25 @@ class TrainerRank(_PolicyRank):
     # -- units ------------------------------------------------------------------------
     @on_ranks(ALL, ALL)  # a unit: every rank accumulates its rows' gradient
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
-              total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> Trained:
+              total_steps: int, rows: tuple[int, int], mine: tuple[int, int], unit_rows: int,
+              *shards: Trajectories) -> Trained:
         """Accumulate the gradient of one Train unit (micro-batch or sample shard x chunk of
-        trained steps). `shards`: the Generate shards covering the unit's rows, in order;
-        `rows`: the unit's rows within their concatenation; `advantages`: of those rows.
-        The learner weights the unit by its row count, so shards add up to the whole."""
+        trained steps). `shards`: the lean trajectory rows this rank received (a gang rank: its
+        share of the unit's rows, `RealBackend._call_train`; DPO: the whole unit), in order;
+        `rows`: the received rows within their concatenation, `mine` the ones it trains within
+        those, `unit_rows` the unit's row count (a gang's ranks all run the passes of the largest
+        share); `advantages`: of the received rows. The learner weights the unit by its row
+        count, so shards add up to the whole."""
         t0 = time.time()
         traj = select_rows(concat_trajectories(shards), *rows)
         traj.advantages = advantages
-        mine, passes = self.gang.share(len(traj), len(unit.t_steps)) if self.gang is not None else (slice(0, len(traj)), 0)
+        passes = self.gang.share(unit_rows, len(unit.t_steps))[1] if self.gang is not None else 0
+        mine = slice(*mine)
         self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
                                 total_steps=total_steps, rows=mine, passes=passes)
         # the ranks of a sequence-parallel group train the same rows: the first one reports them
         done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps] if self._sp_lead else []
-        return Trained(**_times(t0), trained=done)
+        return Trained(**_times(t0), trained=done, traj_bytes=sum(payload_bytes(s) for s in shards))
 
     @on_ranks(ALL, ALL)  # a unit: every rank reduces and steps (collectives)
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:
@@ -536,6 +546,27 @@ def _row_images(source, coords, height: int, width: int) -> torch.Tensor:
     from digenrl.data import load_images
 
     return load_images([source.image(step, group) for step, group, _ in coords], height, width)
+
+
+def ship_rows(traj: Trajectories, spec: SampleSpec) -> list[Trajectories]:
+    """One shipped (lean) trajectory per row of `traj`, without media (rollout.sampler.ship)."""
+    return [_own(ship(select_rows(replace(traj, images=None, audio=None), i, i + 1), spec)) for i in range(len(traj))]
+
+
+def _own(traj: Trajectories) -> Trajectories:
+    """Its tensors in their own storage: a pickled view carries its whole base (every row)."""
+    return replace(traj, latents=traj.latents.clone(), log_probs=traj.log_probs.clone(),
+                   cond={k: v.clone() for k, v in traj.cond.items()},
+                   latent_steps=None if traj.latent_steps is None else traj.latent_steps.clone())
+
+
+def media_of(traj: Trajectories) -> Optional[Trajectories]:
+    """What the reward reads of finished rows: prompts, coordinates, decoded images and audio
+    (no latents, log-probs or conditioning); None before the rows are decoded."""
+    if traj.images is None:
+        return None
+    return replace(traj, latents=traj.latents[:, :0].clone(), log_probs=traj.log_probs[:, :0].clone(), cond={},
+                   latent_steps=None)
 
 
 def _score(rewarder, shards: tuple[Trajectories, ...], source=None) -> Rewarded:
