@@ -71,3 +71,24 @@ def trajectory_bytes(rows_trained: Sequence[Iterable[int]], latent_values: int, 
     row's trained denoising steps): sum of row_bytes over the rows' kept steps."""
     return sum(row_bytes(len(kept_steps(t, num_steps, reads)), latent_values, num_steps, reads)
                for t in rows_trained)
+
+
+def row_share(n: int, ranks: int, rank: int) -> slice:
+    """Rank `rank`'s rows of a unit of n rows: contiguous, the first n % ranks ranks one more."""
+    base, extra = divmod(n, ranks)
+    first = rank * base + min(rank, extra)
+    return slice(first, first + base + (1 if rank < extra else 0))
+
+
+def train_rows(n: int, ranks: int, sp: int, rank: int, loss: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """What rank `rank` of a trainer gang of `ranks` (sequence-parallel degree `sp`) receives of
+    a Train unit of n rows, and which of those it trains: ((a, z) rows of the unit it receives,
+    (first, last) within them that it trains). Its share (gang.row_share over the gang's data
+    groups, as GangRank.share); a rank with no rows receives the unit's first row for its ghost
+    passes; DPO ranks receive the whole unit (a pair's loser may lie in another rank's share)."""
+    share = row_share(n, ranks // sp, rank // sp) if ranks > 1 else slice(0, n)
+    if loss == "dpo":
+        return (0, n), (share.start, share.stop)
+    if share.start == share.stop:
+        return (0, min(1, n)), (0, 0)
+    return (share.start, share.stop), (0, share.stop - share.start)

@@ -1,7 +1,7 @@
 """Single-device rollout: sampling trajectory segments with behaviour log-probs."""
 
 from digenrl.rollout.sampler import (SampleSpec, Trajectories, advance, audio_kwargs, denoise_step, expand, finish,
-                                     generate, payload_bytes, ship, start)
+                                     generate, media_of, payload_bytes, ship, ship_rows, start)
 
 __all__ = ["SampleSpec", "Trajectories", "advance", "audio_kwargs", "denoise_step", "expand", "finish", "generate",
-           "payload_bytes", "ship", "start"]
+           "media_of", "payload_bytes", "ship", "ship_rows", "start"]

@@ -300,6 +300,35 @@ def expand(traj: Trajectories, spec: SampleSpec) -> Trajectories:
     return replace(traj, latents=latents, log_probs=traj.log_probs.clone(), latent_steps=None)
 
 
+def ship_rows(traj: Trajectories, spec: SampleSpec) -> list[Trajectories]:
+    """`ship` row by row, without the media (those go to the reward, `media_of`): one object per
+    row so that a trainer rank receives only its rows; each row's tensors in their own storage
+    (a pickled view carries its whole base, every row)."""
+    out = []
+    for i in range(len(traj)):
+        sl = slice(i, i + 1)
+        row = replace(traj, prompts=traj.prompts[sl], coords=traj.coords[sl], images=None, audio=None,
+                      latents=traj.latents[sl], log_probs=traj.log_probs[sl].clone(),
+                      cond={k: v[sl].clone() for k, v in traj.cond.items()},
+                      rewards=None if traj.rewards is None else traj.rewards[sl].clone(),
+                      reward_parts={k: v[sl].clone() for k, v in traj.reward_parts.items()},
+                      advantages=None if traj.advantages is None else traj.advantages[sl].clone(),
+                      latent_steps=None if traj.latent_steps is None else traj.latent_steps[sl])
+        row = ship(row, spec)
+        out.append(replace(row, latents=row.latents.clone(),
+                           latent_steps=None if row.latent_steps is None else row.latent_steps.clone()))
+    return out
+
+
+def media_of(traj: Trajectories) -> Optional[Trajectories]:
+    """What the reward reads of finished rows: prompts, coordinates, decoded images and audio
+    (no latents, log-probs or conditioning); None before the rows are decoded."""
+    if traj.images is None:
+        return None
+    return replace(traj, latents=traj.latents[:, :0].clone(), log_probs=traj.log_probs[:, :0].clone(), cond={},
+                   latent_steps=None)
+
+
 def payload_bytes(traj: Trajectories) -> int:
     """Bytes of the trajectory proper as shipped: its latents, their step index and the log-probs
     (math.payload's count; the conditioning and decoded media are not counted)."""

@@ -26,7 +26,7 @@ from digenrl.math import combine_rewards, group_advantages
 from digenrl.io.recorder import RunRecorder
 from digenrl.learner.metrics import merge_sums, step_means
 from digenrl.runtime.actors import Actors
-from digenrl.runtime.gang import row_share
+from digenrl.math.payload import row_share, train_rows
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.waits import within
@@ -317,20 +317,6 @@ class RealBackend:
         elif self.saves:  # saves done: their errors now, their refs dropped (else one per checkpoint)
             done, self.saves = ray.wait(self.saves, num_returns=len(self.saves), timeout=0)
             ray.get(done)
-
-
-def train_rows(n: int, ranks: int, sp: int, rank: int, loss: str) -> tuple[tuple[int, int], tuple[int, int]]:
-    """What rank `rank` of a trainer gang of `ranks` (sequence-parallel degree `sp`) receives of
-    a Train unit of n rows, and which of those it trains: ((a, z) rows of the unit it receives,
-    (first, last) within them that it trains). Its share (gang.row_share over the gang's data
-    groups, as GangRank.share); a rank with no rows receives the unit's first row for its ghost
-    passes; DPO ranks receive the whole unit (a pair's loser may lie in another rank's share)."""
-    share = row_share(n, ranks // sp, rank // sp) if ranks > 1 else slice(0, n)
-    if loss == "dpo":
-        return (0, n), (share.start, share.stop)
-    if share.start == share.stop:
-        return (0, min(1, n)), (0, 0)
-    return (share.start, share.stop), (0, share.stop - share.start)
 
 
 def assemble_rewards(parts: list[Rewarded], reward_cfg) -> Rewarded:

@@ -39,14 +39,14 @@ import os
 import socket
 import time
 from contextlib import nullcontext
-from dataclasses import replace
 from typing import Any, Optional
 
 import torch
 
 from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
-from digenrl.rollout import SampleSpec, Trajectories, advance, audio_kwargs, expand, finish, payload_bytes, ship, start
+from digenrl.rollout import (SampleSpec, Trajectories, advance, audio_kwargs, expand, finish, media_of, payload_bytes,
+                             ship_rows, start)
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
@@ -546,27 +546,6 @@ def _row_images(source, coords, height: int, width: int) -> torch.Tensor:
     from digenrl.data import load_images
 
     return load_images([source.image(step, group) for step, group, _ in coords], height, width)
-
-
-def ship_rows(traj: Trajectories, spec: SampleSpec) -> list[Trajectories]:
-    """One shipped (lean) trajectory per row of `traj`, without media (rollout.sampler.ship)."""
-    return [_own(ship(select_rows(replace(traj, images=None, audio=None), i, i + 1), spec)) for i in range(len(traj))]
-
-
-def _own(traj: Trajectories) -> Trajectories:
-    """Its tensors in their own storage: a pickled view carries its whole base (every row)."""
-    return replace(traj, latents=traj.latents.clone(), log_probs=traj.log_probs.clone(),
-                   cond={k: v.clone() for k, v in traj.cond.items()},
-                   latent_steps=None if traj.latent_steps is None else traj.latent_steps.clone())
-
-
-def media_of(traj: Trajectories) -> Optional[Trajectories]:
-    """What the reward reads of finished rows: prompts, coordinates, decoded images and audio
-    (no latents, log-probs or conditioning); None before the rows are decoded."""
-    if traj.images is None:
-        return None
-    return replace(traj, latents=traj.latents[:, :0].clone(), log_probs=traj.log_probs[:, :0].clone(), cond={},
-                   latent_steps=None)
 
 
 def _score(rewarder, shards: tuple[Trajectories, ...], source=None) -> Rewarded:
