@@ -17,7 +17,7 @@ import torch
 
 from digenrl.math import rng
 from digenrl.math import sde_step
-from digenrl.math.payload import kept_steps
+from digenrl.math.payload import INDEX_BYTES, kept_steps
 from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity, has_audio
 
 MODEL_TIMESTEPS = ("exact", "floor")  # SampleSpec.model_timestep, sampling.model_timestep
@@ -300,11 +300,27 @@ def expand(traj: Trajectories, spec: SampleSpec) -> Trajectories:
     return replace(traj, latents=latents, log_probs=traj.log_probs.clone(), latent_steps=None)
 
 
-def ship_rows(traj: Trajectories, spec: SampleSpec) -> list[Trajectories]:
-    """`ship` row by row, without the media (those go to the reward, `media_of`): one object per
-    row so that a trainer rank receives only its rows; each row's tensors in their own storage
-    (a pickled view carries its whole base, every row)."""
-    out = []
+def row_kept(spec: SampleSpec, coord: tuple[int, int, int], slots: Optional[Sequence[int]] = None,
+             t_done: Optional[int] = None) -> tuple[int, ...]:
+    """The denoising steps of the latents row `coord` ships (math.payload.kept_steps of its
+    trained steps in `slots`, default every trained slot of the step): what a Train unit of those
+    slots reads of the row; `t_done` for a segment that stopped early."""
+    slots = spec.trained_slots if slots is None else slots
+    trained = [s for slot in slots for s in trained_steps(spec, [coord], slot)]
+    return kept_steps(trained, spec.num_steps, spec.reads, t_done)
+
+
+def ship_rows(traj: Trajectories, spec: SampleSpec) -> tuple[list[Trajectories], list[torch.Tensor]]:
+    """What a Generate unit's rows send on, without the media (those go to the reward, `media_of`):
+    (heads, latents). Each row its own objects, so that a trainer rank receives only its rows.
+
+    Finished rows: a head per row (coordinates, prompt, conditioning, log-probs; no latent), and
+    one latent (*latent) per kept step of each row, row by row in `row_kept` order, so that a
+    Train unit receives only the latents of its own trained slots (`assemble`). A segment that
+    stopped early: one lean row per row (`ship`: its kept latents and x at t_done), no latents.
+    Every tensor in its own storage (a pickled view carries its whole base, every row)."""
+    heads, latents = [], []
+    finished = traj.t_done == spec.num_steps
     for i in range(len(traj)):
         sl = slice(i, i + 1)
         row = replace(traj, prompts=traj.prompts[sl], coords=traj.coords[sl], images=None, audio=None,
@@ -314,10 +330,51 @@ def ship_rows(traj: Trajectories, spec: SampleSpec) -> list[Trajectories]:
                       reward_parts={k: v[sl].clone() for k, v in traj.reward_parts.items()},
                       advantages=None if traj.advantages is None else traj.advantages[sl].clone(),
                       latent_steps=None if traj.latent_steps is None else traj.latent_steps[sl])
-        row = ship(row, spec)
-        out.append(replace(row, latents=row.latents.clone(),
-                           latent_steps=None if row.latent_steps is None else row.latent_steps.clone()))
-    return out
+        if finished and spec.reads != "all":
+            latents += [traj.latents[i, s].clone() for s in row_kept(spec, traj.coords[i])]
+            heads.append(replace(row, latents=traj.latents[sl, :0].clone(),
+                                 latent_steps=torch.zeros(1, 0, dtype=torch.long)))
+        else:
+            row = ship(row, spec)
+            heads.append(replace(row, latents=row.latents.clone(),
+                                 latent_steps=None if row.latent_steps is None else row.latent_steps.clone()))
+    return heads, latents
+
+
+def assemble(heads: Sequence[Trajectories], steps: Sequence[Sequence[int]], latents: Sequence[torch.Tensor]
+             ) -> Trajectories:
+    """A trainer's lean trajectory from the heads of its rows, each row's latent steps (`row_kept`
+    of the unit's slots) and those latents, row by row: latents (B, K) with `latent_steps`, a
+    narrower row padded by repeating its first column."""
+    if len(heads) != len(steps) or sum(len(s) for s in steps) != len(latents):
+        raise ValueError(f"{len(heads)} heads, {len(steps)} rows of steps and {len(latents)} latents do not match")
+    b, width = len(heads), max(len(s) for s in steps)
+    first = heads[0]
+    out = torch.empty(b, width, *latents[0].shape, dtype=latents[0].dtype)
+    index = torch.empty(b, width, dtype=torch.long)
+    at = 0
+    for i, row in enumerate(steps):
+        cols = list(range(at, at + len(row))) + [at] * (width - len(row))
+        out[i] = torch.stack([latents[c] for c in cols])
+        index[i] = torch.tensor(list(row) + [row[0]] * (width - len(row)))
+        at += len(row)
+
+    def cat(name: str):
+        parts = [getattr(h, name) for h in heads]
+        return None if parts[0] is None else torch.cat(parts)
+
+    return replace(first, prompts=[p for h in heads for p in h.prompts], coords=[c for h in heads for c in h.coords],
+                   cond={k: torch.cat([h.cond[k] for h in heads]) for k in first.cond}, latents=out,
+                   log_probs=torch.cat([h.log_probs for h in heads]), latent_steps=index, rewards=cat("rewards"),
+                   advantages=cat("advantages"),
+                   reward_parts={k: torch.cat([h.reward_parts[k] for h in heads]) for k in first.reward_parts})
+
+
+def received_bytes(heads: Sequence[Trajectories], latents: Sequence[torch.Tensor]) -> int:
+    """Bytes of the trajectory proper a trainer rank receives: its heads' (log-probs; a segment's
+    lean rows: their latents too) and each latent with its step index (math.payload.row_bytes)."""
+    return (sum(payload_bytes(h) for h in heads)
+            + sum(t.numel() * t.element_size() + INDEX_BYTES for t in latents))
 
 
 def media_of(traj: Trajectories) -> Optional[Trajectories]:

@@ -30,6 +30,7 @@ from digenrl.math.payload import row_share, train_rows
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.waits import within
+from digenrl.rollout.sampler import row_kept
 from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
 from digenrl.io.trace import Trace, bubble_ratio
 from digenrl.train.trainer import StepPlan, plan_step, prompt_source, step_metrics
@@ -63,6 +64,8 @@ class RealBackend:
         self.trajs: dict[tuple[int, int], dict] = {}  # (one lean trajectory per row: rows (r, r + 1))
         # (step, mb) -> rows [first, last) of a finished Generate shard -> its decoded media (Reward)
         self.media: dict[tuple[int, int], dict] = {}
+        # (step, mb) -> (row, denoising step) -> that latent of a finished row (rollout.sampler.ship_rows)
+        self.latents: dict[tuple[int, int], dict] = {}
         self.traj_bytes: dict[int, int] = {}  # step -> trajectory bytes its Train units' ranks received
         self.rewards: dict[tuple[int, int], Rewarded] = {}  # assembled micro-batches
         # GAP's generation fragments scored so far: (step, mb) -> rows [first, last) -> Rewarded
@@ -111,10 +114,15 @@ class RealBackend:
             if unit.t_start > 0:
                 prev, offset = covering(shards, (a, z), len(mb.coords))
                 rows = (a - offset, z - offset)
-            *lean, media, done = actor.generate.options(num_returns=z - a + 2).remote(
+            kept = ([row_kept(plan.spec, c) for c in mb.coords[a:z]]
+                    if unit.t_end == plan.spec.num_steps and plan.spec.reads != "all" else [])
+            n_lat = sum(len(k) for k in kept)
+            *objs, media, done = actor.generate.options(num_returns=z - a + n_lat + 2).remote(
                 unit, unit.step, unit.version, mb.prompts[a:z], mb.coords[a:z], plan.spec, rows, *prev)
-            if not ghost and r % sp == 0:  # one object per row: a trainer rank fetches only its rows
-                outs.append(([((a + i, a + i + 1), ref) for i, ref in enumerate(lean)], ((a, z), media)))
+            if not ghost and r % sp == 0:  # objects per row (and latent): a trainer rank fetches only its own
+                heads, lats = objs[:z - a], iter(objs[z - a:])
+                latents = {(a + i, s): next(lats) for i, k in enumerate(kept) for s in k}
+                outs.append(([((a + i, a + i + 1), ref) for i, ref in enumerate(heads)], ((a, z), media), latents))
             dones.append(done)
         self.out[wid] = outs
         return dones
@@ -144,11 +152,15 @@ class RealBackend:
         shards = self.trajs[(unit.step, unit.mb)]
         adv = self._advantages(unit)[first:last]
         out = []
+        latents = self.latents[(unit.step, unit.mb)]
+        coords = plan.micro_batches[unit.mb].coords
         for r, actor in enumerate(h.ranks):
             (a, z), mine = train_rows(last - first, len(h), self._sp(wid), r, self.cfg.train.loss)
-            refs, offset = covering(shards, (first + a, first + z), n)
+            heads, _ = covering(shards, (first + a, first + z), n)  # (one per row)
+            steps = [list(row_kept(plan.spec, coords[i], unit.t_steps)) for i in range(first + a, first + z)]
+            lats = [latents[(first + a + i, s)] for i, k in enumerate(steps) for s in k]
             out.append(actor.train.remote(unit, adv[a:z], plan.spec, plan.samples, len(plan.trained_steps),
-                                          (first + a - offset, first + z - offset), mine, last - first, *refs))
+                                          mine, last - first, steps, *heads, *lats))
         return out
 
     def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
@@ -189,10 +201,13 @@ class RealBackend:
         for rows in [k for k in shards if row_range(k, n)[0] < last and row_range(k, n)[1] > first]:
             del shards[rows]
         outs = self.out.pop(wid)
-        for lean, _ in outs:
-            shards.update(lean)
-        if unit.t_end == self.plans(unit.step).spec.num_steps:  # finished: the reward's media
-            self.media.setdefault((unit.step, unit.mb), {}).update(media for _, media in outs)
+        for heads, _, _ in outs:
+            shards.update(heads)
+        if unit.t_end == self.plans(unit.step).spec.num_steps:  # finished: the reward's media, the latents
+            self.media.setdefault((unit.step, unit.mb), {}).update(media for _, media, _ in outs)
+            lat = self.latents.setdefault((unit.step, unit.mb), {})
+            for _, _, latents in outs:
+                lat.update(latents)
         if done.comm:
             self.gen_comm[unit.step] = _add([self.gen_comm.get(unit.step, {}), done.comm])
 
@@ -261,6 +276,7 @@ class RealBackend:
             self.adv.pop(k, None)
             self.trajs.pop(k, None)
             self.media.pop(k, None)
+            self.latents.pop(k, None)
         real = step + 1  # the step's record is numbered by the optimizer steps done
         step_s = now - self.last_end
         self.wall_s = self.wall0 + now

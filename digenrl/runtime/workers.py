@@ -45,8 +45,8 @@ import torch
 
 from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
-from digenrl.rollout import (SampleSpec, Trajectories, advance, audio_kwargs, expand, finish, media_of, payload_bytes,
-                             ship_rows, start)
+from digenrl.rollout import (SampleSpec, Trajectories, advance, assemble, audio_kwargs, expand, finish, media_of,
+                             received_bytes, ship_rows, start)
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
@@ -126,10 +126,11 @@ class _PolicyRank(_Rank):
         none for a fresh micro-batch. Every random draw is a function of the sample's
         coordinates, so any split of the rows generates the same samples.
 
-        Returns one lean trajectory per row (rollout.sampler.ship: the latents its trainer reads,
-        the log-probs, the conditioning; no media), so a trainer rank receives exactly its rows;
-        then the decoded media of the rows for the reward (a Trajectories without latents), None
-        for a segment that stops early; then the Generated record.
+        Returns rollout.sampler.ship_rows' objects: a head per row (conditioning, log-probs), then,
+        once finished, one latent per kept step of each row (those its trainers read: a trainer
+        rank receives only its rows' latents of its unit's slots; a segment that stops early ships
+        lean rows instead); then the decoded media of the rows for the reward (a Trajectories
+        without latents), None for a segment that stops early; then the Generated record.
         """
         t0 = time.time()
         if version != self.version:
@@ -146,7 +147,8 @@ class _PolicyRank(_Rank):
             advance(self.policy, traj, spec, unit.t_end)
             if unit.t_end == spec.num_steps and self._sp_lead:  # (the rest of its sp group: same latents)
                 finish(self.policy, traj)
-        return (*ship_rows(traj, spec), media_of(traj), Generated(**_times(t0), comm=self._generate_comm()))
+        heads, latents = ship_rows(traj, spec)
+        return (*heads, *latents, media_of(traj), Generated(**_times(t0), comm=self._generate_comm()))
 
     def _generate_comm(self) -> dict:
         """The collectives a Generate unit reports: a rollout rank's (sequence parallelism), per
@@ -316,17 +318,18 @@ class TrainerRank(_PolicyRank):
     # -- units ------------------------------------------------------------------------
     @on_ranks(ALL, ALL)  # a unit: every rank accumulates its rows' gradient
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
-              total_steps: int, rows: tuple[int, int], mine: tuple[int, int], unit_rows: int,
-              *shards: Trajectories) -> Trained:
+              total_steps: int, mine: tuple[int, int], unit_rows: int, steps: list[list[int]],
+              *parts) -> Trained:
         """Accumulate the gradient of one Train unit (micro-batch or sample shard x chunk of
-        trained steps). `shards`: the lean trajectory rows this rank received (a gang rank: its
-        share of the unit's rows, `RealBackend._call_train`; DPO: the whole unit), in order;
-        `rows`: the received rows within their concatenation, `mine` the ones it trains within
-        those, `unit_rows` the unit's row count (a gang's ranks all run the passes of the largest
-        share); `advantages`: of the received rows. The learner weights the unit by its row
-        count, so shards add up to the whole."""
+        trained steps). `parts`: the heads of the rows this rank received (a gang rank: its share
+        of the unit's rows, `RealBackend._call_train`; DPO: the whole unit), then each row's
+        latents at `steps` (rollout.sampler.row_kept of the unit's slots), row by row; `mine`: the
+        rows it trains among them; `unit_rows` the unit's row count (a gang's ranks all run the
+        passes of the largest share); `advantages`: of the received rows. The learner weights the
+        unit by its row count, so shards add up to the whole."""
         t0 = time.time()
-        traj = select_rows(concat_trajectories(shards), *rows)
+        heads, latents = parts[:len(steps)], parts[len(steps):]
+        traj = assemble(heads, steps, latents)
         traj.advantages = advantages
         passes = self.gang.share(unit_rows, len(unit.t_steps))[1] if self.gang is not None else 0
         mine = slice(*mine)
@@ -334,7 +337,7 @@ class TrainerRank(_PolicyRank):
                                 total_steps=total_steps, rows=mine, passes=passes)
         # the ranks of a sequence-parallel group train the same rows: the first one reports them
         done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps] if self._sp_lead else []
-        return Trained(**_times(t0), trained=done, traj_bytes=sum(payload_bytes(s) for s in shards))
+        return Trained(**_times(t0), trained=done, traj_bytes=received_bytes(heads, latents))
 
     @on_ranks(ALL, ALL)  # a unit: every rank reduces and steps (collectives)
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:

@@ -2,8 +2,9 @@
 `transfer/trajectory_bytes`, counts the same objects' tensors):
 
     per Train unit   sum over the trainer gang's ranks of the rows each receives (math.payload.
-                     train_rows: its share; DPO: the whole unit), each row its kept latents
-                     (math.payload.kept_steps of the row's trained steps), their index, its log-probs
+                     train_rows: its share; DPO: the whole unit), each row the latents of the
+                     unit's trained slots (rollout.sampler.row_kept: x_t, x_t+1 of each; x_T for
+                     nft / awm / dpo), one step index each, and the row's log-probs
     per RL step      sum over the step's Train units
 
 `lean=False` prices the layout before lean trajectories: every rank of the gang received the
@@ -51,14 +52,14 @@ class TrajectoryBytes:
         self.ranks, self.sp = cfg.runtime.trainer.gang, cfg.runtime.trainer.sp
         self._spec = lru_cache(maxsize=4)(lambda step: step_spec(cfg, step)[0])
 
-    def row(self, coord: tuple[int, int, int]) -> int:
-        """Bytes of one shipped row (step, group, sample)."""
-        from digenrl.rollout.sampler import trained_steps
+    def row(self, coord: tuple[int, int, int], slots) -> int:
+        """Bytes a Train unit of trained slots `slots` receives of row (step, group, sample)."""
+        from digenrl.rollout.sampler import row_kept
 
         spec = self._spec(coord[0])
-        reads = spec.reads if self.lean else "all"
-        trained = [s for slot in spec.trained_slots for s in trained_steps(spec, [coord], slot)]
-        return row_bytes(len(kept_steps(trained, spec.num_steps, reads)), self.values, spec.num_steps, reads)
+        if not self.lean:
+            return row_bytes(spec.num_steps + 1, self.values, spec.num_steps, "all")
+        return row_bytes(len(row_kept(spec, coord, slots)), self.values, spec.num_steps, spec.reads)
 
     def unit(self, unit) -> int:
         """Bytes the ranks of a trainer gang receive for Train unit `unit`."""
@@ -72,27 +73,29 @@ class TrajectoryBytes:
                 (a, z), _ = train_rows(len(coords), self.ranks, self.sp, r, self.cfg.train.loss)
             else:
                 a, z = 0, len(coords)
-            total += sum(self.row(c) for c in coords[a:z])
+            total += sum(self.row(c, unit.t_steps) for c in coords[a:z])
         return total
 
     def step(self, step: int) -> int:
-        """Bytes of RL step `step`'s Train units: every micro-batch (its train_shard shards) times
-        its chunks of trained slots (the scheduler's units, without running it)."""
+        """Bytes of RL step `step`'s Train units: every micro-batch (its train_shard shards) and
+        chunk of trained slots (the scheduler's units, without running it)."""
         from digenrl.train.trainer import step_spec
 
         c = contract(self.cfg).sched
-        slots = len(step_spec(self.cfg, step)[1])
-        chunks = -(-slots // c.tsp_chunk) if c.tsp else 1
+        slots = step_spec(self.cfg, step)[1]
+        size = c.tsp_chunk if c.tsp else len(slots)
+        chunks = [tuple(slots[i:i + size]) for i in range(0, len(slots), size)]
         total = 0
         for groups in self.shape.micro_batches():
             for rows in split_rows(len(self.shape.samples(groups)), c.train_shard):
-                total += chunks * self.unit(_Unit(step, groups, rows))
+                for chunk in chunks:
+                    total += self.unit(_Unit(step, groups, rows, chunk))
         return total
 
 
 class _Unit:
-    def __init__(self, step: int, groups, samples):
-        self.step, self.groups, self.samples = step, groups, samples
+    def __init__(self, step: int, groups, samples, t_steps):
+        self.step, self.groups, self.samples, self.t_steps = step, groups, samples, t_steps
 
 
 def predict_trajectory_bytes(cfg: "Config", trace: "Trace", values: Optional[int] = None) -> list[int]:

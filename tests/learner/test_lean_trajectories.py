@@ -11,7 +11,7 @@ import torch
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import sigma_schedule
 from digenrl.math.payload import kept_steps, row_bytes, trajectory_bytes
-from digenrl.rollout import SampleSpec, advance, expand, payload_bytes, ship, start
+from digenrl.rollout import SampleSpec, advance, assemble, expand, payload_bytes, row_kept, ship, ship_rows, start
 from digenrl.rollout.sampler import trained_steps
 from tests.learner.tiny_setup import tiny_policy
 
@@ -118,3 +118,32 @@ def test_a_shipped_segment_resumes_to_the_same_trajectory():
     done = ship(advance(policy, expand(sent, WINDOW), WINDOW), WINDOW)
     assert torch.equal(done.latents, ship(whole, WINDOW).latents)
     torch.testing.assert_close(done.log_probs, whole.log_probs, equal_nan=True)
+
+
+@pytest.mark.parametrize("loss,spec", [("grpo", WINDOW), ("grpo", DRAWN), ("nft", CLEAN), ("dpo", CLEAN)])
+def test_units_assembled_from_shipped_rows_train_as_the_full_trajectory(loss, spec):
+    """The runtime's path: the rows shipped as heads and single latents (ship_rows), each Train
+    unit (TSP: one slot) on each of 2 ranks assembled from its rows' latents of its slot only
+    (DPO: every row); the step's gradient is the full trajectories' gradient."""
+    from digenrl.math.payload import train_rows
+
+    policy = tiny_policy()
+    full = _batch(policy, spec)
+    heads, flat = ship_rows(full, spec)
+    it = iter(flat)
+    latent = {(i, s): next(it) for i, c in enumerate(COORDS) for s in row_kept(spec, c)}
+    slots = list(spec.trained_slots)
+    whole = Learner(policy, LearnerConfig(loss=loss))
+    whole.optimizer.zero_grad(set_to_none=True)
+    whole.accumulate(full, slots, spec, total_samples=4, total_steps=len(slots))
+    split = Learner(policy, LearnerConfig(loss=loss))
+    split.optimizer.zero_grad(set_to_none=True)
+    for t in slots:
+        for rank in range(2):
+            (a, z), mine = train_rows(4, 2, 1, rank, loss)
+            steps = [list(row_kept(spec, COORDS[i], [t])) for i in range(a, z)]
+            assert all(len(s) == (1 if spec.reads == "final" else 2) for s in steps)
+            traj = assemble(heads[a:z], steps, [latent[(a + i, s)] for i, k in enumerate(steps) for s in k])
+            traj.advantages = ADV[a:z].clone()
+            split.accumulate(traj, [t], spec, total_samples=4, total_steps=len(slots), rows=slice(*mine))
+    torch.testing.assert_close(_grads(split), _grads(whole), rtol=1e-5, atol=1e-8)
