@@ -103,19 +103,31 @@ class Trajectories:
     # when rows of different lean shards are concatenated); read through `latent`.
     latent_steps: Optional[torch.Tensor] = None
 
-    def latent(self, rows: torch.Tensor, steps) -> torch.Tensor:
+    def latent(self, rows: torch.Tensor, steps, check: bool = True) -> torch.Tensor:
         """x at denoising step steps[i] of row rows[i], (n, *latent): rows (n,) long, steps (n,)
-        long or one int. Raises if a lean trajectory did not ship that latent."""
+        long or one int. Raises if a lean trajectory did not ship that latent; `check=False`
+        skips that test (it reads a value to the host: the learner checks a unit's latents once,
+        `check_latents`, before its passes, and reads them in the passes unchecked)."""
         rows = torch.as_tensor(rows, dtype=torch.long)
         steps = torch.as_tensor(steps, dtype=torch.long).expand(rows.shape)
         if self.latent_steps is None:
             return self.latents[rows, steps]
+        if check:
+            self.check_latents(rows, steps)
         hit = self.latent_steps[rows] == steps[:, None]  # (n, K)
-        if not bool(hit.any(1).all()):  # (host tensors: the trajectory lives on the host)
-            i = int((~hit.any(1)).nonzero()[0])
+        return self.latents[rows, hit.int().argmax(1)]
+
+    def check_latents(self, rows: torch.Tensor, steps) -> None:
+        """Raise unless every row rows[i] carries x at denoising step steps[i] (see `latent`)."""
+        if self.latent_steps is None:
+            return
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        steps = torch.as_tensor(steps, dtype=torch.long).expand(rows.shape)
+        hit = (self.latent_steps[rows] == steps[:, None]).any(1)
+        if not bool(hit.all()):  # (host tensors: the trajectory lives on the host)
+            i = int((~hit).nonzero()[0])
             raise ValueError(f"row {int(rows[i])} did not ship x at denoising step {int(steps[i])} "
                              f"(it carries steps {self.latent_steps[rows[i]].tolist()})")
-        return self.latents[rows, hit.int().argmax(1)]
 
     @property
     def group_ids(self) -> torch.Tensor:

@@ -61,7 +61,7 @@ class RealBackend:
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
         # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
         # of it) -> its latest segment
-        self.trajs: dict[tuple[int, int], dict] = {}  # (one lean trajectory per row: rows (r, r + 1))
+        self.trajs: dict[tuple[int, int], dict] = {}  # (one object per row: rows (r, r + 1); ship_rows)
         # (step, mb) -> rows [first, last) of a finished Generate shard -> its decoded media (Reward)
         self.media: dict[tuple[int, int], dict] = {}
         # (step, mb) -> (row, denoising step) -> that latent of a finished row (rollout.sampler.ship_rows)
@@ -291,7 +291,7 @@ class RealBackend:
             "weight_sync_bytes": sum(i.bytes for i in self.syncs),
             "timing/publish_bytes": pub.publish_bytes if pub else 0,
             "timing/allreduce_s": max(i.reduce_s for i in infos.values()),
-            # lean trajectory rows the trainer ranks received (== sim.workload.trajectory_bytes_per_step)
+            # lean trajectory rows the trainer ranks received (== sim.trajectories.predict_trajectory_bytes)
             "transfer/trajectory_bytes": self.traj_bytes.pop(step, 0),
             "step_s": step_s, "wall_s": self.wall_s, "samples_per_s": m["samples"] / step_s,
             # bytes of each collective the trainer ranks issued since their previous step

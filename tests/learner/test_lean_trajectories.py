@@ -87,6 +87,11 @@ def test_a_missing_latent_is_refused():
     lean = ship(_batch(policy, WINDOW), WINDOW)
     with pytest.raises(ValueError, match="did not ship x at denoising step 0"):
         lean.latent(torch.tensor([0]), 0)
+    # a unit whose slots the rows did not ship is refused before any pass (slot 0: x_0, x_1)
+    learner = Learner(policy, LearnerConfig())
+    with pytest.raises(ValueError, match="did not ship x at denoising step 0"):
+        learner.accumulate(lean, [0], WINDOW, total_samples=4, total_steps=1)
+    assert all(p.grad is None for p in learner.params)
 
 
 @pytest.mark.parametrize("loss,spec", [
@@ -147,3 +152,34 @@ def test_units_assembled_from_shipped_rows_train_as_the_full_trajectory(loss, sp
             traj.advantages = ADV[a:z].clone()
             split.accumulate(traj, [t], spec, total_samples=4, total_steps=len(slots), rows=slice(*mine))
     torch.testing.assert_close(_grads(split), _grads(whole), rtol=1e-5, atol=1e-8)
+
+
+@pytest.mark.parametrize("loss,spec", [("grpo-guard", WINDOW), ("nft", dataclasses.replace(CLEAN, draw_levels=0))])
+def test_no_host_read_inside_a_pass_on_lean_trajectories(monkeypatch, loss, spec):
+    """Lean latents are looked up without reading a value back to the host inside a pass (the
+    unit's latents are checked once, before its passes): test_packed_passes' counter, lean."""
+    from digenrl.learner import learner as learner_mod
+
+    policy = tiny_policy()
+    lean = ship(_batch(policy, spec), spec)
+    reads, inside = [], [False]
+    for name in ("__bool__", "__float__", "__int__", "item", "tolist", "numpy"):
+        original = getattr(torch.Tensor, name)
+
+        def counting(self, *a, _original=original, _name=name, **k):
+            if inside[0]:
+                reads.append(_name)
+            return _original(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    passes = learner_mod.Learner._backward_pairs
+
+    def in_pass(self, *a, **k):
+        inside[0] = True
+        try:
+            return passes(self, *a, **k)
+        finally:
+            inside[0] = False
+    monkeypatch.setattr(learner_mod.Learner, "_backward_pairs", in_pass)
+    learner = Learner(policy, LearnerConfig(loss=loss, beta=0.1 if loss == "grpo-guard" else 0.0))
+    learner.accumulate(lean, list(spec.trained_slots), spec, total_samples=4, total_steps=2)
+    assert reads == []
