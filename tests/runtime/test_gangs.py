@@ -243,4 +243,7 @@ def test_preference_and_dppo_objectives_on_gangs(ray_cluster, tmp_path, loss):
     rt.train()
     records = [r for r in read_metrics(run) if r["step"] > 0]
     assert_comm_as_predicted(overrides, rt, records)
+    # dpo: every rank receives the unit's rows (x_T only); flow-dppo: its share (x_t, x_t+1)
+    assert [r["transfer/trajectory_bytes"] for r in records] == predict_trajectory_bytes(load_config(None, overrides),
+                                                                                         rt.trace)
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
