@@ -195,7 +195,7 @@ class Learner:
         """The policy's SDE step of every pair at once: x_t, x_t+1 and sigma per pair, the
         conditioning repeated per pair (one forward for the whole pass)."""
         device = self.params[0].device
-        x = traj.latents[pairs.rows, pairs.steps].to(device)  # (n, *latent)
+        x = traj.latent(pairs.rows, pairs.steps, check=False).to(device)  # (n, *latent)
         sigma = spec.sigmas[pairs.steps].to(device)  # (n,)
         v = self._velocity(traj, x, sigma, spec, pairs.rows)
         return sde_step(
@@ -205,7 +205,7 @@ class Learner:
             spec.sigmas[pairs.steps + 1].to(device),
             kind=spec.kind,
             noise_level=spec.noise_level,
-            prev_sample=traj.latents[pairs.rows, pairs.steps + 1].to(device),
+            prev_sample=traj.latent(pairs.rows, pairs.steps + 1, check=False).to(device),
             check=False,  # the schedule was checked once for the unit (accumulate), on the host
         )
 
@@ -237,7 +237,7 @@ class Learner:
         mean_old = x_{t+1} - std * noise, whichever policy version and worker generated it."""
         if spec.kind not in ("flow-sde", "dance-sde"):
             raise ValueError(f"grpo-guard needs a Gaussian SDE log-prob (flow-sde or dance-sde), not {spec.kind}")
-        x_next = traj.latents[pairs.rows, pairs.steps + 1].to(std.device)
+        x_next = traj.latent(pairs.rows, pairs.steps + 1, check=False).to(std.device)
         coords = [c for _, a, b in pairs.segments for c in traj.coords[a:b]]
         noise = sde_noise(x_next.shape[1:], spec, coords, pairs.step_list).to(std.device)
         return x_next - std.detach() * noise
@@ -246,7 +246,7 @@ class Learner:
         """(x0, x_t, sigma) of every pair for the clean-sample losses: each segment's rows
         noised along the forward process for its slot (`forward_targets`)."""
         device = self.params[0].device
-        x0 = traj.latents[pairs.rows, spec.num_steps].to(device)  # (n, *latent)
+        x0 = traj.latent(pairs.rows, spec.num_steps, check=False).to(device)  # (n, *latent)
         parts, at = [], 0
         for t, a, b in pairs.segments:
             parts.append(forward_targets(x0[at:at + b - a], spec, traj.coords[a:b], t))
@@ -282,6 +282,7 @@ class Learner:
         adv = traj.advantages.to(self.params[0].device)
         first, last, _ = (rows or slice(0, len(traj))).indices(len(traj))
         c = self.config
+        self._check_latents(traj, t_steps, spec, first, last)
         if c.loss == "dpo":
             return self._accumulate_pairs(traj, t_steps, spec, adv, first, last, total_samples * total_steps)
         if not bool((spec.sigmas[:-1] > spec.sigmas[1:]).all()):  # (host values: no device read)
@@ -308,6 +309,20 @@ class Learner:
                     metrics = self._backward_pairs(traj, self._pairs(traj, segments, spec), spec, adv,
                                                    total_samples * total_steps)
         return metrics
+
+    def _check_latents(self, traj: Trajectories, t_steps: list[int], spec: SampleSpec, first: int, last: int) -> None:
+        """A lean trajectory (rollout.sampler.ship) carries every latent this unit's passes read,
+        checked once on the host before them (the passes read them unchecked): x_T of every row
+        for the clean-sample losses (DPO: of the whole unit, pairs span it), else x_t and x_t+1
+        of each pair; row 0 at the first slot too, for ghost passes."""
+        if traj.latent_steps is None:
+            return
+        if self.config.loss in CLEAN_SAMPLE_LOSSES:
+            rows = torch.arange(len(traj)) if self.config.loss == "dpo" else torch.cat([torch.zeros(1, dtype=torch.long), torch.arange(first, last)])
+            traj.check_latents(rows, spec.num_steps)
+            return
+        every = self._pairs(traj, [(t_steps[0], 0, 1)] + [(t, first, last) for t in t_steps if last > first], spec)
+        traj.check_latents(torch.cat([every.rows, every.rows]), torch.cat([every.steps, every.steps + 1]))
 
     @property
     def defers_reduction(self) -> bool:
@@ -529,12 +544,12 @@ class Learner:
         coords = [traj.coords[w] for w, _ in pairs] * 2  # the winner's noise for both rows
         xw, xl, sw, sl = [], [], [], []
         for t in slots:
-            x0 = traj.latents[torch.cat([winners, losers]), spec.num_steps].to(device)
+            x0 = traj.latent(torch.cat([winners, losers]), spec.num_steps, check=False).to(device)
             x_t, sigma = forward_targets(x0, spec, coords, t)
             n = len(pairs)
             xw.append(x_t[:n]), xl.append(x_t[n:]), sw.append(sigma[:n]), sl.append(sigma[n:])
         rows = torch.cat([winners.repeat(len(slots)), losers.repeat(len(slots))])
-        x0 = traj.latents[rows, spec.num_steps].to(device)
+        x0 = traj.latent(rows, spec.num_steps, check=False).to(device)
         x_t, sigma = torch.cat(xw + xl), torch.cat(sw + sl)
         v_ref = self._with_reference(lambda: self._velocity(traj, x_t, sigma, spec, rows))
         v = self._velocity(traj, x_t, sigma, spec, rows)

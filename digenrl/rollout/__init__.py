@@ -1,6 +1,8 @@
 """Single-device rollout: sampling trajectory segments with behaviour log-probs."""
 
-from digenrl.rollout.sampler import (SampleSpec, Trajectories, advance, audio_kwargs, denoise_step, finish, generate,
-                                     start)
+from digenrl.rollout.sampler import (SampleSpec, Trajectories, advance, assemble, audio_kwargs, denoise_step, expand,
+                                     finish, generate, media_of, payload_bytes, received_bytes, row_kept, ship,
+                                     ship_rows, start)
 
-__all__ = ["SampleSpec", "Trajectories", "advance", "audio_kwargs", "denoise_step", "finish", "generate", "start"]
+__all__ = ["SampleSpec", "Trajectories", "advance", "assemble", "audio_kwargs", "denoise_step", "expand", "finish",
+           "generate", "media_of", "payload_bytes", "received_bytes", "row_kept", "ship", "ship_rows", "start"]

@@ -10,13 +10,14 @@ the whole state is the `Trajectories` object (latents so far, step index).
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import torch
 
 from digenrl.math import rng
 from digenrl.math import sde_step
+from digenrl.math.payload import INDEX_BYTES, kept_steps
 from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity, has_audio
 
 MODEL_TIMESTEPS = ("exact", "floor")  # SampleSpec.model_timestep, sampling.model_timestep
@@ -48,6 +49,12 @@ class SampleSpec:
     # DanceGRPO's int(sigma * 1000) timestep, while the SDE step still uses the exact sigma
     # (see `model_sigma`)
     model_timestep: str = "exact"
+    # Lean trajectories (math.payload): the RL step's trained slots (those the scheduler's Train
+    # units name; see `trained_steps`) and what the objective reads of the latents, "transitions"
+    # (x_t, x_{t+1} of each trained step), "final" (x_T) or "all". `ship` keeps those latents of a
+    # trajectory that leaves its worker; the default ships every latent.
+    trained_slots: tuple[int, ...] = ()
+    reads: str = "all"
 
     @property
     def num_steps(self) -> int:
@@ -80,7 +87,7 @@ class Trajectories:
     prompts: list[str]  # (B,)
     coords: list[tuple[int, int, int]]  # (step, group, sample) per row
     cond: Cond
-    latents: torch.Tensor  # (B, T+1, *latent) float32; [:, t] is x at sigmas[t]
+    latents: torch.Tensor  # (B, T+1, *latent) float32; [:, t] is x at sigmas[t] (see latent_steps)
     log_probs: torch.Tensor  # (B, T) float32 behaviour log-probs; NaN on ODE steps
     t_done: int = 0  # denoising steps completed
     images: Optional[torch.Tensor] = None  # decoded final samples, (B, 3, H, W) / (B, F, 3, H, W)
@@ -91,6 +98,36 @@ class Trajectories:
     rewards: Optional[torch.Tensor] = None  # (B,)
     reward_parts: dict[str, torch.Tensor] = field(default_factory=dict)
     advantages: Optional[torch.Tensor] = None  # (B,)
+    # None: `latents` holds every step, column t = x at sigmas[t]. Shipped lean (`ship`): (B, K)
+    # int64, the denoising step of each of row i's K columns (a row may repeat a column as padding
+    # when rows of different lean shards are concatenated); read through `latent`.
+    latent_steps: Optional[torch.Tensor] = None
+
+    def latent(self, rows: torch.Tensor, steps, check: bool = True) -> torch.Tensor:
+        """x at denoising step steps[i] of row rows[i], (n, *latent): rows (n,) long, steps (n,)
+        long or one int. Raises if a lean trajectory did not ship that latent; `check=False`
+        skips that test (it reads a value to the host: the learner checks a unit's latents once,
+        `check_latents`, before its passes, and reads them in the passes unchecked)."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        steps = torch.as_tensor(steps, dtype=torch.long).expand(rows.shape)
+        if self.latent_steps is None:
+            return self.latents[rows, steps]
+        if check:
+            self.check_latents(rows, steps)
+        hit = self.latent_steps[rows] == steps[:, None]  # (n, K)
+        return self.latents[rows, hit.int().argmax(1)]
+
+    def check_latents(self, rows: torch.Tensor, steps) -> None:
+        """Raise unless every row rows[i] carries x at denoising step steps[i] (see `latent`)."""
+        if self.latent_steps is None:
+            return
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        steps = torch.as_tensor(steps, dtype=torch.long).expand(rows.shape)
+        hit = (self.latent_steps[rows] == steps[:, None]).any(1)
+        if not bool(hit.all()):  # (host tensors: the trajectory lives on the host)
+            i = int((~hit).nonzero()[0])
+            raise ValueError(f"row {int(rows[i])} did not ship x at denoising step {int(steps[i])} "
+                             f"(it carries steps {self.latent_steps[rows[i]].tolist()})")
 
     @property
     def group_ids(self) -> torch.Tensor:
@@ -244,6 +281,128 @@ def finish(policy: Policy, traj: Trajectories) -> Trajectories:
         traj.audio = policy.decode_audio(final).float().cpu()
         traj.audio_rate = int(policy.audio_sample_rate)
     return traj
+
+
+def ship(traj: Trajectories, spec: SampleSpec) -> Trajectories:
+    """What leaves the worker: `traj` with only the latents its consumers read (math.payload:
+    each row's trained steps from `spec.trained_slots`, `spec.reads`, and x at t_done when the
+    segment stops early), the log-probs, the conditioning and the decoded media. A new object
+    (the latents gathered, nothing else copied); `traj` itself when spec.reads is "all"."""
+    if spec.reads == "all" or traj.latent_steps is not None:
+        return traj
+    t_done = None if traj.t_done == spec.num_steps else traj.t_done
+    rows = [kept_steps([s for slot in spec.trained_slots for s in trained_steps(spec, [c], slot)],
+                       spec.num_steps, spec.reads, t_done) for c in traj.coords]
+    width = max(len(r) for r in rows)
+    index = torch.tensor([list(r) + [r[0]] * (width - len(r)) for r in rows], dtype=torch.long)  # (B, K)
+    latents = traj.latents[torch.arange(len(traj))[:, None], index]  # (B, K, *latent), a copy
+    return replace(traj, latents=latents, latent_steps=index)
+
+
+def expand(traj: Trajectories, spec: SampleSpec) -> Trajectories:
+    """A shipped (lean) segment back in the layout `advance` writes: (B, T+1) latents, fresh
+    buffers (objects from a store may be read-only), the shipped columns in place and zeros at
+    the steps not shipped (never read: a continuation reads x at t_done and writes later steps)."""
+    b = len(traj)
+    latents = torch.zeros(b, spec.num_steps + 1, *traj.latents.shape[2:], dtype=traj.latents.dtype)
+    if traj.latent_steps is None:
+        latents.copy_(traj.latents)
+    else:
+        latents[torch.arange(b)[:, None], traj.latent_steps] = traj.latents
+    return replace(traj, latents=latents, log_probs=traj.log_probs.clone(), latent_steps=None)
+
+
+def row_kept(spec: SampleSpec, coord: tuple[int, int, int], slots: Optional[Sequence[int]] = None,
+             t_done: Optional[int] = None) -> tuple[int, ...]:
+    """The denoising steps of the latents row `coord` ships (math.payload.kept_steps of its
+    trained steps in `slots`, default every trained slot of the step): what a Train unit of those
+    slots reads of the row; `t_done` for a segment that stopped early."""
+    slots = spec.trained_slots if slots is None else slots
+    trained = [s for slot in slots for s in trained_steps(spec, [coord], slot)]
+    return kept_steps(trained, spec.num_steps, spec.reads, t_done)
+
+
+def ship_rows(traj: Trajectories, spec: SampleSpec) -> tuple[list[Trajectories], list[torch.Tensor]]:
+    """What a Generate unit's rows send on, without the media (those go to the reward, `media_of`):
+    (heads, latents). Each row its own objects, so that a trainer rank receives only its rows.
+
+    Finished rows: a head per row (coordinates, prompt, conditioning, log-probs; no latent), and
+    one latent (*latent) per kept step of each row, row by row in `row_kept` order, so that a
+    Train unit receives only the latents of its own trained slots (`assemble`). A segment that
+    stopped early: one lean row per row (`ship`: its kept latents and x at t_done), no latents.
+    Every tensor in its own storage (a pickled view carries its whole base, every row)."""
+    heads, latents = [], []
+    finished = traj.t_done == spec.num_steps
+    for i in range(len(traj)):
+        sl = slice(i, i + 1)
+        row = replace(traj, prompts=traj.prompts[sl], coords=traj.coords[sl], images=None, audio=None,
+                      latents=traj.latents[sl], log_probs=traj.log_probs[sl].clone(),
+                      cond={k: v[sl].clone() for k, v in traj.cond.items()},
+                      rewards=None if traj.rewards is None else traj.rewards[sl].clone(),
+                      reward_parts={k: v[sl].clone() for k, v in traj.reward_parts.items()},
+                      advantages=None if traj.advantages is None else traj.advantages[sl].clone(),
+                      latent_steps=None if traj.latent_steps is None else traj.latent_steps[sl])
+        if finished and spec.reads != "all":
+            latents += [traj.latents[i, s].clone() for s in row_kept(spec, traj.coords[i])]
+            heads.append(replace(row, latents=traj.latents[sl, :0].clone(),
+                                 latent_steps=torch.zeros(1, 0, dtype=torch.long)))
+        else:
+            row = ship(row, spec)
+            heads.append(replace(row, latents=row.latents.clone(),
+                                 latent_steps=None if row.latent_steps is None else row.latent_steps.clone()))
+    return heads, latents
+
+
+def assemble(heads: Sequence[Trajectories], steps: Sequence[Sequence[int]], latents: Sequence[torch.Tensor]
+             ) -> Trajectories:
+    """A trainer's lean trajectory from the heads of its rows, each row's latent steps (`row_kept`
+    of the unit's slots) and those latents, row by row: latents (B, K) with `latent_steps`, a
+    narrower row padded by repeating its first column."""
+    if len(heads) != len(steps) or sum(len(s) for s in steps) != len(latents):
+        raise ValueError(f"{len(heads)} heads, {len(steps)} rows of steps and {len(latents)} latents do not match")
+    b, width = len(heads), max(len(s) for s in steps)
+    first = heads[0]
+    out = torch.empty(b, width, *latents[0].shape, dtype=latents[0].dtype)
+    index = torch.empty(b, width, dtype=torch.long)
+    at = 0
+    for i, row in enumerate(steps):
+        cols = list(range(at, at + len(row))) + [at] * (width - len(row))
+        out[i] = torch.stack([latents[c] for c in cols])
+        index[i] = torch.tensor(list(row) + [row[0]] * (width - len(row)))
+        at += len(row)
+
+    def cat(name: str):
+        parts = [getattr(h, name) for h in heads]
+        return None if parts[0] is None else torch.cat(parts)
+
+    return replace(first, prompts=[p for h in heads for p in h.prompts], coords=[c for h in heads for c in h.coords],
+                   cond={k: torch.cat([h.cond[k] for h in heads]) for k in first.cond}, latents=out,
+                   log_probs=torch.cat([h.log_probs for h in heads]), latent_steps=index, rewards=cat("rewards"),
+                   advantages=cat("advantages"),
+                   reward_parts={k: torch.cat([h.reward_parts[k] for h in heads]) for k in first.reward_parts})
+
+
+def received_bytes(heads: Sequence[Trajectories], latents: Sequence[torch.Tensor]) -> int:
+    """Bytes of the trajectory proper a trainer rank receives: its heads' (log-probs; a segment's
+    lean rows: their latents too) and each latent with its step index (math.payload.row_bytes)."""
+    return (sum(payload_bytes(h) for h in heads)
+            + sum(t.numel() * t.element_size() + INDEX_BYTES for t in latents))
+
+
+def media_of(traj: Trajectories) -> Optional[Trajectories]:
+    """What the reward reads of finished rows: prompts, coordinates, decoded images and audio
+    (no latents, log-probs or conditioning); None before the rows are decoded."""
+    if traj.images is None:
+        return None
+    return replace(traj, latents=traj.latents[:, :0].clone(), log_probs=traj.log_probs[:, :0].clone(), cond={},
+                   latent_steps=None)
+
+
+def payload_bytes(traj: Trajectories) -> int:
+    """Bytes of the trajectory proper as shipped: its latents, their step index and the log-probs
+    (math.payload's count; the conditioning and decoded media are not counted)."""
+    parts = [traj.latents, traj.log_probs] + ([traj.latent_steps] if traj.latent_steps is not None else [])
+    return sum(t.numel() * t.element_size() for t in parts)
 
 
 def audio_kwargs(traj: Trajectories) -> dict:

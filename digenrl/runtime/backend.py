@@ -26,10 +26,11 @@ from digenrl.math import combine_rewards, group_advantages
 from digenrl.io.recorder import RunRecorder
 from digenrl.learner.metrics import merge_sums, step_means
 from digenrl.runtime.actors import Actors
-from digenrl.runtime.gang import row_share
+from digenrl.math.payload import row_share, train_rows
 from digenrl.runtime.results import Done, Generated, Rewarded, Stepped, Synced, Trained, _add
 from digenrl.runtime.shards import covering, row_range
 from digenrl.runtime.waits import within
+from digenrl.rollout.sampler import row_kept
 from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, Unit, WeightSync, Worker, by_kind
 from digenrl.io.trace import Trace, bubble_ratio
 from digenrl.train.trainer import StepPlan, plan_step, prompt_source, step_metrics
@@ -60,7 +61,12 @@ class RealBackend:
         self.out: dict[str, ray.ObjectRef] = {}  # worker id -> big output of its unit in flight
         # (step, mb) -> rows [first, last) of a Generate shard (a unit's, or a gang rank's share
         # of it) -> its latest segment
-        self.trajs: dict[tuple[int, int], dict] = {}
+        self.trajs: dict[tuple[int, int], dict] = {}  # (one object per row: rows (r, r + 1); ship_rows)
+        # (step, mb) -> rows [first, last) of a finished Generate shard -> its decoded media (Reward)
+        self.media: dict[tuple[int, int], dict] = {}
+        # (step, mb) -> (row, denoising step) -> that latent of a finished row (rollout.sampler.ship_rows)
+        self.latents: dict[tuple[int, int], dict] = {}
+        self.traj_bytes: dict[int, int] = {}  # step -> trajectory bytes its Train units' ranks received
         self.rewards: dict[tuple[int, int], Rewarded] = {}  # assembled micro-batches
         # GAP's generation fragments scored so far: (step, mb) -> rows [first, last) -> Rewarded
         self.fragments: dict[tuple[int, int], dict[tuple[int, int], Rewarded]] = {}
@@ -108,10 +114,15 @@ class RealBackend:
             if unit.t_start > 0:
                 prev, offset = covering(shards, (a, z), len(mb.coords))
                 rows = (a - offset, z - offset)
-            traj, done = actor.generate.options(num_returns=2).remote(
+            kept = ([row_kept(plan.spec, c) for c in mb.coords[a:z]]
+                    if unit.t_end == plan.spec.num_steps and plan.spec.reads != "all" else [])
+            n_lat = sum(len(k) for k in kept)
+            *objs, media, done = actor.generate.options(num_returns=z - a + n_lat + 2).remote(
                 unit, unit.step, unit.version, mb.prompts[a:z], mb.coords[a:z], plan.spec, rows, *prev)
-            if not ghost and r % sp == 0:
-                outs.append(((a, z), traj))
+            if not ghost and r % sp == 0:  # objects per row (and latent): a trainer rank fetches only its own
+                heads, lats = objs[:z - a], iter(objs[z - a:])
+                latents = {(a + i, s): next(lats) for i, k in enumerate(kept) for s in k}
+                outs.append(([((a + i, a + i + 1), ref) for i, ref in enumerate(heads)], ((a, z), media), latents))
             dones.append(done)
         self.out[wid] = outs
         return dones
@@ -119,7 +130,7 @@ class RealBackend:
     def _call_reward(self, h, wid: str, unit: Reward) -> ray.ObjectRef:
         """Score one generation fragment (the whole micro-batch when unsharded): the Generate
         shards covering its rows, in row order."""
-        shards = self.trajs[(unit.step, unit.mb)]
+        shards = self.media[(unit.step, unit.mb)]
         n = len(self.plans(unit.step).micro_batches[unit.mb].coords)
         refs, _ = covering(shards, row_range(unit.samples, n), n)
         if self._sp(wid) == len(h) > 1:  # one sequence-parallel group: its ranks hold the same images, rank 0 scores
@@ -132,14 +143,25 @@ class RealBackend:
         role = self.actors.role(wid)
         return {"rollout": rt.rollout.gang, "trainer": rt.trainer.sp, "colocated": rt.trainer.sp}.get(role, 1)
 
-    def _call_train(self, h, wid: str, unit: Train) -> ray.ObjectRef:
+    def _call_train(self, h, wid: str, unit: Train) -> list[ray.ObjectRef]:
+        """The unit on every rank of `wid`'s gang, each rank receiving only the lean trajectory
+        rows it trains (`train_rows`); one result ref per rank."""
         plan = self.plans(unit.step)
         n = len(plan.micro_batches[unit.mb].coords)
         first, last = row_range(unit.samples, n)
-        refs, offset = covering(self.trajs[(unit.step, unit.mb)], (first, last), n)
+        shards = self.trajs[(unit.step, unit.mb)]
         adv = self._advantages(unit)[first:last]
-        return h.train(unit, adv, plan.spec, plan.samples, len(plan.trained_steps),
-                           (first - offset, last - offset), *refs)
+        out = []
+        latents = self.latents[(unit.step, unit.mb)]
+        coords = plan.micro_batches[unit.mb].coords
+        for r, actor in enumerate(h.ranks):
+            (a, z), mine = train_rows(last - first, len(h), self._sp(wid), r, self.cfg.train.loss)
+            heads, _ = covering(shards, (first + a, first + z), n)  # (one per row)
+            steps = [list(row_kept(plan.spec, coords[i], unit.t_steps)) for i in range(first + a, first + z)]
+            lats = [latents[(first + a + i, s)] for i, k in enumerate(steps) for s in k]
+            out.append(actor.train.remote(unit, adv[a:z], plan.spec, plan.samples, len(plan.trained_steps),
+                                          mine, last - first, steps, *heads, *lats))
+        return out
 
     def _call_optimizer(self, h, wid: str, unit: OptimizerStep) -> ray.ObjectRef:
         outs = h.optimizer_step.options(num_returns=2)(unit, unit.version, wid == self.publisher)
@@ -178,7 +200,14 @@ class RealBackend:
         first, last = row_range(unit.samples, n)
         for rows in [k for k in shards if row_range(k, n)[0] < last and row_range(k, n)[1] > first]:
             del shards[rows]
-        shards.update(self.out.pop(wid))
+        outs = self.out.pop(wid)
+        for heads, _, _ in outs:
+            shards.update(heads)
+        if unit.t_end == self.plans(unit.step).spec.num_steps:  # finished: the reward's media, the latents
+            self.media.setdefault((unit.step, unit.mb), {}).update(media for _, media, _ in outs)
+            lat = self.latents.setdefault((unit.step, unit.mb), {})
+            for _, _, latents in outs:
+                lat.update(latents)
         if done.comm:
             self.gen_comm[unit.step] = _add([self.gen_comm.get(unit.step, {}), done.comm])
 
@@ -198,6 +227,7 @@ class RealBackend:
     def _trained(self, wid: str, unit: Train, done: Trained) -> None:
         lag = unit.step - unit.traj_version
         self.stale[unit.step] = max(self.stale.get(unit.step, lag), lag)
+        self.traj_bytes[unit.step] = self.traj_bytes.get(unit.step, 0) + done.traj_bytes
 
     def _stepped(self, wid: str, unit: OptimizerStep, done: Stepped) -> None:
         self.opt.setdefault(unit.step, {})[wid] = done
@@ -245,6 +275,8 @@ class RealBackend:
             self.rewards.pop(k)
             self.adv.pop(k, None)
             self.trajs.pop(k, None)
+            self.media.pop(k, None)
+            self.latents.pop(k, None)
         real = step + 1  # the step's record is numbered by the optimizer steps done
         step_s = now - self.last_end
         self.wall_s = self.wall0 + now
@@ -259,6 +291,8 @@ class RealBackend:
             "weight_sync_bytes": sum(i.bytes for i in self.syncs),
             "timing/publish_bytes": pub.publish_bytes if pub else 0,
             "timing/allreduce_s": max(i.reduce_s for i in infos.values()),
+            # lean trajectory rows the trainer ranks received (== sim.trajectories.predict_trajectory_bytes)
+            "transfer/trajectory_bytes": self.traj_bytes.pop(step, 0),
             "step_s": step_s, "wall_s": self.wall_s, "samples_per_s": m["samples"] / step_s,
             # bytes of each collective the trainer ranks issued since their previous step
             # (trainer ranks), and the rollout gangs' ranks for the step's Generate units

@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import ray
 
+from digenrl.math.payload import row_share  # noqa: F401 (its home: the sim shares it)
+
 ALL, FIRST = "all", "first"
 
 
@@ -89,13 +91,6 @@ class _GangMethod:
                 method = method.options(**self.opts)
             out.append(method.remote(*args, **kwargs))
         return out if result == ALL else out[0]
-
-
-def row_share(n: int, ranks: int, rank: int) -> slice:
-    """Rank `rank`'s rows of a unit of n rows: contiguous, the first n % ranks ranks one more."""
-    base, extra = divmod(n, ranks)
-    first = rank * base + min(rank, extra)
-    return slice(first, first + base + (1 if rank < extra else 0))
 
 
 def rank_layout(gangs: int, gang: int) -> list[list[int]]:

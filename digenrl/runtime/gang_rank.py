@@ -45,7 +45,7 @@ from digenrl.learner.passes import pass_count
 from digenrl.math.grad_sum import GradSum, local
 from digenrl.learner.sharded import shard_policy
 from digenrl.models.empty import is_empty
-from digenrl.runtime.gang import row_share
+from digenrl.math.payload import row_share
 from digenrl.runtime.sharded_load import materialise
 from digenrl.runtime.weight_sync import payload_state
 

@@ -43,6 +43,9 @@ class Rewarded(Done):
 @dataclass
 class Trained(Done):
     trained: list = field(default_factory=list)  # (step, group, sample, t) trained here
+    # bytes of the trajectory rows this rank received for the unit (rollout.sampler.payload_bytes:
+    # latents, their step index, log-probs); summed over a gang's ranks: transfer/trajectory_bytes
+    traj_bytes: int = 0
 
     def trace_extra(self) -> dict:
         return {"trained": self.trained}  # the run's record of what was trained (RayDriver.trained)
@@ -89,6 +92,7 @@ def merge(records: Sequence[Done]) -> Done:
     out = replace(first, start=min(r.start for r in records), end=max(r.end for r in records))
     if isinstance(first, Trained):
         out.trained = [c for r in records for c in r.trained]
+        out.traj_bytes = sum(r.traj_bytes for r in records)
     elif isinstance(first, Generated):
         out.comm = _add([r.comm for r in records])
     elif isinstance(first, Stepped):

@@ -38,6 +38,7 @@ def concat_trajectories(trajs: Sequence[Trajectories]) -> Trajectories:
             raise ValueError(f"cannot concatenate shards: {name} is set on some shards only")
         return torch.cat(parts)
 
+    latents, steps = _latent_columns(trajs)
     parts = {}
     if all(t.reward_parts for t in trajs):
         parts = {k: torch.cat([t.reward_parts[k] for t in trajs]) for k in first.reward_parts}
@@ -47,7 +48,7 @@ def concat_trajectories(trajs: Sequence[Trajectories]) -> Trajectories:
         prompts=[p for t in trajs for p in t.prompts],
         coords=[c for t in trajs for c in t.coords],
         cond=cond_cat([t.cond for t in trajs]),
-        latents=cat("latents"),
+        latents=latents,
         log_probs=cat("log_probs"),
         t_done=first.t_done,
         images=cat("images"),
@@ -56,7 +57,29 @@ def concat_trajectories(trajs: Sequence[Trajectories]) -> Trajectories:
         rewards=cat("rewards"),
         reward_parts=parts,
         advantages=cat("advantages"),
+        latent_steps=steps,
     )
+
+
+def _latent_columns(trajs: Sequence[Trajectories]) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The shards' latents side by side in rows, and their step index: None when every shard
+    holds every step; else lean (rollout.sampler.ship), each shard padded to the widest by
+    repeating its first column (a repeated column is never the one `Trajectories.latent` finds)."""
+    if all(t.latent_steps is None for t in trajs):
+        return torch.cat([t.latents for t in trajs]), None
+    idx = []
+    for t in trajs:
+        if t.latent_steps is None:  # every step: its index is the steps themselves
+            idx.append(torch.arange(t.latents.shape[1]).expand(len(t), -1))
+        else:
+            idx.append(t.latent_steps)
+    width = max(i.shape[1] for i in idx)
+    lat, out = [], []
+    for t, i in zip(trajs, idx):
+        pad = width - i.shape[1]
+        lat.append(torch.cat([t.latents, t.latents[:, :1].expand(-1, pad, *t.latents.shape[2:])], 1) if pad else t.latents)
+        out.append(torch.cat([i, i[:, :1].expand(-1, pad)], 1) if pad else i)
+    return torch.cat(lat), torch.cat(out)
 
 
 def select_rows(traj: Trajectories, first: int, last: int) -> Trajectories:
@@ -85,6 +108,7 @@ def select_rows(traj: Trajectories, first: int, last: int) -> Trajectories:
         rewards=part(traj.rewards),
         reward_parts={k: v[sl] for k, v in traj.reward_parts.items()},
         advantages=part(traj.advantages),
+        latent_steps=part(traj.latent_steps),
     )
 
 

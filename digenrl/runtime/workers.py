@@ -45,7 +45,8 @@ import torch
 
 from digenrl.config.schema import Config
 from digenrl.learner.comm import CommCounter
-from digenrl.rollout import SampleSpec, Trajectories, advance, audio_kwargs, finish, start
+from digenrl.rollout import (SampleSpec, Trajectories, advance, assemble, audio_kwargs, expand, finish, media_of,
+                             received_bytes, ship_rows, start)
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
@@ -116,7 +117,7 @@ class _PolicyRank(_Rank):
     # -- units ------------------------------------------------------------------------
     def generate(self, unit: Generate, step: int, version: int, prompts: list[str],
                  coords: list[tuple[int, int, int]], spec: SampleSpec, rows: tuple[int, int],
-                 *prev: Trajectories) -> tuple[Trajectories, Generated]:
+                 *prev: Trajectories) -> tuple:
         """Denoising steps [t_start, t_end) of the rows `prompts` / `coords` of a micro-batch
         (the unit's, its sample shard's, or in a gang this rank's share); decodes when finished.
 
@@ -124,6 +125,12 @@ class _PolicyRank(_Rank):
         handed over by another worker or gang), `rows` the rows within their concatenation;
         none for a fresh micro-batch. Every random draw is a function of the sample's
         coordinates, so any split of the rows generates the same samples.
+
+        Returns rollout.sampler.ship_rows' objects: a head per row (conditioning, log-probs), then,
+        once finished, one latent per kept step of each row (those its trainers read: a trainer
+        rank receives only its rows' latents of its unit's slots; a segment that stops early ships
+        lean rows instead); then the decoded media of the rows for the reward (a Trajectories
+        without latents), None for a segment that stops early; then the Generated record.
         """
         t0 = time.time()
         if version != self.version:
@@ -135,13 +142,13 @@ class _PolicyRank(_Rank):
                 images = None if self.source is None else _row_images(self.source, coords, self.policy.height,
                                                                       self.policy.width)
                 traj = start(self.policy, prompts, coords, spec, step=step, version=version, images=images)
-            else:  # objects from the store may be read-only views: own the buffers we write
-                traj = select_rows(concat_trajectories(prev), *rows)
-                traj.latents, traj.log_probs = traj.latents.clone(), traj.log_probs.clone()
+            else:  # the shipped (lean) rows back in the sampler's layout, in buffers we own
+                traj = expand(select_rows(concat_trajectories(prev), *rows), spec)
             advance(self.policy, traj, spec, unit.t_end)
             if unit.t_end == spec.num_steps and self._sp_lead:  # (the rest of its sp group: same latents)
                 finish(self.policy, traj)
-        return traj, Generated(**_times(t0), comm=self._generate_comm())
+        heads, latents = ship_rows(traj, spec)
+        return (*heads, *latents, media_of(traj), Generated(**_times(t0), comm=self._generate_comm()))
 
     def _generate_comm(self) -> dict:
         """The collectives a Generate unit reports: a rollout rank's (sequence parallelism), per
@@ -311,20 +318,26 @@ class TrainerRank(_PolicyRank):
     # -- units ------------------------------------------------------------------------
     @on_ranks(ALL, ALL)  # a unit: every rank accumulates its rows' gradient
     def train(self, unit: Train, advantages: torch.Tensor, spec: SampleSpec, total_samples: int,
-              total_steps: int, rows: tuple[int, int], *shards: Trajectories) -> Trained:
+              total_steps: int, mine: tuple[int, int], unit_rows: int, steps: list[list[int]],
+              *parts) -> Trained:
         """Accumulate the gradient of one Train unit (micro-batch or sample shard x chunk of
-        trained steps). `shards`: the Generate shards covering the unit's rows, in order;
-        `rows`: the unit's rows within their concatenation; `advantages`: of those rows.
-        The learner weights the unit by its row count, so shards add up to the whole."""
+        trained steps). `parts`: the heads of the rows this rank received (a gang rank: its share
+        of the unit's rows, `RealBackend._call_train`; DPO: the whole unit), then each row's
+        latents at `steps` (rollout.sampler.row_kept of the unit's slots), row by row; `mine`: the
+        rows it trains among them; `unit_rows` the unit's row count (a gang's ranks all run the
+        passes of the largest share); `advantages`: of the received rows. The learner weights the
+        unit by its row count, so shards add up to the whole."""
         t0 = time.time()
-        traj = select_rows(concat_trajectories(shards), *rows)
+        heads, latents = parts[:len(steps)], parts[len(steps):]
+        traj = assemble(heads, steps, latents)
         traj.advantages = advantages
-        mine, passes = self.gang.share(len(traj), len(unit.t_steps)) if self.gang is not None else (slice(0, len(traj)), 0)
+        passes = self.gang.share(unit_rows, len(unit.t_steps))[1] if self.gang is not None else 0
+        mine = slice(*mine)
         self.learner.accumulate(traj, list(unit.t_steps), spec, total_samples=total_samples,
                                 total_steps=total_steps, rows=mine, passes=passes)
         # the ranks of a sequence-parallel group train the same rows: the first one reports them
         done = [(*c, t) for c in traj.coords[mine] for t in unit.t_steps] if self._sp_lead else []
-        return Trained(**_times(t0), trained=done)
+        return Trained(**_times(t0), trained=done, traj_bytes=received_bytes(heads, latents))
 
     @on_ranks(ALL, ALL)  # a unit: every rank reduces and steps (collectives)
     def optimizer_step(self, unit: OptimizerStep, version: int, publish: bool) -> tuple[Optional[dict], Stepped]:

@@ -27,6 +27,7 @@ from digenrl.data import PromptSource, check_conditioning, load_images, load_row
 from digenrl.train.evaluation import Evaluator
 from digenrl.learner import Learner, LearnerConfig
 from digenrl.math import CLEAN_SAMPLE_LOSSES, group_advantages
+from digenrl.math.payload import reads_of
 from digenrl.models import build_policy, sampling_sigmas
 from digenrl.models.lora import trainable_state_dict
 from digenrl.io.recorder import RunRecorder
@@ -61,8 +62,26 @@ class StepPlan:
 def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
     """The step's prompts, noise coordinates, SDE window and micro-batches, cut exactly as
     the scheduler cuts them (digenrl.config.contract), so a micro-batch index means one thing."""
+    spec, trained = step_spec(cfg, step, sampling_sigmas(cfg.model, cfg.sampling, cfg.sampling.num_steps))
+    chunk = tsp_chunk(cfg, len(trained))
+    chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
+    prompts, images = source.step_prompts(step), source.step_images(step)
+    shape = step_shape(cfg)
+    mbs = []
+    for i, groups in enumerate(shape.micro_batches()):
+        rows = shape.samples(groups)  # (prompt group, sample) per row
+        mbs.append(MicroBatch(i, groups, [prompts[g] for g, _ in rows], [(step, g, s) for g, s in rows],
+                              None if images is None else [images[g] for g, _ in rows]))
+    return StepPlan(step, spec, trained, chunks, mbs)
+
+
+def step_spec(cfg: Config, step: int, sigmas: Optional[torch.Tensor] = None) -> tuple[SampleSpec, list[int]]:
+    """RL step `step`'s SampleSpec and its trained slots (the scheduler's trained steps).
+    sigmas: the run's grid (plan_step's); None puts linspace(1, 0) in its place, for callers that
+    read only which steps are sampled, trained and shipped (sim.trajectories: no model files)."""
     s = cfg.sampling
-    sigmas = sampling_sigmas(cfg.model, s, s.num_steps)
+    if sigmas is None:
+        sigmas = torch.linspace(1.0, 0.0, s.num_steps + 1)
     sde_steps, trained = s.sde_window().select(s.num_steps, cfg.run.seed, step)
     nft = cfg.train.loss in CLEAN_SAMPLE_LOSSES  # DiffusionNFT, Diffusion-DPO, AWM: forward-process levels
     draw_levels = 0
@@ -83,17 +102,10 @@ def plan_step(cfg: Config, source: PromptSource, step: int) -> StepPlan:
         draw_levels=draw_levels,
         rollout_dtype=s.rollout_dtype,
         model_timestep=s.model_timestep,
+        trained_slots=tuple(trained),
+        reads=reads_of(cfg.train.loss),  # what leaves a rollout worker (rollout.sampler.ship)
     )
-    chunk = tsp_chunk(cfg, len(trained))
-    chunks = [trained[i : i + chunk] for i in range(0, len(trained), chunk)]
-    prompts, images = source.step_prompts(step), source.step_images(step)
-    shape = step_shape(cfg)
-    mbs = []
-    for i, groups in enumerate(shape.micro_batches()):
-        rows = shape.samples(groups)  # (prompt group, sample) per row
-        mbs.append(MicroBatch(i, groups, [prompts[g] for g, _ in rows], [(step, g, s) for g, s in rows],
-                              None if images is None else [images[g] for g, _ in rows]))
-    return StepPlan(step, spec, trained, chunks, mbs)
+    return spec, trained
 
 
 def prompt_source(cfg: Config) -> PromptSource:

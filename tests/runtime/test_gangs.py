@@ -16,6 +16,7 @@ from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
 from digenrl.runtime.driver import RayDriver
 from digenrl.sim.gangs import predict_comm
+from digenrl.sim.trajectories import TrajectoryBytes, predict_trajectory_bytes
 from digenrl.train.trainer import Trainer
 
 from tests.helpers.equivalence import assert_matches_single_device, final_weights
@@ -70,6 +71,14 @@ def test_gangs_match_single_device(ray_cluster, tmp_path, case):
     # Bytes: what the ranks counted == what the simulator charges for this config and schedule
     # (the three configs of the issue: fsdp after-forward, fsdp after-step, LoRA), within 1%
     assert_comm_as_predicted(overrides, rt, records)
+    # Lean trajectories: the rows each rank received, counted, == the simulator's bytes for this
+    # schedule (sim.trajectories), and less than every rank receiving every latent of the unit
+    cfg = load_config(None, overrides)
+    counted = [r["transfer/trajectory_bytes"] for r in records]
+    assert counted == predict_trajectory_bytes(cfg, rt.trace) and min(counted) > 0
+    full = TrajectoryBytes(cfg, lean=False)
+    assert all(c < sum(full.unit(s.unit) for s in rt.trace.spans if s.kind == "train" and s.unit.step == i)
+               for i, c in enumerate(counted))
     # every rank trained its share: each (step, group, sample, t) exactly once over the gangs
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
     assert {len(p) for p in rt.rank_pids.values() if p} >= {2}
@@ -234,4 +243,7 @@ def test_preference_and_dppo_objectives_on_gangs(ray_cluster, tmp_path, loss):
     rt.train()
     records = [r for r in read_metrics(run) if r["step"] > 0]
     assert_comm_as_predicted(overrides, rt, records)
+    # dpo: every rank receives the unit's rows (x_T only); flow-dppo: its share (x_t, x_t+1)
+    assert [r["transfer/trajectory_bytes"] for r in records] == predict_trajectory_bytes(load_config(None, overrides),
+                                                                                         rt.trace)
     assert_trained_exactly_once(rt.trained, rt.cfg, 2)
