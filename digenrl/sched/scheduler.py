@@ -289,7 +289,9 @@ class Scheduler:
         if rate is None:
             return
         for work, seconds in self._switched:
-            self.profile.observe("switch_out", "trainer", 1, max(0.0, seconds - rate * work))
+            # unclipped: where the switch is paid elsewhere (a runtime restores inside its
+            # Generate) the residuals are noise around 0, and their mean is clipped in _rates
+            self.profile.observe("switch_out", "trainer", 1, seconds - rate * work)
         self._switched.clear()
 
     def _work(self, unit: Unit) -> float:
@@ -333,7 +335,7 @@ class Scheduler:
         w_t = p._rate("reward", "trainer")
         return Rates(g_r=g_r * n * cfg.num_steps, w_r=w_any * n, g_t=(g_t if g_t is not None else g_r) * n * cfg.num_steps,
                      w_t=(w_t if w_t is not None else w_any) * n, t=tr * n * slots / units, u=units,
-                     s_out=p._rate("switch_out", "trainer") or 0.0)
+                     s_out=max(0.0, p._rate("switch_out", "trainer") or 0.0))
 
     def _left(self, ws: _W) -> float:
         """Expected seconds until worker `ws` is free: half its running unit's expected time
