@@ -2,7 +2,9 @@
 
 Simulates the digenrl row (GAP + TSP + TAG + BTS) of a 64-GPU testbed with the planner's knobs
 and times every `Scheduler._bts_insert` call (the prediction and its recursive search), then
-prints the count, median, 95th percentile and max in ms, and how many bubbles inserted TAG.
+prints the count, median, 95th percentile and max in ms, of all calls and of the calls that ran
+the search (a bubble asked again with nothing changed returns its choice, sched/scheduler.py),
+and how many searched bubbles inserted TAG.
 
     PYTHONPATH=. python benchmarks/bts_decision.py [--testbed tests/sim/testbeds/qwen-full-h100x64.yaml]
 """
@@ -32,27 +34,35 @@ def main() -> None:
         spec = replace(spec, n_rollout=tb.n_gpus // 4)
     spec = replace(spec, mode="digenrl", micro_batch_groups=1)
     times: list[float] = []
+    searched: list[float] = []  # the calls that ran the search (not a bubble's repeated ask)
+    inserted: list[bool] = []
     inner = Scheduler._bts_insert
 
     def timed(self, *a, **kw):
+        n = len(self.decisions)
         t0 = time.perf_counter()
-        try:
-            return inner(self, *a, **kw)
-        finally:
-            times.append(time.perf_counter() - t0)
+        out = inner(self, *a, **kw)
+        times.append(time.perf_counter() - t0)
+        if len(self.decisions) > n:
+            searched.append(times[-1])
+            inserted.append(out)
+        return out
 
     Scheduler._bts_insert = timed
     try:
         r = run_spec(tb, spec, args.steps, keep_trace=True)
     finally:
         Scheduler._bts_insert = inner
-    ms = sorted(t * 1e3 for t in times)
     print(f"{tb.name}: {tb.n_gpus} GPUs, {spec.knobs()}")
-    if not ms:
+    if not times:
         print("no bubble reached BTS")
         return
-    print(f"{len(ms)} decisions: median {statistics.median(ms):.2f} ms, p95 {ms[int(0.95 * (len(ms) - 1))]:.2f} ms, "
-          f"max {ms[-1]:.2f} ms; step {r.step_s:.1f} s")
+    for what, xs in (("calls", times), ("searches", searched)):
+        ms = sorted(t * 1e3 for t in xs)
+        if ms:
+            print(f"{len(ms)} {what}: median {statistics.median(ms):.2f} ms, p95 {ms[int(0.95 * (len(ms) - 1))]:.2f} ms, "
+                  f"max {ms[-1]:.2f} ms")
+    print(f"step {r.step_s:.1f} s; InsertTAG at {sum(inserted)} of {len(inserted)} searched bubbles")
 
 
 if __name__ == "__main__":

@@ -118,6 +118,8 @@ class Scheduler:
         self._expected: dict[str, float] = {}
         self.decisions: list[Decision] = []
         self._bts_last: Optional[tuple] = None  # (what the last decision read, its choice)
+        self._helper: set[str] = set()  # trainers whose last unit was a Generate (TAG's helper)
+        self._switched: list[tuple[float, float]] = []  # switched Trains before a plain one (_observe)
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -205,6 +207,9 @@ class Scheduler:
                 if ws is None and not barrier and v == P and q[0][0] == P:
                     if self.cfg.tag:  # a trainer with nothing to train finishes it itself
                         ws = self._pop_idle("trainer", 0)
+                        if ws is not None and self.cfg.bts and not self._bts_fragment(ws, q[0][0]):
+                            self._park(ws)  # SkipBubble: a rollout worker will take it
+                            ws = None
                     elif self.cfg.colocated:  # shards of a colocated micro-batch
                         ws = self._pop_idle("colocated", 0)
                 if ws is None:
@@ -241,7 +246,9 @@ class Scheduler:
                 reserve = 0 if cfg.colocated else (
                     self._n_syncing + sum(len(p) for p in self._idle["rollout"].values()))
                 while len(st.fresh) > reserve and (ws := self._pop_idle(self._train_role, 0)):
-                    if cfg.bts and not cfg.colocated and not self._bts_insert(ws, s, len(st.fresh) - reserve):
+                    # BTS predicts with every fresh micro-batch: its rollout workers take the
+                    # reserved ones (without them the step's Train units had no source)
+                    if cfg.bts and not cfg.colocated and not self._bts_insert(ws, s, len(st.fresh)):
                         self._park(ws)  # SkipBubble: it waits for training work
                         break
                     self._start_fresh(ws, s, P, out)
@@ -253,6 +260,39 @@ class Scheduler:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
         it when the unit completes, as it learns a runtime's measurement (`complete(seconds=)`)."""
         self._expected[worker_id] = seconds
+
+    def _observe(self, ws: _W, unit: Unit, seconds: float) -> None:
+        """BTS's profile learns `unit`'s seconds. A trainer's first Train after generating holds
+        its switch back from the helper (the runtime's offload restore, the simulator's charge):
+        what it took beyond a Train of its size goes to ("switch_out", trainer), so that `t` stays
+        a Train's and the prediction charges the switch to the choice that causes it. (The switch
+        into the helper stays in the trainer's generation seconds, which only InsertTAG pays.)"""
+        k, t = kind(unit), type(unit)
+        if ws.role == "trainer" and self.cfg.tag:
+            if t is Generate:
+                self._helper.add(ws.id)
+            elif t is Train or t is OptimizerStep:
+                switched = ws.id in self._helper
+                self._helper.discard(ws.id)
+                if switched and t is Train:
+                    self._switched.append((self._work(unit), seconds))
+                    self._learn_switches()
+                    return
+        self.profile.observe(k, ws.role, self._work(unit), seconds)
+        if t is Train and self._switched:
+            self._learn_switches()
+
+    def _learn_switches(self) -> None:
+        """Switched Trains (work, seconds) waiting for a plain Train's rate go to the profile's
+        ("switch_out", trainer): what each took beyond a Train of its size."""
+        rate = self.profile.rate("train", "trainer")
+        if rate is None:
+            return
+        for work, seconds in self._switched:
+            # unclipped: where the switch is paid elsewhere (a runtime restores inside its
+            # Generate) the residuals are noise around 0, and their mean is clipped in _rates
+            self.profile.observe("switch_out", "trainer", 1, seconds - rate * work)
+        self._switched.clear()
 
     def _work(self, unit: Unit) -> float:
         """A unit's size in BTS's profile: samples x denoising steps (Generate), samples x trained
@@ -282,7 +322,10 @@ class Scheduler:
             return None
         w_r = p._rate("reward", "rollout")
         w_any = w_r if w_r is not None else (p._rate("reward", "reward") or 0.0)
-        tr = p._rate("train", "trainer") or 0.0
+        tr = p._rate("train", "trainer")
+        if tr is None:  # only switched Trains so far: their seconds, switch included
+            sw = self._switched
+            tr = sum(s for _, s in sw) / sum(w for w, _ in sw) if sw else 0.0
         st = self._steps[step]
         n = len(st.mbs[0].groups) * cfg.samples_per_group
         slots = len(st.trained)
@@ -291,7 +334,8 @@ class Scheduler:
         g_t = p._rate("generate", "trainer")
         w_t = p._rate("reward", "trainer")
         return Rates(g_r=g_r * n * cfg.num_steps, w_r=w_any * n, g_t=(g_t if g_t is not None else g_r) * n * cfg.num_steps,
-                     w_t=(w_t if w_t is not None else w_any) * n, t=tr * n * slots / units, u=units)
+                     w_t=(w_t if w_t is not None else w_any) * n, t=tr * n * slots / units, u=units,
+                     s_out=max(0.0, p._rate("switch_out", "trainer") or 0.0))
 
     def _left(self, ws: _W) -> float:
         """Expected seconds until worker `ws` is free: half its running unit's expected time
@@ -305,7 +349,16 @@ class Scheduler:
             s = 0.0 if r is None else r * self._work(u)
         return 0.5 * s
 
-    def _bts_insert(self, ws: _W, step: int, fresh: int) -> bool:
+    def _bts_fragment(self, ws: _W, step: int) -> bool:
+        """BTS for a pending fragment of `step` (a shard not started, or a trajectory handed back)
+        at trainer `ws`'s bubble: taken only where BTS would insert a micro-batch now, the fragment
+        counted as a whole one (so the trainer's share is over-estimated and the choice leans to
+        SkipBubble, TAG off). With no rollout worker left to take it, the trainer must."""
+        if not any(w.role == "rollout" and w.id not in self._draining for w in self._w.values()):
+            return True
+        return self._bts_insert(ws, step, len(self._steps[step].fresh) + 1, fragment=True)
+
+    def _bts_insert(self, ws: _W, step: int, fresh: int, fragment: bool = False) -> bool:
         """BTS at trainer `ws`'s bubble in `step`: generate one fresh micro-batch (InsertTAG) or
         wait for training work (SkipBubble), whichever the recursive search predicts finishes
         the step sooner (sched/bts.py). The decision and both predictions go to `decisions`."""
@@ -316,7 +369,7 @@ class Scheduler:
         # One decision per bubble: asked again (at the next event) while nothing that shapes the
         # step's rest has changed (micro-batches left, work queued or left; the rates drift), the
         # trainer keeps its choice
-        sig = (step, ws.id, fresh, len(self._train_q.get(step, ())), st.trains_left)
+        sig = (step, ws.id, fresh, fragment, len(self._train_q.get(step, ())), st.trains_left)
         if self._bts_last is not None and self._bts_last[0] == sig:
             return self._bts_last[1]
         rollout, trainers, ready = [], [], []
@@ -359,7 +412,7 @@ class Scheduler:
         expected = self._expected.pop(worker_id, None)
         seconds = expected if expected is not None else seconds  # BTS's profile: what it took
         if seconds is not None:
-            self.profile.observe(kind(unit), ws.role, self._work(unit), seconds)
+            self._observe(ws, unit, seconds)
         stale = worker_id in self._stale
         self._stale.discard(worker_id)
         taken = not stale or type(unit) is Train

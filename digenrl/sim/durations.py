@@ -81,7 +81,7 @@ from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, get_judge, trai
 from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s
 from digenrl.sim.devices import get_device
 from digenrl.math.grad_sum import grad_sum_bytes
-from digenrl.sim.tag_switch import must_offload, reload_bytes, switch_bytes
+from digenrl.sim.tag_switch import SwitchLedger, must_offload, reload_bytes, switch_bytes
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel, JudgeServing
 from digenrl.sim.gangs import GangComm, catalogue_layout
 from digenrl.sim.shipped import SYSTEMS, System, shard_group, step_costs
@@ -198,10 +198,8 @@ class DurationFn:
     memo: bool = True  # replay the cost of a unit already priced (__call__)
     _no_sync: bool = False  # colocated layout accumulating under no_sync (baselines.Layout.no_sync)
     pairs_per_pass: int = 0  # train.pairs_per_pass: TSP's packed passes (0: one pass per trained step)
-    _helper: dict = field(default_factory=dict)  # TAG: trainer generating -> it held a gradient when it switched
     tag: bool = False  # the mode's trainers generate (TAG): their switches are charged
-    _accum: dict = field(default_factory=dict)  # TAG: trainer id -> the step whose gradient it holds
-    tag_switches: int = 0  # Actor -> helper -> Actor round trips charged (TAG, the RFC's switches)
+    tag_ledger: SwitchLedger = field(default_factory=SwitchLedger)  # TAG: which units switch, bytes moved
     _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
     _log: list | None = None  # overhead increments of the unit being priced
 
@@ -330,41 +328,32 @@ class DurationFn:
                                device_bytes=int(get_device(self.trainer_device).hbm_gib * GIB))
         trainable = int(self.trainable_B * 1e9 / max(self.gang, 1))  # this rank's elements
         sums = grad_sum_bytes("auto", int(self.trainable_B * 1e9))
-        self._tag_bytes = (0, 0)  # (offload one way, generation-copy reload) bytes per rank
+        # (offload one way, generation-copy reload) bytes per rank
         if offload and not self.offload:  # runtime.trainer.offload keeps the optimizer on the host anyway
-            self._tag_bytes = (
+            self.tag_ledger = SwitchLedger(
                 switch_bytes(trainable=trainable, master_bytes=4, optimizer_elements=2 * trainable,
                              grad_sum_bytes=sums, full_ft=not tb.lora, sharded=self.gang > 1),
                 reload_bytes(trainable=trainable, generation_bytes=BYTES_WEIGHT, full_ft=not tb.lora,
                              sharded=self.gang > 1))
 
+    @property
+    def tag_switches(self) -> int:
+        """Actor -> helper -> Actor round trips charged (TAG, the RFC's switches)."""
+        return self.tag_ledger.switches
+
     def _tag_switch(self, worker: Worker, unit) -> float:
         """A trainer's switch into the helper (its first Generate after training), or back (its
-        first Train or OptimizerStep after generating): the toggle, and the offload or reload
-        `_tag_setup` found necessary (the gradient only when the step accumulated one)."""
+        first Train or OptimizerStep after generating, sim/tag_switch.SwitchLedger): the toggle,
+        and the offload or reload `_tag_setup` found necessary (the gradient only when the step
+        accumulated one)."""
         if self.mode == "colocated" or worker.role != "trainer":
             return 0.0
-        wid, k = worker.id, type(unit)
-        if k is Generate:
-            if wid in self._helper:
-                return 0.0
-            had = self._helper[wid] = wid in self._accum  # a gradient accumulated this step goes too
-        elif k in (Train, OptimizerStep):
-            had = self._helper.pop(wid, None)
-            if k is Train:
-                self._accum[wid] = unit.step
-            else:
-                self._accum.pop(wid, None)
-            if had is None:
-                return 0.0
-            self.tag_switches += 1
-        else:
+        edge = self.tag_ledger.unit(worker.id, unit)
+        if edge is None:
             return 0.0
-        moved, reload = self._tag_bytes if had else (0, 0)  # nothing accumulated: nothing moves
-        s = PHASE_SWITCH_FIXED_S / 2 + (pcie_s(moved + (reload if k is Generate else 0), self.trainer_device)
-                                        if moved else 0.0)
-        name = {Generate: "tag_switch_in", Train: "tag_switch_out", OptimizerStep: "tag_switch_out_opt"}[k]
-        return self._overhead(name, s, self.gang)
+        kind_, moved, reload = edge
+        s = PHASE_SWITCH_FIXED_S / 2 + (pcie_s(moved + reload, self.trainer_device) if moved else 0.0)
+        return self._overhead("tag_switch_" + kind_, s, self.gang)
 
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:

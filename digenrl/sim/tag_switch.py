@@ -28,6 +28,7 @@ Nothing accumulated (a switch at a step boundary): nothing moves.
 from __future__ import annotations
 
 from digenrl.config.schema import TAG_OFFLOAD  # runtime.trainer.tag_offload: auto | always | never
+from digenrl.sched.units import Generate, OptimizerStep, Train
 from digenrl.sim.memory import RESERVED_GIB, USABLE_FRACTION
 
 
@@ -78,3 +79,56 @@ def must_offload(policy: str, *, accumulated: bool, on_gpu: bool, resident_bytes
         return False
     usable = USABLE_FRACTION * device_bytes - RESERVED_GIB * 2**30
     return resident_bytes + generation_bytes > usable
+
+
+class SwitchLedger:
+    """Which units carry a TAG switch, and what each moves: the simulator's charge
+    (sim/durations.py) and the figure a run's tag/* counters are compared with
+    (benchmarks/tag_switch_costs.py), from the units a trainer runs, in order.
+
+    A trainer's first Generate after training enters the helper; its first Train or
+    OptimizerStep after generating leaves it, closing one round trip (`switches`, tag/switches).
+    A round trip entered while the trainer held a gradient of its current step (a Train since
+    its last OptimizerStep) moves `moved(step)` bytes out and the same back (`offload_bytes`,
+    tag/offload_bytes: out + back) and loads `reload` bytes of generation weights on the way in
+    (`reload_bytes`, tag/reload_bytes); one entered with nothing accumulated moves nothing.
+    `moved`: bytes one way, a number or a function of the RL step (a run's first step has no
+    AdamW state yet)."""
+
+    def __init__(self, moved=0, reload: int = 0):
+        self.moved, self.reload = moved, reload
+        self.switches = self.offloads = self.offload_bytes = self.reload_bytes = 0
+        self._helper: dict = {}  # trainer generating -> bytes its entry moved out (0: none)
+        self._accum: dict = {}  # trainer -> the step whose gradient it holds
+
+    def _bytes(self, step: int) -> int:
+        return self.moved(step) if callable(self.moved) else self.moved
+
+    def unit(self, worker_id: str, unit) -> tuple[str, int, int] | None:
+        """`unit` starts on trainer `worker_id`: None where it crosses no switch, else (edge,
+        bytes moved one way, generation bytes loaded) with edge "in" (a Generate entering the
+        helper), "out" (a Train leaving it) or "out_opt" (an OptimizerStep leaving it)."""
+        k = type(unit)
+        if k is Generate:
+            if worker_id in self._helper:
+                return None
+            step = self._accum.get(worker_id)  # a gradient accumulated this step goes too
+            moved = self._bytes(step) if step is not None else 0
+            self._helper[worker_id] = moved
+            if not moved:
+                return "in", 0, 0
+            self.offloads += 1
+            self.offload_bytes += 2 * moved
+            self.reload_bytes += self.reload
+            return "in", moved, self.reload
+        if k is Train or k is OptimizerStep:
+            moved = self._helper.pop(worker_id, None)  # what its entry moved out comes back
+            if k is Train:
+                self._accum[worker_id] = unit.step
+            else:
+                self._accum.pop(worker_id, None)
+            if moved is None:
+                return None
+            self.switches += 1
+            return ("out" if k is Train else "out_opt"), moved, 0
+        return None

@@ -290,3 +290,27 @@ def test_a_gang_rank_restores_its_shards_bit_exactly(tmp_path, lora):
         assert [c["tag/offload_bytes"] for c in counted] == [2 * f for f in formula] and formula[1] > formula[0] > 0
         assert all(c["tag/reload_bytes"] == 0 for c in counted)  # the masters stay on a gang
         assert [c["tag/switches"] for c in counted] == [int(rank == 0)] * 2
+
+
+@pytest.mark.slow  # a 2-step Ray run (~2 min on 2 busy cores)
+def test_run_counts_the_bytes_the_simulator_charges(ray_cluster, tmp_path):
+    """benchmarks/tag_switch_costs.py's run: one trainer, no rollout pool, tag_offload=always,
+    whole-trajectory Generate units. The tag/* the run counted equal what the simulator's
+    accounting (sim/tag_switch.SwitchLedger on the same config's schedule, switch_bytes of the
+    policy's sizes) charges: 2 round trips a step, one of them offloading."""
+    import importlib.util
+    from pathlib import Path
+
+    from digenrl.config.schema import load_config
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "tag_switch_costs.py"
+    spec = importlib.util.spec_from_file_location("tag_switch_costs", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cfg = load_config(None, [f"run.run_dir={tmp_path}/run", *bench.overrides(4, [])])
+    run, _ = bench.counted(cfg)
+    sim = bench.simulated(cfg)
+    assert run["tag/offloads"] == sim.offloads == cfg.train.steps
+    assert run["tag/switches"] == sim.switches == 2 * cfg.train.steps
+    assert run["tag/offload_bytes"] == sim.offload_bytes > 0
+    assert run["tag/reload_bytes"] == sim.reload_bytes

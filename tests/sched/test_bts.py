@@ -130,3 +130,113 @@ def test_pairs_per_pass_key_refused_beside_backward_batch():
         load_config(None, ["train.pairs_per_pass=8", "train.backward_batch=2"])
     with pytest.raises(ConfigError, match="train.pairs_per_pass"):
         load_config(None, ["train.pairs_per_pass=-1"])
+
+
+# ----------------------------------------------------------------- the property, in the simulator
+
+def _sim_case(rng: random.Random, i: int):
+    """A random small testbed (4 or 8 GPUs, tests/sim/test_invariants.py's draws, a short step)
+    and a random point of greedy TAG's planner grid with a rollout pool; None where it does not
+    fit or cannot run."""
+    from digenrl.sim.planner import grid, snap
+    from digenrl.sim.testbed import Testbed, TestbedError
+    from tests.sim.test_invariants import random_testbed
+
+    d = random_testbed(rng, i)
+    d["pools"][0]["count"] = rng.choice((4, 8))
+    d["groups_per_step"] = rng.choice((4, 8))
+    d["denoise_steps"] = min(d["denoise_steps"], 6)
+    d["trained_steps"] = min(d["trained_steps"], d["denoise_steps"] - 1)
+    try:
+        tb = Testbed.from_dict(d)
+    except TestbedError:
+        return None
+    pt = {a: rng.choice(v) for a, v in grid(tb, "gap+tsp+tag").items()}
+    pt["n_rollout"] = rng.randint(1, tb.n_gpus - 1)  # a rollout pool: bubbles to weigh
+    return d, tb, snap(tb, pt)
+
+
+def _three(tb, pt, cm):
+    """Steady-state step seconds of TAG off, greedy TAG and BTS at the same knobs (4 RL steps)."""
+    from digenrl.sim.report import run_spec
+    from digenrl.sim.workload import RunSpec
+
+    off = RunSpec("gap+tsp", **{k: v for k, v in pt.items() if k != "tag_segment"})
+    return tuple(run_spec(tb, s, 4, cm).step_s for s in (off, RunSpec("gap+tsp+tag", **pt), RunSpec("digenrl", **pt)))
+
+
+@pytest.mark.slow
+def test_bts_in_the_simulator_never_slower_than_both_on_random_testbeds():
+    # the cost model's durations (switch charges, gen/train shards, TAG segments, gangs), not a
+    # synthetic duration function: 40 random small testbeds x knobs, seeded (2.5-6 s on 2 shared
+    # cores: slow tier; the synthetic-duration property above is the default tier's). Not a
+    # guarantee on every draw: see test_known_counterexample
+    from digenrl.sim.costs import CostModel
+
+    cm, rng = CostModel(), random.Random(38)
+    ran = worse_than_off = 0
+    while ran < 40:
+        case = _sim_case(rng, ran)
+        if case is None:
+            continue
+        d, tb, pt = case
+        try:
+            off, greedy, bts = _three(tb, pt, cm)
+        except ValueError:  # this point does not fit
+            continue
+        ran += 1
+        assert bts <= max(off, greedy) * (1 + 1e-9), (d, pt, off, greedy, bts)
+        worse_than_off += greedy > off * (1 + 1e-9)
+    assert worse_than_off  # the draws include points where greedy TAG costs throughput
+
+
+@pytest.mark.xfail(strict=True, reason="BTS's prediction misses the hand-back (runtime.tag_handback) of a "
+                   "trajectory it chose to insert: a counterexample to the property")
+def test_known_counterexample_handback():
+    # found by the property's draws (seed 11 of the search in the issue 38 report): 4 L40S, one
+    # rollout worker per GPU of 2, Qwen-Image LoRA. TAG off 6.81 s, greedy 6.25 s, BTS 7.01 s a
+    # step: at step start one trainer skips (a predicted tie), and mid-step a trainer inserts a
+    # micro-batch (predicted gain 0.11 s) whose trajectory it then hands back at its TAG segment
+    # boundary when training is ready; the rollout worker finishes it late. The prediction has
+    # each InsertTAG finish its micro-batch on the trainer.
+    from digenrl.sim.costs import CostModel
+    from digenrl.sim.testbed import Testbed
+
+    d = {"name": "inv30", "pools": [{"name": "all", "count": 4, "device": "L40S", "role": "any", "gpus_per_node": 8}],
+         "model": "qwen-image-20b", "height": 512, "width": 512, "frames": 1, "denoise_steps": 4, "trained_steps": 1,
+         "group_size": 2, "groups_per_step": 8, "micro_batch": 2, "rollout_batch": 3, "cfg": False,
+         "train_cfg": False, "lora": True, "lora_rank": 32, "grad_ckpt": True, "kl": False, "reward": "pickscore",
+         "weight_sync": "nccl"}
+    pt = {"n_rollout": 2, "micro_batch_groups": 1, "tsp_chunk": 1, "tag_segment": 2, "reshard": "after-step",
+          "gen_shard": 1, "train_shard": 1}
+    off, greedy, bts = _three(Testbed.from_dict(d), pt, CostModel())
+    assert greedy < off  # greedy TAG pays here
+    assert bts <= max(off, greedy) * (1 + 1e-9), (off, greedy, bts)
+
+
+def test_switch_back_is_learned_apart_from_training():
+    # a duration function that charges 0.5 s to a trainer's first Train after it generated (the
+    # simulator's switch back from the helper): BTS's profile keeps Train's rate clean and learns
+    # the switch as its own entry, which the prediction charges to InsertTAG (Rates.s_out)
+    c = SchedConfig(mode="digenrl", rl_steps=2, groups_per_step=4, micro_batch_groups=1, num_steps=4, tsp_chunk=1,
+                    samples_per_group=2)
+    s = Scheduler(c, [Worker("r0", "rollout"), Worker("t0", "trainer"), Worker("t1", "trainer")])
+    helper = set()
+
+    def duration(worker, unit):
+        k = kind(unit)
+        if k == "generate":
+            helper.add(worker.id)
+            return 0.25 * (unit.t_end - unit.t_start) * 2
+        if k == "train":
+            back = 0.5 if worker.id in helper else 0.0
+            helper.discard(worker.id)
+            return 0.1 * 2 * len(unit.t_steps) + back
+        if k == "optimizer":  # a switch back too (none charged here)
+            helper.discard(worker.id)
+        return 0.05
+    seen = []
+    run_virtual(s, duration, on_version=lambda v, now: seen.append(s._rates(1)) if v == 1 else None)
+    assert s.profile.rate("train", "trainer") == pytest.approx(0.1)  # seconds per sample x trained slot
+    assert s.profile.rate("switch_out", "trainer") == pytest.approx(0.5)
+    assert seen and seen[0].s_out == pytest.approx(0.5)  # what step 1's bubbles predict with
