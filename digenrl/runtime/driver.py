@@ -307,6 +307,7 @@ class RayDriver:
             extra.update(trace_log=str(self.trace_log), **build_outputs(self.trace_log, run))
         if self.here is not None:
             extra["plan"] = self.here.describe()
+            extra["predicted_samples_per_s"] = self.here.rate  # beside the achieved rate (RunRecorder.finish)
         # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)
         return self.recorder.finish(state, ema, steps=max(self.base, self.cfg.train.steps), wall_s=self.wall_s,
                                     extra=extra)
