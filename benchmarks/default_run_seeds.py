@@ -5,9 +5,15 @@ against achieved samples/s, staleness, held-out gain, wall time.
 
 For each seed, then each tree (interleaved, so machine load hits every tree alike), it runs
 
-    PYTHONPATH=<tree> RAY_ADDRESS=local python -m digenrl.tools.cli train run.run_dir=<dir> run.seed=<s>
+    PYTHONPATH=<tree> python -m digenrl.tools.cli train run.run_dir=<dir> run.seed=<s>
 
-one run at a time, and prints one row per run and a mean per tree:
+one run at a time, with RAY_ADDRESS unset, so that every tree starts a local Ray cluster of
+its own sized for its pools: trees from before issue 41 read RAY_ADDRESS=local as Ray's
+default local cluster (os.cpu_count() CPUs, 2 here), too small for the 3 one-CPU workers
+plan=auto picks, and refuse the placement after runtime.placement_timeout_s. Unset, Ray
+would join the cluster named in /tmp/ray/ray_current_cluster (a `ray start` of someone
+else's): the script refuses to run while that file exists. It prints one row per run and
+a mean per tree:
 
 - load: the 1-minute load average (/proc/loadavg) just before the run starts;
 - predicted: the "plan=auto: ... (predicted X samples/s ...)" figure the run printed at its
@@ -40,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")  # where ray.init() without an address looks
 PREDICTED = re.compile(r"predicted ([0-9.]+) samples/s")
 
 
@@ -53,7 +60,10 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def measure(tree: str, seed: int, run_dir: Path, overrides: list[str]) -> dict:
     """One `digenrl train` run of `tree` with `seed`: the row the module doc describes."""
-    env = {**os.environ, "PYTHONPATH": tree, "RAY_ADDRESS": "local"}
+    if CURRENT_CLUSTER.exists():
+        raise RuntimeError(f"{CURRENT_CLUSTER} exists: a run without RAY_ADDRESS would join that cluster")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = tree
     cmd = [sys.executable, "-m", "digenrl.tools.cli", "train", f"run.run_dir={run_dir}", f"run.seed={seed}",
            *overrides]
     load = load1()
