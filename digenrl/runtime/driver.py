@@ -252,6 +252,8 @@ class RayDriver:
         # GPU workers share no cores; CPU workers share the node's
         gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
         self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # what the plan priced, for benchmarks/here_vs_run.py
+        _write_jsonl(self.run_dir / "profile.jsonl", [dict(r, cores=cores) for r in lines])
         if self.progress:
             print(self.here.describe(), flush=True)
         return with_overrides(cfg, self.here.overrides)
