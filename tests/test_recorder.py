@@ -8,7 +8,7 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
-from digenrl.io.recorder import SUMMARY_KEYS, RunRecorder, step_line
+from digenrl.io.recorder import SUMMARY_KEYS, RunRecorder, rate_line, step_line
 from digenrl.train.trainer import Trainer
 
 
@@ -125,6 +125,27 @@ def test_extra_summary_keys_may_not_replace_common_ones(tmp_path):
     rec = _recorder(tmp_path)
     with pytest.raises(ValueError, match="wall_s"):
         rec.finish({}, None, steps=0, wall_s=0.0, extra={"wall_s": 1.0})
+
+
+def test_summary_puts_achieved_beside_predicted_samples_per_s(tmp_path):
+    rec = _recorder(tmp_path, "train.steps=2")
+    rec.open(None)
+    rec.log({"step": 0, "eval/reward_mean": 0.5})  # the step-0 evaluation carries no samples
+    for step in (1, 2):
+        rec.log({**RECORD, "step": step, "samples": 32})
+    rec.close()
+    # 64 RL-step samples in 4 s of RL steps: 16 samples/s; runtime.plan predicted 20
+    planned = rec.finish({}, None, steps=2, wall_s=4.0, extra={"predicted_samples_per_s": 20.0})
+    assert planned["samples_per_s"] == pytest.approx(16.0)
+    assert planned["achieved_over_predicted"] == pytest.approx(0.8)
+    assert json.loads((tmp_path / "summary.json").read_text()) == planned
+    assert "16.0 achieved" in rate_line(planned) and "20.0 predicted" in rate_line(planned)
+    assert rate_line(planned).endswith("achieved/predicted 0.80")
+    # a run without a plan (local, runtime.plan=never, resumed): the achieved rate alone
+    unplanned = rec.finish({}, None, steps=2, wall_s=8.0)
+    assert unplanned["samples_per_s"] == pytest.approx(8.0) and "achieved_over_predicted" not in unplanned
+    assert "predicted" not in rate_line(unplanned)
+    assert rate_line({**unplanned, "samples_per_s": None}) is None
 
 
 # -- one summary for the local and the Ray trainer ----------------------------------------------

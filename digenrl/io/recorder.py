@@ -40,7 +40,7 @@ from digenrl.io.outputs import MetricsLog, plot_rewards, read_metrics
 log = logging.getLogger(__name__)
 
 # Keys every summary.json has, local and Ray alike (RayDriver adds its own `extra` keys).
-SUMMARY_KEYS = ("steps", "mode", "eval_reward_before", "eval_reward_after", "wall_s", "run_dir",
+SUMMARY_KEYS = ("steps", "mode", "eval_reward_before", "eval_reward_after", "wall_s", "samples_per_s", "run_dir",
                 "final_policy", "reward_plot")
 
 
@@ -150,6 +150,10 @@ class RunRecorder:
         final weights have taken; `wall_s`: seconds spent in RL steps, over resumes.
         `extra`: more summary keys (the Ray runtime's scheduler stats, trace, gantt); they
         may not replace the common SUMMARY_KEYS.
+
+        `samples_per_s` (achieved): the samples of every RL-step record in metrics.jsonl over
+        `wall_s`. With `predicted_samples_per_s` in `extra` (runtime.plan's simulated rate) the
+        summary also has `achieved_over_predicted`, their ratio (`rate_line` prints both).
         """
         extra = extra or {}
         clash = sorted(set(extra) & set(SUMMARY_KEYS))
@@ -162,20 +166,41 @@ class RunRecorder:
         if ema_state is not None:
             save_file(_cpu(ema_state), str(final / "ema.safetensors"), metadata=meta)
         plot = plot_rewards(self.run_dir)
-        evals = [r for r in read_metrics(self.run_dir) if "eval/reward_mean" in r]
+        records = read_metrics(self.run_dir)
+        evals = [r for r in records if "eval/reward_mean" in r]
+        samples = sum(r["samples"] for r in records if "reward_mean" in r)  # RL-step records only
+        achieved = samples / wall_s if wall_s > 0 else None
         summary = {
             "steps": steps,
             "mode": self.cfg.run.mode,
             "eval_reward_before": evals[0]["eval/reward_mean"] if evals else None,
             "eval_reward_after": evals[-1]["eval/reward_mean"] if evals else None,
             "wall_s": wall_s,
+            "samples_per_s": achieved,
             "run_dir": str(self.run_dir),
             "final_policy": str(final / "policy.safetensors"),
             "reward_plot": str(plot),
             **extra,
         }
+        predicted = extra.get("predicted_samples_per_s")
+        if predicted and achieved is not None:
+            summary["achieved_over_predicted"] = achieved / predicted
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+
+def rate_line(summary: dict[str, Any]) -> Optional[str]:
+    """The summary's samples/s line: achieved, and beside it the rate runtime.plan predicted
+    for this run (a steady-state rate: pipeline fill and drain left out) and their ratio.
+    None when the summary has no achieved rate (no RL step ran)."""
+    achieved = summary.get("samples_per_s")
+    if achieved is None:
+        return None
+    predicted = summary.get("predicted_samples_per_s")
+    if not predicted:
+        return f"samples/s: {achieved:.1f} achieved (RL-step samples / RL-step wall time)"
+    return (f"samples/s: {achieved:.1f} achieved (RL-step samples / RL-step wall time), {predicted:.1f} predicted "
+            f"by runtime.plan: achieved/predicted {achieved / predicted:.2f}")
 
 
 def step_line(record: dict[str, Any]) -> str:

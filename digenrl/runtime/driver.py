@@ -252,6 +252,8 @@ class RayDriver:
         # GPU workers share no cores; CPU workers share the node's
         gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
         self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # what the plan priced, for benchmarks/here_vs_run.py
+        _write_jsonl(self.run_dir / "profile.jsonl", [dict(r, cores=cores) for r in lines])
         if self.progress:
             print(self.here.describe(), flush=True)
         return with_overrides(cfg, self.here.overrides)
@@ -307,6 +309,7 @@ class RayDriver:
             extra.update(trace_log=str(self.trace_log), **build_outputs(self.trace_log, run))
         if self.here is not None:
             extra["plan"] = self.here.describe()
+            extra["predicted_samples_per_s"] = self.here.rate  # beside the achieved rate (RunRecorder.finish)
         # the final weights have taken max(resumed step, train.steps) steps (no loop past the end)
         return self.recorder.finish(state, ema, steps=max(self.base, self.cfg.train.steps), wall_s=self.wall_s,
                                     extra=extra)

@@ -82,6 +82,11 @@ def _train(args: argparse.Namespace) -> int:
     if summary.get("plan"):
         print(f"plan:      {summary['plan']}")
     print(f"wall time: {summary['wall_s']:.1f} s of RL steps")
+    from digenrl.io.recorder import rate_line
+
+    rates = rate_line(summary)
+    if rates:
+        print(rates)
     print(f"run dir:   {summary['run_dir']}  (metrics.jsonl, tensorboard/, samples/, checkpoints/)")
     print(f"policy:    {summary['final_policy']}")
     print(f"plot:      {summary['reward_plot']}")

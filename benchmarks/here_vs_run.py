@@ -1,0 +1,95 @@
+"""What runtime.plan charged against what a Ray run took, unit kind by unit kind.
+
+    python benchmarks/here_vs_run.py RUN_DIR [RUN_DIR ...]
+
+Reads a finished Ray run's config.json (the planned knobs), profile.jsonl (the profile lines
+runtime.plan priced it with, and the node's cores), trace.jsonl and metrics.jsonl; simulates
+the same config on those lines as digenrl.sim.here does (MeasuredDurations, the shared-core
+slowdown, the virtual clock and the real scheduler) for the run's own number of steps; and
+prints, for the simulated and the real run:
+
+- per unit kind: units, mean seconds per unit (real: the span the worker reported, from
+  method entry to return);
+- per worker: the mean gap between a unit's end and the next unit's start on that worker
+  (real: the driver noticing the end, scheduling, dispatching, and the worker receiving its
+  inputs; simulated: waits for inputs only);
+- seconds per RL step over steps 3..N (optimizer-step ends; the steady window) and the
+  samples/s this gives.
+
+The differences say what the predictor misses: a unit kind that takes longer than charged
+(cores shared more than the slowdown says), or a per-unit gap (dispatch and bookkeeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from digenrl.config.contract import contract
+from digenrl.config.schema import load_config
+from digenrl.io.trace import Trace, read_trace
+from digenrl.sched import Scheduler
+from digenrl.sim.engine import run_virtual
+from digenrl.sim.here import MeasuredCosts, MeasuredDurations
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def simulate(run_dir: Path) -> tuple[Trace, float]:
+    """The run's config on its profile lines, as plan_here prices a candidate; and the slowdown."""
+    tree = json.loads((run_dir / "config.json").read_text())
+    cfg = load_config(None, tree=tree)
+    lines = read_jsonl(run_dir / "profile.jsonl")
+    run = contract(cfg)
+    cores = lines[0]["cores"]
+    slow = max(1.0, len(run.workers()) * cfg.runtime.worker_threads / cores)
+    fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slow)
+    return run_virtual(Scheduler(run.sched, run.workers()), fn), slow
+
+
+def describe(trace: Trace, samples_per_step: int) -> dict:
+    n, busy, gaps = Counter(), Counter(), []
+    by = defaultdict(list)
+    for s in trace.spans:
+        n[s.kind] += 1
+        busy[s.kind] += s.end - s.start
+        by[s.worker].append(s)
+    for spans in by.values():
+        spans.sort(key=lambda s: s.start)
+        gaps += [max(0.0, b.start - a.end) for a, b in zip(spans, spans[1:])]
+    opt_end: dict[int, float] = {}
+    for s in trace.spans:
+        if s.kind == "optimizer":
+            opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
+    last = max(opt_end)
+    per_step = (opt_end[last] - opt_end[2]) / (last - 2)  # steps 3..N (0-based 2 is step 3's start)
+    return {"units": dict(n), "mean_s": {k: busy[k] / n[k] for k in n}, "gap_mean_s": statistics.mean(gaps),
+            "gap_median_s": statistics.median(gaps), "s_per_step": per_step, "samples_per_s": samples_per_step / per_step}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("run_dirs", nargs="+")
+    args = ap.parse_args()
+    for rd in map(Path, args.run_dirs):
+        metrics = [r for r in read_jsonl(rd / "metrics.jsonl") if "reward_mean" in r]
+        spp = metrics[0]["samples"]
+        sim, slow = simulate(rd)
+        rows = {"simulated": describe(sim, spp), "real": describe(read_trace(rd / "trace.jsonl"), spp)}
+        print(f"{rd}  (slowdown charged {slow:.2f})")
+        kinds = sorted(rows["real"]["units"])
+        print(f"  {'':10} {'s/step':>7} {'samples/s':>9} {'gap mean':>9} {'gap med':>8}  " +
+              "  ".join(f"{k} n / ms" for k in kinds))
+        for name, r in rows.items():
+            print(f"  {name:10} {r['s_per_step']:7.3f} {r['samples_per_s']:9.1f} {1e3 * r['gap_mean_s']:8.1f}ms "
+                  f"{1e3 * r['gap_median_s']:6.1f}ms  " +
+                  "  ".join(f"{r['units'].get(k, 0)} / {1e3 * r['mean_s'].get(k, 0):.1f}" for k in kinds))
+
+
+if __name__ == "__main__":
+    main()
