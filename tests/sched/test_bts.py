@@ -140,7 +140,7 @@ def _sim_case(rng: random.Random, i: int):
     fit or cannot run."""
     from digenrl.sim.planner import grid, snap
     from digenrl.sim.testbed import Testbed, TestbedError
-    from tests.sim.test_invariants import random_testbed
+    from tests.helpers.random_testbeds import random_testbed
 
     d = random_testbed(rng, i)
     d["pools"][0]["count"] = rng.choice((4, 8))
