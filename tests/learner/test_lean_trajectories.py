@@ -13,6 +13,7 @@ from digenrl.math import sigma_schedule
 from digenrl.math.payload import kept_steps, row_bytes, trajectory_bytes
 from digenrl.rollout import SampleSpec, advance, assemble, expand, payload_bytes, row_kept, ship, ship_rows, start
 from digenrl.rollout.sampler import trained_steps
+from tests.helpers.host_reads import count_host_reads_in_passes
 from tests.learner.tiny_setup import tiny_policy
 
 T = 5
@@ -158,28 +159,9 @@ def test_units_assembled_from_shipped_rows_train_as_the_full_trajectory(loss, sp
 def test_no_host_read_inside_a_pass_on_lean_trajectories(monkeypatch, loss, spec):
     """Lean latents are looked up without reading a value back to the host inside a pass (the
     unit's latents are checked once, before its passes): test_packed_passes' counter, lean."""
-    from digenrl.learner import learner as learner_mod
-
     policy = tiny_policy()
     lean = ship(_batch(policy, spec), spec)
-    reads, inside = [], [False]
-    for name in ("__bool__", "__float__", "__int__", "item", "tolist", "numpy"):
-        original = getattr(torch.Tensor, name)
-
-        def counting(self, *a, _original=original, _name=name, **k):
-            if inside[0]:
-                reads.append(_name)
-            return _original(self, *a, **k)
-        monkeypatch.setattr(torch.Tensor, name, counting)
-    passes = learner_mod.Learner._backward_pairs
-
-    def in_pass(self, *a, **k):
-        inside[0] = True
-        try:
-            return passes(self, *a, **k)
-        finally:
-            inside[0] = False
-    monkeypatch.setattr(learner_mod.Learner, "_backward_pairs", in_pass)
+    reads, _ = count_host_reads_in_passes(monkeypatch)
     learner = Learner(policy, LearnerConfig(loss=loss, beta=0.1 if loss == "grpo-guard" else 0.0))
     learner.accumulate(lean, list(spec.trained_slots), spec, total_samples=4, total_steps=2)
     assert reads == []

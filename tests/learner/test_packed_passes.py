@@ -17,6 +17,8 @@ from digenrl.learner.passes import largest_pass, pass_count, plan_passes
 from digenrl.math import sigma_schedule
 from digenrl.rollout import SampleSpec, advance, start
 
+from tests.helpers.host_reads import count_host_reads_in_passes
+
 from .tiny_setup import tiny_policy
 
 
@@ -136,28 +138,9 @@ def test_no_host_read_inside_a_pass(monkeypatch):
     # Every read of a tensor's value back to the host (bool, float, int, item, tolist, numpy)
     # made while a pass runs is counted: there must be none (on a GPU each stalls the stream);
     # the metrics are read once, at the optimizer step
-    from digenrl.learner import learner as learner_mod
-
     policy = tiny_policy(depth=1, lora_rank=4)
     traj = batch(policy)
-    reads, inside = [], [False]
-    for name in ("__bool__", "__float__", "__int__", "item", "tolist", "numpy"):
-        original = getattr(torch.Tensor, name)
-
-        def counting(self, *a, _original=original, _name=name, **k):
-            if inside[0]:
-                reads.append(_name)
-            return _original(self, *a, **k)
-        monkeypatch.setattr(torch.Tensor, name, counting)
-    passes = learner_mod.Learner._backward_pairs
-
-    def in_pass(self, *a, **k):
-        inside[0] = True
-        try:
-            return passes(self, *a, **k)
-        finally:
-            inside[0] = False
-    monkeypatch.setattr(learner_mod.Learner, "_backward_pairs", in_pass)
+    reads, inside = count_host_reads_in_passes(monkeypatch)
     for config in ({}, {"loss": "grpo-guard", "beta": 0.1}, {"loss": "nft"}, {"pairs_per_pass": 5}):
         learner = Learner(policy, LearnerConfig(**config))
         learner.accumulate(traj, [0, 1, 2], SPEC, total_samples=6, total_steps=3)
