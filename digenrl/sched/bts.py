@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -36,6 +37,7 @@ from typing import Optional
 DEPTH = 3  # InsertTAG / SkipBubble choices explored per decision
 TIE = 1e-9  # InsertTAG must beat SkipBubble by more than this fraction (no switch for nothing)
 ROUND = 1e-2  # memo key resolution, relative to a micro-batch's generation time
+MEMO_LIMIT = 200_000  # states one run's memo holds before it starts over (bounded memory)
 
 
 @dataclass
@@ -155,6 +157,32 @@ class Search:
         return end
 
 
+class Memo:
+    """One run's searches, shared by all its bubbles: a `Search` (and its memo of explored
+    states) per set of rates, each rate rounded to ROUND of itself. A run's steps repeat the
+    same bubbles, so a bubble whose rounded state an earlier one explored is a lookup; the
+    rates drift by float noise as the profile averages, which the rounding absorbs. A search
+    keeps the rates it was made with (within ROUND of the ones asked)."""
+
+    def __init__(self, limit: int = MEMO_LIMIT):
+        self.limit = limit
+        self._searches: dict = {}
+
+    def search(self, r: Rates, depth: int = DEPTH) -> Search:
+        key = (tuple(_bucket(x) for x in (r.g_r, r.w_r, r.g_t, r.w_t, r.t, r.s_in, r.s_out)), r.u, depth)
+        s = self._searches.get(key)
+        if s is None:
+            s = self._searches[key] = Search(r, depth)
+        if len(s.memo) > self.limit:
+            s.memo.clear()
+        return s
+
+
+def _bucket(x: float) -> int:
+    """x's rounding bucket for `Memo`: ROUND of itself wide; 0 is its own bucket."""
+    return round(math.log(x) / math.log1p(ROUND)) if x > 0 else -(1 << 30)
+
+
 def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:
     """Insert n copies of x into the sorted list xs (xs[lo:] sorted)."""
     k = bisect.bisect_right(xs, x, lo)
@@ -162,14 +190,16 @@ def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:
 
 
 def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], ready: list[float],
-           units: int, depth: int = DEPTH) -> tuple[bool, float, float]:
+           units: int, depth: int = DEPTH, memo: Optional[Memo] = None) -> tuple[bool, float, float]:
     """At a bubble of one trainer (free now, at 0.0; `trainers` the other trainers' free times):
     (insert, predicted makespan if it skips, if it generates one micro-batch now). `units`:
     Train units of the step not yet run, the fresh micro-batches' included; `ready`: when the
-    others (of micro-batches generating or done) become ready."""
+    others (of micro-batches generating or done) become ready. `memo`: the run's searches, shared
+    across its bubbles (a fresh search without it)."""
     if not fresh:
         return False, 0.0, 0.0
-    s = Search(r, depth)
+    s = Search(r, depth) if memo is None else memo.search(r, depth)
+    r = s.r
     inf = float("inf")
     rollout = sorted(rollout)
     others = [(t, False) for t in trainers]
@@ -187,4 +217,4 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
     return ins < skip * (1 - TIE), skip, ins
 
 
-__all__ = ["DEPTH", "Decision", "Profile", "Rates", "Search", "decide"]
+__all__ = ["DEPTH", "Decision", "Memo", "Profile", "Rates", "Search", "decide"]

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from .bts import Decision, Profile, Rates, decide
+from .bts import Decision, Memo, Profile, Rates, decide
 from .config import SchedConfig
 from .units import (ROLES, Assignment, Generate, OptimizerStep, Reward, Rows, Train, Unit,
                     WeightSync, Worker, by_kind, kind, n_samples, partition, split_rows)
@@ -118,6 +118,7 @@ class Scheduler:
         self._expected: dict[str, float] = {}
         self.decisions: list[Decision] = []
         self._bts_last: Optional[tuple] = None  # (what the last decision read, its choice)
+        self._bts_memo = Memo()  # the run's searches, shared across its bubbles
         self._helper: set[str] = set()  # trainers whose last unit was a Generate (TAG's helper)
         self._switched: list[tuple[float, float]] = []  # switched Trains before a plain one (_observe)
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
@@ -392,7 +393,8 @@ class Scheduler:
                 ready.extend([self._left(w)] * r.u)
         ready.extend([0.0] * len(self._train_q.get(step, ())))
         units = st.trains_left - running_trains
-        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, max(units, len(ready) + fresh * r.u))
+        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, max(units, len(ready) + fresh * r.u),
+                                         memo=self._bts_memo)
         self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))
         self._bts_last = (sig, insert)
         return insert

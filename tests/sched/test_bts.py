@@ -8,7 +8,7 @@ import random
 import pytest
 
 from digenrl.sched import Scheduler, SchedConfig, Worker, kind
-from digenrl.sched.bts import Profile, Rates, Search, decide
+from digenrl.sched.bts import Memo, Profile, Rates, Search, decide
 from digenrl.sim.engine import run_virtual
 
 
@@ -43,6 +43,27 @@ def test_search_is_memoised_and_depth_bounded():
     assert deep.best(*state, depth=3) == a and deep.memo  # the second ask is a memo hit
     # depth 0 = SkipBubble at every bubble (TAG off for the rest): the search can only do better
     assert a <= shallow.best(*state, depth=0)
+
+
+def test_a_runs_memo_shares_searches_across_bubbles():
+    r = Rates(g_r=10.0, w_r=1.0, g_t=12.0, w_t=1.0, t=2.0, u=3, s_in=0.5, s_out=0.5)
+    memo = Memo()
+    state = dict(fresh=6, rollout=[0.0, 3.0], trainers=[1.0], ready=[4.0] * 3, units=24)
+    first = decide(r, **state, memo=memo)
+    assert first == decide(r, **state)  # a fresh memo decides as a fresh search
+    s = memo.search(r)
+    explored = len(s.memo)
+    # the profile's averages drift by float noise: the same search, every state a lookup
+    drifted = Rates(g_r=10.0 * (1 + 1e-12), w_r=1.0, g_t=12.0, w_t=1.0, t=2.0, u=3, s_in=0.5, s_out=0.5)
+    assert memo.search(drifted) is s
+    assert decide(drifted, **state, memo=memo) == first and len(s.memo) == explored
+    # rates that differ by more than the rounding get a search of their own
+    slower = Rates(g_r=10.5, w_r=1.0, g_t=12.0, w_t=1.0, t=2.0, u=3, s_in=0.5, s_out=0.5)
+    assert memo.search(slower) is not s and memo.search(slower).r == slower
+    # bounded: past its limit a search's memo starts over
+    small = Memo(limit=3)
+    decide(r, **state, memo=small)
+    assert len(small.search(r).memo) == 0
 
 
 def test_profile_learns_rates():
