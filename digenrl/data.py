@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
-import torch
-
-from digenrl.math import rng
+if TYPE_CHECKING:  # the configuration reads this module's names: torch only where tensors are made
+    import torch
 
 ROWS_SUFFIX = ".jsonl"  # prompt files with a conditioning image per row
 
@@ -84,6 +83,7 @@ def check_conditioning(rows: PromptRows, model: str, key: str) -> None:
 
 def load_images(paths: Sequence[str], height: int, width: int) -> torch.Tensor:
     """Image files -> (B, 3, height, width) float32 in [0, 1] (RGB; resized, bicubic, when they differ)."""
+    import torch
     from PIL import Image
 
     out = []
@@ -136,6 +136,8 @@ class PromptSource:
 
     def _perm(self, epoch: int) -> list[int]:
         if epoch not in self._perms:
+            from digenrl.math import rng
+
             self._perms = {epoch: rng.permutation(len(self.prompts), self.seed, rng.PROMPT, epoch)}
         return self._perms[epoch]
 

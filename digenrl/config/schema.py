@@ -20,17 +20,13 @@ from typing import Any, Optional
 
 import yaml
 
-from digenrl.math.advantages import AGGREGATE_KINDS, STD_KINDS
-from digenrl.math.consistency import BEHAVIOUR_KINDS, IS_KINDS, ROLLOUT_DTYPES
-from digenrl.math.grad_sum import GRAD_SUMS
-from digenrl.math.dpo import DPO_PAIRS
-from digenrl.math.loss import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, LOSS_KINDS
-from digenrl.math.schedule import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
-from digenrl.math.sde import SDE_KINDS
+# torch-free (the simulator builds these sections): the vocabularies, not their implementations
+from digenrl.math.kinds import (AGGREGATE_KINDS, AWM_WEIGHTINGS, BEHAVIOUR_KINDS, CLEAN_SAMPLE_LOSSES, DPO_PAIRS,
+                                GRAD_SUMS, IS_KINDS, LOSS_KINDS, MODEL_TIMESTEPS, ROLLOUT_DTYPES, SDE_KINDS, STD_KINDS)
+from digenrl.math.window import WINDOW_DRAWS, WINDOW_KINDS, SdeWindow
 from digenrl.models.diffusers_adapters import CONDITIONING, EMBEDDED_GUIDANCE, EXPERT_CHOICES, FAMILIES, TWO_EXPERTS
-from digenrl.models.diffusers_adapters.sigmas import GRID_FAMILIES, SIGMA_GRIDS
+from digenrl.models.diffusers_adapters.grids import GRID_FAMILIES, SIGMA_GRIDS
 from digenrl.prompt_sets import PromptSetError, check_spec, parse_spec
-from digenrl.rollout.sampler import MODEL_TIMESTEPS
 from digenrl.sched import BATCH_MODES, GAP_MODES, TAG_MODES
 from digenrl.sched import MODES as SCHED_MODES
 
@@ -275,7 +271,6 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         from digenrl.rewards import REWARD_NAMES
-        from digenrl.rewards.registry_models import check_args as check_reward_args
 
         _check(bool(self.weights), "reward.weights", "name at least one reward")
         for name in self.weights:
@@ -292,6 +287,8 @@ class RewardConfig:
                    f"server's requests do not carry (images and prompts only): use reward.weights.{served}")
         for name in self.weights:  # keys a model reward does not take fail here, not on a worker
             if name in self.paths:
+                from digenrl.rewards.registry_models import check_args as check_reward_args  # torch
+
                 try:
                     check_reward_args(name, self.paths[name])
                 except ValueError as e:

@@ -1,7 +1,22 @@
-"""Single-device learner: GRPO loss and gradients on training units, optimizer step."""
+"""Single-device learner: GRPO loss and gradients on training units, optimizer step.
 
-from digenrl.learner.ema import EMA
-from digenrl.learner.learner import Learner, LearnerConfig
-from digenrl.learner.old_policy import OldPolicy
+The classes load on first use (PEP 562): the simulator counts passes (learner/passes.py)
+without torch.
+"""
 
-__all__ = ["EMA", "Learner", "LearnerConfig", "OldPolicy"]
+from __future__ import annotations
+
+import importlib
+
+_WHERE = {"EMA": "ema", "Learner": "learner", "LearnerConfig": "learner", "OldPolicy": "old_policy"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:  # a submodule (`from digenrl.learner import learner`): the import system loads it
+        raise AttributeError(f"module 'digenrl.learner' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"digenrl.learner.{where}"), name)
+    globals()[name] = value
+    return value

@@ -6,8 +6,7 @@ from typing import Mapping, Optional
 
 import torch
 
-STD_KINDS = ("group", "global", "none")
-AGGREGATE_KINDS = ("sum", "gdpo")
+from digenrl.math.kinds import AGGREGATE_KINDS, STD_KINDS
 
 
 def group_advantages(

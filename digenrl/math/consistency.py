@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import torch
 
-BEHAVIOUR_KINDS = ("rollout", "recompute")
-IS_KINDS = ("none", "truncated", "mask")
-ROLLOUT_DTYPES = ("", "bfloat16")  # sampling.rollout_dtype: "" = the model's own dtype
+from digenrl.math.kinds import BEHAVIOUR_KINDS, IS_KINDS, ROLLOUT_DTYPES
 
 
 def logp_gap_metrics(logp_rollout: torch.Tensor, logp_train: torch.Tensor, clip_range: float) -> dict[str, torch.Tensor]:

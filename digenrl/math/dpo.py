@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-DPO_PAIRS = ("best-worst", "margin")
+from digenrl.math.kinds import DPO_PAIRS
 
 
 def dpo_pairs(advantages: torch.Tensor, group_ids: Sequence[int], how: str, margin: float = 0.0) -> list[tuple[int, int]]:

@@ -33,19 +33,7 @@ from typing import Optional
 
 import torch
 
-GRAD_SUMS = ("auto", "float64", "float32")
-# auto: float64 up to 2^28 trainable parameters (2 GiB of sums per rank before sharding)
-AUTO_FLOAT64_PARAMS = 2**28
-
-
-def grad_sum_bytes(choice: str, trainable_params: int) -> int:
-    """Bytes per gradient element of the sums (and of the cross-trainer all-reduce) that
-    `train.grad_sum` names; auto decides by the trainable parameter count."""
-    if choice not in GRAD_SUMS:
-        raise ValueError(f"train.grad_sum={choice!r} unknown; allowed: {', '.join(GRAD_SUMS)}")
-    if choice == "auto":
-        return 8 if trainable_params <= AUTO_FLOAT64_PARAMS else 4
-    return 8 if choice == "float64" else 4
+from digenrl.math.kinds import AUTO_FLOAT64_PARAMS, GRAD_SUMS, grad_sum_bytes  # noqa: F401 (sizes, torch-free)
 
 
 def resolve_grad_sum(choice: str, trainable_params: int) -> torch.dtype:

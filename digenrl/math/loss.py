@@ -8,11 +8,7 @@ from typing import Optional, Union
 
 import torch
 
-LOSS_KINDS = ("grpo", "grpo-guard", "nft", "dpo", "flow-dppo", "awm")
-AWM_WEIGHTINGS = ("uniform", "t", "t2", "ghuber")
-# the objectives trained on forward-process targets of the clean sample, not on recorded
-# log-probs: any sampler serves them, the ODE included (rollout.sampler.forward_targets)
-CLEAN_SAMPLE_LOSSES = ("nft", "dpo", "awm")
+from digenrl.math.kinds import AWM_WEIGHTINGS, CLEAN_SAMPLE_LOSSES, LOSS_KINDS
 
 
 def gaussian_mean_kl(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,8 @@ from typing import Optional, Union
 
 import torch
 
-SDE_KINDS = ("flow-sde", "dance-sde", "cps", "ode")
+from digenrl.math.kinds import SDE_KINDS
+
 _LOG_SQRT_2PI = 0.5 * math.log(2.0 * math.pi)
 
 Sigma = Union[float, torch.Tensor]

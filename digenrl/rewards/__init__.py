@@ -9,11 +9,8 @@ pool so rewards overlap the generation of the next micro-batch.
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-import torch
-
-from digenrl.math.advantages import combine_rewards
 from digenrl.models.diffusers_adapters import AUDIO_FAMILIES  # an audio reward needs one of them
 
 REWARD_NAMES = (
@@ -46,7 +43,10 @@ AUDIO_REWARDS = ("clap",)
 # rewards that score videos only (model.name must be one of VIDEO_FAMILIES)
 VIDEO_REWARDS = ("xclip",)
 
-RewardFn = Callable[[torch.Tensor, list[str]], torch.Tensor]
+if TYPE_CHECKING:  # the names above are read by the configuration and the simulator: no torch for them
+    import torch
+
+RewardFn = Callable[["torch.Tensor", list[str]], "torch.Tensor"]
 
 
 def build_reward(name: str, paths: Mapping[str, str], device: str = "cpu") -> RewardFn:
@@ -122,6 +122,8 @@ class AsyncRewarder:
                 details.update({f"{name}/{k}": v for k, v in out.items() if k != "reward"})
             else:
                 parts[name] = fn(images, prompts).float().cpu()
+        from digenrl.math.advantages import combine_rewards
+
         total = combine_rewards(parts, self.weights, aggregate=aggregate or self.aggregate, group_ids=group_ids)
         return total, {**parts, **details}
 

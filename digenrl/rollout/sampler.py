@@ -20,7 +20,7 @@ from digenrl.math import sde_step
 from digenrl.math.payload import INDEX_BYTES, kept_steps
 from digenrl.models.protocol import Cond, Policy, encode_inputs, guided_velocity, has_audio
 
-MODEL_TIMESTEPS = ("exact", "floor")  # SampleSpec.model_timestep, sampling.model_timestep
+from digenrl.math.kinds import MODEL_TIMESTEPS  # SampleSpec.model_timestep, sampling.model_timestep
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
 from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, get_judge, trainable_params_B
 from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s
 from digenrl.sim.devices import get_device
-from digenrl.math.grad_sum import grad_sum_bytes
+from digenrl.math.kinds import grad_sum_bytes
 from digenrl.sim.tag_switch import SwitchLedger, must_offload, reload_bytes, switch_bytes
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel, JudgeServing
 from digenrl.sim.gangs import GangComm, catalogue_layout

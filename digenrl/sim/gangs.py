@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from digenrl.learner.passes import pass_count
-from digenrl.math.grad_sum import AUTO_FLOAT64_PARAMS, grad_sum_bytes
+from digenrl.math.kinds import AUTO_FLOAT64_PARAMS, grad_sum_bytes
 from digenrl.sim.catalogue import get_model, lora_params_B
 
 if TYPE_CHECKING:

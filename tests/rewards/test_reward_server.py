@@ -328,6 +328,7 @@ class TestBatchesOf3:
         assert reward.batch_sizes[before:] == [3]  # one reward call for both
 
 
+@pytest.mark.slow  # a Serve app of its own (seconds to deploy); the default tier keeps the 4xx answers (TestOneServer)
 def test_slow_reward_gets_504_and_client_gives_up_clearly(serve_cluster, tmp_path):
     # The gate stays closed until every 504 is in: the reward is slow for certain. timeout_s 1
     # leaves the good request at the end room to be scored on a loaded machine.
@@ -365,6 +366,7 @@ class CrashesOnce(Brightness):
         return super().__call__(images, prompts)
 
 
+@pytest.mark.slow  # a Serve app of its own; the client's retry after a 503 stays in the default tier (back-pressure)
 def test_remote_reward_from_config_recovers_from_a_crash(serve_cluster, tmp_path):
     # The runtime's path to a served reward: reward.paths.remote=URL#name -> build_reward ->
     # RemoteReward. Its first request gets a 500 and is retried; every batch is still scored.
@@ -403,6 +405,7 @@ def _answer(sock: socket.socket) -> tuple[int, dict]:
     return resp.status, json.loads(resp.read())
 
 
+@pytest.mark.slow  # a Serve app of its own; the default tier keeps a paused upload that resumes (TestOneServer)
 def test_stalled_upload_gets_408(serve_cluster):
     with RewardServer(Brightness(), port=0, replicas=1, read_timeout_s=2.0, timeout_s=10) as s:
         client = RemoteReward(s.url, "brightness", retries=0)
@@ -483,6 +486,7 @@ def test_unplaceable_replicas_and_a_second_port_are_refused(serve_cluster):
     assert serve.status().applications == {}  # nothing was deployed
 
 
+@pytest.mark.slow  # Serve retries the constructor, each try a replica process
 def test_a_reward_that_cannot_load_fails_start(serve_cluster, tmp_path):
     calls = tmp_path / "constructor_calls.txt"
     with pytest.raises(RuntimeError, match="(?s)the reward server did not start: .*did not give a Reward"):
