@@ -20,10 +20,14 @@ from collections import defaultdict
 from contextlib import contextmanager
 from typing import Iterator
 
+import functools
+from typing import TYPE_CHECKING
+
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+if TYPE_CHECKING:  # FSDP loads where a gang shards (~0.9 s): rollout workers count their sends without it
+    from torch.distributed.fsdp import FSDPModule
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "send")
 
@@ -69,33 +73,42 @@ class CommCounter:
         return out
 
 
-class _CountingAllGather(DefaultAllGather):
-    def __init__(self, counter: CommCounter):
-        super().__init__()
-        self.counter = counter
+@functools.cache
+def _counting_collectives() -> tuple[type, type]:
+    """FSDP2's default all-gather and reduce-scatter, each call counted (made on first use)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
 
-    def __call__(self, output_tensor, input_tensor, group, async_op=False):
-        self.counter.add("all_gather", output_tensor, group)
-        return super().__call__(output_tensor, input_tensor, group, async_op)
+    class CountingAllGather(DefaultAllGather):
+        def __init__(self, counter: CommCounter):
+            super().__init__()
+            self.counter = counter
 
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            self.counter.add("all_gather", output_tensor, group)
+            return super().__call__(output_tensor, input_tensor, group, async_op)
 
-class _CountingReduceScatter(DefaultReduceScatter):
-    def __init__(self, counter: CommCounter):
-        super().__init__()
-        self.counter = counter
+    class CountingReduceScatter(DefaultReduceScatter):
+        def __init__(self, counter: CommCounter):
+            super().__init__()
+            self.counter = counter
 
-    def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
-        self.counter.add("reduce_scatter", input_tensor, group)
-        return super().__call__(output_tensor, input_tensor, group, op, async_op)
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            self.counter.add("reduce_scatter", input_tensor, group)
+            return super().__call__(output_tensor, input_tensor, group, op, async_op)
+
+    return CountingAllGather, CountingReduceScatter
 
 
 def fsdp_units(module: torch.nn.Module) -> list[FSDPModule]:
     """Every FSDP2 unit of a sharded module, in module order (the root first)."""
+    from torch.distributed.fsdp import FSDPModule
+
     return [m for m in module.modules() if isinstance(m, FSDPModule)]
 
 
 def count_fsdp(module: torch.nn.Module, counter: CommCounter) -> None:
     """Route every FSDP2 unit's all-gather and reduce-scatter through `counter`."""
+    gather, scatter = _counting_collectives()
     for unit in fsdp_units(module):
-        unit.set_custom_all_gather(_CountingAllGather(counter))
-        unit.set_custom_reduce_scatter(_CountingReduceScatter(counter))
+        unit.set_custom_all_gather(gather(counter))
+        unit.set_custom_reduce_scatter(scatter(counter))

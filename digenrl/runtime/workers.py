@@ -50,7 +50,6 @@ from digenrl.rollout import (SampleSpec, Trajectories, advance, assemble, audio_
 from digenrl.runtime import weight_sync
 from digenrl.runtime.cluster import interface_ip
 from digenrl.runtime.gang import ALL, FIRST, on_ranks
-from digenrl.runtime.gang_rank import all_reduce_grads
 from digenrl.runtime.results import Generated, Rewarded, Stepped, Synced, Trained
 from digenrl.runtime.shards import concat_trajectories, select_rows
 from digenrl.runtime.tag_switch import TagSwitch
@@ -350,6 +349,8 @@ class TrainerRank(_PolicyRank):
         t0 = time.time()
         sums, weight = self.learner.accumulated() if self._sp_lead else ({}, 0.0)  # (sp: counted once)
         # across trainers, once per RL step: every trainer, or a gang rank's column of the mesh
+        from digenrl.runtime.gang_rank import all_reduce_grads  # (FSDP: loaded by trainers only)
+
         if self.gang is not None:
             if self.gang.replicas is not None:  # one gang: FSDP's reduce-scatters summed it all
                 all_reduce_grads(self.learner.grads, self.gang.replicas, self.counter)
