@@ -4,7 +4,11 @@ Under TAG a trainer generates Generate units with its own module between its Tra
 (TrainerRank.generate). The authors' rule (verl-omni issue 321): the helper never commits
 an optimizer step and never disturbs an uncommitted gradient; where gradients have
 accumulated, the model, optimizer and gradient state are offloaded and restored losslessly;
-every switch is counted. `TagSwitch.helper()` is that switch, around one Generate:
+every switch is counted. A trainer enters the helper at its first Generate and leaves it
+before the next unit that is not one (`generating()`, `leave()`): consecutive Generates, the
+segments of one trajectory at runtime.tag_segment below its length or several micro-batches,
+share one round trip, as digenrl.sim.tag_switch.SwitchLedger charges. `helper()` is one whole
+round trip around one generation:
 
     enter   snapshot module train/eval modes and requires_grad; when `must_offload` says so
             (runtime.trainer.tag_offload, digenrl/sim/tag_switch.py), copy to host buffers and
@@ -96,6 +100,11 @@ class TagSwitch:
         self.generation_peak: Optional[int] = None  # auto on a GPU: bytes a generation added (last one)
         self.last: Optional[_Offloaded] = None  # the last switch's record (tests read it)
         self._counts = dict.fromkeys(METRICS, 0)
+        self._open: Optional[tuple] = None  # in the helper: (modes, requires_grad, what moved)
+
+    @property
+    def in_helper(self) -> bool:
+        return self._open is not None
 
     # -- what is on the trainer -----------------------------------------------------------
     @property
@@ -127,18 +136,46 @@ class TagSwitch:
                             device_bytes=torch.cuda.get_device_properties(device).total_memory)
 
     # -- the switch ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def helper(self) -> Iterator[None]:
-        """One Actor -> helper -> Actor round trip around the generation it wraps."""
+    def enter(self) -> None:
+        """Actor -> helper, unless already there: snapshot modes and requires_grad, offload when
+        `decide` says so."""
+        if self._open is not None:
+            return
         modes = [(m, m.training) for m in self.module.modules()]
         needs = [(p, p.requires_grad) for p in self.module.parameters()]
-        moved = None
         t0 = self.clock()
-        if self.decide():
-            moved = self.offload()
-        spent = self.clock() - t0
+        moved = self.offload() if self.decide() else None
+        self._counts["tag/switch_s"] += self.clock() - t0
+        self._open = (modes, needs, moved)
+
+    def leave(self) -> None:
+        """Helper -> Actor, if in the helper: everything back bit for bit, the round trip counted.
+        Called before every unit a trainer runs that is not a Generate."""
+        if self._open is None:
+            return
+        modes, needs, moved = self._open
+        self._open = None
+        t1 = self.clock()
+        if moved is not None:
+            self.restore(moved)
+        for m, training in modes:
+            m.train(training)
+        for p, requires_grad in needs:
+            p.requires_grad_(requires_grad)
+        self.last = moved
+        c = self._counts
+        c["tag/switch_s"] += self.clock() - t1
+        c["tag/switches"] += int(self.counts_switches)
+        c["tag/offloads"] += int(moved is not None)
+        c["tag/offload_bytes"] += 2 * moved.bytes if moved is not None else 0  # out and back
+        c["tag/reload_bytes"] += moved.reload if moved is not None else 0
+
+    @contextlib.contextmanager
+    def generating(self) -> Iterator[None]:
+        """One Generate in the helper (entered if not yet); the trainer stays there afterwards.
+        auto on a GPU measures what the generation adds (resets the CUDA peak counter around it)."""
+        self.enter()
         device = self.learner.params[0].device
-        # auto on a GPU measures what a generation adds (resets the CUDA peak counter around it)
         measure = device.type == "cuda" and self.policy == "auto"
         if measure:
             torch.cuda.reset_peak_memory_stats(device)
@@ -148,21 +185,15 @@ class TagSwitch:
         finally:
             if measure:
                 self.generation_peak = torch.cuda.max_memory_allocated(device) - base
-            t1 = self.clock()
-            if moved is not None:
-                self.restore(moved)
-            for m, training in modes:
-                m.train(training)
-            for p, requires_grad in needs:
-                p.requires_grad_(requires_grad)
-            spent += self.clock() - t1
-            self.last = moved
-            c = self._counts
-            c["tag/switches"] += int(self.counts_switches)
-            c["tag/offloads"] += int(moved is not None)
-            c["tag/offload_bytes"] += 2 * moved.bytes if moved is not None else 0  # out and back
-            c["tag/reload_bytes"] += moved.reload if moved is not None else 0
-            c["tag/switch_s"] += spent
+
+    @contextlib.contextmanager
+    def helper(self) -> Iterator[None]:
+        """One whole Actor -> helper -> Actor round trip around the generation it wraps."""
+        try:
+            with self.generating():
+                yield
+        finally:
+            self.leave()
 
     @property
     def masters_move(self) -> bool:

@@ -296,15 +296,18 @@ class TrainerRank(_PolicyRank):
         """TAG / colocated generation, with the weights that sample: DiffusionNFT's old policy
         when train.nft_decay > 0 (the same weights `_publish` sends rollout workers), else
         the live ones. Swapped back before any Train unit runs on this actor. The TAG switch
-        around it (runtime/tag_switch.py) offloads and restores the step's uncommitted state
-        when runtime.trainer.tag_offload says so, and counts tag/* for the next optimizer step."""
-        with self.switch.helper(), self.learner.sampling_weights():
+        (runtime/tag_switch.py) enters the helper at the first of consecutive Generates,
+        offloading the step's uncommitted state when runtime.trainer.tag_offload says so; the
+        next unit that is not a Generate leaves it (`_actor`), restoring it and counting tag/*
+        for the next optimizer step."""
+        with self.switch.generating(), self.learner.sampling_weights():
             return super().generate(*args, **kwargs)
 
     @on_ranks(ALL, ALL)  # a unit: every rank loads the payload
     def load_weights(self, unit: Optional[WeightSync], version: int, payload: dict) -> Synced:
         """The initial sync of a fresh run (trainer 0's weights; a resumed run's trainers load
         the checkpoint instead): DiffusionNFT's old policy starts as these weights too."""
+        self._actor()
         out = super().load_weights(unit, version, payload)
         if self.learner.old is not None:
             self.learner.old.reset()
@@ -313,6 +316,11 @@ class TrainerRank(_PolicyRank):
     @property
     def _sp_lead(self) -> bool:
         return self.gang.sp_rank == 0 if self.gang is not None else self.rank == 0
+
+    def _actor(self) -> None:
+        """Back from TAG's helper, if this trainer generated last: before anything that trains,
+        steps, reads or writes the training state."""
+        self.switch.leave()
 
     # -- units ------------------------------------------------------------------------
     @on_ranks(ALL, ALL)  # a unit: every rank accumulates its rows' gradient
@@ -326,6 +334,7 @@ class TrainerRank(_PolicyRank):
         rows it trains among them; `unit_rows` the unit's row count (a gang's ranks all run the
         passes of the largest share); `advantages`: of the received rows. The learner weights the
         unit by its row count, so shards add up to the whole."""
+        self._actor()
         t0 = time.time()
         heads, latents = parts[:len(steps)], parts[len(steps):]
         traj = assemble(heads, steps, latents)
@@ -346,6 +355,7 @@ class TrainerRank(_PolicyRank):
         grad None on every worker, exactly as on a single device. In a gang every rank
         calls this; rank 0 of the publishing gang returns the payload.
         """
+        self._actor()
         t0 = time.time()
         sums, weight = self.learner.accumulated() if self._sp_lead else ({}, 0.0)  # (sp: counted once)
         # across trainers, once per RL step: every trainer, or a gang rank's column of the mesh
@@ -422,6 +432,7 @@ class TrainerRank(_PolicyRank):
     def evaluate(self, step: int) -> dict:
         """Held-out evaluation in place (only when no device is free for an EvalWorker); every
         rank of a gang evaluates (FSDP forwards), rank 0 writes the sample grid."""
+        self._actor()
         return self.trainer.evaluate(step, save_images=self.rank == 0)
 
     @on_ranks(ALL, FIRST)  # every rank gathers (collectives); rank 0's copy
@@ -430,6 +441,7 @@ class TrainerRank(_PolicyRank):
         in a gang: every rank calls it)."""
         from digenrl.learner.sharded import full_state_dict
 
+        self._actor()
         ema = self.learner.ema
         with ema.applied() if ema is not None else nullcontext():
             return full_state_dict(self.policy.module)
@@ -439,6 +451,7 @@ class TrainerRank(_PolicyRank):
         """The current weights as a payload (initial sync of other trainers, resume; and in the
         relay under nccl); a collective in a gang. Start-up traffic, not a step's: a gang's
         counter drops it."""
+        self._actor()
         payload = self._publish()[0]
         self.counter.take()
         return payload
@@ -458,6 +471,7 @@ class TrainerRank(_PolicyRank):
     def save(self, step: int, wall_s: float) -> str:
         """Trainer 0's checkpoint: its own files, or in a gang the sharded layout (`dcp/`)
         that every rank of the gang writes its shards of (a collective)."""
+        self._actor()
         self.trainer.step, self.trainer.wall_s = step, wall_s
         if self.gang is None:
             return str(self.trainer.save())

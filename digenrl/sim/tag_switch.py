@@ -132,3 +132,13 @@ class SwitchLedger:
             self.switches += 1
             return ("out" if k is Train else "out_opt"), moved, 0
         return None
+
+    @classmethod
+    def of_trace(cls, trace, roles=("trainer", "colocated"), moved=0, reload: int = 0) -> "SwitchLedger":
+        """The ledger of a run's trace (a runtime's or the simulator's): each trainer's units in
+        the order they started."""
+        ledger = cls(moved, reload)
+        for s in sorted(trace.spans, key=lambda s: (s.start, s.end)):
+            if trace.workers.get(s.worker) in roles and s.unit is not None:
+                ledger.unit(s.worker, s.unit)
+        return ledger

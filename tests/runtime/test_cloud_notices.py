@@ -211,6 +211,7 @@ def test_the_watch_keys_are_checked():
         load_config(None, ["run.mode=gap", "runtime.rollout.watch=aws"])
 
 
+@pytest.mark.slow  # a Ray cluster for one test; the nodes tier runs the watchers on every spot node (test_autoscale)
 def test_watchers_start_one_actor_per_node_and_drop_workers_that_left(ray_cluster, tmp_path):
     import ray
 
