@@ -201,7 +201,10 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
     s = Search(r, depth) if memo is None else memo.search(r, depth)
     r = s.r
     inf = float("inf")
-    rollout = sorted(rollout)
+    # Only the `fresh` earliest-free rollout workers can take a micro-batch in the prediction:
+    # each pick is the earliest free, and while j < fresh picks are made, one of those is still
+    # unpicked and no later than any other worker. Exact, and the state stays small on a large pool.
+    rollout = heapq.nsmallest(fresh, rollout)
     others = [(t, False) for t in trainers]
     wait = min(min(ready, default=inf), rollout[0] + r.g_r + r.w_r if rollout else inf)
     done = r.s_in + r.g_t + r.w_t
