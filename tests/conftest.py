@@ -1,9 +1,16 @@
 import os
+import sys
 
-import pytest
-import torch
+# Compile each module once per run, not once per process: with PYTHONDONTWRITEBYTECODE set (some
+# sandboxes and CI images set it), every xdist worker and every Ray actor (which inherit this
+# environment) compiled the package's sources again. Before torch, so its lazy imports benefit.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
-from tests.helpers.ray_cluster import shared_ray_cluster
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.helpers.ray_cluster import shared_ray_cluster  # noqa: E402
 
 # Tests share 2 cores with each other's processes: one intra-op thread keeps timings sane.
 torch.set_num_threads(int(os.environ.get("DIGENRL_TEST_THREADS", "1")))

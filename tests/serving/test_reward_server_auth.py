@@ -164,6 +164,7 @@ def ask(server, method: str, path: str, body: bytes | None = None, headers: dict
         conn.close()
 
 
+@pytest.mark.slow  # three Serve apps (the servers fixture); the token checks themselves run above
 def test_loopback_without_a_token_serves_anyone(servers):
     s = servers["open"]
     assert not s.wants_token and s.url.startswith("http://127.0.0.1:")
@@ -174,6 +175,7 @@ def test_loopback_without_a_token_serves_anyone(servers):
     torch.testing.assert_close(RemoteReward(s.url, NAME, retries=0, token=TOKEN_A)(x, ["a", "b"]), expected)
 
 
+@pytest.mark.slow  # three Serve apps (the servers fixture); the token checks themselves run above
 @pytest.mark.parametrize("which", ["a", "b"])
 def test_missing_wrong_and_replayed_tokens_get_401_and_nothing_else(servers, which):
     s, other = servers[which], servers["b" if which == "a" else "a"]
@@ -204,6 +206,7 @@ def test_missing_wrong_and_replayed_tokens_get_401_and_nothing_else(servers, whi
     assert s.health()["served"] >= 1  # the server's own probe carries its token
 
 
+@pytest.mark.slow  # three Serve apps (the servers fixture); the token checks themselves run above
 def test_remote_reward_sends_the_token_and_names_the_key_without_it(servers, monkeypatch):
     s, x = servers["a"], torch.rand(3, 3, 16, 16)
     expected = JpegCompressibility()((x * 255).round() / 255, ["a", "b", "c"])
@@ -224,6 +227,7 @@ def test_remote_reward_sends_the_token_and_names_the_key_without_it(servers, mon
     torch.testing.assert_close(build_reward("remote", {"remote": f"{s.url}#{NAME}"})(x, ["a", "b", "c"]), expected)
 
 
+@pytest.mark.slow  # three Serve apps (the servers fixture); the token checks themselves run above
 def test_a_run_without_the_token_stops_before_it_starts(servers, monkeypatch, tmp_path):
     s = servers["a"]
     cfg = load_config(None, [f"run.run_dir={tmp_path / 'run'}", "reward.weights={remote: 1.0}",
@@ -243,6 +247,7 @@ def test_a_run_without_the_token_stops_before_it_starts(servers, monkeypatch, tm
                  f"reward.paths.remote={s.url}#{NAME}"]) == 2
 
 
+@pytest.mark.slow  # three Serve apps (the servers fixture); the token checks themselves run above
 def test_https_with_the_servers_certificate(servers, monkeypatch):
     s, x = servers["b"], torch.rand(2, 3, 16, 16)
     assert s.url.startswith("https://127.0.0.1:")
