@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import signal
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -319,10 +320,22 @@ def side_by_side(fn, items: list) -> list:
         return [fn(x) for x in items]
     _TASK = fn
     try:
-        with multiprocessing.get_context("fork").Pool(min(_JOBS, len(items))) as pool:
+        with _fork_pool(min(_JOBS, len(items))) as pool:
             return pool.map(_run_task, items, chunksize=1)
     finally:
         _TASK = None
+
+
+def _fork_pool(n: int):
+    """n forked processes whose SIGTERM is the default again: a pool ends by sending its processes
+    SIGTERM, and a fork inherits the parent's handler. A process that started Ray has Ray's, which
+    shuts Ray down (in a fork, a client whose threads did not come along: it hung, and the pool's
+    join with it, in a test worker that had run a Ray test first)."""
+    return multiprocessing.get_context("fork").Pool(n, initializer=_default_sigterm)
+
+
+def _default_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _run_task(item):
@@ -472,7 +485,7 @@ def _pool(tb, mode, style, steps, cm, check_memory, prune) -> Iterator[_Evaluato
         return
     _CTX = ev.ctx
     try:
-        with multiprocessing.get_context("fork").Pool(_JOBS) as pool:
+        with _fork_pool(_JOBS) as pool:
             ev.pool = pool
             yield ev
     finally:

@@ -189,3 +189,25 @@ def test_simulate_on_two_processes_reports_what_one_process_does():
         return {k: {f: v for f, v in p.items() if f != "wall_s"} for k, p in rep.plans.items()}
     assert knobs(two) == knobs(one) and two.unfit == one.unfit
     assert {k: (r.spec, r.step_s) for k, r in two.rows.items()} == {k: (r.spec, r.step_s) for k, r in one.rows.items()}
+
+
+
+def _sigterm_is_default(_):
+    import signal
+
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_the_planners_processes_end_on_sigterm_whatever_handler_their_parent_has():
+    """plan()'s forked pool ends by SIGTERM to its processes, which inherit the parent's handler:
+    a process that started Ray has Ray's, which hung in a fork (and the pool's join with it)."""
+    import signal
+
+    from digenrl.sim.planner import _fork_pool
+
+    before = signal.signal(signal.SIGTERM, lambda *a: None)  # a handler that does not exit
+    try:
+        with _fork_pool(2) as pool:
+            assert pool.map(_sigterm_is_default, range(2), chunksize=1) == [True, True]
+    finally:
+        signal.signal(signal.SIGTERM, before)
