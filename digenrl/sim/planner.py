@@ -64,6 +64,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import signal
+import threading
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -316,7 +317,7 @@ def side_by_side(fn, items: list) -> list:
     evaluates serially: a pool's processes cannot start pools of their own. fn's result must
     pickle; an exception it raises is raised here."""
     global _TASK
-    if _JOBS <= 1 or len(items) < 2:
+    if _JOBS <= 1 or len(items) < 2 or not _fork_safe():
         return [fn(x) for x in items]
     _TASK = fn
     try:
@@ -324,6 +325,15 @@ def side_by_side(fn, items: list) -> list:
             return pool.map(_run_task, items, chunksize=1)
     finally:
         _TASK = None
+
+
+def _fork_safe() -> bool:
+    """Whether this process can fork workers: only when it runs no other thread. A fork copies the
+    calling thread alone, so a lock another thread held at that moment (an import's, an
+    allocator's) stays held in the child, which then waits on it forever: seen in a test worker
+    whose Ray driver and wandb threads were running. Otherwise the search runs in this process;
+    it takes the same path and returns the same plan (jobs())."""
+    return threading.active_count() == 1
 
 
 def _fork_pool(n: int):
@@ -480,7 +490,7 @@ def _pool(tb, mode, style, steps, cm, check_memory, prune) -> Iterator[_Evaluato
     """The search's evaluator, with a pool of _JOBS forked processes when jobs() asks for more than one."""
     global _CTX
     ev = _Evaluator(tb, mode, style, steps, cm, check_memory, prune)
-    if _JOBS <= 1:
+    if _JOBS <= 1 or not _fork_safe():
         yield ev
         return
     _CTX = ev.ctx

@@ -1,5 +1,7 @@
 """The planner's cheap search lands within 5% of brute force over the same grid."""
 
+import os
+
 import pytest
 
 from digenrl.sim.planner import analytic_split, exhaustive, grid, plan
@@ -147,13 +149,16 @@ def test_a_search_on_two_processes_chooses_what_one_process_does():
     from digenrl.sim.planner import jobs
 
     tb = load_testbed(SMALL)
-    for label in ("digenrl", "one-step-off"):
-        mode, style = ROWS[label]
-        one = plan(tb, mode=mode, style=style)
-        with jobs(2):
-            two = plan(tb, mode=mode, style=style)
-        assert two.spec == one.spec, (label, two.spec, one.spec)
-        assert two.step_s == one.step_s and two.throughput == one.throughput
+    labels = ("digenrl", "one-step-off")
+    code = ("from digenrl.sim.planner import jobs, plan\n"
+            "from digenrl.sim.testbed import load_testbed\n"
+            "from tests.sim.test_planner import ROWS, SMALL\n"
+            "with jobs(2):\n"
+            f"    print(repr([(p.spec, p.step_s, p.throughput) for p in (plan(load_testbed(SMALL), mode=ROWS[l][0], "
+            f"style=ROWS[l][1]) for l in {labels!r})]))\n")
+    two = _fresh_process(code)  # forks its pool there (sim/planner._fork_safe)
+    one = [(p.spec, p.step_s, p.throughput) for p in (plan(tb, mode=ROWS[l][0], style=ROWS[l][1]) for l in labels)]
+    assert two == repr(one)
 
 
 def _square_or_refuse(x: int) -> int:
@@ -162,52 +167,95 @@ def _square_or_refuse(x: int) -> int:
     return x * x
 
 
+def _fresh_process(code: str) -> str:
+    """Run `code` in a new Python process (one thread, as the CLI's: the planner forks its workers
+    only there, sim/planner._fork_safe) and return its last line of output."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_side_by_side_keeps_the_items_order_and_raises_what_a_task_raised():
     """simulate() plans its rows with it: the results come back in the items' order whichever
-    process finished first, and a task's exception reaches the caller."""
-    from digenrl.sim.planner import jobs, side_by_side
+    process finished first, and a task's exception reaches the caller. In a fresh process (the
+    pool forks there; in a process with other threads, such as a test worker, it runs serially)."""
+    code = ("import os\n"
+            "from digenrl.sim.planner import jobs, side_by_side\n"
+            "from tests.sim.test_planner import _square_or_refuse, _pid\n"
+            "with jobs(2):\n"
+            "    assert side_by_side(_square_or_refuse, [5, 1, 4, 2, 3]) == [25, 1, 16, 4, 9]\n"
+            "    assert os.getpid() not in side_by_side(_pid, [0, 1])  # in the pool's processes\n"
+            "    try:\n"
+            "        side_by_side(_square_or_refuse, [1, -2, 3])\n"
+            "    except ValueError as e:\n"
+            "        assert 'negative: -2' in str(e)\n"
+            "    else:\n"
+            "        raise AssertionError('no ValueError')\n"
+            "assert side_by_side(_square_or_refuse, [3, 2]) == [9, 4]  # one process: in this one\n"
+            "print('ok')\n")
+    assert _fresh_process(code) == "ok"
 
-    with jobs(2):
-        assert side_by_side(_square_or_refuse, [5, 1, 4, 2, 3]) == [25, 1, 16, 4, 9]
-        with pytest.raises(ValueError, match="negative: -2"):
-            side_by_side(_square_or_refuse, [1, -2, 3])
-    assert side_by_side(_square_or_refuse, [3, 2]) == [9, 4]  # one process: in this one
+
+def _pid(_) -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_the_planner_forks_only_a_process_without_other_threads():
+    """A fork copies the calling thread alone: a lock another thread held stays held in the child
+    (a test worker's Ray and wandb threads hung one). With another thread running, the search
+    and side_by_side stay in this process; their processes end on SIGTERM whatever the parent's
+    handler (a pool ends that way; after ray.init the handler is Ray's)."""
+    import threading
+
+    from digenrl.sim.planner import _fork_safe, jobs, side_by_side
+
+    release = threading.Event()
+    t = threading.Thread(target=release.wait)
+    t.start()
+    try:
+        assert not _fork_safe()
+        with jobs(2):
+            assert side_by_side(_pid, [0, 1]) == [os.getpid()] * 2
+    finally:
+        release.set()
+        t.join()
+    code = ("import signal, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: time.sleep(3600))  # never exits\n"
+            "from digenrl.sim.planner import _fork_pool\n"
+            "from tests.sim.test_planner import _sigterm_is_default\n"
+            "with _fork_pool(2) as pool:\n"
+            "    print(pool.map(_sigterm_is_default, range(2), chunksize=1))\n")
+    assert _fresh_process(code) == "[True, True]"
+
+
+def _sigterm_is_default(_) -> bool:
+    import signal
+
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 @pytest.mark.slow
 def test_simulate_on_two_processes_reports_what_one_process_does():
     """simulate() plans its rows side by side under jobs(2): every row's plan and figures, and
     the rows that do not fit, are those of the serial run."""
-    from digenrl.sim.planner import jobs
     from digenrl.sim.simulate import simulate
 
-    one = simulate(load_testbed(SMALL))
-    with jobs(2):
-        two = simulate(load_testbed(SMALL))
-
-    def knobs(rep):  # a plan's dict, less the seconds it took
-        return {k: {f: v for f, v in p.items() if f != "wall_s"} for k, p in rep.plans.items()}
-    assert knobs(two) == knobs(one) and two.unfit == one.unfit
-    assert {k: (r.spec, r.step_s) for k, r in two.rows.items()} == {k: (r.spec, r.step_s) for k, r in one.rows.items()}
-
+    code = ("from digenrl.sim.planner import jobs\n"
+            "from digenrl.sim.simulate import simulate\n"
+            "from digenrl.sim.testbed import load_testbed\n"
+            "from tests.sim.test_planner import SMALL, _simulate_figures\n"
+            "with jobs(2):\n"
+            "    print(_simulate_figures(simulate(load_testbed(SMALL))))\n")
+    assert _fresh_process(code) == _simulate_figures(simulate(load_testbed(SMALL)))  # the pool forks in the fresh process
 
 
-def _sigterm_is_default(_):
-    import signal
-
-    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-
-
-def test_the_planners_processes_end_on_sigterm_whatever_handler_their_parent_has():
-    """plan()'s forked pool ends by SIGTERM to its processes, which inherit the parent's handler:
-    a process that started Ray has Ray's, which hung in a fork (and the pool's join with it)."""
-    import signal
-
-    from digenrl.sim.planner import _fork_pool
-
-    before = signal.signal(signal.SIGTERM, lambda *a: None)  # a handler that does not exit
-    try:
-        with _fork_pool(2) as pool:
-            assert pool.map(_sigterm_is_default, range(2), chunksize=1) == [True, True]
-    finally:
-        signal.signal(signal.SIGTERM, before)
+def _simulate_figures(rep) -> str:
+    """A simulate() report's figures: each plan less the seconds it took, the rows that do not
+    fit, each row's spec and step time."""
+    return repr(({k: {f: v for f, v in p.items() if f != "wall_s"} for k, p in rep.plans.items()}, rep.unfit,
+                 {k: (r.spec, r.step_s) for k, r in rep.rows.items()}))
