@@ -16,12 +16,10 @@ Collectives over a group of one rank move nothing and are not counted.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Iterator
-
-import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 import torch
 import torch.distributed as dist

@@ -6,18 +6,10 @@
 
 from __future__ import annotations
 
-import importlib
+from digenrl.math.lazy import lazy_names
 
 _WHERE = {"build_policy": "build", "empty_loadable": "build", "sampling_sigmas": "build",
           "Cond": "protocol", "Policy": "protocol", "guided_velocity": "protocol"}
 
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    where = _WHERE.get(name)
-    if where is None:  # a submodule (`from digenrl.models import tiny_dit_weights`): the import system loads it
-        raise AttributeError(f"module 'digenrl.models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"digenrl.models.{where}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _WHERE)
