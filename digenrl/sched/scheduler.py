@@ -11,6 +11,7 @@ for the optimizer barrier). Idle workers are parked in ordered sets keyed by
 
 from __future__ import annotations
 
+import heapq
 from bisect import insort
 from collections import deque
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class Scheduler:
         self.traj_version: dict[tuple[int, int], int] = {}  # (step, mb) -> behaviour version (steps not done)
         self.stats = {"handovers": 0, "restarts": 0, "requeued": 0, "drain_handovers": 0}
         self._w: dict[str, _W] = {}
+        self._busy: dict[str, _W] = {}  # workers with a unit in flight
         # role -> version key -> ordered set of parked worker ids (dict for determinism;
         # popitem() is O(1) LIFO, unlike popping the front of a dict).
         self._idle: dict[str, dict[int, dict[str, None]]] = {r: {} for r in ROLES}
@@ -116,8 +118,16 @@ class Scheduler:
         # seconds of each running unit (`expect`), and every bubble's decision
         self.profile = Profile()
         self._expected: dict[str, float] = {}
+        # BTS reads the busy rollout workers and trainers as counts per expected time, not one by
+        # one: role -> {key: count}, key ("s", seconds) once `expect`ed, else ("u", unit); `_tail`:
+        # the workers whose unit ends in training work (a last Generate segment, a Reward) or is one
+        self._lefts: dict[str, dict] = ({"rollout": {}, self._train_role: {}}
+                                        if cfg.bts and cfg.tag and not cfg.colocated else {})
+        self._lkey: dict[str, tuple] = {}
+        self._tail: dict[str, _W] = {}
         self.decisions: list[Decision] = []
-        self._bts_last: Optional[tuple] = None  # (what the last decision read, its choice)
+        self._bts_skip: list = [None, None]  # the bubble a SkipBubble holds for: a fresh micro-batch's, a fragment's
+        self._bts_members = 0  # joins, losses and drains so far: a SkipBubble holds until the pools change
         self._bts_memo = Memo()  # the run's searches, shared across its bubbles
         self._helper: set[str] = set()  # trainers whose last unit was a Generate (TAG's helper)
         self._switched: list[tuple[float, float]] = []  # switched Trains before a plain one (_observe)
@@ -141,7 +151,7 @@ class Scheduler:
 
     @property
     def in_flight(self) -> dict[str, Unit]:
-        return {wid: w.unit for wid, w in self._w.items() if w.unit is not None}
+        return {wid: w.unit for wid, w in self._busy.items()}
 
     def worker_version(self, worker_id: str) -> int:
         w = self._w[worker_id]
@@ -261,6 +271,34 @@ class Scheduler:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
         it when the unit completes, as it learns a runtime's measurement (`complete(seconds=)`)."""
         self._expected[worker_id] = seconds
+        if self._lefts and worker_id in self._lkey:
+            self._lk_set(worker_id, self._w[worker_id].role, ("s", seconds))
+
+    def _lk_set(self, wid: str, role: str, key: tuple) -> None:
+        m = self._lefts.get(role)
+        if m is None:
+            return
+        old = self._lkey.get(wid)
+        if old is not None:
+            c = m[old] - 1
+            if c:
+                m[old] = c
+            else:
+                del m[old]
+        self._lkey[wid] = key
+        m[key] = m.get(key, 0) + 1
+
+    def _lk_drop(self, wid: str, role: str) -> None:
+        """Worker `wid`'s unit ended (or it left): out of BTS's counts."""
+        key = self._lkey.pop(wid, None)
+        if key is not None:
+            m = self._lefts[role]
+            c = m[key] - 1
+            if c:
+                m[key] = c
+            else:
+                del m[key]
+        self._tail.pop(wid, None)
 
     def _observe(self, ws: _W, unit: Unit, seconds: float) -> None:
         """BTS's profile learns `unit`'s seconds. A trainer's first Train after generating holds
@@ -340,63 +378,93 @@ class Scheduler:
 
     def _left(self, ws: _W) -> float:
         """Expected seconds until worker `ws` is free: half its running unit's expected time
-        (the scheduler reads no clock, so how far the unit has run is unknown)."""
-        u = ws.unit
-        if u is None:
+        (the scheduler reads no clock, so how far the unit has run is unknown): its `expect`ed
+        seconds, or the profile's for its size where none were given (a runtime; a unit started
+        in this assign(), whose seconds the simulator gives after it returns)."""
+        if ws.unit is None:
             return 0.0
-        s = self._expected.get(ws.id)
-        if s is None:
-            r = self.profile.rate(kind(u), ws.role)
-            s = 0.0 if r is None else r * self._work(u)
-        return 0.5 * s
+        return self._left_of(self._lkey.get(ws.id) or ("u", ws.unit), ws.role)
+
+    def _earliest(self, role: str, k: int) -> list[float]:
+        """The k smallest expected seconds until a worker of `role` is free (`_left`), the idle
+        ones at 0, draining ones left out; from the counts per expected time (`_lefts`)."""
+        idle = self._idle[role]
+        n = len(idle.get(0, ())) if role != "rollout" else sum(len(p) for p in idle.values())
+        out = [0.0] * min(n, k)
+        if len(out) >= k:
+            return out
+        counts = self._lefts[role]
+        if self._draining:
+            counts = dict(counts)
+            for d in self._draining:
+                key = self._lkey.get(d)
+                if key is not None and key in counts:
+                    counts[key] -= 1
+        for key, c in counts.items():
+            if c > 0:
+                out.extend([self._left_of(key, role)] * min(c, k))
+        return heapq.nsmallest(k, out)
+
+    def _left_of(self, key: tuple, role: str) -> float:
+        """`_left` of a busy worker from its key in `_lefts`."""
+        if key[0] == "s":
+            return 0.5 * key[1]
+        u = key[1]
+        r = self.profile.rate(kind(u), role)
+        return 0.0 if r is None else 0.5 * r * self._work(u)
 
     def _bts_fragment(self, ws: _W, step: int) -> bool:
         """BTS for a pending fragment of `step` (a shard not started, or a trajectory handed back)
         at trainer `ws`'s bubble: taken only where BTS would insert a micro-batch now, the fragment
         counted as a whole one (so the trainer's share is over-estimated and the choice leans to
         SkipBubble, TAG off). With no rollout worker left to take it, the trainer must."""
-        if not any(w.role == "rollout" and w.id not in self._draining for w in self._w.values()):
+        draining = sum(1 for d in self._draining if self._w[d].role == "rollout")
+        if sum(self._n_at.values()) <= draining:  # (_n_at counts every rollout worker by the version it holds)
             return True
         return self._bts_insert(ws, step, len(self._steps[step].fresh) + 1, fragment=True)
 
     def _bts_insert(self, ws: _W, step: int, fresh: int, fragment: bool = False) -> bool:
         """BTS at trainer `ws`'s bubble in `step`: generate one fresh micro-batch (InsertTAG) or
         wait for training work (SkipBubble), whichever the recursive search predicts finishes
-        the step sooner (sched/bts.py). The decision and both predictions go to `decisions`."""
+        the step sooner (sched/bts.py). The decision and both predictions go to `decisions`.
+
+        One decision per bubble. A SkipBubble holds, for every idle trainer of the step, until
+        training work appears (a micro-batch of the step is scored) or the pools change (a
+        join, a loss, a drain): until then nothing the prediction waits for has happened, and
+        the trainers it holds are interchangeable (each sees the others idle). An InsertTAG
+        changes the state (one micro-batch fewer), so the next idle trainer asks again. The
+        cost is that of the workers with a unit in flight, not of the pools: at most
+        `units + fresh` trainers and `fresh` rollout workers enter the search."""
         r = self._rates(step)
         if r is None:
             return True  # nothing measured yet: greedy, as TAG without BTS
         st = self._steps[step]
-        # One decision per bubble: asked again (at the next event) while nothing that shapes the
-        # step's rest has changed (micro-batches left, work queued or left; the rates drift), the
-        # trainer keeps its choice
-        sig = (step, ws.id, fresh, fragment, len(self._train_q.get(step, ())), st.trains_left)
-        if self._bts_last is not None and self._bts_last[0] == sig:
-            return self._bts_last[1]
-        rollout, trainers, ready = [], [], []
-        running_trains = 0
-        for w in self._w.values():
-            if w is ws or w.id in self._draining:
-                continue
-            if w.role == "rollout":
-                rollout.append(self._left(w))
-            elif w.role == self._train_role:
-                trainers.append(self._left(w))
+        sig = (step, st.n_rewarded, len(self._train_q.get(step, ())), self._bts_members)
+        if self._bts_skip[fragment] == sig:
+            return False
+        tr_role = self._train_role
+        ready, running_trains = [], 0
+        for w in self._tail.values():
             u = w.unit
-            if u is None or getattr(u, "step", None) != step:
+            if u.step != step or w.id in self._draining:
                 continue
             if type(u) is Train:
                 running_trains += 1
-            elif type(u) is Generate and u.t_end == self.cfg.num_steps and u.samples in (None, st.mbs[u.mb].shards[0]):
-                ready.extend([self._left(w) + r.w_r] * r.u)  # (one fragment stands for its micro-batch)
-            elif type(u) is Reward and st.mbs[u.mb].unscored == 1:
+            elif type(u) is Generate:
+                if u.samples in (None, st.mbs[u.mb].shards[0]):  # (one fragment stands for its micro-batch)
+                    ready.extend([self._left(w) + r.w_r] * r.u)
+            elif st.mbs[u.mb].unscored == 1:
                 ready.extend([self._left(w)] * r.u)
         ready.extend([0.0] * len(self._train_q.get(step, ())))
-        units = st.trains_left - running_trains
-        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, max(units, len(ready) + fresh * r.u),
-                                         memo=self._bts_memo)
+        units = max(st.trains_left - running_trains, len(ready) + fresh * r.u)
+        # only the trainers that can take one of the step's actions (a Train unit or an insert)
+        # enter the prediction, each taken by the earliest free; only `fresh` rollout workers can
+        # take a micro-batch (bts.decide)
+        rollout = self._earliest("rollout", fresh)
+        trainers = self._earliest(tr_role, units + fresh)
+        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, units, memo=self._bts_memo)
         self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))
-        self._bts_last = (sig, insert)
+        self._bts_skip[fragment] = None if insert else sig
         return insert
 
     # ------------------------------------------------------------------ events
@@ -411,6 +479,9 @@ class Scheduler:
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
+        del self._busy[worker_id]
+        if self._lefts:
+            self._lk_drop(worker_id, ws.role)
         expected = self._expected.pop(worker_id, None)
         seconds = expected if expected is not None else seconds  # BTS's profile: what it took
         if seconds is not None:
@@ -542,6 +613,10 @@ class Scheduler:
         self._unpark(ws)
         self._draining.pop(worker_id, None)
         del self._w[worker_id]
+        self._busy.pop(worker_id, None)
+        if self._lefts:
+            self._lk_drop(worker_id, ws.role)
+        self._bts_members += 1  # BTS decides again: the pools changed
         if ws.worker.role == "rollout":
             self._unhold(ws.version, 1)
         else:
@@ -574,6 +649,9 @@ class Scheduler:
         if ws is None or ws.unit != unit:
             raise SchedulerError(f"inputs_lost(): worker {worker_id!r} is not running {unit}")
         ws.unit = None
+        del self._busy[worker_id]
+        if self._lefts:
+            self._lk_drop(worker_id, ws.role)
         stale = worker_id in self._stale
         self._stale.discard(worker_id)
         self.stats["requeued"] += 1
@@ -657,6 +735,7 @@ class Scheduler:
                 f"drain({worker_id!r}): it is the last rollout worker and mode={self.cfg.mode!r} "
                 "has no TAG (trainers do not generate): nothing would generate the rest of the run")
         self._draining[worker_id] = None
+        self._bts_members += 1
         if ws.unit is not None:
             return False  # leaves when its unit completes (complete -> _release)
         self._unpark(ws)
@@ -693,7 +772,8 @@ class Scheduler:
         if start >= n:
             return start
         kind = type(items[start][1])
-        w, pinned, stale, draining = self._w, self._pinned, self._stale, self._draining
+        w, pinned, stale, draining, busy = self._w, self._pinned, self._stale, self._draining, self._busy
+        lk, lk_drop = self._lefts, self._lk_drop
         i = start
         if kind is WeightSync:
             pools = self._idle["rollout"]
@@ -704,6 +784,9 @@ class Scheduler:
                         or wid in pinned or wid in stale or wid in draining):
                     break
                 ws.unit = None
+                del busy[wid]
+                if lk:
+                    lk_drop(wid, "rollout")
                 pool = pools.get(ws.version)
                 if pool is None:
                     pools[ws.version] = {wid: None}
@@ -721,6 +804,9 @@ class Scheduler:
                         or wid not in given or wid in pinned or wid in stale):
                     break
                 ws.unit = None
+                del busy[wid]
+                if lk:
+                    lk_drop(wid, role)
                 pool = pools.get(0)
                 if pool is None:
                     pools[0] = {wid: None}
@@ -775,6 +861,7 @@ class Scheduler:
             raise SchedulerError(f"duplicate worker id {w.id!r}")
         ws = _W(w, version)
         self._w[w.id] = ws
+        self._bts_members += 1
         if w.role == "rollout":
             self._n_at[version] = self._n_at.get(version, 0) + 1
         elif w.role == "reward":
@@ -844,6 +931,12 @@ class Scheduler:
 
     def _start(self, ws: _W, unit: Unit, out) -> None:
         ws.unit = unit
+        self._busy[ws.id] = ws
+        if self._lefts:
+            self._lk_set(ws.id, ws.role, ("u", unit))
+            t = type(unit)
+            if t is Train or t is Reward or (t is Generate and unit.t_end == self.cfg.num_steps):
+                self._tail[ws.id] = ws
         out.append(_assignment(Assignment, (ws.id, unit)))
 
     def _start_syncs(self, wids, old: int, out) -> None:
@@ -853,10 +946,13 @@ class Scheduler:
         attracting work. The counts move once for the wave (a large pool's waves are most
         events of a run): every worker of it holds `old`, so old's count stays above 0 until
         the last, and only then can _rescue(old) act."""
-        P = self.version
+        P, busy, lefts = self.version, self._busy, self._lefts
         for wid in wids:
             ws = self._w[wid]
             ws.unit, ws.version = WeightSync(P), P
+            busy[wid] = ws
+            if lefts:
+                self._lk_set(wid, "rollout", ("u", ws.unit))
             out.append(_assignment(Assignment, (wid, ws.unit)))
         k = len(wids)
         self._n_syncing += k

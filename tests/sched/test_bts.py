@@ -261,3 +261,87 @@ def test_switch_back_is_learned_apart_from_training():
     assert s.profile.rate("train", "trainer") == pytest.approx(0.1)  # seconds per sample x trained slot
     assert s.profile.rate("switch_out", "trainer") == pytest.approx(0.5)
     assert seen and seen[0].s_out == pytest.approx(0.5)  # what step 1's bubbles predict with
+
+
+def test_bts_reads_the_same_state_from_counts_as_from_the_workers(monkeypatch):
+    # _earliest (counts per expected time) against a scan of every worker's _left, and the
+    # decision's tail (the workers whose unit ends in training work) against the busy workers, at
+    # every decision of random runs, losses, joins and drains included
+    import heapq
+
+    from digenrl.sched.scheduler import Scheduler as S
+    from digenrl.sched.units import Generate, Reward, Train
+
+    checked = 0
+    real, real_expect = S._bts_insert, S.expect
+    told = {}  # (worker, unit) -> seconds the engine gave
+
+    def expect(self, wid, unit, seconds):
+        told[wid] = (unit, seconds)
+        real_expect(self, wid, unit, seconds)
+
+    def left(self, w):  # half the unit's seconds: told, else the profile's for its size
+        if w.unit is None:
+            return 0.0
+        u, s = told.get(w.id, (None, None))
+        if u is not w.unit:
+            r = self.profile.rate(kind(w.unit), w.role)
+            s = 0.0 if r is None else r * self._work(w.unit)
+        return 0.5 * s
+
+    def checking(self, ws, step, fresh, fragment=False):
+        nonlocal checked
+        for role, k in (("rollout", fresh), ("trainer", fresh + 3)):
+            scan = [left(self, w) for w in self._w.values()
+                    if w.role == role and w is not ws and w.id not in self._draining
+                    and (w.unit is not None or w.id in self._idle[role].get(self._key(w), ()))]
+            assert self._earliest(role, k) == heapq.nsmallest(k, scan)
+        tail = {w.id for w in self._w.values() if w.unit is not None and (
+            type(w.unit) in (Train, Reward) or (type(w.unit) is Generate and w.unit.t_end == self.cfg.num_steps))}
+        assert set(self._tail) == tail
+        checked += 1
+        return real(self, ws, step, fresh, fragment)
+
+    monkeypatch.setattr(S, "_bts_insert", checking)
+    monkeypatch.setattr(S, "expect", expect)
+    rng = random.Random(5)
+    for _ in range(12):
+        nr, nt = rng.randint(2, 5), rng.randint(1, 4)
+        c = SchedConfig(mode="digenrl", rl_steps=3, groups_per_step=rng.choice((4, 8)), micro_batch_groups=1,
+                        num_steps=6, tsp_chunk=1, samples_per_group=4, gen_shard=rng.choice((1, 2)))
+        s = S(c, [Worker(f"r{i}", "rollout") for i in range(nr)] + [Worker(f"t{i}", "trainer") for i in range(nt)])
+        gen_t = rng.choice((1.0, 3.0))
+
+        def duration(worker, unit, gen_t=gen_t):
+            k = kind(unit)
+            if k == "generate":
+                return (gen_t if worker.role == "trainer" else 1.0) * (unit.t_end - unit.t_start)
+            return {"reward": 0.2, "optimizer": 0.5, "sync": 0.5, "train": 1.0}[k]
+        run_virtual(s, duration, failures=[(rng.uniform(1, 20), "r0")], joins=[(rng.uniform(5, 25), Worker("r9", "rollout"))],
+                    drains=[(rng.uniform(1, 20), "r1")])
+    assert checked > 50
+
+
+def test_a_skip_holds_for_its_bubble(monkeypatch):
+    # SkipBubble is decided once per bubble: the trainers ask again only when training work
+    # appears (a micro-batch scored), the pools change or a trainer inserted; never twice for one
+    # state of the step, however many trainers sit idle
+    import digenrl.sched.scheduler as sm
+
+    seen, repeats = [], 0
+    real = sm.Scheduler._bts_insert
+
+    def recording(self, ws, step, fresh, fragment=False):
+        nonlocal repeats
+        n = len(self.decisions)
+        out = real(self, ws, step, fresh, fragment)
+        if len(self.decisions) > n:  # a search ran
+            state = (id(self), step, fragment, self._steps[step].n_rewarded, len(self._w), len(self._draining))
+            repeats += not out and state in seen
+            seen.append(state) if not out else seen.clear()
+        return out
+
+    monkeypatch.setattr(sm.Scheduler, "_bts_insert", recording)
+    for nt in (4, 64):
+        _run("digenrl", 3, nt, 5.0, 0.2, 6, 1)
+    assert seen and repeats == 0
