@@ -124,6 +124,7 @@ class Scheduler:
         self._lefts: dict[str, dict] = ({"rollout": {}, self._train_role: {}}
                                         if cfg.bts and cfg.tag and not cfg.colocated else {})
         self._lkey: dict[str, tuple] = {}
+        self._lk_pending: dict[str, Unit] = {}  # started, not yet counted: `expect` counts them by seconds
         self._tail: dict[str, _W] = {}
         self.decisions: list[Decision] = []
         self._bts_skip: list = [None, None]  # the bubble a SkipBubble holds for: a fresh micro-batch's, a fragment's
@@ -271,7 +272,7 @@ class Scheduler:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
         it when the unit completes, as it learns a runtime's measurement (`complete(seconds=)`)."""
         self._expected[worker_id] = seconds
-        if self._lefts and worker_id in self._lkey:
+        if self._lefts and (self._lk_pending.pop(worker_id, None) is not None or worker_id in self._lkey):
             self._lk_set(worker_id, self._w[worker_id].role, ("s", seconds))
 
     def _lk_set(self, wid: str, role: str, key: tuple) -> None:
@@ -290,6 +291,7 @@ class Scheduler:
 
     def _lk_drop(self, wid: str, role: str) -> None:
         """Worker `wid`'s unit ended (or it left): out of BTS's counts."""
+        self._lk_pending.pop(wid, None)
         key = self._lkey.pop(wid, None)
         if key is not None:
             m = self._lefts[role]
@@ -388,6 +390,10 @@ class Scheduler:
     def _earliest(self, role: str, k: int) -> list[float]:
         """The k smallest expected seconds until a worker of `role` is free (`_left`), the idle
         ones at 0, draining ones left out; from the counts per expected time (`_lefts`)."""
+        if self._lk_pending:  # units started since the last `expect` (a runtime: all): by their size
+            for wid, u in self._lk_pending.items():
+                self._lk_set(wid, self._w[wid].role, ("u", u))
+            self._lk_pending.clear()
         idle = self._idle[role]
         n = len(idle.get(0, ())) if role != "rollout" else sum(len(p) for p in idle.values())
         out = [0.0] * min(n, k)
@@ -435,13 +441,13 @@ class Scheduler:
         changes the state (one micro-batch fewer), so the next idle trainer asks again. The
         cost is that of the workers with a unit in flight, not of the pools: at most
         `units + fresh` trainers and `fresh` rollout workers enter the search."""
-        r = self._rates(step)
-        if r is None:
-            return True  # nothing measured yet: greedy, as TAG without BTS
         st = self._steps[step]
         sig = (step, st.n_rewarded, len(self._train_q.get(step, ())), self._bts_members)
         if self._bts_skip[fragment] == sig:
             return False
+        r = self._rates(step)
+        if r is None:
+            return True  # nothing measured yet: greedy, as TAG without BTS
         tr_role = self._train_role
         ready, running_trains = [], 0
         for w in self._tail.values():
@@ -933,7 +939,7 @@ class Scheduler:
         ws.unit = unit
         self._busy[ws.id] = ws
         if self._lefts:
-            self._lk_set(ws.id, ws.role, ("u", unit))
+            self._lk_pending[ws.id] = unit
             t = type(unit)
             if t is Train or t is Reward or (t is Generate and unit.t_end == self.cfg.num_steps):
                 self._tail[ws.id] = ws
@@ -952,7 +958,7 @@ class Scheduler:
             ws.unit, ws.version = WeightSync(P), P
             busy[wid] = ws
             if lefts:
-                self._lk_set(wid, "rollout", ("u", ws.unit))
+                self._lk_pending[wid] = ws.unit
             out.append(_assignment(Assignment, (wid, ws.unit)))
         k = len(wids)
         self._n_syncing += k
