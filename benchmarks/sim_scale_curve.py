@@ -57,7 +57,8 @@ def main(argv=None) -> int:
     for n in [int(x) for x in a.gpus.split(",")]:
         tb = resize(base, n)
         gpn = tb.pools[0].gpus_per_node  # whole nodes each side: trainer gangs of a node, not one odd gang
-        spec = RunSpec("digenrl", n_rollout=max(gpn, round(analytic_split(tb, cm) / gpn) * gpn) if n > gpn else None)
+        spec = RunSpec("digenrl", n_rollout=min(n - gpn, max(gpn, round(analytic_split(tb, cm) / gpn) * gpn))
+                       if n > gpn else None)  # at least a node each side
         fast, trace, fn = min((_run(tb, spec, a.steps, cm) for _ in range(a.repeat)), key=lambda r: r[0])
         slow = None
         if n <= a.unreduced_max:
