@@ -28,6 +28,15 @@ from .units import (ROLES, Assignment, Generate, OptimizerStep, Reward, Rows, Tr
 _assignment = tuple.__new__
 
 
+def _uncount(counts: dict, key) -> None:
+    """One fewer `key` in `counts` (a key at 0 leaves)."""
+    c = counts[key] - 1
+    if c:
+        counts[key] = c
+    else:
+        del counts[key]
+
+
 class SchedulerError(RuntimeError):
     """An event the scheduler cannot handle (unknown worker, lost trainer, bad completion)."""
 
@@ -83,7 +92,6 @@ class Scheduler:
         self.traj_version: dict[tuple[int, int], int] = {}  # (step, mb) -> behaviour version (steps not done)
         self.stats = {"handovers": 0, "restarts": 0, "requeued": 0, "drain_handovers": 0}
         self._w: dict[str, _W] = {}
-        self._busy: dict[str, _W] = {}  # workers with a unit in flight
         # role -> version key -> ordered set of parked worker ids (dict for determinism;
         # popitem() is O(1) LIFO, unlike popping the front of a dict).
         self._idle: dict[str, dict[int, dict[str, None]]] = {r: {} for r in ROLES}
@@ -152,7 +160,7 @@ class Scheduler:
 
     @property
     def in_flight(self) -> dict[str, Unit]:
-        return {wid: w.unit for wid, w in self._busy.items()}
+        return {wid: w.unit for wid, w in self._w.items() if w.unit is not None}
 
     def worker_version(self, worker_id: str) -> int:
         w = self._w[worker_id]
@@ -281,11 +289,7 @@ class Scheduler:
             return
         old = self._lkey.get(wid)
         if old is not None:
-            c = m[old] - 1
-            if c:
-                m[old] = c
-            else:
-                del m[old]
+            _uncount(m, old)
         self._lkey[wid] = key
         m[key] = m.get(key, 0) + 1
 
@@ -294,12 +298,7 @@ class Scheduler:
         self._lk_pending.pop(wid, None)
         key = self._lkey.pop(wid, None)
         if key is not None:
-            m = self._lefts[role]
-            c = m[key] - 1
-            if c:
-                m[key] = c
-            else:
-                del m[key]
+            _uncount(self._lefts[role], key)
         self._tail.pop(wid, None)
 
     def _observe(self, ws: _W, unit: Unit, seconds: float) -> None:
@@ -439,8 +438,9 @@ class Scheduler:
         join, a loss, a drain): until then nothing the prediction waits for has happened, and
         the trainers it holds are interchangeable (each sees the others idle). An InsertTAG
         changes the state (one micro-batch fewer), so the next idle trainer asks again. The
-        cost is that of the workers with a unit in flight, not of the pools: at most
-        `units + fresh` trainers and `fresh` rollout workers enter the search."""
+        cost is that of the distinct expected times (`_lefts`) and of the units that end in
+        training work (`_tail`), not of the pools: at most `units + fresh` trainers and `fresh`
+        rollout workers enter the search."""
         st = self._steps[step]
         sig = (step, st.n_rewarded, len(self._train_q.get(step, ())), self._bts_members)
         if self._bts_skip[fragment] == sig:
@@ -485,7 +485,6 @@ class Scheduler:
             raise SchedulerError(f"complete(): worker {worker_id!r} is running {ws.unit}, "
                                  f"not {unit}")
         ws.unit = None
-        del self._busy[worker_id]
         if self._lefts:
             self._lk_drop(worker_id, ws.role)
         expected = self._expected.pop(worker_id, None)
@@ -619,7 +618,6 @@ class Scheduler:
         self._unpark(ws)
         self._draining.pop(worker_id, None)
         del self._w[worker_id]
-        self._busy.pop(worker_id, None)
         if self._lefts:
             self._lk_drop(worker_id, ws.role)
         self._bts_members += 1  # BTS decides again: the pools changed
@@ -655,7 +653,6 @@ class Scheduler:
         if ws is None or ws.unit != unit:
             raise SchedulerError(f"inputs_lost(): worker {worker_id!r} is not running {unit}")
         ws.unit = None
-        del self._busy[worker_id]
         if self._lefts:
             self._lk_drop(worker_id, ws.role)
         stale = worker_id in self._stale
@@ -778,7 +775,7 @@ class Scheduler:
         if start >= n:
             return start
         kind = type(items[start][1])
-        w, pinned, stale, draining, busy = self._w, self._pinned, self._stale, self._draining, self._busy
+        w, pinned, stale, draining = self._w, self._pinned, self._stale, self._draining
         lk, lk_drop = self._lefts, self._lk_drop
         i = start
         if kind is WeightSync:
@@ -790,7 +787,6 @@ class Scheduler:
                         or wid in pinned or wid in stale or wid in draining):
                     break
                 ws.unit = None
-                del busy[wid]
                 if lk:
                     lk_drop(wid, "rollout")
                 pool = pools.get(ws.version)
@@ -810,7 +806,6 @@ class Scheduler:
                         or wid not in given or wid in pinned or wid in stale):
                     break
                 ws.unit = None
-                del busy[wid]
                 if lk:
                     lk_drop(wid, role)
                 pool = pools.get(0)
@@ -937,7 +932,6 @@ class Scheduler:
 
     def _start(self, ws: _W, unit: Unit, out) -> None:
         ws.unit = unit
-        self._busy[ws.id] = ws
         if self._lefts:
             self._lk_pending[ws.id] = unit
             t = type(unit)
@@ -952,11 +946,10 @@ class Scheduler:
         attracting work. The counts move once for the wave (a large pool's waves are most
         events of a run): every worker of it holds `old`, so old's count stays above 0 until
         the last, and only then can _rescue(old) act."""
-        P, busy, lefts = self.version, self._busy, self._lefts
+        P, lefts = self.version, self._lefts
         for wid in wids:
             ws = self._w[wid]
             ws.unit, ws.version = WeightSync(P), P
-            busy[wid] = ws
             if lefts:
                 self._lk_pending[wid] = ws.unit
             out.append(_assignment(Assignment, (wid, ws.unit)))
