@@ -30,7 +30,7 @@ INDEX_BYTES = 8  # int64 step index of each kept column
 
 def reads_of(loss: str) -> str:
     """What objective `loss` reads of a trajectory's latents (see the module doc)."""
-    from digenrl.math.loss import CLEAN_SAMPLE_LOSSES  # (torch-free at import: only the names)
+    from digenrl.math.kinds import CLEAN_SAMPLE_LOSSES
 
     return "final" if loss in CLEAN_SAMPLE_LOSSES else "transitions"
 
@@ -58,9 +58,31 @@ def kept_steps(trained: Iterable[int], num_steps: int, reads: str, t_done: int |
     return tuple(sorted(keep))
 
 
-def row_bytes(columns: int, latent_values: int, num_steps: int, reads: str) -> int:
+def expected_kept(k: int, levels: int, num_steps: int, reads: str, t_done: int | None = None) -> float:
+    """The mean count of `kept_steps` over a row whose k trained steps are drawn without
+    replacement from denoising steps 0 .. levels - 1 (sampling.window_draw=sample: each sample
+    its own steps; rollout.sampler.trained_steps), t_done as in kept_steps.
+
+    "transitions" keeps step s when s or s - 1 was drawn, so by linearity the mean is the sum
+    over s of 1 - C(levels - m_s, k) / C(levels, k), m_s = how many of s, s - 1 are drawable;
+    with t_done the steps up to t_done - 1 count and t_done itself is kept. Exact (an average
+    over every draw), so a sum over many rows equals kept_steps' sum in expectation."""
+    if reads != "transitions":
+        return float(len(kept_steps((), num_steps, reads, t_done)))  # (they keep no trained step)
+    if not 1 <= k <= levels <= num_steps:
+        raise ValueError(f"draw {k} trained steps of {levels} levels ({num_steps} denoising steps)")
+    from math import comb
+
+    end = num_steps if t_done is None else t_done - 1
+    whole = comb(levels, k)
+    kept = sum(1 - comb(levels - sum(0 <= x < levels for x in (s, s - 1)), k) / whole for s in range(end + 1))
+    return kept + (0 if t_done is None else 1)
+
+
+def row_bytes(columns: float, latent_values: int, num_steps: int, reads: str) -> float:
     """Bytes of one shipped row: `columns` kept latents of `latent_values` values each, their
-    step index (not for "all", whose columns are the steps), and the log-probs."""
+    step index (not for "all", whose columns are the steps), and the log-probs. An int for a
+    whole count of columns; `expected_kept`'s mean gives the mean bytes."""
     index = 0 if reads == "all" else columns * INDEX_BYTES
     return columns * latent_values * LATENT_BYTES + index + num_steps * LATENT_BYTES
 

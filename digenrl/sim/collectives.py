@@ -18,7 +18,8 @@ The *_s functions return a `devices.Cost` (always estimated: no link was measure
 when there is nobody to talk to. The object-store path (Ray's default weight transfer)
 crosses PCIe and host memory as well as the network, so it is priced in its three legs:
 the sender's (object_store_send_s), the fan-out (object_store_fanout_s) and the
-receiver's host -> device copy (pcie_s, also the optimizer offload's path).
+receiver's host -> device copy (pcie_s, also the optimizer offload's path). A trajectory row
+takes the same path to one receiver (object_store_send_s, then object_store_pull_s).
 CostModel.weight_sync_s sums them; the simulator's duration functions charge the
 sender's leg to the trainer and the rest to the rollout.
 
@@ -207,6 +208,17 @@ def object_store_send_s(nbytes: float, sender_device) -> float:
     """Sender's leg of an object-store transfer: device -> host over the sender's PCIe, then one
     host memcpy into the store (HOST_COPY_GBPS)."""
     return pcie_s(nbytes, sender_device) + nbytes / (HOST_COPY_GBPS * 1e9)
+
+
+def object_store_pull_s(nbytes: float, link: str | Link | None, receiver_device) -> float:
+    """Receiver's leg of one object fetched from another worker's store (a trajectory row, the
+    trainer's task arguments): one hop over `link` at TCP_FRACTION of its rate (None: the same
+    node, no wire), one host memcpy out of the store, host -> device over the receiver's PCIe."""
+    wire = 0.0
+    if link is not None:
+        lk = get_link(link)
+        wire = nbytes / (TCP_FRACTION * lk.gbps * 1e9) + lk.latency_s
+    return wire + nbytes / (HOST_COPY_GBPS * 1e9) + pcie_s(nbytes, receiver_device)
 
 
 def object_store_hops(n_receivers: int, gpus_per_node: int) -> int:

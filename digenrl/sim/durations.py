@@ -25,6 +25,12 @@ the size of its sample shard, unit.samples = [first, last), when the scheduler s
                    the host->device copy (the sender's device->host + object-store copy is in
                    OptimizerStep).
 
+Trajectory rows (our runtime: the disaggregated modes and run.mode=colocated; see _traj_setup):
+a Generate ships its rows' kept latents and log-probs (math.payload: the bytes the runtime's
+counter counts) into its object store, a resumed segment first pulls the rows it resumes, and a
+Train unit waits while each rank of its gang pulls its share (collectives.object_store_pull_s);
+`traj_bytes` sums what the ranks pull per RL step (= transfer/trajectory_bytes).
+
 Gangs (runtime.trainer.gang/reshard; the bytes are sim.gangs', the runtime's counters'):
 a trainer worker is a gang of N GPUs that runs each unit SPMD. Its FSDP collectives, ring
 all-gathers and reduce-scatters over the gang's link (intra-node when it fits in a node),
@@ -77,10 +83,12 @@ from dataclasses import dataclass, field
 from digenrl.config.contract import RunContract
 from digenrl.sched import TAG_MODES, Generate, OptimizerStep, Reward, Train, WeightSync, Worker, by_kind
 from digenrl.sim.baselines import IDEAL, RUNTIME, STYLES, style_plan
-from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, get_judge, trainable_params_B
-from digenrl.sim.collectives import allgather_traffic, alltoall_traffic, allreduce_s, object_store_send_s, pcie_s
+from digenrl.sim.catalogue import BYTES_GRAD, BYTES_WEIGHT, GIB, get_judge, latent_values, trainable_params_B
+from digenrl.sim.collectives import (allgather_traffic, alltoall_traffic, allreduce_s, object_store_pull_s,
+                                     object_store_send_s, pcie_s)
 from digenrl.sim.devices import get_device
 from digenrl.math.kinds import grad_sum_bytes
+from digenrl.math.payload import expected_kept, kept_steps, row_bytes, train_rows
 from digenrl.sim.tag_switch import SwitchLedger, must_offload, reload_bytes, switch_bytes
 from digenrl.sim.costs import PHASE_SWITCH_FIXED_S, CostModel, JudgeServing
 from digenrl.sim.gangs import GangComm, catalogue_layout
@@ -201,6 +209,10 @@ class DurationFn:
     tag: bool = False  # the mode's trainers generate (TAG): their switches are charged
     tag_ledger: SwitchLedger = field(default_factory=SwitchLedger)  # TAG: which units switch, bytes moved
     _units: dict = field(default_factory=dict)  # unit key -> (seconds, overhead increments, gathered after)
+    # the first RL step's trained steps (SchedConfig.trained; (): the first tb.trained_steps), what a
+    # finished row ships in every step (a pure value: emulated actors draw no window, tests/sim/test_torch_free)
+    window: tuple = ()
+    traj_bytes: dict = field(default_factory=dict)  # step -> trajectory bytes its Train units' ranks pulled
     _log: list | None = None  # overhead increments of the unit being priced
 
     def __post_init__(self):
@@ -218,6 +230,7 @@ class DurationFn:
                            lora_rank=tb.lora_rank, fsdp_shards=self.gang, after_step=self.after_step,
                            offload=self.offload, gang=self.gang > 1, sp=self.trainer_sp)
         self._sp_setup()
+        self._traj_setup()
         self.tag = self.mode in TAG_MODES
         if self.tag:
             self._tag_setup()
@@ -355,6 +368,61 @@ class DurationFn:
         s = PHASE_SWITCH_FIXED_S / 2 + (pcie_s(moved + reload, self.trainer_device) if moved else 0.0)
         return self._overhead("tag_switch_" + kind_, s, self.gang)
 
+    # ---- trajectories: what a Generate ships and a Train unit's ranks pull (math.payload) ----
+    def _traj_setup(self) -> None:
+        """Our runtime moves trajectory rows through Ray's object store (docs/runtime.md, "Lean
+        trajectories"): a Generate copies its rows' kept latents and log-probs to the host and
+        into its store (object_store_send_s; a resumed segment first pulls the rows it resumes),
+        and each rank of the trainer gang that runs a Train unit pulls its rows of the unit
+        (object_store_pull_s, the ranks in parallel: the unit waits for the largest share) over
+        links.inter_pool, or the pool's inter-node link under run.mode=colocated, or no wire when
+        the testbed is one node. The colocated baselines and the peers keep trajectories on the
+        GPU that made them: they pay nothing here."""
+        tb = self.tb
+        self._ships = self.system is None and (self.mode != "colocated" or self.style == RUNTIME)
+        if len(tb.pools) == 1 and tb.pools[0].count <= tb.pools[0].gpus_per_node:
+            self._traj_link = None
+        else:
+            self._traj_link = tb.link(self.trainer_pool, tb.n_gpus) if self.mode == "colocated" else tb.links.inter_pool
+        self._traj_values = latent_values(tb.model, tb.shape) if self._ships else 0
+        self._traj_loss = "dpo" if tb.pair_rows else tb.reads  # (math.payload.train_rows: dpo's ranks get the unit)
+        self._traj_cols: dict = {}
+
+    def _columns(self, steps: tuple, t_done: int | None = None) -> float:
+        """Latents a row ships when `steps` are its trained steps (math.payload.kept_steps), or,
+        under per-sample draws, the mean count over the draws of len(steps) steps (expected_kept)."""
+        key = (steps, t_done)
+        c = self._traj_cols.get(key)
+        if c is None:
+            tb, n = self.tb, self.tb.denoise_steps
+            if tb.window_draw == "sample" and tb.reads == "transitions":
+                c = expected_kept(len(steps), n - 1, n, tb.reads, t_done)
+            else:
+                c = len(kept_steps(steps, n, tb.reads, t_done))
+            self._traj_cols[key] = c
+        return c
+
+    def _gen_traj(self, unit: Generate) -> tuple:
+        """(columns a resumed segment pulls per row, columns the unit ships per row); () when
+        trajectories stay put. Counted on `window`: exact for a window of fixed size and place
+        (all-but-last, first) and for a finished row of a contiguous one (k + 1 latents);
+        a random window's first draw stands for the others (the runtime counts the trainers'
+        side, `_train_traj`, which follows each unit's own steps)."""
+        if not self._ships:
+            return ()
+        steps, n = self.window or tuple(range(self.tb.trained_steps)), self.tb.denoise_steps
+        pull = self._columns(steps, unit.t_start) if unit.t_start > 0 else 0
+        return pull, self._columns(steps, None if unit.t_end >= n else unit.t_end)
+
+    def _train_traj(self, n: int, columns: float) -> tuple[float, float]:
+        """(bytes the busiest rank of the gang pulls, bytes all its ranks pull) for a Train unit of
+        n rows shipping `columns` latents each (math.payload.train_rows: each rank its share)."""
+        tb = self.tb
+        row = row_bytes(columns, self._traj_values, tb.denoise_steps, tb.reads)
+        shares = [z - a for r in range(self.gang)
+                  for (a, z), _ in (train_rows(n, self.gang, self.trainer_sp, r, self._traj_loss),)]
+        return max(shares) * row, sum(shares) * row
+
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:
         """Seconds of `unit` on `worker`. Units of one shape on one kind of worker, in the same
@@ -365,6 +433,10 @@ class DurationFn:
         if dev is None:  # a replacement ("rollout-3+1": a spot join; "rollout-3'": after a loss) runs on its line's device
             dev = self.layout.device[worker.id.split("+")[0].rstrip("'")]
         switch = self._tag_switch(worker, unit) if self.tag else 0.0
+        if self._ships and type(unit) is Train:  # what the runtime's transfer/trajectory_bytes counts
+            n = self._rows(unit)[0]
+            self.traj_bytes[unit.step] = (self.traj_bytes.get(unit.step, 0)
+                                          + self._train_traj(n, self._columns(unit.t_steps))[1])
         if not self.memo:
             return switch + _UNIT_COST[type(unit)](self, worker, dev, unit)
         wid = worker.id
@@ -399,8 +471,9 @@ class DurationFn:
         n, rows = self._rows(unit)
         if kind is Generate:
             return (kind, worker.role, dev, n, unit.t_end - unit.t_start,
-                    self._prompts(n, rows) if unit.t_start == 0 else -1, state)
-        return (kind, worker.role, dev, n, len(unit.t_steps), state, (worker.id, unit.step) in self._reloaded)
+                    self._prompts(n, rows) if unit.t_start == 0 else -1, state, self._gen_traj(unit))
+        return (kind, worker.role, dev, n, len(unit.t_steps), state, (worker.id, unit.step) in self._reloaded,
+                self._columns(unit.t_steps) if self._ships else 0)
 
     def _rows(self, unit) -> tuple[int, tuple[int, int]]:
         """Samples of a Generate / Train unit, and its (shard's) sample indices [first, last)
@@ -438,6 +511,14 @@ class DurationFn:
             gpus = self.gang if gang else self.rollout_gang
             t += self._overhead("gang_sp_generate", steps * self._sp_gen_s(sp_rows, sp, "trainer" if gang else "rollout"),
                                 gpus)
+        traj = self._gen_traj(unit)
+        if traj:  # a gang's data groups move their own rows in parallel: rank 0's share
+            rows_of = lambda c: (sp_rows if gang else n) * row_bytes(c, self._traj_values, self.tb.denoise_steps,  # noqa: E731
+                                                                      self.tb.reads)
+            pull, ship = traj
+            if pull:
+                t += self._overhead("trajectory_resume", object_store_pull_s(rows_of(pull), self._traj_link, dev))
+            t += self._overhead("trajectory_ship", object_store_send_s(rows_of(ship), dev))
         return t
 
     def _reward_unit(self, worker: Worker, dev: str, unit: Reward) -> float:
@@ -483,6 +564,9 @@ class DurationFn:
         if "offload_reload" in self._per_step and (worker.id, unit.step) not in self._reloaded:
             self._reloaded.add((worker.id, unit.step))
             t += self._overhead("reload", self._per_step["offload_reload"] / 2)  # the state back before training
+        if self._ships:  # the unit's rows, each rank its share, before its first pass
+            busiest, _ = self._train_traj(self._rows(unit)[0], self._columns(unit.t_steps))
+            t += self._overhead("trajectory_pull", object_store_pull_s(busiest, self._traj_link, dev), self.gang)
         return t
 
     def _optimizer_unit(self, worker: Worker, dev: str, unit: OptimizerStep) -> float:
@@ -847,7 +931,9 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     if r is not None:
         gang["rollout_gang"] = r.resources.gang
     return DurationFn(testbed, cost_model, mode, lay, spg, style=style, zero_baseline=zero_baseline, memory=memory,
-                      check_memory=check_memory, pairs_per_pass=run.shape.pairs_per_pass, **gang)
+                      check_memory=check_memory, pairs_per_pass=run.shape.pairs_per_pass,
+                      window=run.sched.trained(run.sched.first_step),
+                      **gang)
 
 
 def _in_batches(n: int, batch: int, cost) -> float:

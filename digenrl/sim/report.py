@@ -352,10 +352,12 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
              "reload": "train", "gang_recompute": "train", "judge_decode": "optimizer",
              # TAG's switches (durations._tag_switch): into the helper inside a Generate, back
              # inside the Train or OptimizerStep that follows it
-             "tag_switch_in": "generate", "tag_switch_out": "train", "tag_switch_out_opt": "optimizer"}
+             "tag_switch_in": "generate", "tag_switch_out": "train", "tag_switch_out_opt": "optimizer",
+             # trajectory rows through the object store (durations._traj_setup): comm
+             "trajectory_ship": "generate", "trajectory_resume": "generate", "trajectory_pull": "train"}
     for k, v in over.items():
         # a generative judge's decode (shipped.step_costs) is a column of its own: "judge"
-        col = "comm" if k.startswith("gang_") else "judge" if k == "judge_decode" else "overhead"
+        col = "comm" if k.startswith(("gang_", "trajectory_")) else "judge" if k == "judge_decode" else "overhead"
         bd[where[k]] -= v / n
         bd[col] = bd.get(col, 0.0) + v / n
     bd.setdefault("overhead", 0.0)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from digenrl.math.kinds import WINDOW_DRAWS
+from digenrl.math.payload import READS
 from digenrl.sched.preemption import SpotSpec
 from digenrl.sim.catalogue import JUDGES, LINKS, MODELS, REWARD_MODELS, WEIGHT_SYNC_METHODS, Shape, tokens_for
 from digenrl.sim.devices import (DEVICES, SPOT_INTERRUPTIONS_PER_HOUR, SPOT_NOTICE_S, SPOT_PRICES,
@@ -85,6 +87,12 @@ class Testbed:
     # prompt group trains (best-worst: 2; margin: every pair, group_size (group_size - 1), an
     # upper bound); 0 = every sample (the other objectives)
     pair_rows: int = 0
+    # What leaves a rollout worker (math.payload.READS): the objective's reads of a trajectory;
+    # None: those of the objective the flags imply (final: nft, dpo; else transitions)
+    trajectory_reads: str | None = None
+    # sampling.window_draw: "sample" draws each sample's trained steps (a row ships the mean
+    # count of latents, math.payload.expected_kept); "step": one window per RL step
+    window_draw: str = "step"
     reward: str = "pickscore"
     # A generative judge's serving (reward in catalogue.JUDGES), as the recipe sets it: the answer
     # length it asks for (max_tokens; None: no cap), eager mode (no CUDA graphs), GPUs per server
@@ -127,6 +135,13 @@ class Testbed:
         """Every GPU may take either role (pools of role "any"): the run sizes its rollout and
         trainer pools itself, and colocated modes can run here."""
         return all(p.role == "any" for p in self.pools)
+
+    @property
+    def reads(self) -> str:
+        """What a trajectory ships to its trainers (math.payload.READS; trajectory_reads)."""
+        if self.trajectory_reads is not None:
+            return self.trajectory_reads
+        return "final" if self.old_forward or self.pair_rows else "transitions"
 
     def trained_rows(self, n: int) -> int:
         """Rows a Train unit of n samples (whole groups) trains: n, or its groups' pair rows (dpo)."""
@@ -283,6 +298,9 @@ def _validate(tb: Testbed) -> None:
     if tb.prompts is not None and not tb.prompts.endswith(".jsonl"):
         raise TestbedError(f"key 'prompts': a .jsonl file of {{\"prompt\": ..., \"image\": ...}} rows, got {tb.prompts!r}")
     _one_of("reward", tb.reward, REWARD_MODELS)
+    if tb.trajectory_reads is not None:
+        _one_of("trajectory_reads", tb.trajectory_reads, READS)
+    _one_of("window_draw", tb.window_draw, WINDOW_DRAWS)
     _one_of("weight_sync", tb.weight_sync, WEIGHT_SYNC_METHODS)
     if tb.judge_max_tokens is not None:
         _int("judge_max_tokens", tb.judge_max_tokens)

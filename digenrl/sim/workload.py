@@ -19,6 +19,7 @@ from typing import Optional
 from digenrl.config.schema import Config, ConfigError, load_config
 from digenrl.models.diffusers_adapters import CONDITIONING
 from digenrl.config.contract import RunContract, contract, trained_steps
+from digenrl.math.payload import reads_of
 from digenrl.rewards import REWARD_NAMES
 from digenrl.sched import TSP_MODES
 from digenrl.sim.catalogue import FAMILY_PREFIX, family_of, get_model
@@ -165,6 +166,7 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                   "dtype": "bfloat16"},
         "sampling": {"num_steps": tb.denoise_steps, "cfg_scale": CFG_SCALE if tb.cfg else 1.0,
                      **({"sde": "ode"} if tb.old_forward else {}),
+                     **({"window_draw": tb.window_draw} if tb.window_draw != "step" else {}),
                      **({"window": "all-but-last"} if trained == usable
                         else {"window": "contiguous", "window_size": trained})},
         "data": {**rows, "groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
@@ -209,6 +211,10 @@ def _objective(tb: Testbed) -> dict:
     samples), `pair_rows` 2 Diffusion-DPO's best-worst pair (train.loss=dpo). Empty: grpo."""
     if tb.old_forward and tb.pair_rows:
         raise ConfigError(f"train.loss: testbed {tb.name!r} sets old_forward (nft) and pair_rows (dpo); pick one")
+    implied = "final" if tb.old_forward or tb.pair_rows else "transitions"
+    if tb.reads != implied:
+        raise ConfigError(f"trajectory_reads: testbed {tb.name!r} ships {tb.reads!r} trajectories, but the "
+                          f"objective its flags imply (old_forward, pair_rows) reads {implied!r}")
     if tb.old_forward:
         return {"loss": "nft", "nft_decay": NFT_DECAY}
     if tb.pair_rows:
@@ -327,6 +333,7 @@ def testbed_for(cfg: Config, tb: Testbed) -> Testbed:
                    # the KL reference, or Diffusion-DPO's (always): a no-grad forward per trained chunk
                    kl=cfg.train.beta > 0 or cfg.train.loss == "dpo", old_forward=cfg.train.nft_decay > 0,
                    grad_ckpt=cfg.model.grad_ckpt, pair_rows=_pair_rows(cfg),
+                   trajectory_reads=reads_of(cfg.train.loss), window_draw=cfg.sampling.window_draw,
                    micro_batch=cfg.train.backward_batch or cfg.train.pairs_per_pass or tb.micro_batch,
                    weight_sync=rt.weight_sync)
 

@@ -27,8 +27,9 @@ def test_awm_train_unit_costs_the_passes_it_issues():
     base = config_for(tb, RunSpec("digenrl", n_rollout=8), 4)
     trainer, unit = Worker("trainer-7", "trainer"), Train(0, 0, (0,), (0, 1), 0)
 
-    def train_s(cfg):
-        return duration_fn(cfg, tb, cm)(trainer, unit)
+    def train_s(cfg):  # the passes: without pulling the rows (awm ships x_T only, grpo x_t and x_t+1)
+        fn = duration_fn(cfg, tb, cm)
+        return fn(trainer, unit) - fn.overhead_ws.get("trajectory_pull", 0.0)
 
     for beta in (0.0, 0.01):
         awm = _variant(base, "awm", beta)

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from digenrl.sched import Generate, OptimizerStep, Reward, Train, WeightSync, Worker
+from digenrl.sim.catalogue import latent_values
+from digenrl.sim.collectives import object_store_pull_s
 from digenrl.sim.costs import CostModel
 from digenrl.sim.workload import config_for, duration_fn
 from digenrl.sim.report import ideal_step_s, run_spec, useful_work
@@ -132,9 +134,20 @@ def test_duration_fn_units(cm):
     g = fn(r, Generate(0, 0, (0,), 0, 0, 4))
     assert fn(r, Generate(0, 0, (0,), 0, 2, 4)) < g / 2  # no prompt encoding mid-trajectory
     assert fn(r, Reward(0, 0, (0,))) > 0
-    assert fn(t, Train(0, 0, (0,), (0, 1), 0)) == pytest.approx(2 * fn(t, Train(0, 0, (0,), (0,), 0)))
+    pulled = lambda: fn.overhead_ws.get("trajectory_pull", 0.0)  # noqa: E731
+    before = pulled()
+    two = fn(t, Train(0, 0, (0,), (0, 1), 0))
+    pull_two, before = pulled() - before, pulled()
+    one = fn(t, Train(0, 0, (0,), (0,), 0))
+    pull_one = pulled() - before
+    # compute doubles with the trained steps; the rows pulled hold x_0, x_1, x_2 against x_0, x_1
+    assert two - pull_two == pytest.approx(2 * (one - pull_one))
+    rows, values = fn._rows(Train(0, 0, (0,), (0,), 0))[0], latent_values(tb.model, tb.shape)
+    assert pull_two - pull_one == pytest.approx(object_store_pull_s(rows * (values * 4 + 8), tb.links.inter_pool, "H200")
+                                                - object_store_pull_s(0, tb.links.inter_pool, "H200"))
     assert fn(t, OptimizerStep(0, 1)) > 0 and fn(r, WeightSync(1)) > 0
-    assert fn.overhead_ws == {}  # DigenRL pays no colocated costs
+    # DigenRL pays no colocated costs: only moving trajectory rows (the Generate from step 2 resumes rows)
+    assert set(fn.overhead_ws) == {"trajectory_ship", "trajectory_resume", "trajectory_pull"}
 
 
 @pytest.mark.parametrize("style", ["colocated-ideal", "verl-omni", "genrl"])

@@ -51,3 +51,61 @@ def test_counted_bytes_of_a_unit_are_the_simulated_bytes(extra):
         assert counted == sim.unit(unit)
         assert before.unit(unit) == 2 * payload_bytes(traj)  # every rank, every row, every latent
         assert counted < before.unit(unit)
+
+
+# The simulator's clock charges the bytes the runtime counts: every Train unit's pull
+# (DurationFn.traj_bytes, durations._train_traj) summed per RL step equals sim.trajectories'
+# prediction from the same trace, which the test above ties to the runtime's counter.
+@pytest.mark.parametrize("bed,spec", [
+    ({}, dict(mode="digenrl", n_rollout=8)),
+    ({}, dict(mode="digenrl", n_rollout=8, gang=4, tsp_chunk=2, train_shard=2)),
+    ({"trained_steps": 3}, dict(mode="gap+tsp", n_rollout=4, gang=2, tsp_chunk=3)),  # all-but-last
+    ({"old_forward": True}, dict(mode="digenrl", n_rollout=8, gang=2)),  # nft: x_T only
+    ({"pair_rows": 2, "kl": True}, dict(mode="digenrl", n_rollout=8, gang=4)),  # dpo: every rank the whole unit
+    ({}, dict(mode="colocated", micro_batch_groups=2)),  # run.mode=colocated: the runtime's own rows
+], ids=["digenrl", "gang-4-chunks", "all-but-last", "nft", "dpo", "colocated"])
+def test_the_simulator_charges_the_counted_bytes(bed, spec):
+    from dataclasses import replace
+
+    from digenrl.sched import Scheduler
+    from digenrl.sim.costs import CostModel
+    from digenrl.sim.engine import run_virtual
+    from digenrl.sim.testbed import load_testbed
+    from digenrl.sim.trajectories import predict_trajectory_bytes
+    from digenrl.sim.workload import RunSpec, config_for, duration_fn
+    from digenrl.config.contract import contract
+
+    tb = replace(load_testbed("small-h200x16-sd35"), **bed)
+    cfg = config_for(tb, RunSpec(**spec), 3)
+    fn = duration_fn(cfg, tb, CostModel())
+    trace = run_virtual(Scheduler(contract(cfg).sched, fn.layout.workers), fn)
+    want = predict_trajectory_bytes(cfg, trace)
+    assert sum(want) > 0 and [fn.traj_bytes.get(s, 0) for s in range(len(want))] == want
+    assert fn.overhead_ws["trajectory_pull"] > 0
+
+
+def test_the_testbed_keys_of_a_trajectory_act_or_are_refused():
+    from dataclasses import replace
+
+    from digenrl.config.schema import ConfigError
+    from digenrl.sim.costs import CostModel
+    from digenrl.sim.testbed import TestbedError, load_testbed
+    from digenrl.sim.workload import RunSpec, config_for, duration_fn
+
+    tb = load_testbed("small-h200x16-sd35", trained_steps=3)  # all-but-last: a per-sample draw may train it
+    with pytest.raises(TestbedError, match="key 'trajectory_reads'"):
+        replace(tb, trajectory_reads="some")
+    with pytest.raises(TestbedError, match="key 'window_draw'"):
+        replace(tb, window_draw="often")
+    # a testbed whose reads its objective's flags do not imply is refused where a plan writes its Config
+    with pytest.raises(ConfigError, match="trajectory_reads"):
+        config_for(replace(tb, trajectory_reads="final"), RunSpec("digenrl", n_rollout=8), 2)
+    drawn = replace(tb, window_draw="sample")
+    spec = RunSpec("digenrl", n_rollout=8, tsp_chunk=2)
+    cfg = config_for(drawn, spec, 2)
+    assert cfg.sampling.window_draw == "sample"  # the plan's Config draws per sample, as priced
+    # a unit of 2 slots: each row's own 2 of the 3 SDE steps ship the mean count of latents
+    # (2k - k(k-1)/levels), 2 steps in place ship x_0, x_1, x_2
+    fn, fixed = duration_fn(cfg, drawn, CostModel()), duration_fn(config_for(tb, spec, 2), tb, CostModel())
+    assert fn._columns((0, 1)) == pytest.approx(2 * 2 - 2 * 1 / 3)
+    assert fixed._columns((0, 1)) == 3
