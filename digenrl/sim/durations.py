@@ -386,12 +386,12 @@ class DurationFn:
             self._traj_link = tb.link(self.trainer_pool, tb.n_gpus) if self.mode == "colocated" else tb.links.inter_pool
         self._traj_values = latent_values(tb.model, tb.shape) if self._ships else 0
         self._traj_loss = "dpo" if tb.pair_rows else tb.reads  # (math.payload.train_rows: dpo's ranks get the unit)
-        self._traj_cols: dict = {}
+        self._traj_cols: dict = {}  # memo: ("columns", steps, t_done) -> latents a row ships; (n, columns) -> bytes
 
     def _columns(self, steps: tuple, t_done: int | None = None) -> float:
         """Latents a row ships when `steps` are its trained steps (math.payload.kept_steps), or,
         under per-sample draws, the mean count over the draws of len(steps) steps (expected_kept)."""
-        key = (steps, t_done)
+        key = ("columns", steps, t_done)
         c = self._traj_cols.get(key)
         if c is None:
             tb, n = self.tb, self.tb.denoise_steps
@@ -417,11 +417,15 @@ class DurationFn:
     def _train_traj(self, n: int, columns: float) -> tuple[float, float]:
         """(bytes the busiest rank of the gang pulls, bytes all its ranks pull) for a Train unit of
         n rows shipping `columns` latents each (math.payload.train_rows: each rank its share)."""
-        tb = self.tb
-        row = row_bytes(columns, self._traj_values, tb.denoise_steps, tb.reads)
-        shares = [z - a for r in range(self.gang)
-                  for (a, z), _ in (train_rows(n, self.gang, self.trainer_sp, r, self._traj_loss),)]
-        return max(shares) * row, sum(shares) * row
+        key = (n, columns)
+        out = self._traj_cols.get(key)
+        if out is None:
+            tb = self.tb
+            row = row_bytes(columns, self._traj_values, tb.denoise_steps, tb.reads)
+            shares = [z - a for r in range(self.gang)
+                      for (a, z), _ in (train_rows(n, self.gang, self.trainer_sp, r, self._traj_loss),)]
+            out = self._traj_cols[key] = (max(shares) * row, sum(shares) * row)
+        return out
 
     # ---- the duration function -----------------------------------------------
     def __call__(self, worker: Worker, unit) -> float:
