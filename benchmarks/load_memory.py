@@ -27,7 +27,10 @@ other work on the 2-core, 23 GiB machine this was written on.
 sim columns: sim/memory.py for the same shape (params, 4 blocks): load = load_gib's held +
 transient (the sharded loader's bound: shards + one block in fp32; the whole path's: the fp32
 model + its shards); step = gang_rank_memory's resident weights + gradients + AdamW state (the
-activations at these 80 tokens are not in it).
+activations at these 80 tokens are not in it). alloc: the step's allocator peak above the step's
+start (torch.profiler's CPU memory events: live tensors only, no retained pages), against gath,
+the gathered bf16 blocks sim charges a rank at a gang > 1 (memory.GANG_GATHERED_BLOCKS x the mean
+block).
 
 A row whose predicted gang total does not fit in 70% of MemAvailable runs its ranks one at a time
 instead (torch's fake process group: the same sharding, collectives that move no bytes), marked
@@ -173,13 +176,28 @@ def _measure(mesh, args: dict) -> dict:
         peak.reset()
         before = _rss_gib()
         t0 = time.time()
-        v = module(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled,
-                   timestep=torch.tensor([0.5]), img_ids=img_ids, txt_ids=txt_ids, guidance=torch.tensor([3.5]),
-                   return_dict=False)[0]
-        v.float().pow(2).mean().backward()
-        optimizer.step()
-        out.update(step_gib=peak.read() - base, step_from_gib=before - base, step_s=time.time() - t0)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            v = module(hidden_states=x, encoder_hidden_states=text, pooled_projections=pooled,
+                       timestep=torch.tensor([0.5]), img_ids=img_ids, txt_ids=txt_ids, guidance=torch.tensor([3.5]),
+                       return_dict=False)[0]
+            v.float().pow(2).mean().backward()
+            optimizer.step()
+        out.update(step_gib=peak.read() - base, step_from_gib=before - base, step_s=time.time() - t0,
+                   alloc_gib=allocator_peak(prof) / GIB)
     return out
+
+
+def allocator_peak(prof) -> int:
+    """Bytes live at the allocator's peak above where the profiled region started: torch.profiler's
+    CPU memory events (each allocation and free, in order), summed. Unlike the RSS high-water mark
+    it counts no freed pages the process keeps."""
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                    if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+    live = top = 0
+    for _, nbytes in events:
+        live += nbytes
+        top = max(top, live)
+    return top
 
 
 def _run(world: int, args: dict) -> list[dict]:
@@ -207,7 +225,7 @@ def _available_gib() -> float:
 
 
 def main() -> None:
-    from digenrl.sim.memory import gang_rank_memory, load_gib
+    from digenrl.sim.memory import GANG_GATHERED_BLOCKS, gang_rank_memory, load_gib
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--double", type=int, default=2, help="double-stream blocks (FLUX.1-dev: 19)")
@@ -227,8 +245,12 @@ def main() -> None:
         print(f"FLUX.1-dev transformer, width 3072, {a.double}+{a.single} blocks: {n / 1e9:.3f}B parameters "
               f"(LoRA rank {LORA_RANK}: {adapters / 1e6:.1f}M), random bf16 checkpoint written in {time.time() - t0:.0f} s")
         print("GiB per rank, the largest over the gang's ranks, above the rank's RSS before loading (base)\n")
+        sizes = _block_params(folder)
+        print(f"blocks: {', '.join(f'{b / 1e6:.0f}M' for b in sizes)}; sim's gathered bf16 blocks at a gang > 1: "
+              f"{GANG_GATHERED_BLOCKS} x the mean block, {GANG_GATHERED_BLOCKS * 2 * n / blocks / GIB:.2f} GiB "
+              f"(x the largest: {GANG_GATHERED_BLOCKS * 2 * max(sizes) / GIB:.2f})")
         print(f"{'gang':>4} {'train':>5} {'loader':>7} | {'load':>6} {'sim':>6} | {'step':>6} {'sim':>6} | "
-              f"{'base':>5} {'load s':>6}  run")
+              f"{'alloc':>6} {'gath':>6} | {'base':>5} {'load s':>6}  run")
         for gang in [int(g) for g in a.gangs.split(",")]:
             for lora in [t == "lora" for t in a.train.split(",")]:
                 for loader in a.loaders.split(","):
@@ -240,13 +262,27 @@ def main() -> None:
                     ranks = _run(gang, args)
                     row = {k: max(r[k] for r in ranks) for k in ranks[0]}
                     sim_step = gang_rank_memory(n, blocks, gang, adapters=adapters if lora else 0.0).resident
-                    step = f"{row['step_gib']:6.2f} {sim_step:6.2f}" if "step_gib" in row else f"{'-':>6} {'-':>6}"
+                    gathered = GANG_GATHERED_BLOCKS * 2 * n / blocks / GIB if gang > 1 else 0.0
+                    step = (f"{row['step_gib']:6.2f} {sim_step:6.2f} | {row['alloc_gib']:6.2f} {gathered:6.2f}"
+                            if "step_gib" in row else f"{'-':>6} {'-':>6} | {'-':>6} {'-':>6}")
                     print(f"{gang:>4} {'lora' if lora else 'full':>5} {loader:>7} | {row['load_gib']:6.2f} "
                           f"{sim_load:6.2f} | {step} | {row['base_gib']:5.2f} {row['load_s']:6.1f}  "
                           f"{'1 by 1' if fake else 'gloo'}", flush=True)
     finally:
         if a.dir is None:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _block_params(folder: Path) -> list[int]:
+    """Parameters of each FSDP unit (transformer block) of the checkpoint's transformer."""
+    from diffusers import FluxTransformer2DModel
+
+    from digenrl.learner.sharded import transformer_blocks
+    from digenrl.models.empty import params_on_meta
+
+    with params_on_meta():
+        module = FluxTransformer2DModel.from_config(FluxTransformer2DModel.load_config(folder))
+    return [sum(p.numel() for p in b.parameters()) for b in transformer_blocks(module)]
 
 
 def _lora_params(folder: Path) -> int:

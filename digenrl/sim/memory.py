@@ -75,6 +75,14 @@ class FitReport:
 
 
 ROLES = ("rollout", "rollout_shared", "trainer", "ref", "text_encoder", "vae", "reward")
+# bf16 blocks a trainer gang rank holds gathered under reshard after-forward (FSDP2): the block
+# in use, and the next one's all-gather output beside the parameters it is copied out into
+# (FSDP2 copies a unit's flat all-gather buffer out to per-parameter tensors, then frees it).
+# Measured: torch.profiler's allocator events over a LoRA step of a 1B FLUX-width model on 2
+# gloo ranks peak at 2.05 GiB above the step's start: three 0.63 GiB double-stream blocks +
+# 0.15 GiB of activations (docs/runtime.md, "Sharded loading"). FSDP1's flat parameters gather
+# in place: the colocated layouts keep two.
+GANG_GATHERED_BLOCKS = 3
 # Usable memory: 95% of the device (allocator fragmentation) minus 1 GiB (CUDA context, NCCL buffers).
 USABLE_FRACTION, RESERVED_GIB = 0.95, 1.0
 
@@ -128,7 +136,7 @@ def gang_rank_memory(params: float, layers: int, gang: int, *, adapters: float =
     base parameters in `layers` blocks and `adapters` LoRA parameters (0: a full fine-tune):
     a shape the catalogue does not list (benchmarks/load_memory.py) is priced by the same rule."""
     n = max(1, gang)
-    gathered = 2 * BYTES_WEIGHT * params / layers / GIB if n > 1 else 0.0  # in use + prefetched
+    gathered = GANG_GATHERED_BLOCKS * BYTES_WEIGHT * params / layers / GIB if n > 1 else 0.0
     held = BYTES_WEIGHT * params / GIB if after_step else gathered
     t = adapters or params  # trainable parameters
     base = BYTES_WEIGHT * params / n / GIB if adapters else 0.0  # frozen base, bf16, sharded
@@ -150,8 +158,8 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
                     gang=True (a trainer gang, runtime.trainer.shard=fsdp, gangs.md): fp32 master
                     weights 4 + fp32 gradients 4 + AdamW m, v 8 B/param, all / fsdp_shards (LoRA:
                     of the adapters; the frozen base in bf16 / shards, runtime/gang_rank.py);
-                    gathered bf16 parameters: two blocks
-                    (reshard after-forward: in use + prefetched) or the whole model (after_step:
+                    gathered bf16 parameters: GANG_GATHERED_BLOCKS blocks
+                    (reshard after-forward: in use, the next one's all-gather output and its copy-out) or the whole model (after_step:
                     kept for the step); offload: the AdamW state on the host; load: the sharded
                     loader's transient (load_gib). The rank holds nothing else: reward models,
                     text encoders and evaluation live on the rollout workers, the reward pool
