@@ -372,6 +372,8 @@ class Relay:
         self.errors: list[str] = []  # what the relay's thread gave up on (a receiver lost, ...)
         self._versions: OrderedDict[int, Packed] = OrderedDict()
         self._lock = threading.Lock()  # put (trainer thread) vs the relay's threads
+        self._done = threading.Condition(self._lock)  # a send or a direct fetch finished (drain)
+        self._sending = False  # the relay's thread is pushing a version or serving a fetch
         self._store: Optional[dist.TCPStore] = None
         self._gen = itertools.count()
         self._seq = 0  # the next header's number
@@ -410,6 +412,22 @@ class Relay:
             if self._announcing:
                 self._announce(version)
         return packed.nbytes
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until every queued version has been sent down the chain and every direct fetch
+        asked for has been served, each counted in `counter`; False if `timeout_s` passed first.
+        A receiver can hold a version before the relay's thread sees its send complete, so a
+        reader of the relay's byte counts drains first."""
+        end = time.monotonic() + timeout_s
+        while True:
+            requested = self._requested()  # a store round trip: not under the lock put takes
+            with self._done:
+                if not (self._queue or self._sending or self._served < requested):
+                    return True
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                self._done.wait(min(left, POLL_S * 20))
 
     @property
     def versions(self) -> list[int]:
@@ -502,16 +520,34 @@ class Relay:
             with self._lock:
                 _, packed = self._queue.popleft() if self._queue else (None, None)
                 head = self._head
+                self._sending = packed is not None
             if packed is not None:
                 busy = True
-                if head is not None and not head.dead:
-                    self._push(head, packed, staging)
+                try:
+                    if head is not None and not head.dead:
+                        self._push(head, packed, staging)
+                finally:
+                    self._finished()
             if self._store.check([f"relay/req/{self._served + 1}"]):
                 busy = True
-                self._served += 1
-                self._serve_direct(self._served)
+                with self._lock:
+                    self._sending = True
+                try:
+                    self._serve_direct(self._served + 1)
+                finally:
+                    self._finished(served=1)
             if not busy:
                 self._stop.wait(POLL_S)
+
+    def _finished(self, served: int = 0) -> None:
+        with self._done:
+            self._served += served
+            self._sending = False
+            self._done.notify_all()
+
+    def _requested(self) -> int:
+        """Direct fetches asked for so far (their tickets are 1 .. this)."""
+        return self._store.add("relay/req/n", 0) if self._store is not None else 0
 
     def _push(self, head: _Link, packed: Packed, staging) -> None:
         if packed.staged is not None:

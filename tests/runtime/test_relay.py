@@ -114,12 +114,46 @@ def test_chain_is_bit_identical_and_each_sender_counts_what_the_simulator_charge
         for c in clients:
             _assert_bit_identical(_load(c, 2)[1], v2)
         # per sender NIC, two versions: trainer 0 once each, every receiver but the tail once each
+        assert relay.drain(TIMEOUT_S)  # its thread counts a send after the receivers may hold it
         counted = [relay.counter.take().get("comm/sync/send_bytes", 0)]
         counted += [c.counter.take().get("comm/sync/send_bytes", 0) for c in clients]
         assert counted == [2 * b for b in relay_chain_sends(payload, n)]
         assert sum(counted) == 2 * sum(relay_chain_links(payload, n))
         assert relay.errors == [] and all(c.lost == [] for c in clients)
     finally:
+        _close(relay, clients)
+
+
+@pytest.mark.timeout(60)
+def test_drain_waits_for_the_relays_own_count(monkeypatch):
+    # the relay's thread counts a send once it completes, which may be after the receiver holds
+    # the version: held here by an event, so drain must report the send as not yet counted
+    import digenrl.runtime.relay as relay_mod
+
+    sent, release = threading.Event(), threading.Event()
+    send = relay_mod._send_version
+
+    def held(*args, **kwargs):
+        out = send(*args, **kwargs)
+        if threading.current_thread().name == "relay":
+            sent.set()
+            release.wait(TIMEOUT_S)
+        return out
+
+    monkeypatch.setattr(relay_mod, "_send_version", held)
+    relay = _relay()
+    v1 = _Net(seed=1).state_dict()
+    relay.put(1, v1)
+    clients = _chain(relay, 1)
+    try:
+        _assert_bit_identical(_load(clients[0], 1)[1], v1)
+        assert sent.wait(TIMEOUT_S)
+        assert not relay.drain(0.0) and "comm/sync/send_bytes" not in relay.counter.take()
+        release.set()
+        assert relay.drain(TIMEOUT_S)
+        assert relay.counter.take()["comm/sync/send_bytes"] == _payload(v1)
+    finally:
+        release.set()
         _close(relay, clients)
 
 
@@ -156,6 +190,7 @@ def test_a_receiver_leaving_mid_transfer_does_not_stop_the_others():
     try:
         for c in clients:
             _load(c, 1)
+        assert relay.drain(TIMEOUT_S)  # version 1's send counted before the count is cleared
         relay.counter.take()
         t0 = time.monotonic()
         relay.put(2, v2)
@@ -166,6 +201,7 @@ def test_a_receiver_leaving_mid_transfer_does_not_stop_the_others():
         assert clients[2].lost and clients[2].lost[0].startswith("upstream")
         assert clients[3].lost == []
         # trainer 0 sent version 2 down the chain once, then directly to r2
+        assert relay.drain(TIMEOUT_S)
         assert relay.counter.take()["comm/sync/send_bytes"] == 2 * payload
         relay.put(3, v1)  # the next version: r2 heads what is left of the chain below the break
         _assert_bit_identical(_load(clients[3], 3)[1], v1)
@@ -303,6 +339,7 @@ def test_eight_receiver_processes_count_what_the_simulator_charges():
     try:
         relay.put(2, v2)  # the receivers load 1, then 2
         results = [torch.load(io.BytesIO(q.get(timeout=240))) for q in queues]
+        assert relay.drain(TIMEOUT_S)
     finally:
         for p in procs:
             p.join(timeout=10)
@@ -395,6 +432,7 @@ def test_cuda_chain_over_nccl_to_a_second_gpu():
     relay.accept_chain()
     try:
         assert torch.equal(q.get(timeout=240), state["weight"].cpu())
+        assert relay.drain(TIMEOUT_S)
     finally:
         p.join(timeout=30)
         if p.is_alive():
