@@ -211,16 +211,18 @@ def test_bts_in_the_simulator_never_slower_than_both_on_random_testbeds():
     assert worse_than_off  # the draws include points where greedy TAG costs throughput
 
 
-@pytest.mark.xfail(strict=True, reason="BTS's prediction of a SkipBubble at step start is 0.86 s short of "
-                   "what the step takes: a counterexample to the property")
+@pytest.mark.xfail(strict=True, reason="BTS's question leaves out a micro-batch a trainer is generating in "
+                   "a TAG segment that is not its last (Scheduler._tail): a counterexample to the property")
 def test_known_counterexample():
     # found by the property's draws (seed 11 of the search in the issue 38 report): 4 L40S, one
     # rollout worker per GPU of 2, Qwen-Image LoRA. TAG off 6.81 s, greedy 6.25 s, BTS 7.01 s a
-    # step. At step start one trainer inserts and the other is predicted a tie (6.132 s either way
-    # to the step's last Train) and skips: it idles 1.41 s until the first micro-batch is scored,
-    # and the last Train ends 6.994 s later. Mid-step a trainer inserts a micro-batch, hands its
-    # trajectory back at the TAG segment boundary, and that decision's prediction (4.31 s) is what
-    # happens. The hand-back is not the cause: with it off under BTS the step takes 7.34 s.
+    # step. At step start one trainer inserts; asked next, the other sees a tie (6.132 s to the
+    # step's last Train either way) and skips, idles 1.41 s, and the last Train ends 6.994 s later.
+    # The question left out the first trainer's micro-batch, in flight in its first TAG segment
+    # (_tail holds only last segments): 8 Train units left, 7 sources, and that trainer counted free
+    # after half its segment. With the micro-batch in (ready at 1.451 s), bts.decide inserts: 6.232
+    # s against 6.787. Not the hand-back: with it off under BTS (an experiment, not kept) the step
+    # takes 7.34 s.
     from digenrl.sim.costs import CostModel
     from digenrl.sim.testbed import Testbed
 
