@@ -225,7 +225,7 @@ def _available_gib() -> float:
 
 
 def main() -> None:
-    from digenrl.sim.memory import GANG_GATHERED_BLOCKS, gang_rank_memory, load_gib
+    from digenrl.sim.memory import GANG_GATHERED_BLOCKS, gang_gathered_gib, gang_rank_memory, load_gib
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--double", type=int, default=2, help="double-stream blocks (FLUX.1-dev: 19)")
@@ -247,8 +247,8 @@ def main() -> None:
         print("GiB per rank, the largest over the gang's ranks, above the rank's RSS before loading (base)\n")
         sizes = _block_params(folder)
         print(f"blocks: {', '.join(f'{b / 1e6:.0f}M' for b in sizes)}; sim's gathered bf16 blocks at a gang > 1: "
-              f"{GANG_GATHERED_BLOCKS} x the mean block, {GANG_GATHERED_BLOCKS * 2 * n / blocks / GIB:.2f} GiB "
-              f"(x the largest: {GANG_GATHERED_BLOCKS * 2 * max(sizes) / GIB:.2f})")
+              f"{GANG_GATHERED_BLOCKS} x the mean block, {gang_gathered_gib(n, blocks, 2):.2f} GiB "
+              f"(x the largest: {gang_gathered_gib(max(sizes), 1, 2):.2f})")
         print(f"{'gang':>4} {'train':>5} {'loader':>7} | {'load':>6} {'sim':>6} | {'step':>6} {'sim':>6} | "
               f"{'alloc':>6} {'gath':>6} | {'base':>5} {'load s':>6}  run")
         for gang in [int(g) for g in a.gangs.split(",")]:
@@ -262,7 +262,7 @@ def main() -> None:
                     ranks = _run(gang, args)
                     row = {k: max(r[k] for r in ranks) for k in ranks[0]}
                     sim_step = gang_rank_memory(n, blocks, gang, adapters=adapters if lora else 0.0).resident
-                    gathered = GANG_GATHERED_BLOCKS * 2 * n / blocks / GIB if gang > 1 else 0.0
+                    gathered = gang_gathered_gib(n, blocks, gang)
                     step = (f"{row['step_gib']:6.2f} {sim_step:6.2f} | {row['alloc_gib']:6.2f} {gathered:6.2f}"
                             if "step_gib" in row else f"{'-':>6} {'-':>6} | {'-':>6} {'-':>6}")
                     print(f"{gang:>4} {'lora' if lora else 'full':>5} {loader:>7} | {row['load_gib']:6.2f} "

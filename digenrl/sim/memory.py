@@ -130,13 +130,19 @@ def load_gib(params: float, layers: int, gang: int = 1, *, adapters: float = 0.0
     return held, whole / GIB - held
 
 
+def gang_gathered_gib(params: float, layers: int, gang: int) -> float:
+    """GiB of bf16 parameters a trainer gang rank holds gathered under reshard after-forward:
+    GANG_GATHERED_BLOCKS blocks of params / layers (none at a gang of 1, which gathers nothing)."""
+    return GANG_GATHERED_BLOCKS * BYTES_WEIGHT * params / layers / GIB if gang > 1 else 0.0
+
+
 def gang_rank_memory(params: float, layers: int, gang: int, *, adapters: float = 0.0, after_step: bool = False,
                      offload: bool = False, activations: float = 0.0, estimated: bool = False) -> Memory:
     """What one rank of a trainer gang holds (memory_gib's gang rule, see there) for `params`
     base parameters in `layers` blocks and `adapters` LoRA parameters (0: a full fine-tune):
     a shape the catalogue does not list (benchmarks/load_memory.py) is priced by the same rule."""
     n = max(1, gang)
-    gathered = GANG_GATHERED_BLOCKS * BYTES_WEIGHT * params / layers / GIB if n > 1 else 0.0
+    gathered = gang_gathered_gib(params, layers, n)
     held = BYTES_WEIGHT * params / GIB if after_step else gathered
     t = adapters or params  # trainable parameters
     base = BYTES_WEIGHT * params / n / GIB if adapters else 0.0  # frozen base, bf16, sharded
@@ -158,9 +164,9 @@ def memory_gib(table: dict, model: str, role: str, *, batch: int = 1, lora: bool
                     gang=True (a trainer gang, runtime.trainer.shard=fsdp, gangs.md): fp32 master
                     weights 4 + fp32 gradients 4 + AdamW m, v 8 B/param, all / fsdp_shards (LoRA:
                     of the adapters; the frozen base in bf16 / shards, runtime/gang_rank.py);
-                    gathered bf16 parameters: GANG_GATHERED_BLOCKS blocks
-                    (reshard after-forward: in use, the next one's all-gather output and its copy-out) or the whole model (after_step:
-                    kept for the step); offload: the AdamW state on the host; load: the sharded
+                    gathered bf16 parameters: GANG_GATHERED_BLOCKS blocks (reshard
+                    after-forward: in use, the next one's all-gather output and its copy-out)
+                    or the whole model (after_step: kept for the step); offload: the AdamW state on the host; load: the sharded
                     loader's transient (load_gib). The rank holds nothing else: reward models,
                     text encoders and evaluation live on the rollout workers, the reward pool
                     and the evaluation actor (runtime/workers.py TrainerRank), each their role
