@@ -362,7 +362,7 @@ class Watchers:
         self.cloud, self.base_url, self.notices = cloud, base_url, Path(notices)
         self.poll_s, self.notice_s, self.every_s = poll_s, notice_s, every_s
         self.actors: dict[str, object] = {}  # node id -> its WatcherActor
-        self.watched: list[str] = []  # every node a watcher was started on, in order
+        self.watched: list[str] = []  # every node a watcher was started on, by poll (by node id within one)
         self.seen: set[str] = set()  # workers that were in the pools
         self._next = 0.0
 
@@ -385,7 +385,7 @@ class Watchers:
             deregister(self.notices, wid)
         self.seen = (self.seen & present) | {w for w in registered(self.notices) if w in present}
         root = self.notices / REGISTRY
-        nodes = [d.name for d in root.iterdir() if d.is_dir()] if root.is_dir() else []
+        nodes = sorted(d.name for d in root.iterdir() if d.is_dir()) if root.is_dir() else []
         for node in nodes:
             if node not in self.actors and registered(self.notices, node):
                 self.actors[node] = self._start(node)
