@@ -7,22 +7,37 @@ Pure: no clock, no Ray, no torch. Durations come from `Profile`, which learns th
 of each (unit kind, role, size) from completed units: the simulator feeds it the cost model's
 durations, the runtime the measured ones, so both decide from the same kind of numbers.
 
-The prediction (`predict_rest`) is a list schedule of the step's remaining work on counts:
+The prediction (`Search.best`) is a list schedule of the step's remaining work on counts. A
+micro-batch is generated in s pieces (its Generate shards, 1/s of it each); a piece takes 1/s
+of g_r on a rollout worker, of g_t on a trainer, and is scored 1/s of w_r (w_t) later: by the
+worker that made it before its next unit, or by a reward pool while it goes on. Pieces of
+started micro-batches wait in a queue, first in first out; a micro-batch is ready (its u Train
+units can start) when its last piece is scored.
 
-    rollout workers   each takes the next unstarted micro-batch when free: ready (generated and
-                      scored) g_r + w_r later
+    rollout workers   each, when free, takes the next queued piece, else starts the next
+                      unstarted micro-batch: it makes the first piece, the rest are queued
     trainers          each, when free, trains a ready Train unit (u units of t seconds per
                       micro-batch, any trainer); with none ready it is in a bubble, where the
                       search chooses
-                        SkipBubble  wait for the next micro-batch to become ready
-                        InsertTAG   generate one micro-batch itself: a switch into the helper
-                                    (s_in), g_t + w_t, then a switch back (s_out) before it
-                                    trains again
-    makespan          when the last Train unit ends
+                        SkipBubble  wait until the next micro-batch could be ready: the next
+                                    ready time, or the queued micro-batch (else the next
+                                    unstarted one) made by the rollout workers alone
+                        InsertTAG   generate: the next queued piece, else the first piece of
+                                    the next unstarted micro-batch, whose other pieces the
+                                    trainers idle beside it take at once (as the scheduler
+                                    hands out a micro-batch's shards), the rest queued. A
+                                    switch into the helper (s_in) before, a switch back
+                                    (s_out) before it trains again
+    makespan          when the last Train unit ends, or a trainer still in the helper (or
+                      generating) is back: the step's optimizer step waits for every trainer
 
 `best(state, depth)` explores both choices at every bubble of the predicted schedule, depth
-bounded (past the bound: SkipBubble), memoised on the rounded state; the scheduler asks it at
-a real bubble and takes the choice with the smaller makespan (a tie: SkipBubble, no switch).
+bounded (past the bound: the better of one rule for every later bubble, InsertTAG always or
+SkipBubble always), memoised on the rounded state; the scheduler asks it at a real bubble
+(`decide`) and takes the choice with the smaller makespan. Of two choices that end the step
+together, the one whose Train units end sooner on the whole (more slack against a wrong
+prediction); a full tie: SkipBubble, no switch. A SkipBubble holds for every trainer idle at the
+bubble (as in the scheduler).
 """
 
 from __future__ import annotations
@@ -63,7 +78,8 @@ class Profile:
 class Rates:
     """What the prediction needs, in seconds: a whole micro-batch generated on a rollout worker
     (g_r) and on a trainer (g_t), scored there (w_r, w_t), one Train unit (t) and u of them per
-    micro-batch, and a switch into (s_in) and out of (s_out) the helper."""
+    micro-batch, and a switch into (s_in) and out of (s_out) the helper; a micro-batch is
+    generated in s pieces (shards) of 1/s of g_r + w_r (g_t + w_t) each."""
 
     g_r: float
     w_r: float
@@ -73,6 +89,8 @@ class Rates:
     u: int
     s_in: float = 0.0
     s_out: float = 0.0
+    s: int = 1  # Generate shards (pieces) per micro-batch
+    reward_pool: bool = False  # a reward pool scores (else the worker that generated, before its next unit)
 
 
 @dataclass(frozen=True)
@@ -98,63 +116,151 @@ class Search:
         self.r, self.depth = r, depth
         self.scale = max(r.g_r, r.g_t, r.t, 1e-9) * ROUND
         self.memo: dict = {}
+        # a whole micro-batch on a rollout worker: its seconds busy, and until scored after that
+        # (the worker scores what it made, or a reward pool does while it goes on)
+        self.gen_r, self.after_r = (r.g_r, r.w_r) if r.reward_pool else (r.g_r + r.w_r, 0.0)
+        self.gen_t, self.after_t = (r.g_t, r.w_t) if r.reward_pool else (r.g_t + r.w_t, 0.0)  # (switches apart)
+        self.shares = (1.0 / r.s,) * r.s  # an unstarted micro-batch's pieces
 
     def _key(self, xs: tuple) -> tuple:
         q = self.scale
         return tuple([int(v / q) for v in xs])
 
-    def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int) -> float:
+    def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int,
+             queue: tuple = (), policy: Optional[bool] = None) -> float:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout
         worker's free time; each trainer as (free time, must switch back from the helper before
         it trains), a heap; the times Train units become ready (sorted); `units` Train units
-        still to run, the fresh micro-batches' included."""
+        still to run, the fresh micro-batches' included; `queue`: the started micro-batches with
+        queued pieces, each (when its pieces made so far are scored, its queued pieces' shares).
+        Past the depth bound the rest of the step follows one rule at every bubble, the better
+        of InsertTAG always and SkipBubble always (`policy`: that rule, None while searching).
+        Returns (makespan, the sum of the Train units' end times): of two choices the one that
+        ends sooner, and of two that end together, the one whose training ends sooner on the
+        whole (so a tie in makespan goes to the choice with more slack)."""
         key = (fresh, self._key(rollout), self._key(tuple(t for t, _ in trainers)),
-               tuple(o for _, o in trainers), self._key(ready), units, depth)
+               tuple(o for _, o in trainers), self._key(ready), units, depth,
+               tuple((int(t / self.scale), tuple(int(x * 1000) for x in sh)) for t, sh in queue), policy)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
+        if policy is None and depth <= 0:
+            got = sooner(self.best(fresh, rollout, trainers, ready, units, depth, queue, True),
+                         self.best(fresh, rollout, trainers, ready, units, depth, queue, False))
+            self.memo[key] = got
+            return got
         r, inf = self.r, float("inf")
-        rollout, trainers = list(rollout), list(trainers)  # heaps
+        rollout, trainers, queue = list(rollout), list(trainers), list(queue)  # heaps; queue in order
         ready, k = list(ready), 0  # ready[k:] not taken yet (sorted)
-        end = 0.0
+        end = total = 0.0
         while units > 0:
             now, out = trainers[0]
-            if fresh and rollout and rollout[0] <= now:  # a rollout worker takes the next micro-batch
-                t = heapq.heapreplace(rollout, rollout[0] + r.g_r + r.w_r) + r.g_r + r.w_r
-                insort_many(ready, t, r.u, k)
-                fresh -= 1
+            if rollout and rollout[0] <= now and (queue or fresh):  # a rollout worker takes the next piece
+                if not queue:
+                    queue.append((0.0, self.shares))
+                    fresh -= 1
+                sh = queue[0][1][0]
+                t = rollout[0] + sh * self.gen_r
+                heapq.heapreplace(rollout, t)
+                self.made(queue, 0, t + sh * self.after_r, ready, k)
                 continue
             if k < len(ready) and ready[k] <= now:  # training work is ready: train
                 k += 1
                 t = now + r.t + (r.s_out if out else 0.0)
                 heapq.heapreplace(trainers, (t, False))
                 units -= 1
-                end = max(end, t)
+                end, total = max(end, t), total + t
                 continue
-            # a bubble: SkipBubble waits for training work: the next ready unit, or the next
-            # micro-batch a rollout worker can start, generated and scored
-            wait = min(ready[k] if k < len(ready) else inf,
-                       max(rollout[0], now) + r.g_r + r.w_r if fresh and rollout else inf)
-            if fresh and (depth > 0 or wait == inf):
-                done = now + (0.0 if out else r.s_in) + r.g_t + r.w_t
-                ins_t = trainers[:]
-                heapq.heapreplace(ins_t, (done, True))
-                ins_ready = ready[k:]
-                insort_many(ins_ready, done, r.u)
-                b = self.best(fresh - 1, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth - 1)
+            # a bubble
+            wait = min(ready[k] if k < len(ready) else inf, self.next_ready(rollout, queue, fresh, now))
+            can = queue or fresh
+            if can and policy is not None and (policy or wait == inf):  # past the bound: the rule's choice
+                fresh -= self.insert(trainers, queue, ready, now, fresh_first=False)
+                continue
+            if can and policy is None:
+                ins_t, ins_q, ins_ready = trainers[:], queue[:], ready[k:]
+                used = self.insert(ins_t, ins_q, ins_ready, now, fresh_first=False)
+                b = self.best(fresh - used, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth - 1,
+                              tuple(ins_q))
                 if wait == inf:  # nothing else can generate it: the trainer must
-                    end = max(end, b)
+                    end, total = max(end, b[0]), total + b[1]
                     break
-                skip_t = trainers[:]
-                heapq.heapreplace(skip_t, (wait, out))
-                a = self.best(fresh, tuple(rollout), tuple(skip_t), tuple(ready[k:]), units, depth - 1)
-                end = max(end, min(a, b))
+                a = self.best(fresh, tuple(rollout), tuple(self.hold(trainers, now, wait)), tuple(ready[k:]), units,
+                              depth - 1, tuple(queue))
+                a = sooner(b, a)
+                end, total = max(end, a[0]), total + a[1]
                 break
             if wait == inf:
                 break  # no work can appear (units left unreachable: a malformed state)
             heapq.heapreplace(trainers, (wait, out))
-        self.memo[key] = end
-        return end
+        else:  # all trained: the optimizer step waits for every trainer, one still in the helper switched back
+            for t, o in trainers:
+                if o:
+                    end = max(end, t + r.s_out)
+        self.memo[key] = got = (end, total)
+        return got
+
+    def made(self, queue: list, i: int, t: float, ready: list, k: int = 0) -> None:
+        """The first queued piece of queue[i] is scored at t; a micro-batch with no piece left is
+        ready: its u Train units go to `ready` (sorted from k)."""
+        known, shares = queue[i]
+        known = max(known, t)
+        if len(shares) > 1:
+            queue[i] = (known, shares[1:])
+        else:
+            del queue[i]
+            insort_many(ready, known, self.r.u, k)
+
+    def insert(self, trainers: list, queue: list, ready: list, now: float, fresh_first: bool) -> int:
+        """InsertTAG by trainers[0] (free at `now`), on the state, in place: it makes the next
+        queued piece, or (`fresh_first`, or nothing queued) the first piece of an unstarted
+        micro-batch, whose next pieces the trainers free by `now` make at once (the scheduler
+        hands a started micro-batch's shards to the idle workers of its pool), the rest queued.
+        Returns the unstarted micro-batches it started (0 or 1)."""
+        r = self.r
+        fresh = fresh_first or not queue
+        if fresh:
+            queue.append((0.0, self.shares))
+        i = len(queue) - 1 if fresh else 0
+        _, out = heapq.heappop(trainers)
+        sh = queue[i][1][0]
+        t = now + (0.0 if out else r.s_in) + sh * self.gen_t
+        heapq.heappush(trainers, (t, True))
+        self.made(queue, i, t + sh * self.after_t, ready)
+        if fresh and r.s > 1:
+            held = []
+            while i < len(queue) and trainers[0][0] <= now:  # (its last piece made: i is past the end)
+                _, o = heapq.heappop(trainers)
+                sh = queue[i][1][0]
+                t = now + (0.0 if o else r.s_in) + sh * self.gen_t
+                held.append((t, True))
+                self.made(queue, i, t + sh * self.after_t, ready)
+            for x in held:
+                heapq.heappush(trainers, x)
+        return int(fresh)
+
+    def next_ready(self, rollout: list, queue: list, fresh: int, now: float) -> float:
+        """When the next micro-batch could be ready by the rollout workers alone, none starting
+        before `now`: the head of the queue, else the next unstarted one."""
+        if queue:
+            known, shares = queue[0]
+        elif fresh:
+            known, shares = 0.0, self.shares
+        else:
+            return float("inf")
+        if not rollout:
+            return float("inf")
+        heap = heapq.nsmallest(len(shares), rollout)
+        for sh in shares:
+            known = max(known, take(heap, now, 1, sh * self.gen_r) + sh * self.after_r)
+        return known
+
+    @staticmethod
+    def hold(trainers: list, now: float, wait: float) -> list:
+        """SkipBubble at `now`: every trainer idle by then waits until `wait` (a heap)."""
+        out = [(wait, o) if t <= now else (t, o) for t, o in trainers]
+        heapq.heapify(out)
+        return out
 
 
 class Memo:
@@ -169,7 +275,8 @@ class Memo:
         self._searches: dict = {}
 
     def search(self, r: Rates, depth: int = DEPTH) -> Search:
-        key = (tuple(_bucket(x) for x in (r.g_r, r.w_r, r.g_t, r.w_t, r.t, r.s_in, r.s_out)), r.u, depth)
+        key = (tuple(_bucket(x) for x in (r.g_r, r.w_r, r.g_t, r.w_t, r.t, r.s_in, r.s_out)), r.u, r.s,
+               r.reward_pool, depth)
         s = self._searches.get(key)
         if s is None:
             s = self._searches[key] = Search(r, depth)
@@ -183,6 +290,28 @@ def _bucket(x: float) -> int:
     return round(math.log(x) / math.log1p(ROUND)) if x > 0 else -(1 << 30)
 
 
+def sooner(a: tuple, b: tuple) -> tuple:
+    """Of two predictions (makespan, sum of Train end times), `a` where it ends sooner, or at the
+    same time (within TIE: float noise, a runtime measuring time_scale * d where the simulator
+    has d) with its training sooner on the whole by more than TIE; else `b` (a full tie: b)."""
+    if a[0] < b[0] * (1 - TIE) or (a[0] <= b[0] * (1 + TIE) and a[1] < b[1] * (1 - TIE)):
+        return a
+    return b
+
+
+def take(heap: list, start: float, n: int, cost: float) -> float:
+    """n pieces of `cost` seconds, each to the earliest free worker of `heap` (free times, a
+    heap, updated in place), none before `start`: when the last ends (never, with no worker)."""
+    if not heap:
+        return float("inf")
+    end = 0.0
+    for _ in range(n):
+        t = max(heap[0], start) + cost
+        heapq.heapreplace(heap, t)
+        end = max(end, t)
+    return end
+
+
 def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:
     """Insert n copies of x into the sorted list xs (xs[lo:] sorted)."""
     k = bisect.bisect_right(xs, x, lo)
@@ -190,34 +319,37 @@ def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:
 
 
 def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], ready: list[float],
-           units: int, depth: int = DEPTH, memo: Optional[Memo] = None) -> tuple[bool, float, float]:
+           units: int, depth: int = DEPTH, memo: Optional[Memo] = None, pending: tuple = (),
+           fragment: bool = False) -> tuple[bool, float, float]:
     """At a bubble of one trainer (free now, at 0.0; `trainers` the other trainers' free times):
-    (insert, predicted makespan if it skips, if it generates one micro-batch now). `units`:
-    Train units of the step not yet run, the fresh micro-batches' included; `ready`: when the
-    others (of micro-batches generating or done) become ready. `memo`: the run's searches, shared
-    across its bubbles (a fresh search without it)."""
-    if not fresh:
+    (insert, predicted makespan if it skips, if it generates now). `units`: Train units of the
+    step not yet run, the fresh micro-batches' included; `ready`: when the others (of micro-batches
+    generating or done) become ready. `pending`: the started micro-batches with pieces queued for
+    any worker (unstarted shards, trajectories handed back), in queue order, each as (when its
+    other pieces are ready, the queued pieces' sizes as fractions of a micro-batch). The question
+    is about the first queued piece with `fragment`, else about starting an unstarted
+    micro-batch. `memo`: the run's searches, shared across its bubbles (a fresh search without it)."""
+    if not fresh and not fragment:
         return False, 0.0, 0.0
     s = Search(r, depth) if memo is None else memo.search(r, depth)
     r = s.r
     inf = float("inf")
-    # Only the `fresh` earliest-free rollout workers can take a micro-batch in the prediction:
-    # each pick is the earliest free, and while j < fresh picks are made, one of those is still
-    # unpicked and no later than any other worker. Exact, and the state stays small on a large pool.
-    rollout = heapq.nsmallest(fresh, rollout)
-    others = [(t, False) for t in trainers]
-    wait = min(min(ready, default=inf), rollout[0] + r.g_r + r.w_r if rollout else inf)
-    done = r.s_in + r.g_t + r.w_t
-    ins_t = sorted(others + [(done, True)])
-    ins_ready = sorted(ready)
-    insort_many(ins_ready, done, r.u)
-    ins = s.best(fresh - 1, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth)
+    # Only the earliest-free rollout workers can take a piece in the prediction: each pick is the
+    # earliest free, and while j < n picks are made, one of the n earliest is still unpicked and
+    # no later than any other worker. Exact, and the state stays small on a large pool.
+    rollout = heapq.nsmallest(fresh * r.s + sum(len(sh) for _, sh in pending), rollout)
+    queue = [(t, tuple(sh)) for t, sh in pending]
+    here = [(0.0, False)] + [(t, False) for t in trainers]
+    heapq.heapify(here)
+    ready = sorted(ready)
+    ins_t, ins_q, ins_ready = here[:], queue[:], ready[:]
+    used = s.insert(ins_t, ins_q, ins_ready, 0.0, fresh_first=not fragment)
+    ins = s.best(fresh - used, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth, tuple(ins_q))
+    wait = min(ready[0] if ready else inf, s.next_ready(rollout, queue, fresh, 0.0))
     if wait == inf:
-        return True, inf, ins
-    skip = s.best(fresh, tuple(rollout), tuple(sorted(others + [(max(wait, 0.0), False)])), tuple(sorted(ready)),
-                  units, depth)
-    # a tie (to float noise: a runtime measuring time_scale * d where the simulator has d) skips
-    return ins < skip * (1 - TIE), skip, ins
+        return True, inf, ins[0]
+    skip = s.best(fresh, tuple(rollout), tuple(s.hold(here, 0.0, wait)), tuple(ready), units, depth, tuple(queue))
+    return sooner(ins, skip) is ins, skip[0], ins[0]
 
 
-__all__ = ["DEPTH", "Decision", "Memo", "Profile", "Rates", "Search", "decide"]
+__all__ = ["DEPTH", "Decision", "Memo", "Profile", "Rates", "Search", "decide", "sooner"]

@@ -37,6 +37,25 @@ def _uncount(counts: dict, key) -> None:
         del counts[key]
 
 
+SWITCHED_KEPT = 256  # switched units kept while their kind has no plain unit's rate (the latest)
+
+
+def _busy_until(free: list[float], busy: list[tuple[float, float]], k: int) -> list[float]:
+    """The k earliest free times of a role, from `free` (its k + len(busy) earliest, as `_left`
+    counts them) and the workers in a trajectory's segment: each (left, until) is busy until
+    `until`, not free at `left`. A `left` beyond `free` is beyond the k earliest, its `until` too."""
+    if not busy:
+        return free
+    out = list(free)
+    for left, until in busy:
+        try:
+            out.remove(left)
+        except ValueError:
+            continue
+        out.append(until)
+    return heapq.nsmallest(k, out)
+
+
 class SchedulerError(RuntimeError):
     """An event the scheduler cannot handle (unknown worker, lost trainer, bad completion)."""
 
@@ -139,7 +158,7 @@ class Scheduler:
         self._bts_members = 0  # joins, losses and drains so far: a SkipBubble holds until the pools change
         self._bts_memo = Memo()  # the run's searches, shared across its bubbles
         self._helper: set[str] = set()  # trainers whose last unit was a Generate (TAG's helper)
-        self._switched: list[tuple[float, float]] = []  # switched Trains before a plain one (_observe)
+        self._switched: list[tuple[str, float, float]] = []  # switched units before a plain one (_observe)
         self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
                                     train=self._on_trained, optimizer=self._on_optimizer_step,
                                     sync=self._on_synced)
@@ -302,11 +321,12 @@ class Scheduler:
         self._tail.pop(wid, None)
 
     def _observe(self, ws: _W, unit: Unit, seconds: float) -> None:
-        """BTS's profile learns `unit`'s seconds. A trainer's first Train after generating holds
-        its switch back from the helper (the runtime's offload restore, the simulator's charge):
-        what it took beyond a Train of its size goes to ("switch_out", trainer), so that `t` stays
-        a Train's and the prediction charges the switch to the choice that causes it. (The switch
-        into the helper stays in the trainer's generation seconds, which only InsertTAG pays.)"""
+        """BTS's profile learns `unit`'s seconds. A trainer's first Train or OptimizerStep after
+        generating holds its switch back from the helper (the runtime's offload restore, the
+        simulator's charge): what it took beyond a unit of its kind and size goes to
+        ("switch_out", trainer), so that `t` stays a Train's and the prediction charges the switch
+        to the choice that causes it. (The switch into the helper stays in the trainer's
+        generation seconds, which only InsertTAG pays.)"""
         k, t = kind(unit), type(unit)
         if ws.role == "trainer" and self.cfg.tag:
             if t is Generate:
@@ -314,25 +334,28 @@ class Scheduler:
             elif t is Train or t is OptimizerStep:
                 switched = ws.id in self._helper
                 self._helper.discard(ws.id)
-                if switched and t is Train:
-                    self._switched.append((self._work(unit), seconds))
+                if switched:
+                    self._switched.append((k, self._work(unit), seconds))
                     self._learn_switches()
                     return
         self.profile.observe(k, ws.role, self._work(unit), seconds)
-        if t is Train and self._switched:
+        if self._switched and (t is Train or t is OptimizerStep):
             self._learn_switches()
 
     def _learn_switches(self) -> None:
-        """Switched Trains (work, seconds) waiting for a plain Train's rate go to the profile's
-        ("switch_out", trainer): what each took beyond a Train of its size."""
-        rate = self.profile.rate("train", "trainer")
-        if rate is None:
-            return
-        for work, seconds in self._switched:
+        """Switched units (kind, work, seconds) whose kind has a plain unit's rate go to the
+        profile's ("switch_out", trainer): what each took beyond a unit of its kind and size; the
+        others wait for one."""
+        wait = []
+        for k, work, seconds in self._switched:
+            rate = self.profile.rate(k, "trainer")
+            if rate is None:
+                wait.append((k, work, seconds))
+                continue
             # unclipped: where the switch is paid elsewhere (a runtime restores inside its
             # Generate) the residuals are noise around 0, and their mean is clipped in _rates
             self.profile.observe("switch_out", "trainer", 1, seconds - rate * work)
-        self._switched.clear()
+        self._switched = wait[-SWITCHED_KEPT:]
 
     def _work(self, unit: Unit) -> float:
         """A unit's size in BTS's profile: samples x denoising steps (Generate), samples x trained
@@ -363,9 +386,10 @@ class Scheduler:
         w_r = p._rate("reward", "rollout")
         w_any = w_r if w_r is not None else (p._rate("reward", "reward") or 0.0)
         tr = p._rate("train", "trainer")
-        if tr is None:  # only switched Trains so far: their seconds, switch included
-            sw = self._switched
-            tr = sum(s for _, s in sw) / sum(w for w, _ in sw) if sw else 0.0
+        s_out = max(0.0, p._rate("switch_out", "trainer") or 0.0)
+        if tr is None:  # only switched Trains so far: their seconds, less a switch learned elsewhere
+            sw = [(w, s) for k, w, s in self._switched if k == "train"]
+            tr = max(0.0, sum(s - s_out for _, s in sw) / sum(w for w, _ in sw)) if sw else 0.0
         st = self._steps[step]
         n = len(st.mbs[0].groups) * cfg.samples_per_group
         slots = len(st.trained)
@@ -375,7 +399,7 @@ class Scheduler:
         w_t = p._rate("reward", "trainer")
         return Rates(g_r=g_r * n * cfg.num_steps, w_r=w_any * n, g_t=(g_t if g_t is not None else g_r) * n * cfg.num_steps,
                      w_t=(w_t if w_t is not None else w_any) * n, t=tr * n * slots / units, u=units,
-                     s_out=max(0.0, p._rate("switch_out", "trainer") or 0.0))
+                     s_out=s_out, s=len(st.mbs[0].shards), reward_pool=bool(self._n_reward))
 
     def _left(self, ws: _W) -> float:
         """Expected seconds until worker `ws` is free: half its running unit's expected time
@@ -386,16 +410,24 @@ class Scheduler:
             return 0.0
         return self._left_of(self._lkey.get(ws.id) or ("u", ws.unit), ws.role)
 
-    def _earliest(self, role: str, k: int) -> list[float]:
+    def _earliest(self, role: str, k: int, lo: int = 0) -> list[float]:
         """The k smallest expected seconds until a worker of `role` is free (`_left`), the idle
-        ones at 0, draining ones left out; from the counts per expected time (`_lefts`)."""
+        ones at 0, draining ones left out; from the counts per expected time (`_lefts`). An idle
+        rollout worker holding weights older than `lo` (the oldest its step may be generated
+        with) syncs first: free after a WeightSync's seconds (the profile's; 0 before one ended)."""
         if self._lk_pending:  # units started since the last `expect` (a runtime: all): by their size
             for wid, u in self._lk_pending.items():
                 self._lk_set(wid, self._w[wid].role, ("u", u))
             self._lk_pending.clear()
         idle = self._idle[role]
-        n = len(idle.get(0, ())) if role != "rollout" else sum(len(p) for p in idle.values())
-        out = [0.0] * min(n, k)
+        if role != "rollout":
+            out = [0.0] * min(len(idle.get(0, ())), k)
+        else:
+            ok = sum(len(p) for v, p in idle.items() if v >= lo)
+            out = [0.0] * min(ok, k)
+            if len(out) < k:
+                old = sum(len(p) for v, p in idle.items() if v < lo)
+                out.extend([self._rate("sync", "rollout") or 0.0] * min(old, k - len(out)))
         if len(out) >= k:
             return out
         counts = self._lefts[role]
@@ -419,56 +451,99 @@ class Scheduler:
         return 0.0 if r is None else 0.5 * r * self._work(u)
 
     def _bts_fragment(self, ws: _W, step: int) -> bool:
-        """BTS for a pending fragment of `step` (a shard not started, or a trajectory handed back)
-        at trainer `ws`'s bubble: taken only where BTS would insert a micro-batch now, the fragment
-        counted as a whole one (so the trainer's share is over-estimated and the choice leans to
-        SkipBubble, TAG off). With no rollout worker left to take it, the trainer must."""
+        """BTS for the queued fragment at the head of the current version's queue (a shard not
+        started, or a trajectory handed back) of `step`, at trainer `ws`'s bubble: taken where
+        the search predicts that making it now ends the step sooner than leaving it to the
+        rollout workers. With no rollout worker left to take it, the trainer must."""
         draining = sum(1 for d in self._draining if self._w[d].role == "rollout")
         if sum(self._n_at.values()) <= draining:  # (_n_at counts every rollout worker by the version it holds)
             return True
-        return self._bts_insert(ws, step, len(self._steps[step].fresh) + 1, fragment=True)
+        return self._bts_insert(ws, step, len(self._steps[step].fresh), fragment=True)
 
     def _bts_insert(self, ws: _W, step: int, fresh: int, fragment: bool = False) -> bool:
-        """BTS at trainer `ws`'s bubble in `step`: generate one fresh micro-batch (InsertTAG) or
-        wait for training work (SkipBubble), whichever the recursive search predicts finishes
-        the step sooner (sched/bts.py). The decision and both predictions go to `decisions`.
+        """BTS at trainer `ws`'s bubble in `step`: generate (InsertTAG: a piece of a fresh
+        micro-batch, or with `fragment` the queued fragment at the head of the current version's
+        queue) or wait for training work (SkipBubble), whichever the recursive search predicts
+        finishes the step sooner (sched/bts.py). The decision and both predictions go to
+        `decisions`.
+
+        The state it predicts from: every micro-batch of the step started and not yet scored is
+        ready when the last of its pieces is: a piece generating is scored after the rest of its
+        trajectory (a TAG or rollout segment is followed by the next, on the same worker, unless
+        a trainer hands it back), a piece scoring when its Reward ends, a piece queued for any
+        worker when the earliest free rollout worker has made it (`pending`). A worker in a
+        segment is busy until its trajectory ends (`_busy_until`).
 
         One decision per bubble. A SkipBubble holds, for every idle trainer of the step, until
-        training work appears (a micro-batch of the step is scored) or the pools change (a
-        join, a loss, a drain): until then nothing the prediction waits for has happened, and
-        the trainers it holds are interchangeable (each sees the others idle). An InsertTAG
-        changes the state (one micro-batch fewer), so the next idle trainer asks again. The
-        cost is that of the distinct expected times (`_lefts`) and of the units that end in
-        training work (`_tail`), not of the pools: at most `units + fresh` trainers and `fresh`
-        rollout workers enter the search."""
+        training work appears (a micro-batch of the step is scored), the pools change (a join,
+        a loss, a drain) or the work to generate does (a micro-batch started, a piece queued or
+        taken): until then nothing the prediction waits for has happened, and the trainers it
+        holds are interchangeable (each sees the others idle). An InsertTAG changes the state
+        (one micro-batch or piece fewer), so the next idle trainer asks again. The
+        cost is that of the distinct expected times (`_lefts`), of the units that end in
+        training work or generate (`_tail`) and of the queued pieces, not of the pools: at most
+        `units` + the pieces to make trainers and the pieces rollout workers enter the search."""
         st = self._steps[step]
-        sig = (step, st.n_rewarded, len(self._train_q.get(step, ())), self._bts_members)
+        sig = (step, st.n_rewarded, len(self._train_q.get(step, ())), self._bts_members, len(st.fresh),
+               len(self._cont_q.get(self.version, ())))
         if self._bts_skip[fragment] == sig:
             return False
         r = self._rates(step)
         if r is None:
             return True  # nothing measured yet: greedy, as TAG without BTS
-        tr_role = self._train_role
-        ready, running_trains = [], 0
+        cfg, tr_role = self.cfg, self._train_role
+        n_steps, spg = cfg.num_steps, cfg.samples_per_group
+        running_trains, busy = 0, {"rollout": [], tr_role: []}
+        known: dict[int, float] = {}  # micro-batch -> when its pieces in flight are scored
+
+        def at(mb: int, t: float) -> None:
+            known[mb] = max(known.get(mb, 0.0), t)
+
         for w in self._tail.values():
             u = w.unit
             if u.step != step or w.id in self._draining:
                 continue
             if type(u) is Train:
                 running_trains += 1
-            elif type(u) is Generate:
-                if u.samples in (None, st.mbs[u.mb].shards[0]):  # (one fragment stands for its micro-batch)
-                    ready.extend([self._left(w) + r.w_r] * r.u)
-            elif st.mbs[u.mb].unscored == 1:
-                ready.extend([self._left(w)] * r.u)
+                continue
+            left = self._left(w)
+            share = n_samples(u, spg) / (len(st.mbs[u.mb].groups) * spg)
+            if type(u) is Generate:
+                rest, score = 0.0, r.w_r * share
+                if u.t_end < n_steps:  # a segment: the rest of the trajectory follows
+                    rate = self._rate("generate", w.role) or self._rate("generate", "rollout")
+                    rest = rate * self._work(u) * (n_steps - u.t_end) / (u.t_end - u.t_start)
+                # the worker is busy until the trajectory ends (pinned to it) and, with no reward
+                # pool, it has scored it; a trainer that hands back is free after this segment
+                if not (u.t_end < n_steps and cfg.tag_handback and w.role == tr_role):
+                    free = left + rest + (0.0 if self._n_reward else score)
+                    if free > left:
+                        busy[w.role].append((left, free))
+                left += rest + score
+            at(u.mb, left)
+        for rw in self._reward_q:  # scored pieces waiting for a reward worker
+            if rw.step == step:
+                at(rw.mb, r.w_r * n_samples(rw, spg) / (len(st.mbs[rw.mb].groups) * spg))
+        queued: dict[int, list] = {}  # micro-batch -> its queued pieces' shares, in queue order
+        for v in [self.version] + [v for v in self._cont_q if v != self.version]:
+            for s_, mb, rows, t in self._cont_q.get(v, ()):
+                if s_ == step:
+                    n = len(st.mbs[mb].groups) * spg
+                    queued.setdefault(mb, []).append((n if rows is None else rows[1] - rows[0]) / n
+                                                     * (n_steps - t) / n_steps)
+        pending = tuple((known.pop(mb, 0.0), tuple(sh)) for mb, sh in queued.items())
+        ready = [t for t in known.values() for _ in range(r.u)]
         ready.extend([0.0] * len(self._train_q.get(step, ())))
-        units = max(st.trains_left - running_trains, len(ready) + fresh * r.u)
-        # only the trainers that can take one of the step's actions (a Train unit or an insert)
-        # enter the prediction, each taken by the earliest free; only `fresh` rollout workers can
-        # take a micro-batch (bts.decide)
-        rollout = self._earliest("rollout", fresh)
-        trainers = self._earliest(tr_role, units + fresh)
-        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, units, memo=self._bts_memo)
+        pieces = fresh * r.s + sum(len(sh) for sh in queued.values())
+        units = max(st.trains_left - running_trains, len(ready) + (len(pending) + fresh) * r.u)
+        # only the workers that can take one of the step's actions enter the prediction, each
+        # taken by the earliest free: trainers a Train unit or a piece, rollout workers a piece
+        lo = max(cfg.first_step, step - cfg.lag)  # the oldest weights this step may be generated with
+        rollout = _busy_until(self._earliest("rollout", pieces + len(busy["rollout"]), lo), busy["rollout"], pieces)
+        k = units + pieces
+        trainers = _busy_until(self._earliest(tr_role, k + len(busy[tr_role])), busy[tr_role], k)
+        insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, units, memo=self._bts_memo,
+                                          pending=pending, fragment=fragment)
         self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))
         self._bts_skip[fragment] = None if insert else sig
         return insert
@@ -935,7 +1010,7 @@ class Scheduler:
         if self._lefts:
             self._lk_pending[ws.id] = unit
             t = type(unit)
-            if t is Train or t is Reward or (t is Generate and unit.t_end == self.cfg.num_steps):
+            if t is Train or t is Reward or t is Generate:
                 self._tail[ws.id] = ws
         out.append(_assignment(Assignment, (ws.id, unit)))
 
