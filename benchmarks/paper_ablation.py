@@ -12,8 +12,9 @@ disaggregated only (run.mode=disagg-sync), +GAP (gap), +TSP (gap+tsp), +TAG (gap
 greedy TAG), +BTS (digenrl with TCSS off), +TCSS (digenrl, TCSS on at a stale fraction of
 0.5); veRL-Omni and GenRL as they ship, and colocated-ideal. Every row gets its best knobs
 from the planner, as `digenrl simulate` does (simulate.simulate for the rows it has; a row
-with fixed RunSpec fields takes its mode's best plan and sets those fields, then run_spec
-measures it over planner.PLAN_STEPS steps). Throughput is trained samples per second in the
+with fixed RunSpec fields is planned with those fields set on every point, the search started
+from the mode's earlier rows' plans too, then run_spec measures it over planner.PLAN_STEPS
+steps). Throughput is trained samples per second in the
 steady state (report.py); speedups are throughput ratios, per dollar where the baseline ran on
 another cluster (a heterogeneous testbed's colocated rows run on the homogeneous reference,
 simulate.homogeneous_reference). The abstract claims 1.56-2.10x over veRL-Omni and GenRL.
@@ -38,7 +39,7 @@ import dataclasses
 import json
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from digenrl.sim.costs import default_cost_model
@@ -60,8 +61,9 @@ QUICK = ("c", "flux")
 @dataclass(frozen=True)
 class Row:
     """One rung of the ablation: a `digenrl simulate` row label (report.ROWS) whose best plan is
-    taken, with `fixed` RunSpec fields set on top of it. `unless`: a RunSpec field whose presence
-    retires this row (a stand-in for rows that field makes possible)."""
+    taken, with `fixed` RunSpec fields set on every point the planner tries (planner.plan(fixed=)).
+    `unless`: a RunSpec field whose presence retires this row (a stand-in for rows that field
+    makes possible)."""
 
     label: str
     mode: str
@@ -130,16 +132,19 @@ def ablate(tb, cm=None, steps: int = PLAN_STEPS) -> dict:
         if row.mode in rep.unfit:
             not_run[row.label] = rep.unfit[row.mode]
             continue
-        if row.mode not in plans:  # the mode's best plan, once (the digenrl scheduler mode, not digenrl_plan)
+        key = (row.mode, tuple(sorted(row.fixed.items())))
+        if key not in plans:  # the best plan with the row's fields fixed, searched from the mode's plans so far too
+            seeds = tuple(p.knobs() for (m, _), p in plans.items() if m == row.mode and not isinstance(p, str))
             try:
-                plans[row.mode] = plan(tb, mode=row.mode, steps=steps, cm=cm).spec
+                plans[key] = plan(tb, mode=row.mode, steps=steps, cm=cm, fixed=row.fixed or None,
+                                  extra_starts=seeds).spec
             except ValueError as e:
-                plans[row.mode] = str(e)
-        spec = plans[row.mode]
+                plans[key] = str(e)
+        spec = plans[key]
         if isinstance(spec, str):
             not_run[row.label] = spec
             continue
-        results[row.label] = run_spec(tb, replace(spec, **row.fixed), steps, cm)
+        results[row.label] = run_spec(tb, spec, steps, cm)
     over_memory = set()
     for label in BASELINE_ROWS:
         if label in rep.rows:

@@ -214,9 +214,9 @@ def snap(tb: Testbed, point: dict) -> dict:
     return {**point, "n_rollout": _nearest(ok, r)} if ok else point
 
 
-def _spec(mode: str, point: dict, style: str | None) -> RunSpec:
+def _spec(mode: str, point: dict, style: str | None, fixed: tuple = ()) -> RunSpec:
     spg = 1 if mode in BATCH_MODES else None
-    return RunSpec(mode, samples_per_group=spg, style=style, **point)
+    return RunSpec(mode, samples_per_group=spg, style=style, **point, **dict(fixed))
 
 
 def analytic_split(tb: Testbed, cm: CostModel | None = None) -> int:
@@ -364,6 +364,7 @@ class _Context(NamedTuple):
     check_memory: bool
     prune: bool
     ideal: float | None
+    fixed: tuple = ()  # (RunSpec field, value) pairs set on every point (plan(fixed=))
 
 
 def _evaluate(ctx: _Context, spec: RunSpec, incumbent: float | None):
@@ -395,10 +396,10 @@ class _Evaluator:
     every step of theirs starts from the same idle state, so 3 steps measure what 12 do (equal
     to ~1e-13, tests/sim/test_planner.py)."""
 
-    def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True, pool=None):
-        fast = prune and mode in ON_POLICY and steps >= ON_POLICY_STEPS
+    def __init__(self, tb, mode, style, steps, cm, check_memory=True, prune=True, pool=None, fixed=()):
+        fast = prune and mode in ON_POLICY and steps >= ON_POLICY_STEPS and not dict(fixed).get("tcss_fraction")
         self.ctx = _Context(tb, mode, style, ON_POLICY_STEPS if fast else steps, cm, check_memory, prune,
-                            ideal_step_s(tb, cm)["step_s"] if prune else None)
+                            ideal_step_s(tb, cm)["step_s"] if prune else None, tuple(fixed))
         self.pool = pool  # a process pool forked with _CTX = self.ctx (prefetch), or None
         self.cache: dict = {}
         self.simulated = self.pruned = 0
@@ -422,7 +423,8 @@ class _Evaluator:
         point, key = self._key(point)
         if self._known(key, incumbent):
             return self.cache[key]
-        return self._store(key, *_evaluate(self.ctx, _spec(self.ctx.mode, point, self.ctx.style), incumbent))
+        return self._store(key, *_evaluate(self.ctx, _spec(self.ctx.mode, point, self.ctx.style, self.ctx.fixed),
+                                           incumbent))
 
     def prefetch(self, points: list[dict], incumbent: float | None) -> None:
         """Evaluate the points not yet known on the pool, against `incumbent`, before the
@@ -440,7 +442,7 @@ class _Evaluator:
                 todo[key] = p
         if len(todo) < 2:
             return
-        jobs_ = [(_spec(self.ctx.mode, p, self.ctx.style), incumbent) for p in todo.values()]
+        jobs_ = [(_spec(self.ctx.mode, p, self.ctx.style, self.ctx.fixed), incumbent) for p in todo.values()]
         for key, (r, sims) in zip(todo, self.pool.map(_pool_evaluate, jobs_, chunksize=1)):
             self._store(key, r, sims)
 
@@ -471,25 +473,31 @@ class _Infeasible:
 
 def plan(testbed: Testbed, gpus: int | None = None, mode: str = "digenrl", *, style: str | None = None,
          steps: int = PLAN_STEPS, cm: CostModel | None = None, start: dict | None = None,
-         extra_starts: tuple = (), check_memory: bool = True, prune: bool = True) -> Plan:
+         extra_starts: tuple = (), check_memory: bool = True, prune: bool = True,
+         fixed: dict | None = None) -> Plan:
     """Best knobs for `mode` by analytic split + local search (coordinate moves). `extra_starts`:
     more points to descend from (simulate() seeds colocated-ideal with the peers' points, whose
-    layouts it can run, so it is never slower than a peer). Raises ValueError when no point of
-    the grid runs (the reason: the nearest point's memory figure). prune=False: the same search
-    with every candidate simulated for `steps` steps (the reference the pruned search must match)."""
+    layouts it can run, so it is never slower than a peer). `fixed`: RunSpec fields set on every
+    point, not searched (e.g. {"tcss_fraction": 0.5}: the best plan with TCSS at that fraction).
+    Raises ValueError when no point of the grid runs (the reason: the nearest point's memory
+    figure). prune=False: the same search with every candidate simulated for `steps` steps (the
+    reference the pruned search must match)."""
     t0 = time.perf_counter()
     tb = resize(testbed, gpus)
     cm = cm or default_cost_model()
     axes = grid(tb, mode, style, cm)
-    with _pool(tb, mode, style, steps, cm, check_memory, prune) as ev:
+    fixed = tuple(sorted((fixed or {}).items()))
+    if any(k in axes for k, _ in fixed):
+        raise ValueError(f"plan(fixed=): {[k for k, _ in fixed if k in axes]} are searched axes of {mode}")
+    with _pool(tb, mode, style, steps, cm, check_memory, prune, fixed) as ev:
         return _plan(ev, tb, mode, style, cm, axes, start, extra_starts, t0)
 
 
 @contextlib.contextmanager
-def _pool(tb, mode, style, steps, cm, check_memory, prune) -> Iterator[_Evaluator]:
+def _pool(tb, mode, style, steps, cm, check_memory, prune, fixed=()) -> Iterator[_Evaluator]:
     """The search's evaluator, with a pool of _JOBS forked processes when jobs() asks for more than one."""
     global _CTX
-    ev = _Evaluator(tb, mode, style, steps, cm, check_memory, prune)
+    ev = _Evaluator(tb, mode, style, steps, cm, check_memory, prune, fixed=fixed)
     if _JOBS <= 1 or not _fork_safe():
         yield ev
         return

@@ -34,6 +34,25 @@ def test_planner_within_5_percent_of_exhaustive(mode):
     assert p.evaluated < e.evaluated  # and it is cheaper
 
 
+@pytest.mark.slow  # two plans, ~5 s on 2 shared cores: the default tier keeps its 5 minutes
+def test_plan_with_fixed_fields_searches_with_them_set():
+    # plan(fixed=): the fields on every point tried, so the plan is the best one with them (the
+    # paper ablation's +TCSS row), not the best one without them with the fields set on top; seeded
+    # with the plan without them, it is at least as fast as that overlay
+    from dataclasses import replace
+
+    from digenrl.sim.planner import resize
+    from digenrl.sim.report import run_spec
+
+    tb = resize(load_testbed(SMALL), 8)
+    on = plan(tb, mode="digenrl", steps=4)
+    p = plan(tb, mode="digenrl", steps=4, fixed={"tcss_fraction": 0.5}, extra_starts=(on.spec.knobs(),))
+    assert p.spec.tcss_fraction == 0.5 and on.spec.tcss_fraction in (None, 0.0)
+    assert p.throughput >= run_spec(tb, replace(on.spec, tcss_fraction=0.5), 4).throughput * (1 - 1e-9)
+    with pytest.raises(ValueError, match="searched axes"):
+        plan(tb, mode="digenrl", steps=4, fixed={"tsp_chunk": 1})
+
+
 def test_gpus_resizes_split_pool_only():
     p = plan(load_testbed(SMALL), gpus=8, mode="gap", steps=4)
     assert p.gpus == 8
