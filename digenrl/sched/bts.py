@@ -127,7 +127,7 @@ class Search:
         return tuple([int(v / q) for v in xs])
 
     def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int,
-             queue: tuple = (), policy: Optional[bool] = None) -> float:
+             queue: tuple = (), policy: Optional[bool] = None, hold: float = 0.0) -> tuple:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout
         worker's free time; each trainer as (free time, must switch back from the helper before
         it trains), a heap; the times Train units become ready (sorted); `units` Train units
@@ -135,18 +135,22 @@ class Search:
         queued pieces, each (when its pieces made so far are scored, its queued pieces' shares).
         Past the depth bound the rest of the step follows one rule at every bubble, the better
         of InsertTAG always and SkipBubble always (`policy`: that rule, None while searching).
+        `hold`: a SkipBubble taken at the question holds every bubble until then (as the
+        scheduler holds it for every trainer of the step until training work appears): no
+        trainer generates before it.
         Returns (makespan, the sum of the Train units' end times): of two choices the one that
         ends sooner, and of two that end together, the one whose training ends sooner on the
         whole (so a tie in makespan goes to the choice with more slack)."""
         key = (fresh, self._key(rollout), self._key(tuple(t for t, _ in trainers)),
                tuple(o for _, o in trainers), self._key(ready), units, depth,
-               tuple((int(t / self.scale), tuple(int(x * 1000) for x in sh)) for t, sh in queue), policy)
+               tuple((int(t / self.scale), tuple(int(x * 1000) for x in sh)) for t, sh in queue), policy,
+               int(hold / self.scale))
         hit = self.memo.get(key)
         if hit is not None:
             return hit
         if policy is None and depth <= 0:
-            got = sooner(self.best(fresh, rollout, trainers, ready, units, depth, queue, True),
-                         self.best(fresh, rollout, trainers, ready, units, depth, queue, False))
+            got = sooner(self.best(fresh, rollout, trainers, ready, units, depth, queue, True, hold),
+                         self.best(fresh, rollout, trainers, ready, units, depth, queue, False, hold))
             self.memo[key] = got
             return got
         r, inf = self.r, float("inf")
@@ -173,6 +177,9 @@ class Search:
                 continue
             # a bubble
             wait = min(ready[k] if k < len(ready) else inf, self.next_ready(rollout, queue, fresh, now))
+            if now < hold:  # held: it waits
+                heapq.heapreplace(trainers, (min(wait, hold), out))
+                continue
             can = queue or fresh
             if can and policy is not None and (policy or wait == inf):  # past the bound: the rule's choice
                 fresh -= self.insert(trainers, queue, ready, now, fresh_first=False)
@@ -181,12 +188,12 @@ class Search:
                 ins_t, ins_q, ins_ready = trainers[:], queue[:], ready[k:]
                 used = self.insert(ins_t, ins_q, ins_ready, now, fresh_first=False)
                 b = self.best(fresh - used, tuple(rollout), tuple(ins_t), tuple(ins_ready), units, depth - 1,
-                              tuple(ins_q))
+                              tuple(ins_q), None, hold)
                 if wait == inf:  # nothing else can generate it: the trainer must
                     end, total = max(end, b[0]), total + b[1]
                     break
                 a = self.best(fresh, tuple(rollout), tuple(self.hold(trainers, now, wait)), tuple(ready[k:]), units,
-                              depth - 1, tuple(queue))
+                              depth - 1, tuple(queue), None, wait)
                 a = sooner(b, a)
                 end, total = max(end, a[0]), total + a[1]
                 break
@@ -348,7 +355,8 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
     wait = min(ready[0] if ready else inf, s.next_ready(rollout, queue, fresh, 0.0))
     if wait == inf:
         return True, inf, ins[0]
-    skip = s.best(fresh, tuple(rollout), tuple(s.hold(here, 0.0, wait)), tuple(ready), units, depth, tuple(queue))
+    skip = s.best(fresh, tuple(rollout), tuple(s.hold(here, 0.0, wait)), tuple(ready), units, depth, tuple(queue),
+                  None, wait)
     return sooner(ins, skip) is ins, skip[0], ins[0]
 
 

@@ -152,6 +152,7 @@ class Scheduler:
                                         if cfg.bts and cfg.tag and not cfg.colocated else {})
         self._lkey: dict[str, tuple] = {}
         self._lk_pending: dict[str, Unit] = {}  # started, not yet counted: `expect` counts them by seconds
+        self._just: dict[str, Unit] = {}  # started in this assign(): nothing of them has run yet
         self._tail: dict[str, _W] = {}
         self.decisions: list[Decision] = []
         self._bts_skip: list = [None, None]  # the bubble a SkipBubble holds for: a fresh micro-batch's, a fragment's
@@ -190,6 +191,12 @@ class Scheduler:
         """New units for idle workers, highest priority first (see package doc)."""
         self._started = True
         self._handover_pending = 0
+        if self._just:  # started in the last assign(): time has passed since, how much is unknown
+            for wid in self._just:
+                key = self._lkey.get(wid)
+                if key is not None and key[0] == "n":
+                    self._lk_set(wid, self._w[wid].role, ("u", key[1]))
+            self._just.clear()
         out: list[Assignment] = []
         if self._pinned:  # the next segment / the reward lives on that worker
             pinned, self._pinned = self._pinned, {}
@@ -405,10 +412,11 @@ class Scheduler:
         """Expected seconds until worker `ws` is free: half its running unit's expected time
         (the scheduler reads no clock, so how far the unit has run is unknown): its `expect`ed
         seconds, or the profile's for its size where none were given (a runtime; a unit started
-        in this assign(), whose seconds the simulator gives after it returns)."""
+        in this assign(), whose seconds the simulator gives after it returns). A unit started in
+        this assign() has not run at all: all of its time (`_just`)."""
         if ws.unit is None:
             return 0.0
-        return self._left_of(self._lkey.get(ws.id) or ("u", ws.unit), ws.role)
+        return self._left_of(self._lkey.get(ws.id) or ("n" if ws.id in self._just else "u", ws.unit), ws.role)
 
     def _earliest(self, role: str, k: int, lo: int = 0) -> list[float]:
         """The k smallest expected seconds until a worker of `role` is free (`_left`), the idle
@@ -417,7 +425,7 @@ class Scheduler:
         with) syncs first: free after a WeightSync's seconds (the profile's; 0 before one ended)."""
         if self._lk_pending:  # units started since the last `expect` (a runtime: all): by their size
             for wid, u in self._lk_pending.items():
-                self._lk_set(wid, self._w[wid].role, ("u", u))
+                self._lk_set(wid, self._w[wid].role, ("n" if wid in self._just else "u", u))
             self._lk_pending.clear()
         idle = self._idle[role]
         if role != "rollout":
@@ -448,7 +456,7 @@ class Scheduler:
             return 0.5 * key[1]
         u = key[1]
         r = self.profile.rate(kind(u), role)
-        return 0.0 if r is None else 0.5 * r * self._work(u)
+        return 0.0 if r is None else (1.0 if key[0] == "n" else 0.5) * r * self._work(u)
 
     def _bts_fragment(self, ws: _W, step: int) -> bool:
         """BTS for the queued fragment at the head of the current version's queue (a shard not
@@ -493,6 +501,7 @@ class Scheduler:
             return True  # nothing measured yet: greedy, as TAG without BTS
         cfg, tr_role = self.cfg, self._train_role
         n_steps, spg = cfg.num_steps, cfg.samples_per_group
+        handback = cfg.tag_handback and bool(self._train_q.get(step))
         running_trains, busy = 0, {"rollout": [], tr_role: []}
         known: dict[int, float] = {}  # micro-batch -> when its pieces in flight are scored
 
@@ -514,8 +523,9 @@ class Scheduler:
                     rate = self._rate("generate", w.role) or self._rate("generate", "rollout")
                     rest = rate * self._work(u) * (n_steps - u.t_end) / (u.t_end - u.t_start)
                 # the worker is busy until the trajectory ends (pinned to it) and, with no reward
-                # pool, it has scored it; a trainer that hands back is free after this segment
-                if not (u.t_end < n_steps and cfg.tag_handback and w.role == tr_role):
+                # pool, it has scored it; a trainer that will hand back (training work is waiting)
+                # is free after this segment
+                if not (u.t_end < n_steps and handback and w.role == tr_role):
                     free = left + rest + (0.0 if self._n_reward else score)
                     if free > left:
                         busy[w.role].append((left, free))
@@ -1008,7 +1018,7 @@ class Scheduler:
     def _start(self, ws: _W, unit: Unit, out) -> None:
         ws.unit = unit
         if self._lefts:
-            self._lk_pending[ws.id] = unit
+            self._lk_pending[ws.id] = self._just[ws.id] = unit
             t = type(unit)
             if t is Train or t is Reward or t is Generate:
                 self._tail[ws.id] = ws
@@ -1026,7 +1036,7 @@ class Scheduler:
             ws = self._w[wid]
             ws.unit, ws.version = WeightSync(P), P
             if lefts:
-                self._lk_pending[wid] = ws.unit
+                self._lk_pending[wid] = self._just[wid] = ws.unit
             out.append(_assignment(Assignment, (wid, ws.unit)))
         k = len(wids)
         self._n_syncing += k

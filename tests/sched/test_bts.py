@@ -323,13 +323,14 @@ def test_bts_reads_the_same_state_from_counts_as_from_the_workers(monkeypatch):
         told[wid] = (unit, seconds)
         real_expect(self, wid, unit, seconds)
 
-    def left(self, w):  # half the unit's seconds: told, else the profile's for its size
-        if w.unit is None:
+    def left(self, w):  # half the unit's seconds: told, else the profile's for its size (all of it if
+        if w.unit is None:  # it started in this assign(): nothing has run)
             return 0.0
         u, s = told.get(w.id, (None, None))
         if u is not w.unit:
             r = self.profile.rate(kind(w.unit), w.role)
             s = 0.0 if r is None else r * self._work(w.unit)
+            return s if w.id in self._just else 0.5 * s
         return 0.5 * s
 
     def checking(self, ws, step, fresh, fragment=False):
