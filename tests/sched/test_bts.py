@@ -84,6 +84,17 @@ def test_queued_pieces_and_shards_by_hand():
                   fragment=True) == (False, 21.0, 21.0)
 
 
+def test_a_skip_holds_every_bubble_until_its_wait():
+    # one rollout worker, another trainer busy until 1, 2 micro-batches of 10 s. InsertTAG: this
+    # trainer makes one (0-10) beside the rollout worker's (0-10), both trained 10-11. SkipBubble
+    # holds the step's bubbles until its wait (10, the rollout worker's micro-batch): the other
+    # trainer, free at 1, may not generate before then (were it free to, the skip would be
+    # predicted at 12 and each trainer, asked in turn, would count on the other); the second
+    # micro-batch is made 10-20 and trained 20-21
+    r = Rates(g_r=10.0, w_r=0.0, g_t=10.0, w_t=0.0, t=1.0, u=1)
+    assert decide(r, fresh=2, rollout=[0.0], trainers=[1.0], ready=[], units=2) == (True, 21.0, 11.0)
+
+
 def test_a_tie_in_makespan_goes_to_the_sooner_training():
     # one rollout worker, 2 micro-batches of 10 s to make, a third ready at 30 from elsewhere:
     # the step ends at 31 whatever this trainer does. InsertTAG now trains the two at 10-11 and
