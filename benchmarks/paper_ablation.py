@@ -13,7 +13,7 @@ greedy TAG), +BTS (digenrl with TCSS off), +TCSS (digenrl, TCSS on at a stale fr
 0.5); veRL-Omni and GenRL as they ship, and colocated-ideal. Every row gets its best knobs
 from the planner, as `digenrl simulate` does (simulate.simulate for the rows it has; a row
 with fixed RunSpec fields is planned with those fields set on every point, the search started
-from the mode's earlier rows' plans too, then run_spec measures it over planner.PLAN_STEPS
+from the plans of the rungs below it too, then run_spec measures it over planner.PLAN_STEPS
 steps). Throughput is trained samples per second in the
 steady state (report.py); speedups are throughput ratios, per dollar where the baseline ran on
 another cluster (a heterogeneous testbed's colocated rows run on the homogeneous reference,
@@ -133,8 +133,8 @@ def ablate(tb, cm=None, steps: int = PLAN_STEPS) -> dict:
             not_run[row.label] = rep.unfit[row.mode]
             continue
         key = (row.mode, tuple(sorted(row.fixed.items())))
-        if key not in plans:  # the best plan with the row's fields fixed, searched from the mode's plans so far too
-            seeds = tuple(p.knobs() for (m, _), p in plans.items() if m == row.mode and not isinstance(p, str))
+        if key not in plans:  # the best plan with the row's fields fixed, searched from the rungs below too
+            seeds = tuple(r.spec.knobs() for r in results.values())
             try:
                 plans[key] = plan(tb, mode=row.mode, steps=steps, cm=cm, fixed=row.fixed or None,
                                   extra_starts=seeds).spec
