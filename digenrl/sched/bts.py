@@ -336,6 +336,7 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
     other pieces are ready, the queued pieces' sizes as fractions of a micro-batch). The question
     is about the first queued piece with `fragment`, else about starting an unstarted
     micro-batch. `memo`: the run's searches, shared across its bubbles (a fresh search without it)."""
+    fragment = fragment and bool(pending)  # (a fragment's question names its queued piece)
     if not fresh and not fragment:
         return False, 0.0, 0.0
     s = Search(r, depth) if memo is None else memo.search(r, depth)
