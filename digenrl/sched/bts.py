@@ -163,10 +163,7 @@ class Search:
                 if not queue:
                     queue.append((0.0, self.shares))
                     fresh -= 1
-                sh = queue[0][1][0]
-                t = rollout[0] + sh * self.gen_r
-                heapq.heapreplace(rollout, t)
-                self.made(queue, 0, t + sh * self.after_r, ready, k)
+                self.made(queue, 0, self.rollout_piece(rollout, rollout[0], queue[0][1][0]), ready, k)
                 continue
             if k < len(ready) and ready[k] <= now:  # training work is ready: train
                 k += 1
@@ -224,27 +221,33 @@ class Search:
         micro-batch, whose next pieces the trainers free by `now` make at once (the scheduler
         hands a started micro-batch's shards to the idle workers of its pool), the rest queued.
         Returns the unstarted micro-batches it started (0 or 1)."""
-        r = self.r
         fresh = fresh_first or not queue
         if fresh:
             queue.append((0.0, self.shares))
         i = len(queue) - 1 if fresh else 0
-        _, out = heapq.heappop(trainers)
-        sh = queue[i][1][0]
-        t = now + (0.0 if out else r.s_in) + sh * self.gen_t
-        heapq.heappush(trainers, (t, True))
-        self.made(queue, i, t + sh * self.after_t, ready)
-        if fresh and r.s > 1:
+        heapq.heappush(trainers, self.trainer_piece(queue, i, ready, now, heapq.heappop(trainers)[1]))
+        if fresh and self.r.s > 1:
             held = []
             while i < len(queue) and trainers[0][0] <= now:  # (its last piece made: i is past the end)
-                _, o = heapq.heappop(trainers)
-                sh = queue[i][1][0]
-                t = now + (0.0 if o else r.s_in) + sh * self.gen_t
-                held.append((t, True))
-                self.made(queue, i, t + sh * self.after_t, ready)
+                held.append(self.trainer_piece(queue, i, ready, now, heapq.heappop(trainers)[1]))
             for x in held:
                 heapq.heappush(trainers, x)
         return int(fresh)
+
+    def trainer_piece(self, queue: list, i: int, ready: list, now: float, out: bool) -> tuple:
+        """A trainer free at `now` (`out`: already in the helper) makes the first queued piece of
+        queue[i]: it is scored (`made`); the trainer as it is after, (free time, in the helper)."""
+        sh = queue[i][1][0]
+        t = now + (0.0 if out else self.r.s_in) + sh * self.gen_t
+        self.made(queue, i, t + sh * self.after_t, ready)
+        return t, True
+
+    def rollout_piece(self, heap: list, start: float, share: float) -> float:
+        """The earliest free rollout worker of `heap` (free times, updated in place) makes a piece
+        of `share` of a micro-batch, not before `start`: when the piece is scored."""
+        t = max(heap[0], start) + share * self.gen_r
+        heapq.heapreplace(heap, t)
+        return t + share * self.after_r
 
     def next_ready(self, rollout: list, queue: list, fresh: int, now: float) -> float:
         """When the next micro-batch could be ready by the rollout workers alone, none starting
@@ -259,7 +262,7 @@ class Search:
             return float("inf")
         heap = heapq.nsmallest(len(shares), rollout)
         for sh in shares:
-            known = max(known, take(heap, now, 1, sh * self.gen_r) + sh * self.after_r)
+            known = max(known, self.rollout_piece(heap, now, sh))
         return known
 
     @staticmethod
@@ -304,19 +307,6 @@ def sooner(a: tuple, b: tuple) -> tuple:
     if a[0] < b[0] * (1 - TIE) or (a[0] <= b[0] * (1 + TIE) and a[1] < b[1] * (1 - TIE)):
         return a
     return b
-
-
-def take(heap: list, start: float, n: int, cost: float) -> float:
-    """n pieces of `cost` seconds, each to the earliest free worker of `heap` (free times, a
-    heap, updated in place), none before `start`: when the last ends (never, with no worker)."""
-    if not heap:
-        return float("inf")
-    end = 0.0
-    for _ in range(n):
-        t = max(heap[0], start) + cost
-        heapq.heapreplace(heap, t)
-        end = max(end, t)
-    return end
 
 
 def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:

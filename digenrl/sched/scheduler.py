@@ -416,7 +416,12 @@ class Scheduler:
         this assign() has not run at all: all of its time (`_just`)."""
         if ws.unit is None:
             return 0.0
-        return self._left_of(self._lkey.get(ws.id) or ("n" if ws.id in self._just else "u", ws.unit), ws.role)
+        return self._left_of(self._lkey.get(ws.id) or self._unit_key(ws.id, ws.unit), ws.role)
+
+    def _unit_key(self, wid: str, unit: Unit) -> tuple:
+        """The `_lefts` key of a running unit with no `expect`ed seconds: by its size, all of it
+        left if it started in this assign() ("n"), half if earlier ("u")."""
+        return ("n" if wid in self._just else "u", unit)
 
     def _earliest(self, role: str, k: int, lo: int = 0) -> list[float]:
         """The k smallest expected seconds until a worker of `role` is free (`_left`), the idle
@@ -425,7 +430,7 @@ class Scheduler:
         with) syncs first: free after a WeightSync's seconds (the profile's; 0 before one ended)."""
         if self._lk_pending:  # units started since the last `expect` (a runtime: all): by their size
             for wid, u in self._lk_pending.items():
-                self._lk_set(wid, self._w[wid].role, ("n" if wid in self._just else "u", u))
+                self._lk_set(wid, self._w[wid].role, self._unit_key(wid, u))
             self._lk_pending.clear()
         idle = self._idle[role]
         if role != "rollout":
@@ -508,6 +513,10 @@ class Scheduler:
         def at(mb: int, t: float) -> None:
             known[mb] = max(known.get(mb, 0.0), t)
 
+        def share(mb: int, rows) -> float:  # a piece's samples as a fraction of its micro-batch's
+            n = len(st.mbs[mb].groups) * spg
+            return (n if rows is None else rows[1] - rows[0]) / n
+
         for w in self._tail.values():
             u = w.unit
             if u.step != step or w.id in self._draining:
@@ -516,9 +525,8 @@ class Scheduler:
                 running_trains += 1
                 continue
             left = self._left(w)
-            share = n_samples(u, spg) / (len(st.mbs[u.mb].groups) * spg)
             if type(u) is Generate:
-                rest, score = 0.0, r.w_r * share
+                rest, score = 0.0, r.w_r * share(u.mb, u.samples)
                 if u.t_end < n_steps:  # a segment: the rest of the trajectory follows
                     rate = self._rate("generate", w.role) or self._rate("generate", "rollout")
                     rest = rate * self._work(u) * (n_steps - u.t_end) / (u.t_end - u.t_start)
@@ -533,14 +541,12 @@ class Scheduler:
             at(u.mb, left)
         for rw in self._reward_q:  # scored pieces waiting for a reward worker
             if rw.step == step:
-                at(rw.mb, r.w_r * n_samples(rw, spg) / (len(st.mbs[rw.mb].groups) * spg))
+                at(rw.mb, r.w_r * share(rw.mb, rw.samples))
         queued: dict[int, list] = {}  # micro-batch -> its queued pieces' shares, in queue order
         for v in [self.version] + [v for v in self._cont_q if v != self.version]:
             for s_, mb, rows, t in self._cont_q.get(v, ()):
                 if s_ == step:
-                    n = len(st.mbs[mb].groups) * spg
-                    queued.setdefault(mb, []).append((n if rows is None else rows[1] - rows[0]) / n
-                                                     * (n_steps - t) / n_steps)
+                    queued.setdefault(mb, []).append(share(mb, rows) * (n_steps - t) / n_steps)
         pending = tuple((known.pop(mb, 0.0), tuple(sh)) for mb, sh in queued.items())
         ready = [t for t in known.values() for _ in range(r.u)]
         ready.extend([0.0] * len(self._train_q.get(step, ())))

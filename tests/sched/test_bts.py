@@ -245,6 +245,20 @@ def test_bts_in_the_simulator_never_slower_than_both_on_random_testbeds():
     assert worse_than_off  # the draws include points where greedy TAG costs throughput
 
 
+def _drawn_lora_image(gpus: int, model: str, workload: dict, knobs: dict) -> tuple:
+    """TAG off, greedy TAG and BTS (three_modes) on one of the property's draws: `gpus` L40S in
+    one split pool, a 512x512 LoRA-32 image workload of `model`, no CFG, no KL, and `workload`'s
+    other fields; at `knobs`."""
+    from digenrl.sim.costs import CostModel
+    from digenrl.sim.testbed import Testbed
+
+    d = {"name": "drawn", "pools": [{"name": "all", "count": gpus, "device": "L40S", "role": "any",
+                                     "gpus_per_node": 8}],
+         "model": model, "height": 512, "width": 512, "frames": 1, "cfg": False, "train_cfg": False, "lora": True,
+         "lora_rank": 32, "kl": False, **workload}
+    return three_modes(Testbed.from_dict(d), knobs, CostModel())
+
+
 def test_known_counterexample():
     # found by the property's draws (seed 11 of the search in the issue 38 report): 4 L40S, one
     # rollout worker per GPU of 2, Qwen-Image LoRA. TAG off 6.81 s, greedy 6.25 s, and BTS took
@@ -252,17 +266,11 @@ def test_known_counterexample():
     # segment that was not its last (Scheduler._tail held only last segments), so the search had 8
     # Train units and 7 sources and counted that trainer free after half its segment. Every
     # segment is in the question now: BTS runs at greedy's 6.25 s
-    from digenrl.sim.costs import CostModel
-    from digenrl.sim.testbed import Testbed
-
-    d = {"name": "inv30", "pools": [{"name": "all", "count": 4, "device": "L40S", "role": "any", "gpus_per_node": 8}],
-         "model": "qwen-image-20b", "height": 512, "width": 512, "frames": 1, "denoise_steps": 4, "trained_steps": 1,
-         "group_size": 2, "groups_per_step": 8, "micro_batch": 2, "rollout_batch": 3, "cfg": False,
-         "train_cfg": False, "lora": True, "lora_rank": 32, "grad_ckpt": True, "kl": False, "reward": "pickscore",
-         "weight_sync": "nccl"}
-    pt = {"n_rollout": 2, "micro_batch_groups": 1, "tsp_chunk": 1, "tag_segment": 2, "reshard": "after-step",
-          "gen_shard": 1, "train_shard": 1}
-    off, greedy, bts = three_modes(Testbed.from_dict(d), pt, CostModel())
+    off, greedy, bts = _drawn_lora_image(
+        4, "qwen-image-20b", dict(denoise_steps=4, trained_steps=1, group_size=2, groups_per_step=8, micro_batch=2,
+                                  rollout_batch=3, grad_ckpt=True, reward="pickscore", weight_sync="nccl"),
+        dict(n_rollout=2, micro_batch_groups=1, tsp_chunk=1, tag_segment=2, reshard="after-step", gen_shard=1,
+             train_shard=1))
     assert greedy < off  # greedy TAG pays here
     assert bts <= greedy * (1 + 1e-9), (off, greedy, bts)
 
@@ -275,17 +283,11 @@ def test_a_tie_broken_wrong():
     # 13.264, BTS 14.596 a step. BTS skips every queued shard but the last of the step's first
     # micro-batch, where both choices end at 12.579 s and inserting trains sooner on the whole; the
     # trainer's shard then delays more than the prediction saw
-    from digenrl.sim.costs import CostModel
-    from digenrl.sim.testbed import Testbed
-
-    d = {"name": "inv20", "pools": [{"name": "all", "count": 8, "device": "L40S", "role": "any", "gpus_per_node": 8}],
-         "model": "sd3.5-medium", "height": 512, "width": 512, "frames": 1, "denoise_steps": 6, "trained_steps": 5,
-         "group_size": 8, "groups_per_step": 4, "micro_batch": 3, "rollout_batch": 1, "cfg": False,
-         "train_cfg": False, "lora": True, "lora_rank": 32, "grad_ckpt": False, "kl": False, "reward": "qwen3-vl-8b",
-         "weight_sync": "lora-only"}
-    pt = {"n_rollout": 5, "micro_batch_groups": 2, "tsp_chunk": 3, "tag_segment": 3, "reshard": "after-step",
-          "gen_shard": 4, "train_shard": 1}
-    off, greedy, bts = three_modes(Testbed.from_dict(d), pt, CostModel())
+    off, greedy, bts = _drawn_lora_image(
+        8, "sd3.5-medium", dict(denoise_steps=6, trained_steps=5, group_size=8, groups_per_step=4, micro_batch=3,
+                                rollout_batch=1, grad_ckpt=False, reward="qwen3-vl-8b", weight_sync="lora-only"),
+        dict(n_rollout=5, micro_batch_groups=2, tsp_chunk=3, tag_segment=3, reshard="after-step", gen_shard=4,
+             train_shard=1))
     assert bts <= max(off, greedy) * (1 + 1e-9), (off, greedy, bts)
 
 
