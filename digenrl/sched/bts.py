@@ -122,10 +122,6 @@ class Search:
         self.gen_t, self.after_t = (r.g_t, r.w_t) if r.reward_pool else (r.g_t + r.w_t, 0.0)  # (switches apart)
         self.shares = (1.0 / r.s,) * r.s  # an unstarted micro-batch's pieces
 
-    def _key(self, xs: tuple) -> tuple:
-        q = self.scale
-        return tuple([int(v / q) for v in xs])
-
     def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int,
              queue: tuple = (), policy: Optional[bool] = None, hold: float = 0.0) -> tuple:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout
@@ -141,10 +137,11 @@ class Search:
         Returns (makespan, the sum of the Train units' end times): of two choices the one that
         ends sooner, and of two that end together, the one whose training ends sooner on the
         whole (so a tie in makespan goes to the choice with more slack)."""
-        key = (fresh, self._key(rollout), self._key(tuple(t for t, _ in trainers)),
-               tuple(o for _, o in trainers), self._key(ready), units, depth,
-               tuple((int(t / self.scale), tuple(int(x * 1000) for x in sh)) for t, sh in queue), policy,
-               int(hold / self.scale))
+        q = self.scale
+        key = (fresh, tuple([int(v / q) for v in rollout]), tuple([int(t / q) for t, _ in trainers]),
+               tuple([o for _, o in trainers]), tuple([int(v / q) for v in ready]), units, depth,
+               tuple([(int(t / q), tuple([int(x * 1000) for x in sh])) for t, sh in queue]), policy,
+               int(hold / q))
         hit = self.memo.get(key)
         if hit is not None:
             return hit
@@ -157,29 +154,47 @@ class Search:
         rollout, trainers, queue = list(rollout), list(trainers), list(queue)  # heaps; queue in order
         ready, k = list(ready), 0  # ready[k:] not taken yet (sorted)
         end = total = 0.0
+        # the bubble's wait, kept while nothing it reads changed (trainers idle at one time in a
+        # row ask the same question: on a large trainer pool most iterations are such waits)
+        seen, wait = None, inf
+        heapreplace, gen_r, after_r, u, t_train, s_out = heapq.heapreplace, self.gen_r, self.after_r, r.u, r.t, r.s_out
         while units > 0:
             now, out = trainers[0]
             if rollout and rollout[0] <= now and (queue or fresh):  # a rollout worker takes the next piece
                 if not queue:
                     queue.append((0.0, self.shares))
                     fresh -= 1
-                self.made(queue, 0, self.rollout_piece(rollout, rollout[0], queue[0][1][0]), ready, k)
+                known, shares = queue[0]  # (rollout_piece and made, inlined: the hot path)
+                sh = shares[0]
+                t = rollout[0] + sh * gen_r
+                heapreplace(rollout, t)
+                known = max(known, t + sh * after_r)
+                if len(shares) > 1:
+                    queue[0] = (known, shares[1:])
+                else:
+                    del queue[0]
+                    insort_many(ready, known, u, k)
+                seen = None
                 continue
             if k < len(ready) and ready[k] <= now:  # training work is ready: train
                 k += 1
-                t = now + r.t + (r.s_out if out else 0.0)
-                heapq.heapreplace(trainers, (t, False))
+                t = now + t_train + (s_out if out else 0.0)
+                heapreplace(trainers, (t, False))
                 units -= 1
                 end, total = max(end, t), total + t
+                seen = None
                 continue
             # a bubble
-            wait = min(ready[k] if k < len(ready) else inf, self.next_ready(rollout, queue, fresh, now))
+            if seen != now:
+                wait = min(ready[k] if k < len(ready) else inf, self.next_ready(rollout, queue, fresh, now))
+                seen = now
             if now < hold:  # held: it waits
-                heapq.heapreplace(trainers, (min(wait, hold), out))
+                self.wait(trainers, now, min(wait, hold))
                 continue
             can = queue or fresh
             if can and policy is not None and (policy or wait == inf):  # past the bound: the rule's choice
                 fresh -= self.insert(trainers, queue, ready, now, fresh_first=False)
+                seen = None
                 continue
             if can and policy is None:
                 ins_t, ins_q, ins_ready = trainers[:], queue[:], ready[k:]
@@ -196,13 +211,23 @@ class Search:
                 break
             if wait == inf:
                 break  # no work can appear (units left unreachable: a malformed state)
-            heapq.heapreplace(trainers, (wait, out))
+            self.wait(trainers, now, wait)
         else:  # all trained: the optimizer step waits for every trainer, one still in the helper switched back
             for t, o in trainers:
                 if o:
                     end = max(end, t + r.s_out)
         self.memo[key] = got = (end, total)
         return got
+
+    @staticmethod
+    def wait(trainers: list, now: float, until: float) -> None:
+        """Every trainer free at `now` waits until `until` (in place). They are alike to the
+        prediction: each would meet the same state and wait the same, one at a time."""
+        moved = [(until, heapq.heappop(trainers)[1])]
+        while trainers and trainers[0][0] == now:
+            moved.append((until, heapq.heappop(trainers)[1]))
+        for x in moved:
+            heapq.heappush(trainers, x)
 
     def made(self, queue: list, i: int, t: float, ready: list, k: int = 0) -> None:
         """The first queued piece of queue[i] is scored at t; a micro-batch with no piece left is
