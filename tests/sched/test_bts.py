@@ -235,7 +235,7 @@ def test_bts_in_the_simulator_never_slower_than_both_on_random_testbeds():
     # synthetic duration function: 40 random small testbeds x knobs, seeded (2.5-6 s on 2 shared
     # cores: slow tier; the synthetic-duration property above is the default tier's). Not a
     # guarantee on every draw: benchmarks/bts_property.py counts the draws where it fails (0 of
-    # 600 on seeds 0-3 and 10-15, 1 of 600 on seeds 20-29, 2026-12-04: test_a_tie_broken_wrong)
+    # 600 on seeds 0-3 and 10-15, 1 of 600 on seeds 20-29, 2026-12-04: test_a_skip_held_over_many_shards)
     from digenrl.sim.costs import CostModel
 
     worse_than_off = 0
@@ -275,19 +275,39 @@ def test_known_counterexample():
     assert bts <= greedy * (1 + 1e-9), (off, greedy, bts)
 
 
-@pytest.mark.xfail(strict=True, reason="a makespan tie broken by the sum of Train end times inserts a piece "
-                   "that makes the step 0.7% slower than TAG off")
 def test_a_tie_broken_wrong():
     # found by benchmarks/bts_property.py --seeds 20-29 (seed 28): 8 L40S, 5 rollout workers, 3
     # trainers, SD3.5-Medium LoRA, micro-batches of 2 groups in 4 shards. TAG off 14.495 s, greedy
-    # 13.264, BTS 14.596 a step. BTS skips every queued shard but the last of the step's first
-    # micro-batch, where both choices end at 12.579 s and inserting trains sooner on the whole; the
-    # trainer's shard then delays more than the prediction saw
+    # 13.264, BTS 14.596 a step: asked again at every queued shard a rollout worker took, BTS
+    # skipped all but the last of the step's first micro-batch, where both choices ended at
+    # 12.579 s and inserting trained sooner on the whole; the trainer's shard then delayed more
+    # than the prediction saw. A held skip now lasts while rollout workers take the shards it
+    # left to them (Scheduler._pushed): that question is not asked, and BTS is within both
     off, greedy, bts = _drawn_lora_image(
         8, "sd3.5-medium", dict(denoise_steps=6, trained_steps=5, group_size=8, groups_per_step=4, micro_batch=3,
                                 rollout_batch=1, grad_ckpt=False, reward="qwen3-vl-8b", weight_sync="lora-only"),
         dict(n_rollout=5, micro_batch_groups=2, tsp_chunk=3, tag_segment=3, reshard="after-step", gen_shard=4,
              train_shard=1))
+    assert bts <= max(off, greedy) * (1 + 1e-9), (off, greedy, bts)
+
+
+@pytest.mark.xfail(strict=True, reason="a skip held while rollout workers take a micro-batch's 8 shards "
+                   "makes the step 0.5% slower than TAG off")
+def test_a_skip_held_over_many_shards():
+    # found by benchmarks/bts_property.py --seeds 20-29 (seed 22) once a held skip lasted while
+    # shards were taken: 8 H100, 6 rollout workers, 2 trainers, FLUX.1 LoRA with CFG, micro-batches
+    # of one group in 8 shards, 5-step TAG segments. TAG off 9.738 s, greedy 9.679, BTS 9.788 a step
+    from digenrl.sim.costs import CostModel
+    from digenrl.sim.testbed import Testbed
+
+    d = {"name": "drawn", "pools": [{"name": "all", "count": 8, "device": "H100", "role": "any", "gpus_per_node": 8}],
+         "model": "flux.1-12b", "height": 512, "width": 256, "frames": 1, "denoise_steps": 5, "trained_steps": 2,
+         "group_size": 8, "groups_per_step": 4, "micro_batch": 2, "rollout_batch": 2, "cfg": True, "train_cfg": False,
+         "lora": True, "lora_rank": 32, "grad_ckpt": True, "kl": False, "reward": "hpsv2",
+         "weight_sync": "object-store"}
+    off, greedy, bts = three_modes(Testbed.from_dict(d), dict(
+        n_rollout=6, micro_batch_groups=1, tsp_chunk=2, tag_segment=5, reshard="after-step", gen_shard=8,
+        train_shard=8), CostModel())
     assert bts <= max(off, greedy) * (1 + 1e-9), (off, greedy, bts)
 
 
