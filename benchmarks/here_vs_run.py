@@ -14,7 +14,11 @@ prints, for the simulated and the real run:
   (real: the driver noticing the end, scheduling, dispatching, and the worker receiving its
   inputs; simulated: waits for inputs only);
 - seconds per RL step over steps 3..N (optimizer-step ends; the steady window) and the
-  samples/s this gives.
+  samples/s this gives;
+- with `--transitions`, the gaps on a worker by (role, unit kind before, unit kind after),
+  real beside simulated, largest real total first: which waits the run pays that the
+  simulation does not; where the trace says when the driver sent each unit (runs since
+  2026-12-04), the part of each gap after it was sent (the dispatch) apart.
 
 The differences say what the predictor misses: a unit kind that takes longer than charged
 (cores shared more than the slowdown says), or a per-unit gap (dispatch and bookkeeping).
@@ -72,9 +76,32 @@ def describe(trace: Trace, samples_per_step: int) -> dict:
             "gap_median_s": statistics.median(gaps), "s_per_step": per_step, "samples_per_s": samples_per_step / per_step}
 
 
+def transitions(trace: Trace) -> dict:
+    """Per (worker role, unit kind before, unit kind after) on one worker: the gaps between the
+    two units, [count, total seconds, median seconds, seconds of them after the driver sent the
+    second unit]: where a run waits between units. A Ray run's spans carry when the driver sent
+    them (extra "sent", runtime/loop.py), which splits a gap into the driver's part (noticing the
+    first unit's end, the inputs the second waits for, scheduling) and the dispatch (the call
+    reaching the worker and its inputs resolved); None where a trace has no "sent"."""
+    by = defaultdict(list)
+    for s in trace.spans:
+        by[s.worker].append(s)
+    gaps, sent = defaultdict(list), defaultdict(list)
+    for w, spans in by.items():
+        spans.sort(key=lambda s: s.start)
+        for a, b in zip(spans, spans[1:]):
+            key = (w.rsplit("-", 1)[0], a.kind, b.kind)
+            gaps[key].append(max(0.0, b.start - a.end))
+            if b.extra and "sent" in b.extra:
+                sent[key].append(max(0.0, b.start - max(a.end, b.extra["sent"])))
+    return {k: [len(v), sum(v), statistics.median(v), sum(sent[k]) if k in sent else None] for k, v in gaps.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("--transitions", action="store_true",
+                    help="also the gaps by (role, unit before, unit after), simulated and real, largest total first")
     args = ap.parse_args()
     for rd in map(Path, args.run_dirs):
         metrics = [r for r in read_jsonl(rd / "metrics.jsonl") if "reward_mean" in r]
@@ -89,6 +116,14 @@ def main() -> None:
             print(f"  {name:10} {r['s_per_step']:7.3f} {r['samples_per_s']:9.1f} {1e3 * r['gap_mean_s']:8.1f}ms "
                   f"{1e3 * r['gap_median_s']:6.1f}ms  " +
                   "  ".join(f"{r['units'].get(k, 0)} / {1e3 * r['mean_s'].get(k, 0):.1f}" for k in kinds))
+        if args.transitions:
+            real, simulated = transitions(read_trace(rd / "trace.jsonl")), transitions(sim)
+            print(f"  {'gaps on a worker':34} {'real n':>7} {'total s':>8} {'median ms':>9} {'dispatch s':>10}   "
+                  f"{'simulated n':>11} {'total s':>8}")
+            for key, (n, total, med, disp) in sorted(real.items(), key=lambda kv: -kv[1][1]):
+                sn, st, _, _ = simulated.get(key, (0, 0.0, 0.0, None))
+                d = "-" if disp is None else f"{disp:.2f}"
+                print(f"  {' -> '.join(key):34} {n:7d} {total:8.2f} {1e3 * med:9.1f} {d:>10}   {sn:11d} {st:8.2f}")
 
 
 if __name__ == "__main__":

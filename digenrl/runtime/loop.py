@@ -186,8 +186,10 @@ class EventLoop:
         version_before = self.sched.version
         taken = self.sched.complete(wid, unit, seconds=info.end - info.start)  # BTS learns what it took
         self.trace.n_events += 1
+        extra = dict(info.trace_extra() or {}) if taken else {"dropped": True}
+        extra["sent"] = t_disp  # when the driver sent it: `start` minus this is the dispatch (here_vs_run.py)
         self.trace.add(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0, _version(unit),
-                            _step(unit), unit=unit, extra=info.trace_extra() if taken else {"dropped": True}))
+                            _step(unit), unit=unit, extra=extra))
         if taken:  # else its micro-batch was regenerated meanwhile (inputs_lost)
             self.backend.completed(wid, unit, info)
         if self.sched.version != version_before:

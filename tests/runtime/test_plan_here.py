@@ -30,6 +30,11 @@ def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path):
     assert rt["rollout"]["workers"] + rt["trainer"]["workers"] == 3  # the same devices, split anew
     assert set(trainer.trace.workers) == {f"rollout-{i}" for i in range(rt["rollout"]["workers"])} | \
         {f"trainer-{i}" for i in range(rt["trainer"]["workers"])}
+    # each span says when the driver sent its unit (benchmarks/here_vs_run.py splits the gaps by it):
+    # before the worker started it, on one node's clock
+    spans = trainer.trace.spans
+    assert spans and all(s.extra["sent"] <= s.start + 1e-6 for s in spans), \
+        [(s.worker, s.kind, s.extra.get("sent"), s.start) for s in spans if s.extra["sent"] > s.start + 1e-6][:3]
 
 
 def test_given_pools_are_not_planned(tmp_path):
