@@ -285,7 +285,7 @@ class Search:
             return float("inf")
         if not rollout:
             return float("inf")
-        heap = heapq.nsmallest(len(shares), rollout)
+        heap = rollout[:]  # (a heap already: a copy, not nsmallest's Python loop; each piece takes the least)
         for sh in shares:
             known = max(known, self.rollout_piece(heap, now, sh))
         return known
