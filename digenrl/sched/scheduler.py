@@ -46,13 +46,24 @@ def _busy_until(free: list[float], busy: list[tuple[float, float]], k: int) -> l
     `until`, not free at `left`. A `left` beyond `free` is beyond the k earliest, its `until` too."""
     if not busy:
         return free
-    out = list(free)
+    avail: dict = {}  # each `left` of `free`, counted: a busy worker takes one (in busy's order)
+    for x in free:
+        avail[x] = avail.get(x, 0) + 1
+    taken: dict = {}
+    untils = []
     for left, until in busy:
-        try:
-            out.remove(left)
-        except ValueError:
-            continue
-        out.append(until)
+        if avail.get(left):
+            avail[left] -= 1
+            taken[left] = taken.get(left, 0) + 1
+            untils.append(until)
+    out = []
+    for x in free:  # free less what the busy took (a multiset; the k smallest are sorted below)
+        c = taken.get(x)
+        if c:
+            taken[x] = c - 1
+        else:
+            out.append(x)
+    out.extend(untils)
     return heapq.nsmallest(k, out)
 
 

@@ -424,3 +424,28 @@ def test_a_skip_holds_for_its_bubble(monkeypatch):
     for nt in (4, 64):
         _run("digenrl", 3, nt, 5.0, 0.2, 6, 1)
     assert seen and repeats == 0
+
+
+def test_busy_until_takes_each_free_time_once_in_busy_order():
+    # Scheduler._busy_until against its definition (the list.remove loop it replaced, quadratic in
+    # the busy workers): each busy (left, until) takes one copy of `left` from the free times, in
+    # busy's order, and is free at `until` instead; lefts not among them are beyond the k
+    # earliest. Repeated values make the order matter
+    import heapq
+
+    from digenrl.sched.scheduler import _busy_until
+
+    def by_definition(free, busy, k):
+        out = list(free)
+        for left, until in busy:
+            if left in out:
+                out.remove(left)
+                out.append(until)
+        return heapq.nsmallest(k, out)
+
+    rng = random.Random(7)
+    for _ in range(500):
+        free = sorted(rng.choice((0.0, 0.5, 1.0, 1.5, 2.0)) for _ in range(rng.randint(0, 12)))
+        busy = [(rng.choice((0.0, 0.5, 1.0, 3.0)), rng.uniform(0.5, 9.0)) for _ in range(rng.randint(0, len(free)))]
+        k = len(free) - len(busy)  # as the scheduler calls it: `free` holds the k + len(busy) earliest
+        assert _busy_until(free, busy, k) == by_definition(free, busy, k), (free, busy, k)
