@@ -157,23 +157,14 @@ class Search:
         # the bubble's wait, kept while nothing it reads changed (trainers idle at one time in a
         # row ask the same question: on a large trainer pool most iterations are such waits)
         seen, wait = None, inf
-        heapreplace, gen_r, after_r, u, t_train, s_out = heapq.heapreplace, self.gen_r, self.after_r, r.u, r.t, r.s_out
+        heapreplace, t_train, s_out = heapq.heapreplace, r.t, r.s_out
         while units > 0:
             now, out = trainers[0]
             if rollout and rollout[0] <= now and (queue or fresh):  # a rollout worker takes the next piece
                 if not queue:
                     queue.append((0.0, self.shares))
                     fresh -= 1
-                known, shares = queue[0]  # (rollout_piece and made, inlined: the hot path)
-                sh = shares[0]
-                t = rollout[0] + sh * gen_r
-                heapreplace(rollout, t)
-                known = max(known, t + sh * after_r)
-                if len(shares) > 1:
-                    queue[0] = (known, shares[1:])
-                else:
-                    del queue[0]
-                    insort_many(ready, known, u, k)
+                self.made(queue, 0, self.rollout_piece(rollout, rollout[0], queue[0][1][0]), ready, k)
                 seen = None
                 continue
             if k < len(ready) and ready[k] <= now:  # training work is ready: train
@@ -221,10 +212,11 @@ class Search:
 
     @staticmethod
     def wait(trainers: list, now: float, until: float) -> None:
-        """Every trainer free at `now` waits until `until` (in place). They are alike to the
-        prediction: each would meet the same state and wait the same, one at a time."""
+        """Every trainer free by `now` (the heap's earliest) waits until `until`, in place. They
+        are alike to the prediction: each would meet the same state and wait the same, one at a
+        time."""
         moved = [(until, heapq.heappop(trainers)[1])]
-        while trainers and trainers[0][0] == now:
+        while trainers and trainers[0][0] <= now:
             moved.append((until, heapq.heappop(trainers)[1]))
         for x in moved:
             heapq.heappush(trainers, x)
@@ -292,9 +284,10 @@ class Search:
 
     @staticmethod
     def hold(trainers: list, now: float, wait: float) -> list:
-        """SkipBubble at `now`: every trainer idle by then waits until `wait` (a heap)."""
-        out = [(wait, o) if t <= now else (t, o) for t, o in trainers]
-        heapq.heapify(out)
+        """SkipBubble at `now` (the earliest free time of `trainers`, a heap): a copy in which
+        every trainer idle by then waits until `wait` (`Search.wait`)."""
+        out = trainers[:]
+        Search.wait(out, now, wait)
         return out
 
 
