@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -46,25 +46,13 @@ def _busy_until(free: list[float], busy: list[tuple[float, float]], k: int) -> l
     `until`, not free at `left`. A `left` beyond `free` is beyond the k earliest, its `until` too."""
     if not busy:
         return free
-    avail: dict = {}  # each `left` of `free`, counted: a busy worker takes one (in busy's order)
-    for x in free:
-        avail[x] = avail.get(x, 0) + 1
-    taken: dict = {}
+    left_free = Counter(free)  # a busy worker takes one copy of its `left`, in busy's order
     untils = []
     for left, until in busy:
-        if avail.get(left):
-            avail[left] -= 1
-            taken[left] = taken.get(left, 0) + 1
+        if left_free[left] > 0:
+            left_free[left] -= 1
             untils.append(until)
-    out = []
-    for x in free:  # free less what the busy took (a multiset; the k smallest are sorted below)
-        c = taken.get(x)
-        if c:
-            taken[x] = c - 1
-        else:
-            out.append(x)
-    out.extend(untils)
-    return heapq.nsmallest(k, out)
+    return heapq.nsmallest(k, [*left_free.elements(), *untils])  # (a multiset: nsmallest sorts it)
 
 
 class SchedulerError(RuntimeError):
