@@ -56,16 +56,23 @@ def simulate(run_dir: Path) -> tuple[Trace, float]:
     return run_virtual(Scheduler(run.sched, run.workers()), fn), slow
 
 
-def describe(trace: Trace, samples_per_step: int) -> dict:
-    n, busy, gaps = Counter(), Counter(), []
+def consecutive(trace: Trace):
+    """(worker, a unit's span, the next span on that worker), for every worker of `trace`."""
     by = defaultdict(list)
+    for s in trace.spans:
+        by[s.worker].append(s)
+    for w, spans in by.items():
+        spans.sort(key=lambda s: s.start)
+        for a, b in zip(spans, spans[1:]):
+            yield w, a, b
+
+
+def describe(trace: Trace, samples_per_step: int) -> dict:
+    n, busy = Counter(), Counter()
     for s in trace.spans:
         n[s.kind] += 1
         busy[s.kind] += s.end - s.start
-        by[s.worker].append(s)
-    for spans in by.values():
-        spans.sort(key=lambda s: s.start)
-        gaps += [max(0.0, b.start - a.end) for a, b in zip(spans, spans[1:])]
+    gaps = [max(0.0, b.start - a.end) for _, a, b in consecutive(trace)]
     opt_end: dict[int, float] = {}
     for s in trace.spans:
         if s.kind == "optimizer":
@@ -83,17 +90,12 @@ def transitions(trace: Trace) -> dict:
     them (extra "sent", runtime/loop.py), which splits a gap into the driver's part (noticing the
     first unit's end, the inputs the second waits for, scheduling) and the dispatch (the call
     reaching the worker and its inputs resolved); None where a trace has no "sent"."""
-    by = defaultdict(list)
-    for s in trace.spans:
-        by[s.worker].append(s)
     gaps, sent = defaultdict(list), defaultdict(list)
-    for w, spans in by.items():
-        spans.sort(key=lambda s: s.start)
-        for a, b in zip(spans, spans[1:]):
-            key = (w.rsplit("-", 1)[0], a.kind, b.kind)
-            gaps[key].append(max(0.0, b.start - a.end))
-            if b.extra and "sent" in b.extra:
-                sent[key].append(max(0.0, b.start - max(a.end, b.extra["sent"])))
+    for w, a, b in consecutive(trace):
+        key = (w.rsplit("-", 1)[0], a.kind, b.kind)
+        gaps[key].append(max(0.0, b.start - a.end))
+        if b.extra and "sent" in b.extra:
+            sent[key].append(max(0.0, b.start - max(a.end, b.extra["sent"])))
     return {k: [len(v), sum(v), statistics.median(v), sum(sent[k]) if k in sent else None] for k, v in gaps.items()}
 
 

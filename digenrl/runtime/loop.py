@@ -186,7 +186,7 @@ class EventLoop:
         version_before = self.sched.version
         taken = self.sched.complete(wid, unit, seconds=info.end - info.start)  # BTS learns what it took
         self.trace.n_events += 1
-        extra = dict(info.trace_extra() or {}) if taken else {"dropped": True}
+        extra = (info.trace_extra() or {}) if taken else {"dropped": True}  # (a new dict per unit)
         extra["sent"] = t_disp  # when the driver sent it: `start` minus this is the dispatch (here_vs_run.py)
         self.trace.add(Span(wid, kind(unit), info.start - self.t0, info.end - self.t0, _version(unit),
                             _step(unit), unit=unit, extra=extra))
