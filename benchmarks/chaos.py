@@ -304,7 +304,7 @@ def main(argv=None) -> int:
     p.add_argument("--trace", help="keep the run's trace.jsonl here (default: a temporary file)")
     args = p.parse_args(argv)
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         with tempfile.TemporaryDirectory() as tmp:
             report = run(args, args.trace or os.path.join(tmp, "trace.jsonl"))

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from digenrl.tools.bench import bench_emulated
     from digenrl.runtime.emulated import ActorCache
 
-    ray.init(num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=a.num_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     cache = ActorCache()
     out, t0 = {}, time.time()
     try:

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     run_dir = tempfile.mkdtemp(prefix="overlap-")
     cfg = load_config(None, DEFAULTS + [f"train.steps={args.steps}", f"run.run_dir={run_dir}"]
                       + list(args.overrides))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         rt = RayDriver(cfg, progress=False, evaluate=False)
         rt.train()

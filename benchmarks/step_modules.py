@@ -85,7 +85,7 @@ def main(argv=None) -> None:
     os.environ["STEP_MODULES_DIR"] = str(folder)
     here = str(Path(__file__).resolve().parent)
     path = os.pathsep.join([here, str(Path(here).parent), os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"worker_process_setup_hook": "step_modules.install",
                           "env_vars": {"STEP_MODULES_DIR": str(folder), "PYTHONPATH": path}})
     first: dict[int, float] = {}

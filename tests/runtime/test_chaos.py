@@ -21,6 +21,12 @@ pytestmark = pytest.mark.chaos
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _report(report: Path, out: subprocess.CompletedProcess) -> dict:
+    """The benchmark's JSON report; when it wrote none, fail with what it printed."""
+    assert report.exists(), f"chaos.py wrote no report (exit {out.returncode}):\n{out.stdout[-2000:]}{out.stderr[-3000:]}"
+    return json.loads(report.read_text())
+
+
 def test_chaos_short(tmp_path):
     # its own process: its own Ray, and the driver RSS measured is the benchmark's alone
     report = tmp_path / "chaos.json"
@@ -28,7 +34,7 @@ def test_chaos_short(tmp_path):
                           "--kill-every", "2", "--kill-at", "mixed", "--stall", "30", "--json", str(report)],
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          cwd=ROOT, timeout=600)
-    r = json.loads(report.read_text())
+    r = _report(report, out)
     assert r["deadlock"] is None, r["deadlock"]
     assert r["steps_done"] == 150
     assert r["kills"] >= 2 and {k["at"] for k in r["kill_log"]} == {"random", "dispatch"}
@@ -46,7 +52,7 @@ def test_chaos_preempt_short(tmp_path):
                           "--json", str(report)],
                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          cwd=ROOT, timeout=600)
-    r = json.loads(report.read_text())
+    r = _report(report, out)
     assert r["deadlock"] is None, r["deadlock"]
     assert r["steps_done"] == 150
     sp = r["spot"]
