@@ -15,6 +15,9 @@ prints, for the simulated and the real run:
   inputs; simulated: waits for inputs only);
 - seconds per RL step over steps 3..N (optimizer-step ends; the steady window) and the
   samples/s this gives;
+- with `--charge KIND=SECONDS` (repeatable; KIND a unit kind or `all`), one more simulated row
+  with those seconds added to every unit of the kind: what charging a per-unit cost the profile
+  does not time would predict (e.g. each kind's measured excess, then a dispatch for all);
 - with `--transitions`, the gaps on a worker by (role, unit kind before, unit kind after),
   real beside simulated, largest real total first: which waits the run pays that the
   simulation does not; where the trace says when the driver sent each unit (runs since
@@ -35,7 +38,7 @@ from pathlib import Path
 from digenrl.config.contract import contract
 from digenrl.config.schema import load_config
 from digenrl.io.trace import Trace, read_trace
-from digenrl.sched import Scheduler
+from digenrl.sched import Generate, OptimizerStep, Reward, Scheduler, Train, WeightSync
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.here import MeasuredCosts, MeasuredDurations
 
@@ -44,8 +47,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def simulate(run_dir: Path) -> tuple[Trace, float]:
-    """The run's config on its profile lines, as plan_here prices a candidate; and the slowdown."""
+KINDS = ("generate", "reward", "train", "optimizer", "sync")
+
+
+def simulate(run_dir: Path, charge: dict | None = None) -> tuple[Trace, float]:
+    """The run's config on its profile lines, as plan_here prices a candidate; and the slowdown.
+    `charge`: seconds added to each unit of a kind (its span kind, or "all"), after the slowdown."""
     tree = json.loads((run_dir / "config.json").read_text())
     cfg = load_config(None, tree=tree)
     lines = read_jsonl(run_dir / "profile.jsonl")
@@ -53,7 +60,26 @@ def simulate(run_dir: Path) -> tuple[Trace, float]:
     cores = lines[0]["cores"]
     slow = max(1.0, len(run.workers()) * cfg.runtime.worker_threads / cores)
     fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slow)
+    if charge:
+        base, kind_of = fn, {u: kind for kind, u in zip(KINDS, (Generate, Reward, Train, OptimizerStep, WeightSync))}
+
+        def fn(worker, unit):
+            return base(worker, unit) + charge.get(kind_of[type(unit)], 0.0) + charge.get("all", 0.0)
     return run_virtual(Scheduler(run.sched, run.workers()), fn), slow
+
+
+def parse_charge(items: list[str]) -> dict[str, float]:
+    """--charge KIND=SECONDS items as {kind: seconds}; a bad item exits naming it."""
+    out = {}
+    for item in items:
+        kind, _, sec = item.partition("=")
+        try:
+            out[kind] = float(sec)
+        except ValueError:
+            raise SystemExit(f"--charge {item!r}: want KIND=SECONDS") from None
+        if kind not in (*KINDS, "all"):
+            raise SystemExit(f"--charge {item!r}: KIND is one of {', '.join(KINDS)}, all")
+    return out
 
 
 def consecutive(trace: Trace):
@@ -104,12 +130,18 @@ def main() -> None:
     ap.add_argument("run_dirs", nargs="+")
     ap.add_argument("--transitions", action="store_true",
                     help="also the gaps by (role, unit before, unit after), simulated and real, largest total first")
+    ap.add_argument("--charge", action="append", default=[], metavar="KIND=SECONDS",
+                    help="another simulated row with SECONDS added to each unit of KIND (a unit kind, or all)")
     args = ap.parse_args()
+    charge = parse_charge(args.charge)
     for rd in map(Path, args.run_dirs):
         metrics = [r for r in read_jsonl(rd / "metrics.jsonl") if "reward_mean" in r]
         spp = metrics[0]["samples"]
         sim, slow = simulate(rd)
-        rows = {"simulated": describe(sim, spp), "real": describe(read_trace(rd / "trace.jsonl"), spp)}
+        rows = {"simulated": describe(sim, spp)}
+        if charge:
+            rows["+ charges"] = describe(simulate(rd, charge)[0], spp)
+        rows["real"] = describe(read_trace(rd / "trace.jsonl"), spp)
         print(f"{rd}  (slowdown charged {slow:.2f})")
         kinds = sorted(rows["real"]["units"])
         print(f"  {'':10} {'s/step':>7} {'samples/s':>9} {'gap mean':>9} {'gap med':>8}  " +
