@@ -38,16 +38,13 @@ from pathlib import Path
 from digenrl.config.contract import contract
 from digenrl.config.schema import load_config
 from digenrl.io.trace import Trace, read_trace
-from digenrl.sched import Generate, OptimizerStep, Reward, Scheduler, Train, WeightSync
+from digenrl.sched import KINDS, Scheduler, kind
 from digenrl.sim.engine import run_virtual
 from digenrl.sim.here import MeasuredCosts, MeasuredDurations
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-KINDS = ("generate", "reward", "train", "optimizer", "sync")
 
 
 def simulate(run_dir: Path, charge: dict | None = None) -> tuple[Trace, float]:
@@ -61,10 +58,10 @@ def simulate(run_dir: Path, charge: dict | None = None) -> tuple[Trace, float]:
     slow = max(1.0, len(run.workers()) * cfg.runtime.worker_threads / cores)
     fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slow)
     if charge:
-        base, kind_of = fn, {u: kind for kind, u in zip(KINDS, (Generate, Reward, Train, OptimizerStep, WeightSync))}
+        base = fn
 
         def fn(worker, unit):
-            return base(worker, unit) + charge.get(kind_of[type(unit)], 0.0) + charge.get("all", 0.0)
+            return base(worker, unit) + charge.get(kind(unit), 0.0) + charge.get("all", 0.0)
     return run_virtual(Scheduler(run.sched, run.workers()), fn), slow
 
 
@@ -72,13 +69,13 @@ def parse_charge(items: list[str]) -> dict[str, float]:
     """--charge KIND=SECONDS items as {kind: seconds}; a bad item exits naming it."""
     out = {}
     for item in items:
-        kind, _, sec = item.partition("=")
+        name, _, sec = item.partition("=")
         try:
-            out[kind] = float(sec)
+            out[name] = float(sec)
         except ValueError:
             raise SystemExit(f"--charge {item!r}: want KIND=SECONDS") from None
-        if kind not in (*KINDS, "all"):
-            raise SystemExit(f"--charge {item!r}: KIND is one of {', '.join(KINDS)}, all")
+        if name not in (*KINDS.values(), "all"):
+            raise SystemExit(f"--charge {item!r}: KIND is one of {', '.join(KINDS.values())}, all")
     return out
 
 
