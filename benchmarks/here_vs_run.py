@@ -138,7 +138,8 @@ def main() -> None:
         rows = {"simulated": describe(sim, spp)}
         if charge:
             rows["+ charges"] = describe(simulate(rd, charge)[0], spp)
-        rows["real"] = describe(read_trace(rd / "trace.jsonl"), spp)
+        trace = read_trace(rd / "trace.jsonl")
+        rows["real"] = describe(trace, spp)
         print(f"{rd}  (slowdown charged {slow:.2f})")
         kinds = sorted(rows["real"]["units"])
         print(f"  {'':10} {'s/step':>7} {'samples/s':>9} {'gap mean':>9} {'gap med':>8}  " +
@@ -148,7 +149,7 @@ def main() -> None:
                   f"{1e3 * r['gap_median_s']:6.1f}ms  " +
                   "  ".join(f"{r['units'].get(k, 0)} / {1e3 * r['mean_s'].get(k, 0):.1f}" for k in kinds))
         if args.transitions:
-            real, simulated = transitions(read_trace(rd / "trace.jsonl")), transitions(sim)
+            real, simulated = transitions(trace), transitions(sim)
             print(f"  {'gaps on a worker':34} {'real n':>7} {'total s':>8} {'median ms':>9} {'dispatch s':>10}   "
                   f"{'simulated n':>11} {'total s':>8}")
             for key, (n, total, med, disp) in sorted(real.items(), key=lambda kv: -kv[1][1]):
