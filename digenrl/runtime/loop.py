@@ -147,8 +147,8 @@ class EventLoop:
         for wid, unit in self.sched.assign():
             if self.on_dispatch is not None:
                 self.on_dispatch(wid, unit)
-            refs = self.backend.dispatch(wid, unit)
-            call = _Call(wid, unit, self.now(), list(refs))
+            sent = self.now()  # before the call: the worker may start it before dispatch() returns
+            call = _Call(wid, unit, sent, list(self.backend.dispatch(wid, unit)))
             for ref in call.refs:
                 self.pending[ref] = call
 
@@ -267,7 +267,7 @@ class _Call:
 
     wid: str
     unit: Unit
-    t: float
+    t: float  # when the driver sent it (loop time, read just before the actor call)
     refs: list
     done: dict = field(default_factory=dict)
 
