@@ -15,6 +15,10 @@ prints, for the simulated and the real run:
   inputs; simulated: waits for inputs only);
 - seconds per RL step over steps 3..N (optimizer-step ends; the steady window) and the
   samples/s this gives;
+- where the run's plan probed the runtime (runtime.plan_probe_steps: profile.jsonl has its
+  "runtime" line), "simulated" prices with it, as the plan did, and "compute" without it;
+- where the run evaluates (run.eval_every > 0), the simulated step with the evaluation
+  actor's CPU charged as plan_here charges it: the plan's prediction;
 - with `--charge KIND=SECONDS` (repeatable; KIND a unit kind or `all`), one more simulated row
   with those seconds added to every unit of the kind: what charging a per-unit cost the profile
   does not time would predict (e.g. each kind's measured excess, then a dispatch for all);
@@ -40,23 +44,26 @@ from digenrl.config.schema import load_config
 from digenrl.io.trace import Trace, read_trace
 from digenrl.sched import KINDS, Scheduler, kind
 from digenrl.sim.engine import run_virtual
-from digenrl.sim.here import MeasuredCosts, MeasuredDurations
+from digenrl.runtime.driver import _eval_samples
+from digenrl.sim.here import MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, slowdown
 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def simulate(run_dir: Path, charge: dict | None = None) -> tuple[Trace, float]:
+def simulate(run_dir: Path, charge: dict | None = None, probe: bool = True) -> tuple[Trace, float]:
     """The run's config on its profile lines, as plan_here prices a candidate; and the slowdown.
-    `charge`: seconds added to each unit of a kind (its span kind, or "all"), after the slowdown."""
+    `probe`: with the runtime costs its probe measured (the profile's "runtime" line, when it
+    has one); `charge`: seconds added to each unit of a kind (its span kind, or "all"), after
+    the slowdown."""
     tree = json.loads((run_dir / "config.json").read_text())
     cfg = load_config(None, tree=tree)
     lines = read_jsonl(run_dir / "profile.jsonl")
     run = contract(cfg)
-    cores = lines[0]["cores"]
-    slow = max(1.0, len(run.workers()) * cfg.runtime.worker_threads / cores)
-    fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slow)
+    slow = slowdown(cfg, run, lines[0]["cores"])
+    fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slow,
+                           RuntimeCosts.from_lines(lines) if probe else None)
     if charge:
         base = fn
 
@@ -136,11 +143,15 @@ def main() -> None:
         spp = metrics[0]["samples"]
         sim, slow = simulate(rd)
         rows = {"simulated": describe(sim, spp)}
+        probed = RuntimeCosts.from_lines(read_jsonl(rd / "profile.jsonl"))
+        if probed is not None:  # the plan priced the probe's runtime costs: the compute alone beside it
+            rows["compute"] = describe(simulate(rd, probe=False)[0], spp)
         if charge:
             rows["+ charges"] = describe(simulate(rd, charge)[0], spp)
         trace = read_trace(rd / "trace.jsonl")
         rows["real"] = describe(trace, spp)
-        print(f"{rd}  (slowdown charged {slow:.2f})")
+        print(f"{rd}  (slowdown charged {slow:.2f}" +
+              (f"; runtime probe: {probed.describe()})" if probed is not None else ")"))
         kinds = sorted(rows["real"]["units"])
         print(f"  {'':10} {'s/step':>7} {'samples/s':>9} {'gap mean':>9} {'gap med':>8}  " +
               "  ".join(f"{k} n / ms" for k in kinds))
@@ -148,6 +159,13 @@ def main() -> None:
             print(f"  {name:10} {r['s_per_step']:7.3f} {r['samples_per_s']:9.1f} {1e3 * r['gap_mean_s']:8.1f}ms "
                   f"{1e3 * r['gap_median_s']:6.1f}ms  " +
                   "  ".join(f"{r['units'].get(k, 0)} / {1e3 * r['mean_s'].get(k, 0):.1f}" for k in kinds))
+        tree = json.loads((rd / "config.json").read_text())
+        cfg, lines = load_config(None, tree=tree), read_jsonl(rd / "profile.jsonl")
+        e = eval_cpu_s(cfg, MeasuredCosts.from_lines(lines), _eval_samples(cfg))
+        if e:  # as plan_here prices a step: its simulated time + the evaluation's CPU over the cores
+            per = rows["simulated"]["s_per_step"] + e / lines[0]["cores"]
+            print(f"  simulated with the evaluation's {e:.3f} CPU s a step on {lines[0]['cores']} cores: "
+                  f"{per:.3f} s/step, {spp / per:.1f} samples/s (the plan's prediction)")
         if args.transitions:
             real, simulated = transitions(trace), transitions(sim)
             print(f"  {'gaps on a worker':34} {'real n':>7} {'total s':>8} {'median ms':>9} {'dispatch s':>10}   "

@@ -26,6 +26,7 @@ def _refused(overrides: list[str], *words: str) -> str:
     (["runtime.placement_timeout_s=5"], "runtime.placement_timeout_s"),
     (["runtime.start_timeout_s=5"], "runtime.start_timeout_s"),
     (["runtime.stall_timeout_s=5"], "runtime.stall_timeout_s"),
+    (["runtime.plan_probe_steps=3"], "runtime.plan_probe_steps"),
 ])
 def test_local_mode_refuses_the_keys_only_a_ray_run_reads(overrides, key):
     _refused(["run.mode=local", *overrides], key, "run.mode=local")
@@ -336,3 +337,10 @@ def test_tag_offload_acts_where_trainers_generate_or_is_refused():
     _refused(["runtime.reward.tag_offload=always"], "runtime.reward.tag_offload", "runtime.trainer")
     load_config(None, ["run.mode=gap+tsp+tag", "runtime.trainer.gang=2", "runtime.trainer.shard=fsdp",
                        "runtime.trainer.tag_offload=always"])  # a gang's ranks move their shards
+
+
+def test_a_probe_measures_a_step_between_its_first_and_its_last():
+    for bad in ("1", "2", "-1"):
+        _refused([f"runtime.plan_probe_steps={bad}"], "runtime.plan_probe_steps", ">= 3")
+    assert load_config(None, ["runtime.plan_probe_steps=0"]).runtime.plan_probe_steps == 0  # no probe
+    _refused(["runtime.plan=never", "runtime.plan_probe_steps=5"], "runtime.plan_probe_steps", "nothing is planned")

@@ -42,7 +42,7 @@ from typing import Any, Callable, Optional
 
 import ray
 
-from digenrl.config.schema import Config
+from digenrl.config.schema import Config, dotted_get
 from digenrl.config.contract import RunContract, contract
 from digenrl.io.recorder import RunRecorder
 from digenrl.runtime.actors import Actors
@@ -61,7 +61,8 @@ from digenrl.io.trace import Trace, TraceLog, build_outputs, iter_spans, plot_ga
 class RayDriver:
     """`RayDriver(cfg).train(resume=False) -> summary`, for every run.mode except local.
 
-    evaluate=False skips held-out evaluation (benchmarks). `on_dispatch(trainer, worker_id,
+    evaluate=False skips held-out evaluation (benchmarks); finish=False the final weights and
+    summary (runtime.plan's probe run). `on_dispatch(trainer, worker_id,
     unit)` is called before each unit is sent (tests inject faults with it). `notices`: the
     spot notice sources of a preemptible rollout pool (runtime/preempt.py), instead of the
     config's (tests send notices on events of the run).
@@ -69,9 +70,10 @@ class RayDriver:
 
     def __init__(self, cfg: Config, *, progress: bool = True, evaluate: bool = True,
                  on_dispatch: Optional[Callable[["RayDriver", str, Unit], None]] = None,
-                 notices: Optional[list] = None):
+                 notices: Optional[list] = None, finish: bool = True):
         contract(cfg)  # refuses run.mode=local (the scheduler's one check) before any file is written
         self.cfg, self.progress, self.do_eval = cfg, progress, evaluate
+        self.finish = finish  # False (runtime.plan's probe): no final weights or summary, train() -> {}
         self.on_dispatch = on_dispatch
         self.run_dir = Path(cfg.run.run_dir)
         self.actors: Optional[Actors] = None  # the run's Ray actors, from the start of train()
@@ -151,7 +153,7 @@ class RayDriver:
                     self.stats, self.wall_s = {}, wall0
             finally:
                 rec.close()
-            return self._finish()
+            return self._finish() if self.finish else {}
         finally:
             if self.actors is not None:
                 self.actors.shutdown()
@@ -239,8 +241,10 @@ class RayDriver:
         self.wall_s = backend.wall_s
 
     def _plan_here(self) -> Config:
-        """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), then
-        pick the knobs the config leaves open on the simulator (digenrl.sim.here)."""
+        """runtime.plan: time each unit kind on a trainer-pool worker (digenrl.profile), measure
+        what the runtime adds around the units on a short run of the config as given
+        (runtime.plan_probe_steps, `_probe`), then pick the knobs the config leaves open on the
+        simulator (digenrl.sim.here)."""
         from digenrl.config.schema import with_overrides
         from digenrl.sim.here import plan_here
 
@@ -251,12 +255,39 @@ class RayDriver:
                                  ray.remote(_profile_here).options(**opts).remote(cfg), "start")
         # GPU workers share no cores; CPU workers share the node's
         gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
-        self.here = plan_here(cfg, lines, cores=10**6 if gpu else cores, given=cfg.given)
+        shared = 10**6 if gpu else cores
+        probes = iter(range(1, 1 << 30))
+        probe = (lambda c: self._probe(c, next(probes), lines, shared)) if rt.plan_probe_steps else None
+        self.here = plan_here(cfg, lines, cores=shared, given=cfg.given, probe=probe,
+                              eval_samples=_eval_samples(cfg) if self.do_eval else 0)
+        if self.here.runtime is not None:  # the chosen plan's probe, as here_vs_run.py re-prices it
+            lines = [*lines, self.here.runtime.line()]
         self.run_dir.mkdir(parents=True, exist_ok=True)  # what the plan priced, for benchmarks/here_vs_run.py
         _write_jsonl(self.run_dir / "profile.jsonl", [dict(r, cores=cores) for r in lines])
         if self.progress:
             print(self.here.describe(), flush=True)
         return with_overrides(cfg, self.here.overrides)
+
+    def _probe(self, candidate: Config, i: int, lines: list[dict], cores: int):
+        """runtime.plan_probe_steps RL steps of a candidate configuration, on its own actors,
+        without evaluation, checkpoints, loggers or final weights, in <run_dir>/probes/<i>; what
+        the runtime added to its units over their profiled charges (digenrl.sim.here.RuntimeCosts)."""
+        from digenrl.config.schema import with_overrides
+        from digenrl.sim.here import KNOBS, MeasuredCosts, MeasuredDurations, RuntimeCosts, slowdown
+
+        n = self.cfg.runtime.plan_probe_steps
+        cfg = with_overrides(candidate, {"train.steps": n, "runtime.plan": "never", "runtime.plan_probe_steps": 0, "run.eval_every": 0,
+                                         "run.checkpoint_every": 0, "run.loggers": [],
+                                         "run.run_dir": str(self.run_dir / "probes" / str(i))})
+        if self.progress:
+            tree = cfg.to_dict()
+            knobs = " ".join(f"{k}={dotted_get(tree, k)}" for k in KNOBS)
+            print(f"runtime.plan: probe {i}, {n} RL steps of {knobs}", flush=True)
+        probe = RayDriver(cfg, progress=False, evaluate=False, notices=self.notices, finish=False)
+        probe.train()
+        run = contract(cfg)
+        fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slowdown(cfg, run, cores))
+        return RuntimeCosts.measure(probe.trace.spans, fn, steps=(1, n - 2))
 
     def _train_emulated(self) -> dict[str, Any]:
         """runtime.compute=emulated: this config's contract (pools, data shape, shards,
@@ -328,6 +359,14 @@ def _planned(cfg: Config, checkpoint) -> Config:
 
     ran = json.loads((checkpoint / "state.json").read_text())["config"]
     return with_overrides(cfg, {k: dotted_get(ran, k) for k in KNOBS})
+
+
+def _eval_samples(cfg: Config) -> int:
+    """Samples of one held-out evaluation (train/evaluation.py): its prompts x data.eval_samples."""
+    from digenrl.data import load_rows
+
+    rows = load_rows(cfg.data.held_out_prompts(), held_out=True)
+    return min(len(rows.prompts), cfg.data.eval_max_prompts) * cfg.data.eval_samples
 
 
 def _profile_here(cfg: Config) -> tuple[list[dict], int]:

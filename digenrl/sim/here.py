@@ -16,18 +16,28 @@ cores are busy, each runs slower. The simulator has no such coupling, so every d
 scaled by max(1, workers * threads / cores), the slowdown when all are busy (an upper
 bound: an idle worker frees its share). It is the same factor for every split of the same
 worker count, so it changes the predicted rate, not which split wins.
+
+The runtime around the units. A Ray run pays more than the units' compute: each unit is a
+remote call whose inputs and outputs move through Ray's object store, the driver notices a
+unit's end and sends the next, and the processes of the run (driver, Ray's daemons, the
+evaluation actor) take their share of the cores. `RuntimeCosts.measure` reads these off a
+short run of a candidate on its real actors (runtime.plan_probe_steps, the driver's probe): per unit kind, how much longer a unit took than its profiled, shared-core charge
+(`ratio`), and the median gap between a unit's end and the start of the next unit sent after
+it on the same worker (`dispatch_s`). Every candidate is then priced with both: a unit
+occupies its worker for ratio x charge + dispatch_s.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Iterable, Optional
+import statistics
+from typing import Callable, Iterable, Optional
 
 from digenrl.config.schema import Config, dotted_get, with_overrides
 from digenrl.config.contract import RunContract, contract, trained_steps
-from digenrl.sched import (BATCH_MODES, TAG_MODES, TSP_MODES, Generate, OptimizerStep, Reward, Scheduler,
-                           Train, WeightSync, Worker, by_kind)
+from digenrl.sched import (BATCH_MODES, KINDS, TAG_MODES, TSP_MODES, Generate, OptimizerStep, Reward, Scheduler,
+                           Train, WeightSync, Worker, by_kind, kind)
 from digenrl.sched.units import n_samples
 from digenrl.sim.calibration import LinearFit, fit_linear
 from digenrl.sim.engine import run_virtual
@@ -69,17 +79,74 @@ class MeasuredCosts:
                              one("optimizer")["ms"] / 1e3, w["ms"] / 1e3, int(w["bytes"]))
 
 
-class MeasuredDurations:
-    """duration_fn(worker, unit) -> seconds for a Config's contract on this machine."""
+@dataclass(frozen=True)
+class RuntimeCosts:
+    """What a Ray run pays around its units' compute, measured on a run of this machine."""
 
-    def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0):
+    ratio: dict  # unit kind -> a unit's seconds in the run over its charge (profile x shared-core factor)
+    dispatch_s: float  # median gap from a unit's end to the start of the next unit sent after it, same worker
+    units: int  # spans measured
+
+    LINE = "runtime"  # its line in a run's profile.jsonl ("what")
+
+    @staticmethod
+    def measure(spans, fn: "MeasuredDurations", *, steps: tuple[int, int]) -> "RuntimeCosts":
+        """From a Ray run's spans (io/trace.py, with their units and "sent" times) and the
+        charges `fn` (MeasuredDurations without runtime costs) of that run's contract: the spans
+        of RL steps steps[0]..steps[1] (the driver's probe leaves out its first step, which
+        warms the actors up, and its last, whose pipeline drains with fewer units side by side),
+        lost ones left out."""
+        workers = {w.id: w for w in fn.run.workers()}
+        spans = sorted((s for s in spans if s.unit is not None and s.worker in workers
+                        and not (s.extra or {}).get("lost")), key=lambda s: (s.worker, s.start))
+        inside = lambda s: s.step is not None and steps[0] <= s.step <= steps[1]  # noqa: E731
+        real, charged = {}, {}
+        for s in filter(inside, spans):
+            k = kind(s.unit)
+            real[k] = real.get(k, 0.0) + (s.end - s.start)
+            charged[k] = charged.get(k, 0.0) + fn(workers[s.worker], s.unit)
+        gaps = [b.start - a.end for a, b in zip(spans, spans[1:])
+                if a.worker == b.worker and inside(b) and (b.extra or {}).get("sent", -1.0) >= a.end]
+        if not real or not gaps:
+            raise ValueError(f"the probe's trace has no unit in RL steps {steps[0]}..{steps[1]}: "
+                             "runtime.plan_probe_steps must leave a step between the first and the last")
+        n = sum(1 for s in spans if inside(s))
+        return RuntimeCosts({k: real[k] / charged[k] for k in real if charged[k] > 0},
+                            max(0.0, statistics.median(gaps)), n)
+
+    def line(self) -> dict:
+        return {"what": self.LINE, "ratio": self.ratio, "dispatch_s": self.dispatch_s, "units": self.units}
+
+    @classmethod
+    def from_lines(cls, lines: list[dict]) -> Optional["RuntimeCosts"]:
+        """The probe's line of a run's profile.jsonl; None when the run had no probe."""
+        rows = [r for r in lines if r.get("what") == cls.LINE]
+        return cls(dict(rows[0]["ratio"]), rows[0]["dispatch_s"], rows[0]["units"]) if rows else None
+
+    def describe(self) -> str:
+        order = [k for k in KINDS.values() if k in self.ratio]
+        return (" ".join(f"{k} x{self.ratio[k]:.2f}" for k in order)
+                + f", dispatch {self.dispatch_s * 1e3:.1f} ms")
+
+
+class MeasuredDurations:
+    """duration_fn(worker, unit) -> seconds for a Config's contract on this machine: the
+    profiled compute x the shared-core factor, and, with `runtime`, x its ratio for the unit's
+    kind + its dispatch."""
+
+    def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0,
+                 runtime: Optional[RuntimeCosts] = None):
         self.c, self.run, self.k = costs, run, slowdown
         self.spg = run.sched.samples_per_group
         # trainer 0 publishes only when rollout workers pull (runtime/backend.py: publisher)
         self._publishes = any(w.role == "rollout" for w in run.workers())
+        self.rt = runtime
 
     def __call__(self, worker: Worker, unit) -> float:
-        return self.k * _UNIT_COST[type(unit)](self, worker, unit)
+        s = self.k * _UNIT_COST[type(unit)](self, worker, unit)
+        if self.rt is None:
+            return s
+        return s * self.rt.ratio.get(kind(unit), 1.0) + self.rt.dispatch_s
 
     def _n(self, unit) -> int:
         return n_samples(unit, self.spg)
@@ -119,11 +186,15 @@ class HerePlan:
     rate: float  # predicted samples/s
     given_rate: Optional[float]  # predicted samples/s of the config as given (None: not runnable)
     evaluated: int
+    runtime: Optional[RuntimeCosts] = None  # what the probe measured around the units (None: no probe)
+    probed: Optional[list] = None  # (changes, None = as given; rate priced with its own probe) per probe
 
     def describe(self) -> str:
         knobs = " ".join(f"{k}={v}" for k, v in self.overrides.items()) or "the config as given"
         base = f", as given {self.given_rate:.1f}" if self.given_rate else ""
-        return f"plan=auto: {knobs} (predicted {self.rate:.1f} samples/s{base}; {self.evaluated} candidates)"
+        probe = (f"; {len(self.probed)} probed, runtime {self.runtime.describe()}"
+                 if self.runtime is not None else "")
+        return f"plan=auto: {knobs} (predicted {self.rate:.1f} samples/s{base}; {self.evaluated} candidates{probe})"
 
 
 def _candidates(cfg: Config, fixed: set[str]) -> list[dict]:
@@ -151,36 +222,79 @@ def _candidates(cfg: Config, fixed: set[str]) -> list[dict]:
              "train.tsp_chunk": c} for r, t in splits for m in mbs for c in chunks]
 
 
+def slowdown(cfg: Config, run: RunContract, cores: int) -> float:
+    """The shared-core factor of `run` on `cores` CPU cores (module doc); reward workers count."""
+    return max(1.0, len(run.workers()) * cfg.runtime.worker_threads / cores)
+
+
+PROBED = 3  # candidates a probing plan runs: the config as given and the best others
+
+
+def eval_cpu_s(cfg: Config, costs: MeasuredCosts, samples: int) -> float:
+    """CPU seconds of held-out evaluation per RL step: `samples` per evaluation (held-out
+    prompts x data.eval_samples), ODE-sampled in rollout batches (train/evaluation.py) over
+    sampling.eval_num_steps and scored, every run.eval_every steps (0: only before and after,
+    outside the steady state)."""
+    if samples <= 0 or cfg.run.eval_every == 0:
+        return 0.0
+    d = cfg.data
+    bs = d.micro_batch_samples or d.micro_batch_groups * d.group_size
+    full, rest = divmod(samples, bs)
+    one = lambda b: cfg.sampling.eval_num_steps * costs.forward(b) + costs.reward(b)  # noqa: E731
+    return (full * one(bs) + (one(rest) if rest else 0.0)) / cfg.run.eval_every
+
+
 def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Iterable[str]] = (),
-              steps: int = PLAN_STEPS) -> HerePlan:
+              steps: int = PLAN_STEPS, probe: Optional[Callable[[Config], RuntimeCosts]] = None,
+              eval_samples: int = 0) -> HerePlan:
     """The knobs (KNOBS not in `given`; None = all given, as Config.given says of a Config
     built in code) with the best simulated throughput for `cfg` on the costs measured in
     `lines`, with `cores` CPU cores shared by all workers (see module doc; pass a large
-    number for GPU workers)."""
+    number for GPU workers).
+
+    `probe(config) -> RuntimeCosts` (the driver's runtime.plan_probe_steps): the compute-only
+    ranking's best candidates and the config as given, PROBED in all, are each run and priced
+    again with their own runtime costs, and the best of those is the plan. What the runtime
+    adds depends on the split (how busy the shared cores are), so a candidate is priced only
+    with what its own probe measured; the others are not chosen.
+
+    `eval_samples`: samples per held-out evaluation (0: the run evaluates none). The
+    evaluation actor's CPU (eval_cpu_s) is charged to every step as taken from the shared
+    cores: a step lasts its simulated time + eval_cpu_s / cores."""
     costs = MeasuredCosts.from_lines(lines)
     fixed = set(KNOBS if given is None else given)
     samples = cfg.data.groups_per_step * cfg.data.group_size
     sim_cfg = copy.deepcopy(cfg)
     sim_cfg.train.steps = steps
 
-    def rate(c: Config) -> float:
+    def rate(c: Config, runtime: Optional[RuntimeCosts] = None) -> float:
         run = contract(c)
-        slow = max(1.0, len(run.workers()) * c.runtime.worker_threads / cores)  # reward workers too
-        return steady_rate(run, MeasuredDurations(costs, run, slow), steps, samples)
+        r = steady_rate(run, MeasuredDurations(costs, run, slowdown(c, run, cores), runtime), steps, samples)
+        return samples / (samples / r + eval_cpu_s(c, costs, eval_samples) / cores)
 
-    best, best_rate, n = None, -1.0, 0
+    ranked = []  # (compute-only rate, order, point, config)
     for point in _candidates(sim_cfg, fixed):
         try:
             c = with_overrides(sim_cfg, point)
         except ValueError:  # e.g. a split the mode cannot run
             continue
-        r = rate(c)
-        n += 1
-        if r > best_rate * (1 + 1e-9):
-            best, best_rate = point, r
-    if best is None:
+        ranked.append((rate(c), -len(ranked), point, c))
+    if not ranked:
         raise ValueError("runtime.plan=auto: no candidate configuration is runnable")
-    given_rate = rate(sim_cfg)
+    ranked.sort(key=lambda r: r[:2], reverse=True)  # ties: the earlier candidate
     tree = sim_cfg.to_dict()
-    chosen = {k: v for k, v in best.items() if k not in fixed and v != dotted_get(tree, k)}  # the changes
-    return HerePlan(chosen, best_rate, given_rate, n)
+    as_given = {k: dotted_get(tree, k) for k in KNOBS}
+    changes = lambda point: {k: v for k, v in point.items() if k not in fixed and v != as_given[k]}  # noqa: E731
+    if probe is None:
+        best = ranked[0]
+        return HerePlan(changes(best[2]), best[0], rate(sim_cfg), len(ranked))
+    probed = [None] + [r for r in ranked if changes(r[2])][:PROBED - 1]  # None: the config as given
+    priced = []
+    for r in probed:
+        c = sim_cfg if r is None else r[3]
+        runtime = probe(cfg if r is None else with_overrides(cfg, r[2]))  # (the run's own train.steps)
+        priced.append((rate(c, runtime), r, runtime))
+    given_rate = priced[0][0]
+    best_rate, best, runtime = max(priced, key=lambda p: p[0])  # ties: the config as given
+    return HerePlan({} if best is None else changes(best[2]), best_rate, given_rate, len(ranked), runtime,
+                    [(None if r is None else changes(r[2]), x) for x, r, _ in priced])

@@ -4,21 +4,32 @@ import json
 
 from digenrl.config.schema import load_config
 from digenrl.runtime.driver import RayDriver
+from digenrl.sim import here
 
 from .conftest import tiny
 
 POOLS = ("runtime.rollout.workers=1", "runtime.trainer.workers=1")
 
 
-def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path):
+def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path, monkeypatch):
+    monkeypatch.setattr(here, "PROBED", 2)  # the config as given and the best other: each probe starts actors
     overrides = [o for o in tiny(tmp_path, "gap+tsp", steps=1) if o not in POOLS]  # pools: 2 + 1, not given
-    cfg = load_config(None, overrides)
+    cfg = load_config(None, overrides + ["runtime.plan_probe_steps=3"])
     assert cfg.wants_plan()
     trainer = RayDriver(cfg, progress=False, evaluate=False)
     summary = trainer.train()
     plan = trainer.here
     assert plan is not None and summary["plan"] == plan.describe()
     assert plan.rate >= plan.given_rate * (1 - 1e-9)  # never worse than the config as given
+    # each probe ran its candidate 3 RL steps on its own actors, and the plan priced what they paid
+    assert len(plan.probed) == 2 and plan.probed[0][0] is None  # the config as given, probed first
+    for i in (1, 2):
+        probed = json.loads((tmp_path / "probes" / str(i) / "config.json").read_text())
+        assert probed["train"]["steps"] == 3 and probed["runtime"]["plan"] == "never"
+    rt = plan.runtime
+    assert rt is not None and rt.units > 0 and rt.dispatch_s > 0 and set(rt.ratio) >= {"generate", "train"}
+    profiled = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
+    assert here.RuntimeCosts.from_lines(profiled) == rt  # as benchmarks/here_vs_run.py re-prices the run
     ran = json.loads((tmp_path / "config.json").read_text())
     for key, value in plan.overrides.items():  # the run used what it planned
         section, *rest = key.split(".")

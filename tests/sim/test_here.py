@@ -4,8 +4,8 @@ import pytest
 
 from digenrl.config.schema import load_config
 from digenrl.config.contract import contract
-from digenrl.sched import Generate, Train
-from digenrl.sim.here import MeasuredCosts, MeasuredDurations, plan_here
+from digenrl.sched import Generate, Train, kind
+from digenrl.sim.here import PROBED, MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, plan_here
 
 
 def lines(train_ms_per_sample: float) -> list[dict]:
@@ -69,3 +69,68 @@ def test_a_config_built_in_code_is_planned_as_all_given():
     cfg.sampling.num_steps = 4
     plan = plan_here(cfg, lines(12.0), cores=64, given=cfg.given)  # given is None: nothing moves
     assert cfg.given is None and plan.overrides == {} and plan.rate == pytest.approx(plan.given_rate)
+
+
+def _spans(fn, run, plan, gap=0.005, ratio=2.0):
+    """Spans on the contract's first workers back to back: each `ratio` x its charge, `gap` after
+    the previous one on its worker, sent as that one ended; RL step 0's ten times slower."""
+    from digenrl.io.trace import Span
+
+    out, clock = [], {}
+    for step, w, unit in plan:
+        worker = run.workers()[w]
+        start = clock.get(worker.id, 0.0) + gap
+        long = (10 if step == 0 else 1) * ratio * fn(worker, unit)
+        out.append(Span(worker.id, kind(unit), start, start + long, 0, step, {"sent": start - gap}, unit))
+        clock[worker.id] = start + long
+    return out
+
+
+def test_runtime_costs_are_read_off_a_runs_spans():
+    cfg = load_config(None, ["run.mode=digenrl", "sampling.num_steps=4"])
+    run = contract(cfg)
+    fn = MeasuredDurations(MeasuredCosts.from_lines(lines(3.0)), run, slowdown=1.5)
+    units = [Generate(s, 0, (0, 1), 0, 0, 4) for s in range(3)] + [Train(s, 0, (0,), (0, 1), 0) for s in range(3)]
+    plan = [(u.step, i % 2, u) for i, u in enumerate(units)]
+    rt = RuntimeCosts.measure(_spans(fn, run, plan), fn, steps=(1, 2))  # step 0 (ten times slower) is left out
+    assert rt.ratio == pytest.approx({"generate": 2.0, "train": 2.0}) and rt.dispatch_s == pytest.approx(0.005)
+    assert rt.units == 4 and RuntimeCosts.measure(_spans(fn, run, plan), fn, steps=(1, 1)).units == 2 and RuntimeCosts.from_lines([rt.line()]) == rt
+    priced = MeasuredDurations(fn.c, run, 1.5, rt)
+    w = run.workers()[0]
+    assert priced(w, units[1]) == pytest.approx(2.0 * fn(w, units[1]) + 0.005)
+    with pytest.raises(ValueError, match="plan_probe_steps"):
+        RuntimeCosts.measure(_spans(fn, run, plan), fn, steps=(5, 6))
+
+
+def test_a_probing_plan_prices_each_probed_candidate_with_its_own_probe():
+    cfg = load_config(None, ["sampling.num_steps=4", "data.groups_per_step=4"])
+    compute_only = plan_here(cfg, lines(12.0), cores=64)
+    moved = compute_only.overrides.get("runtime.trainer.workers")
+    assert moved is not None  # the compute-only plan moves a worker to the trainer pool
+    asked = []
+
+    def probe(c):  # the split the compute-only plan prefers pays ten times its charge
+        asked.append((c.runtime.rollout.workers, c.runtime.trainer.workers))
+        slow = 10.0 if c.runtime.trainer.workers == moved else 1.0
+        return RuntimeCosts({"generate": slow, "train": slow, "reward": slow}, 0.0, 1)
+
+    plan = plan_here(cfg, lines(12.0), cores=64, probe=probe)
+    assert len(asked) == len(plan.probed) == PROBED and asked[0] == (2, 1)  # the config as given first
+    assert plan.overrides.get("runtime.trainer.workers", 1) != moved and plan.rate < compute_only.rate
+    assert plan.rate >= plan.given_rate * (1 - 1e-9) and plan.runtime is not None
+    assert "probed" in plan.describe()
+
+
+def test_evaluation_is_charged_to_every_step_from_the_shared_cores():
+    cfg = load_config(None, ["sampling.num_steps=4", "data.groups_per_step=4", "run.eval_every=2"])
+    costs = MeasuredCosts.from_lines(lines(3.0))
+    bs = cfg.data.micro_batch_groups * cfg.data.group_size
+    one = lambda b: cfg.sampling.eval_num_steps * costs.forward(b) + costs.reward(b)  # noqa: E731
+    assert eval_cpu_s(cfg, costs, 2 * bs + 3) == pytest.approx((2 * one(bs) + one(3)) / 2)
+    assert eval_cpu_s(cfg, costs, 0) == 0.0
+    assert eval_cpu_s(load_config(None, ["run.eval_every=0"]), costs, 100) == 0.0
+    plain = plan_here(cfg, lines(3.0), cores=2)
+    evaluated = plan_here(cfg, lines(3.0), cores=2, eval_samples=64)
+    spp = cfg.data.groups_per_step * cfg.data.group_size
+    assert evaluated.rate < plain.rate
+    assert spp / evaluated.given_rate == pytest.approx(spp / plain.given_rate + eval_cpu_s(cfg, costs, 64) / 2)
