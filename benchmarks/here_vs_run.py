@@ -18,7 +18,8 @@ prints, for the simulated and the real run:
 - where the run's plan probed the runtime (runtime.plan_probe_steps: profile.jsonl has its
   "runtime" line), "simulated" prices with it, as the plan did, and "compute" without it;
 - where the run evaluates (run.eval_every > 0), the simulated step with the evaluation
-  actor's CPU charged as plan_here charges it: the plan's prediction;
+  actor's CPU charged as plan_here charges it (the cores the simulated workers leave idle
+  first, the rest from them);
 - with `--charge KIND=SECONDS` (repeatable; KIND a unit kind or `all`), one more simulated row
   with those seconds added to every unit of the kind: what charging a per-unit cost the profile
   does not time would predict (e.g. each kind's measured excess, then a dispatch for all);
@@ -45,7 +46,7 @@ from digenrl.io.trace import Trace, read_trace
 from digenrl.sched import KINDS, Scheduler, kind
 from digenrl.sim.engine import run_virtual
 from digenrl.runtime.driver import _eval_samples
-from digenrl.sim.here import MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, slowdown
+from digenrl.sim.here import MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, idle_core_s, slowdown
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -97,18 +98,25 @@ def consecutive(trace: Trace):
             yield w, a, b
 
 
+def window(trace: Trace) -> tuple[float, float, int]:
+    """Steps 3..N of a trace: (start, end, steps), between optimizer-step ends (0-based step 2
+    ends where step 3 starts)."""
+    opt_end: dict[int, float] = {}
+    for s in trace.spans:
+        if s.kind == "optimizer":
+            opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
+    last = max(opt_end)
+    return opt_end[2], opt_end[last], last - 2
+
+
 def describe(trace: Trace, samples_per_step: int) -> dict:
     n, busy = Counter(), Counter()
     for s in trace.spans:
         n[s.kind] += 1
         busy[s.kind] += s.end - s.start
     gaps = [max(0.0, b.start - a.end) for _, a, b in consecutive(trace)]
-    opt_end: dict[int, float] = {}
-    for s in trace.spans:
-        if s.kind == "optimizer":
-            opt_end[s.step] = max(opt_end.get(s.step, 0.0), s.end)
-    last = max(opt_end)
-    per_step = (opt_end[last] - opt_end[2]) / (last - 2)  # steps 3..N (0-based 2 is step 3's start)
+    t0, t1, steps = window(trace)
+    per_step = (t1 - t0) / steps
     return {"units": dict(n), "mean_s": {k: busy[k] / n[k] for k in n}, "gap_mean_s": statistics.mean(gaps),
             "gap_median_s": statistics.median(gaps), "s_per_step": per_step, "samples_per_s": samples_per_step / per_step}
 
@@ -162,10 +170,13 @@ def main() -> None:
         tree = json.loads((rd / "config.json").read_text())
         cfg, lines = load_config(None, tree=tree), read_jsonl(rd / "profile.jsonl")
         e = eval_cpu_s(cfg, MeasuredCosts.from_lines(lines), _eval_samples(cfg))
-        if e:  # as plan_here prices a step: its simulated time + the evaluation's CPU over the cores
-            per = rows["simulated"]["s_per_step"] + e / lines[0]["cores"]
-            print(f"  simulated with the evaluation's {e:.3f} CPU s a step on {lines[0]['cores']} cores: "
-                  f"{per:.3f} s/step, {spp / per:.1f} samples/s (the plan's prediction)")
+        if e:  # as plan_here prices a step (sim.here.steady_step): idle cores first, the rest from the workers
+            cores = lines[0]["cores"]
+            t0, t1, n = window(sim)
+            idle = idle_core_s(sim, t0, t1, cores, cfg.runtime.worker_threads) / n
+            per = rows["simulated"]["s_per_step"] + max(0.0, e - idle) / cores
+            print(f"  simulated with the evaluation's {e:.3f} CPU s a step ({idle:.3f} idle in the simulated "
+                  f"step) on {cores} cores: {per:.3f} s/step, {spp / per:.1f} samples/s (as the plan prices it)")
         if args.transitions:
             real, simulated = transitions(trace), transitions(sim)
             print(f"  {'gaps on a worker':34} {'real n':>7} {'total s':>8} {'median ms':>9} {'dispatch s':>10}   "

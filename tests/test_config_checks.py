@@ -343,4 +343,5 @@ def test_a_probe_measures_a_step_between_its_first_and_its_last():
     for bad in ("1", "2", "-1"):
         _refused([f"runtime.plan_probe_steps={bad}"], "runtime.plan_probe_steps", ">= 3")
     assert load_config(None, ["runtime.plan_probe_steps=0"]).runtime.plan_probe_steps == 0  # no probe
+    assert load_config(None, []).runtime.plan_probe_steps is None  # 4 on CPU pools, none on GPU pools
     _refused(["runtime.plan=never", "runtime.plan_probe_steps=5"], "runtime.plan_probe_steps", "nothing is planned")

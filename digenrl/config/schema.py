@@ -735,8 +735,10 @@ class RuntimeConfig:
     # <run_dir>/probes/N) to measure what the runtime adds to each unit: per unit kind, how much
     # longer it takes than its profiled compute, and the gap before the next unit
     # (digenrl.sim.here.RuntimeCosts); the first step (warm-up) and the last (drain) are not
-    # measured. 0 = no probe: the plan prices the profiled compute only
-    plan_probe_steps: int = 4
+    # measured. 0 = no probe: the plan prices the profiled compute only. None = 4 where the
+    # workers share a machine's CPU cores, 0 where each holds a GPU (a probe there loads the
+    # model again and runs whole steps: set it to probe GPU pools)
+    plan_probe_steps: Optional[int] = None
     # Deadlines of the driver's waits (docs/runtime.md, "Waits and their deadlines"): a passed
     # one stops the run naming what it waited for. This one: seconds a worker (first placement,
     # replacement, elastic addition, the planning profile) may wait for the resources it asks
@@ -757,7 +759,7 @@ class RuntimeConfig:
         _one_of(self.weight_sync, "runtime.weight_sync", WEIGHT_SYNC_METHODS)
         _one_of(self.compute, "runtime.compute", COMPUTE)
         _one_of(self.plan, "runtime.plan", PLAN)
-        _check(self.plan_probe_steps == 0 or self.plan_probe_steps >= 3, "runtime.plan_probe_steps",
+        _check(self.plan_probe_steps in (None, 0) or self.plan_probe_steps >= 3, "runtime.plan_probe_steps",
                "must be 0 (no probe) or >= 3 (the first step warms the actors up and the last drains: "
                "neither is measured)")
         _check(self.compute != "emulated" or bool(self.testbed), "runtime.testbed",
@@ -812,7 +814,7 @@ class Config:
         self._check_ray_only()
         _check(rt.plan != "always" or rt.compute == "real", "runtime.plan",
                "always plans a Ray run on real compute; emulated compute has nothing to plan (use auto or never)")
-        _check(rt.plan_probe_steps in (0, RuntimeConfig.plan_probe_steps) or (rt.plan != "never" and rt.compute == "real"),
+        _check(rt.plan_probe_steps in (None, 0) or (rt.plan != "never" and rt.compute == "real"),
                "runtime.plan_probe_steps", "sizes runtime.plan's probes of a Ray run on real compute; with "
                f"runtime.plan={rt.plan} and runtime.compute={rt.compute} nothing is planned: leave it unset")
         _check(whole_step or not self.data.micro_batch_samples,
@@ -953,7 +955,7 @@ class Config:
                "spot rollout workers and autoscaling act on Ray pools") for k in SPOT_KEYS),
             *((f"runtime.{k}", getattr(rt, k) != getattr(RuntimeConfig, k), "bounds a wait of the Ray driver")
               for k in ("placement_timeout_s", "start_timeout_s", "stall_timeout_s")),
-            ("runtime.plan_probe_steps", rt.plan_probe_steps != RuntimeConfig.plan_probe_steps,
+            ("runtime.plan_probe_steps", rt.plan_probe_steps is not None,
              "sizes runtime.plan's probes, short runs of a Ray run's candidates"),
         ):
             _check(not is_set, key, f"{what}; run.mode=local runs one process without Ray: pick a Ray mode")

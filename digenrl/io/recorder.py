@@ -49,11 +49,13 @@ class RunRecorder:
 
     `progress=False` silences the bar and the per-step lines (files are written either way).
     `out`, `err`: where the step lines and the bar go (default: sys.stdout, sys.stderr at open()).
+    `checkpoints=False`: no checkpoint at all (a probe run of runtime.plan).
     """
 
     def __init__(self, cfg: Config, *, progress: bool = True, out: Optional[TextIO] = None,
-                 err: Optional[TextIO] = None):
+                 err: Optional[TextIO] = None, checkpoints: bool = True):
         self.cfg = cfg
+        self.checkpoints = checkpoints  # False (runtime.plan's probe runs): checkpoint_due is never true
         self.run_dir = Path(cfg.run.run_dir)
         self.progress = progress
         self.start = 0  # RL step the run starts from (the resumed step, else 0)
@@ -110,7 +112,7 @@ class RunRecorder:
         """Checkpoint after RL step `step`? Every run.checkpoint_every steps and after the
         last step; never before the first step of this run (that state is on disk already,
         or is the base model)."""
-        if step <= self.start:
+        if step <= self.start or not self.checkpoints:
             return False
         every = self.cfg.run.checkpoint_every
         return step == self.cfg.train.steps or bool(every and step % every == 0)

@@ -61,8 +61,8 @@ from digenrl.io.trace import Trace, TraceLog, build_outputs, iter_spans, plot_ga
 class RayDriver:
     """`RayDriver(cfg).train(resume=False) -> summary`, for every run.mode except local.
 
-    evaluate=False skips held-out evaluation (benchmarks); finish=False the final weights and
-    summary (runtime.plan's probe run). `on_dispatch(trainer, worker_id,
+    evaluate=False skips held-out evaluation (benchmarks); finish=False the checkpoints, the
+    final weights and the summary (runtime.plan's probe runs). `on_dispatch(trainer, worker_id,
     unit)` is called before each unit is sent (tests inject faults with it). `notices`: the
     spot notice sources of a preemptible rollout pool (runtime/preempt.py), instead of the
     config's (tests send notices on events of the run).
@@ -125,7 +125,7 @@ class RayDriver:
         cfg = self.cfg
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
-        self.recorder = RunRecorder(cfg, progress=self.progress)  # files, cadence, bar, summary
+        self.recorder = RunRecorder(cfg, progress=self.progress, checkpoints=self.finish)  # files, cadence, bar, summary
         latest = self.recorder.resume_checkpoint() if resume else None
         pools = contract(cfg).pools
         started = connect(cfg.runtime.address, [(p.resources, p.workers * p.resources.gang) for p in pools])
@@ -246,7 +246,7 @@ class RayDriver:
         (runtime.plan_probe_steps, `_probe`), then pick the knobs the config leaves open on the
         simulator (digenrl.sim.here)."""
         from digenrl.config.schema import with_overrides
-        from digenrl.sim.here import plan_here
+        from digenrl.sim.here import PROBE_STEPS, plan_here
 
         cfg, rt = self.cfg, self.cfg.runtime
         opts = {k: v for k, v in actor_options(rt.trainer).items() if k not in ("max_restarts", "max_task_retries")}
@@ -256,8 +256,11 @@ class RayDriver:
         # GPU workers share no cores; CPU workers share the node's
         gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
         shared = 10**6 if gpu else cores
+        n = rt.plan_probe_steps
+        if n is None:  # unset: probe where the workers share the node's cores
+            n = 0 if gpu else PROBE_STEPS
         probes = iter(range(1, 1 << 30))
-        probe = (lambda c: self._probe(c, next(probes), lines, shared)) if rt.plan_probe_steps else None
+        probe = (lambda c: self._probe(c, next(probes), n, lines, shared)) if n else None
         self.here = plan_here(cfg, lines, cores=shared, given=cfg.given, probe=probe,
                               eval_samples=_eval_samples(cfg) if self.do_eval else 0)
         if self.here.runtime is not None:  # the chosen plan's probe, as here_vs_run.py re-prices it
@@ -268,22 +271,25 @@ class RayDriver:
             print(self.here.describe(), flush=True)
         return with_overrides(cfg, self.here.overrides)
 
-    def _probe(self, candidate: Config, i: int, lines: list[dict], cores: int):
-        """runtime.plan_probe_steps RL steps of a candidate configuration, on its own actors,
-        without evaluation, checkpoints, loggers or final weights, in <run_dir>/probes/<i>; what
+    def _probe(self, candidate: Config, i: int, n: int, lines: list[dict], cores: int):
+        """`n` (runtime.plan_probe_steps) RL steps of a candidate configuration, on its own actors,
+        without evaluation, checkpoints, loggers, final weights, spot notices or autoscaling, in
+        <run_dir>/probes/<i>; what
         the runtime added to its units over their profiled charges (digenrl.sim.here.RuntimeCosts)."""
         from digenrl.config.schema import with_overrides
         from digenrl.sim.here import KNOBS, MeasuredCosts, MeasuredDurations, RuntimeCosts, slowdown
 
-        n = self.cfg.runtime.plan_probe_steps
-        cfg = with_overrides(candidate, {"train.steps": n, "runtime.plan": "never", "runtime.plan_probe_steps": 0, "run.eval_every": 0,
-                                         "run.checkpoint_every": 0, "run.loggers": [],
+        from digenrl.config.schema import SPOT_KEYS, PoolConfig
+
+        spot = {f"runtime.rollout.{k}": getattr(PoolConfig, k) for k in SPOT_KEYS}  # no notices, no autoscaler
+        cfg = with_overrides(candidate, {"train.steps": n, "runtime.plan": "never", "runtime.plan_probe_steps": 0,
+                                         "run.eval_every": 0, "run.loggers": [], **spot,
                                          "run.run_dir": str(self.run_dir / "probes" / str(i))})
         if self.progress:
             tree = cfg.to_dict()
             knobs = " ".join(f"{k}={dotted_get(tree, k)}" for k in KNOBS)
             print(f"runtime.plan: probe {i}, {n} RL steps of {knobs}", flush=True)
-        probe = RayDriver(cfg, progress=False, evaluate=False, notices=self.notices, finish=False)
+        probe = RayDriver(cfg, progress=False, evaluate=False, finish=False)
         probe.train()
         run = contract(cfg)
         fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slowdown(cfg, run, cores))

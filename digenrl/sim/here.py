@@ -83,7 +83,10 @@ class MeasuredCosts:
 class RuntimeCosts:
     """What a Ray run pays around its units' compute, measured on a run of this machine."""
 
-    ratio: dict  # unit kind -> a unit's seconds in the run over its charge (profile x shared-core factor)
+    # a unit's seconds in the run over its charge (profile x shared-core factor): per "kind@role"
+    # (a trainer's one-step TAG segment pays more around it than a rollout worker's whole
+    # trajectory), and per kind over every role, for a role the probe did not see do that kind
+    ratio: dict
     dispatch_s: float  # median gap from a unit's end to the start of the next unit sent after it, same worker
     units: int  # spans measured
 
@@ -102,9 +105,10 @@ class RuntimeCosts:
         inside = lambda s: s.step is not None and steps[0] <= s.step <= steps[1]  # noqa: E731
         real, charged = {}, {}
         for s in filter(inside, spans):
-            k = kind(s.unit)
-            real[k] = real.get(k, 0.0) + (s.end - s.start)
-            charged[k] = charged.get(k, 0.0) + fn(workers[s.worker], s.unit)
+            w, k = workers[s.worker], kind(s.unit)
+            for key in (k, f"{k}@{w.role}"):
+                real[key] = real.get(key, 0.0) + (s.end - s.start)
+                charged[key] = charged.get(key, 0.0) + fn(w, s.unit)
         gaps = [b.start - a.end for a, b in zip(spans, spans[1:])
                 if a.worker == b.worker and inside(b) and (b.extra or {}).get("sent", -1.0) >= a.end]
         if not real or not gaps:
@@ -123,10 +127,16 @@ class RuntimeCosts:
         rows = [r for r in lines if r.get("what") == cls.LINE]
         return cls(dict(rows[0]["ratio"]), rows[0]["dispatch_s"], rows[0]["units"]) if rows else None
 
+    def of(self, worker: Worker, unit) -> float:
+        """The ratio of `unit` on `worker`: its kind on the worker's role, else its kind, else 1."""
+        k = kind(unit)
+        return self.ratio.get(f"{k}@{worker.role}", self.ratio.get(k, 1.0))
+
     def describe(self) -> str:
-        order = [k for k in KINDS.values() if k in self.ratio]
-        return (" ".join(f"{k} x{self.ratio[k]:.2f}" for k in order)
-                + f", dispatch {self.dispatch_s * 1e3:.1f} ms")
+        roles = sorted({key.split("@")[1] for key in self.ratio if "@" in key})
+        parts = [f"{role} " + " ".join(f"{k} x{self.ratio[f'{k}@{role}']:.2f}" for k in KINDS.values()
+                                       if f"{k}@{role}" in self.ratio) for role in roles]
+        return ", ".join(parts) + f", dispatch {self.dispatch_s * 1e3:.1f} ms"
 
 
 class MeasuredDurations:
@@ -146,7 +156,7 @@ class MeasuredDurations:
         s = self.k * _UNIT_COST[type(unit)](self, worker, unit)
         if self.rt is None:
             return s
-        return s * self.rt.ratio.get(kind(unit), 1.0) + self.rt.dispatch_s
+        return s * self.rt.of(worker, unit) + self.rt.dispatch_s
 
     def _n(self, unit) -> int:
         return n_samples(unit, self.spg)
@@ -173,11 +183,30 @@ _UNIT_COST = by_kind(generate=MeasuredDurations._generate, reward=MeasuredDurati
                      sync=MeasuredDurations._sync)
 
 
-def steady_rate(run: RunContract, fn, steps: int, samples_per_step: int) -> float:
-    """Simulated samples/s between the optimizer-step ends of digenrl.sim.report.window (as
-    report.measure: pipeline fill and drain excluded)."""
-    t0, t1, n = steady_window(run_virtual(Scheduler(run.sched, run.workers()), fn), steps)
-    return samples_per_step * n / (t1 - t0)
+def idle_core_s(trace, t0: float, t1: float, cores: float, threads: int) -> float:
+    """Core-seconds the workers of `trace` leave idle between t0 and t1: the integral of
+    max(0, cores - busy workers x threads)."""
+    edges = sorted([(max(s.start, t0), 1) for s in trace.spans if s.end > t0 and s.start < t1] +
+                   [(min(s.end, t1), -1) for s in trace.spans if s.end > t0 and s.start < t1])
+    idle, busy, at = 0.0, 0, t0
+    for t, d in edges:
+        idle += max(0.0, cores - busy * threads) * (t - at)
+        busy, at = busy + d, t
+    return idle + max(0.0, cores - busy * threads) * (t1 - at)
+
+
+def steady_step(run: RunContract, fn, steps: int, threads: int = 1, cores: float = 0.0,
+                eval_s: float = 0.0) -> float:
+    """Simulated seconds per RL step between the optimizer-step ends of
+    digenrl.sim.report.window (as report.measure: pipeline fill and drain excluded). `eval_s`:
+    CPU seconds a step of a niced process beside the workers (the evaluation actor): it takes
+    the cores the workers leave idle first, and the rest from them, over `cores`."""
+    trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
+    t0, t1, n = steady_window(trace, steps)
+    step = (t1 - t0) / n
+    if eval_s:
+        step += max(0.0, eval_s - idle_core_s(trace, t0, t1, cores, threads) / n) / cores
+    return step
 
 
 @dataclass
@@ -228,6 +257,7 @@ def slowdown(cfg: Config, run: RunContract, cores: int) -> float:
 
 
 PROBED = 3  # candidates a probing plan runs: the config as given and the best others
+PROBE_STEPS = 4  # RL steps of each probe where runtime.plan_probe_steps is None and the workers share cores
 
 
 def eval_cpu_s(cfg: Config, costs: MeasuredCosts, samples: int) -> float:
@@ -259,8 +289,9 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Ite
     with what its own probe measured; the others are not chosen.
 
     `eval_samples`: samples per held-out evaluation (0: the run evaluates none). The
-    evaluation actor's CPU (eval_cpu_s) is charged to every step as taken from the shared
-    cores: a step lasts its simulated time + eval_cpu_s / cores."""
+    evaluation actor's CPU (eval_cpu_s) is charged to every step: what the simulated workers
+    leave idle of the cores it takes first, the rest lengthens the step by it over the cores
+    (steady_step)."""
     costs = MeasuredCosts.from_lines(lines)
     fixed = set(KNOBS if given is None else given)
     samples = cfg.data.groups_per_step * cfg.data.group_size
@@ -269,8 +300,9 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Ite
 
     def rate(c: Config, runtime: Optional[RuntimeCosts] = None) -> float:
         run = contract(c)
-        r = steady_rate(run, MeasuredDurations(costs, run, slowdown(c, run, cores), runtime), steps, samples)
-        return samples / (samples / r + eval_cpu_s(c, costs, eval_samples) / cores)
+        fn = MeasuredDurations(costs, run, slowdown(c, run, cores), runtime)
+        return samples / steady_step(run, fn, steps, c.runtime.worker_threads, cores,
+                                     eval_cpu_s(c, costs, eval_samples))
 
     ranked = []  # (compute-only rate, order, point, config)
     for point in _candidates(sim_cfg, fixed):

@@ -26,6 +26,8 @@ def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path, monkeypat
     for i in (1, 2):
         probed = json.loads((tmp_path / "probes" / str(i) / "config.json").read_text())
         assert probed["train"]["steps"] == 3 and probed["runtime"]["plan"] == "never"
+        assert (tmp_path / "probes" / str(i) / "trace.jsonl").exists()
+        assert not (tmp_path / "probes" / str(i) / "checkpoints").exists()  # a probe keeps no weights
     rt = plan.runtime
     assert rt is not None and rt.units > 0 and rt.dispatch_s > 0 and set(rt.ratio) >= {"generate", "train"}
     profiled = [json.loads(line) for line in (tmp_path / "profile.jsonl").read_text().splitlines()]
