@@ -63,6 +63,17 @@ def test_sample_writes_one_file_per_sample_and_a_grid(run, tmp_path, capsys):
     assert "4 samples of final (step 2)" in capsys.readouterr().out
 
 
+def test_without_prompts_or_out_the_runs_held_out_prompts_go_under_the_run(run, capsys):
+    """The run evaluated data.eval_max_prompts=1 of its held-out prompts (toy-held-out): so do they."""
+    assert main(["sample", "--run-dir", str(run.dir), "--samples", "2", "--quiet"]) == 0
+    out = run.dir / "sample" / "final"
+    meta = json.loads((out / "samples.json").read_text())
+    assert [(r["prompt"], r["sample"]) for r in meta["samples"]] == [(PROMPTS[0], 0), (PROMPTS[0], 1)]
+    assert str(out) in capsys.readouterr().out
+    assert Inputs(_args(run, prompts=None, out=None), "1").out == run.dir / "sample" / "step_1"
+    assert Inputs(_args(run, prompts=None, out=None), "0", "eval").out == run.dir / "eval" / "base"
+
+
 def test_adapters_are_loaded_and_change_the_samples(run):
     trained, policy = _images(run, "final")
     final = load_file(str(run.dir / "final" / "policy.safetensors"))

@@ -10,8 +10,8 @@
     digenrl plan --testbed FILE|PRESET --gpus N
     digenrl bench --real | --emulated --testbed X
     digenrl profile --model ... | --arch sd3|flux --random
-    digenrl sample --run-dir DIR [--step N|final|--base] --prompts SPEC --out DIR
-    digenrl eval --run-dir DIR [--step N|final] --prompts SPEC [--rewards a,b] --out DIR
+    digenrl sample --run-dir DIR [--step N|final|--base] [--prompts SPEC] [--out DIR]
+    digenrl eval --run-dir DIR [--step N|final] [--prompts SPEC] [--rewards a,b] [--out DIR]
     digenrl scale --run-dir DIR rollout=+N|-N|N [--allow-empty]   (a running Ray run's rollout pool)
     digenrl trace --run-dir DIR [--steps A:B] [--out DIR]   (trace.json, gantt.png from trace.jsonl)
 """

@@ -1,9 +1,13 @@
 """`digenrl sample` and `digenrl eval`: a run's saved weights, after the run.
 
-    digenrl sample --run-dir DIR [--step N|final | --base] --prompts SPEC [--samples K]
-                   [--steps S] [--seed X] [--ema] [--set key=value ...] --out DIR
-    digenrl eval   --run-dir DIR [--step N|final] --prompts SPEC [--rewards a,b] [--samples K]
-                   [--steps S] [--seed X] [--ema] [--set key=value ...] --out DIR
+    digenrl sample --run-dir DIR [--step N|final | --base] [--prompts SPEC] [--samples K]
+                   [--steps S] [--seed X] [--ema] [--set key=value ...] [--out DIR]
+    digenrl eval   --run-dir DIR [--step N|final] [--prompts SPEC] [--rewards a,b] [--samples K]
+                   [--steps S] [--seed X] [--ema] [--set key=value ...] [--out DIR]
+
+Without --prompts, both take the run's own held-out prompts, the ones its evaluation used
+(data.eval_prompts as the run resolved it, the first data.eval_max_prompts). Without --out,
+they write to DIR/sample/<weights> or DIR/eval/<weights> (final, step_N, base).
 
 Both sample as the run's held-out evaluation does (digenrl.train.evaluation.Evaluator): the
 deterministic ODE sampler, from noise fixed by (seed, prompt index, sample index), so
@@ -30,8 +34,10 @@ from digenrl.io.runs import BASE, RunError, Snapshot, resolve_snapshot, run_conf
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", required=True, help="a digenrl train run directory (has config.json)")
     p.add_argument("--step", default="final", help="final (default), a checkpoint's RL step, or 0 = the base model")
-    p.add_argument("--prompts", required=True, help="toy, toy-held-out, a named set (a bare name: its test split; NAME:SPLIT) "
-                                                      "or a prompt file (digenrl.data.load_rows; .jsonl rows carry images)")
+    p.add_argument("--prompts", default=None,
+                   help="toy, toy-held-out, a named set (a bare name: its test split; NAME:SPLIT) or a prompt file "
+                        "(digenrl.data.load_rows; .jsonl rows carry images); default: the run's held-out prompts, "
+                        "as its evaluation used them (data.eval_prompts, the first data.eval_max_prompts)")
     p.add_argument("--samples", type=int, default=4, help="samples per prompt (default 4)")
     p.add_argument("--steps", type=int, default=None, help="ODE denoising steps (default: the run's "
                                                             "sampling.eval_num_steps)")
@@ -39,40 +45,53 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ema", action="store_true", help="the EMA weights of the step (runs with train.ema_decay > 0)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a key of the run's config, e.g. model.path=/new/place (repeatable)")
-    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--out", default=None, help="output folder (default: RUN_DIR/<command>/<weights>: final, step_N "
+                                                "or base)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 class Inputs:
     """Everything a command needs, checked before any model loads."""
 
-    def __init__(self, args: argparse.Namespace, step: str):
+    def __init__(self, args: argparse.Namespace, step: str, command: str = "sample"):
         from digenrl.data import check_conditioning, load_rows
 
         run_dir = Path(args.run_dir)
         self.snap: Snapshot = resolve_snapshot(run_dir, step)
         if args.samples < 1:
             raise RunError(f"--samples: must be >= 1, got {args.samples}")
-        try:
-            rows = load_rows(args.prompts, held_out=True)
-        except (ValueError, OSError) as e:
-            raise RunError(f"--prompts: {e}") from None
-        self.prompts, self.images = rows.prompts, rows.images  # images: conditioned families
         overrides = list(args.set) + [f"data.eval_samples={args.samples}"]
         if args.steps is not None:
             overrides.append(f"sampling.eval_num_steps={args.steps}")
         if args.seed is not None:
             overrides.append(f"run.seed={args.seed}")
         self.cfg: Config = run_config(run_dir, overrides)  # ConfigError names the key
+        given = args.prompts is not None
+        spec = args.prompts if given else self.cfg.data.held_out_prompts()
+        what = "--prompts" if given else f"--prompts (the run's held-out prompts, {spec})"
         try:
-            check_conditioning(rows, self.cfg.model.name, "--prompts")
+            rows = load_rows(spec, held_out=True)
+        except (ValueError, OSError) as e:
+            raise RunError(f"{what}: {e}") from None
+        cut = len(rows.prompts) if given else self.cfg.data.eval_max_prompts  # as the run's evaluation
+        self.prompts = rows.prompts[:cut]
+        self.images = None if rows.images is None else rows.images[:cut]  # conditioned families
+        try:
+            check_conditioning(rows, self.cfg.model.name, what)
         except ValueError as e:
             raise RunError(str(e)) from None
         if args.ema:
             _check_ema(self.snap)
         self.ema = args.ema
-        self.out = Path(args.out)
+        self.out = Path(args.out) if args.out is not None else run_dir / command / _folder(self.snap)
         self.progress = not args.quiet
+
+
+def _folder(snap: Snapshot) -> str:
+    """The default output folder's last part for these weights: final, step_N or base."""
+    if snap.path is None:
+        return "base"
+    return "final" if snap.label == "final" else f"step_{snap.step}"
 
 
 def _check_ema(snap: Snapshot) -> None:
@@ -157,7 +176,7 @@ def eval_main(argv: Optional[list[str]] = None) -> int:
                                                     "reward.weights); model rewards read reward.paths.<name>")
     args = p.parse_args(argv)
     try:
-        inputs = Inputs(args, args.step)
+        inputs = Inputs(args, args.step, "eval")
         names = reward_names(args.rewards, inputs.cfg)
     except (RunError, ConfigError) as e:
         print(f"digenrl eval: {e}", file=sys.stderr)
