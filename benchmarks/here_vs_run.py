@@ -18,8 +18,7 @@ prints, for the simulated and the real run:
 - where the run's plan probed the runtime (runtime.plan_probe_steps: profile.jsonl has its
   "runtime" line), "simulated" prices with it, as the plan did, and "compute" without it;
 - where the run evaluates (run.eval_every > 0), the simulated step with the evaluation
-  actor's CPU charged as plan_here charges it (the cores the simulated workers leave idle
-  first, the rest from them);
+  actor's CPU charged as plan_here charges it (taken from the workers' cores);
 - with `--charge KIND=SECONDS` (repeatable; KIND a unit kind or `all`), one more simulated row
   with those seconds added to every unit of the kind: what charging a per-unit cost the profile
   does not time would predict (e.g. each kind's measured excess, then a dispatch for all);
@@ -46,7 +45,7 @@ from digenrl.io.trace import Trace, read_trace
 from digenrl.sched import KINDS, Scheduler, kind
 from digenrl.sim.engine import run_virtual
 from digenrl.runtime.driver import _eval_samples
-from digenrl.sim.here import MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, idle_core_s, slowdown
+from digenrl.sim.here import MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, slowdown
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -170,13 +169,11 @@ def main() -> None:
         tree = json.loads((rd / "config.json").read_text())
         cfg, lines = load_config(None, tree=tree), read_jsonl(rd / "profile.jsonl")
         e = eval_cpu_s(cfg, MeasuredCosts.from_lines(lines), _eval_samples(cfg))
-        if e:  # as plan_here prices a step (sim.here.steady_step): idle cores first, the rest from the workers
+        if e:  # as plan_here prices a step (sim.here.steady_step): its CPU taken from the workers
             cores = lines[0]["cores"]
-            t0, t1, n = window(sim)
-            idle = idle_core_s(sim, t0, t1, cores, cfg.runtime.worker_threads) / n
-            per = rows["simulated"]["s_per_step"] + max(0.0, e - idle) / cores
-            print(f"  simulated with the evaluation's {e:.3f} CPU s a step ({idle:.3f} idle in the simulated "
-                  f"step) on {cores} cores: {per:.3f} s/step, {spp / per:.1f} samples/s (as the plan prices it)")
+            per = rows["simulated"]["s_per_step"] + e / cores
+            print(f"  simulated with the evaluation's {e:.3f} CPU s a step on {cores} cores: {per:.3f} s/step, "
+                  f"{spp / per:.1f} samples/s (as the plan prices it)")
         if args.transitions:
             real, simulated = transitions(trace), transitions(sim)
             print(f"  {'gaps on a worker':34} {'real n':>7} {'total s':>8} {'median ms':>9} {'dispatch s':>10}   "

@@ -313,6 +313,8 @@ class EmulatedLoop(EventLoop):
     deadline, as in the simulator, not at the modelled end of the unit it cut.
     """
 
+    held_seconds = False  # BTS learns the modelled spans, as the simulator does
+
     def __init__(self, scheduler: Scheduler, backend: "EmulatedBackend", *,
                  wake: Optional[Callable[[], Optional[float]]] = None, **kwargs):
         super().__init__(scheduler, backend, **kwargs)

@@ -87,6 +87,12 @@ class EventLoop:
         self.pending: dict[ray.ObjectRef, _Call] = {}
         self.t0 = time.time()
 
+    # What BTS learns a unit took: True, what it held its worker for as the driver sees it, from
+    # the send to its result back here (the call and its inputs, the work, the result's return),
+    # which is what the simulator's durations of a probed plan charge (sim/here.py RuntimeCosts);
+    # False, the worker-reported span (emulated compute: its spans are on the modelled clock)
+    held_seconds = True
+
     def now(self) -> float:
         return time.time() - self.t0
 
@@ -184,7 +190,10 @@ class EventLoop:
             return  # other ranks still running
         info = merge([call.done[r] for r in call.refs])
         version_before = self.sched.version
-        taken = self.sched.complete(wid, unit, seconds=info.end - info.start)  # BTS learns what it took
+        seconds = info.end - info.start
+        if self.held_seconds:  # from the send to its result here (see held_seconds)
+            seconds = max(seconds, self.now() - t_disp)
+        taken = self.sched.complete(wid, unit, seconds=seconds)  # BTS learns what it took
         self.trace.n_events += 1
         extra = (info.trace_extra() or {}) if taken else {"dropped": True}  # (a new dict per unit)
         extra["sent"] = t_disp  # when the driver sent it: `start` minus this is the dispatch (here_vs_run.py)

@@ -183,30 +183,13 @@ _UNIT_COST = by_kind(generate=MeasuredDurations._generate, reward=MeasuredDurati
                      sync=MeasuredDurations._sync)
 
 
-def idle_core_s(trace, t0: float, t1: float, cores: float, threads: int) -> float:
-    """Core-seconds the workers of `trace` leave idle between t0 and t1: the integral of
-    max(0, cores - busy workers x threads)."""
-    edges = sorted([(max(s.start, t0), 1) for s in trace.spans if s.end > t0 and s.start < t1] +
-                   [(min(s.end, t1), -1) for s in trace.spans if s.end > t0 and s.start < t1])
-    idle, busy, at = 0.0, 0, t0
-    for t, d in edges:
-        idle += max(0.0, cores - busy * threads) * (t - at)
-        busy, at = busy + d, t
-    return idle + max(0.0, cores - busy * threads) * (t1 - at)
-
-
-def steady_step(run: RunContract, fn, steps: int, threads: int = 1, cores: float = 0.0,
-                eval_s: float = 0.0) -> float:
+def steady_step(run: RunContract, fn, steps: int, cores: float = 1.0, eval_s: float = 0.0) -> float:
     """Simulated seconds per RL step between the optimizer-step ends of
-    digenrl.sim.report.window (as report.measure: pipeline fill and drain excluded). `eval_s`:
-    CPU seconds a step of a niced process beside the workers (the evaluation actor): it takes
-    the cores the workers leave idle first, and the rest from them, over `cores`."""
-    trace = run_virtual(Scheduler(run.sched, run.workers()), fn)
-    t0, t1, n = steady_window(trace, steps)
-    step = (t1 - t0) / n
-    if eval_s:
-        step += max(0.0, eval_s - idle_core_s(trace, t0, t1, cores, threads) / n) / cores
-    return step
+    digenrl.sim.report.window (as report.measure: pipeline fill and drain excluded), and
+    `eval_s` CPU seconds a step of a process beside the workers (the evaluation actor) taken
+    from them over the `cores` they share."""
+    t0, t1, n = steady_window(run_virtual(Scheduler(run.sched, run.workers()), fn), steps)
+    return (t1 - t0) / n + (eval_s / cores if eval_s else 0.0)
 
 
 @dataclass
@@ -289,9 +272,9 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Ite
     with what its own probe measured; the others are not chosen.
 
     `eval_samples`: samples per held-out evaluation (0: the run evaluates none). The
-    evaluation actor's CPU (eval_cpu_s) is charged to every step: what the simulated workers
-    leave idle of the cores it takes first, the rest lengthens the step by it over the cores
-    (steady_step)."""
+    evaluation actor's CPU (eval_cpu_s) is charged to every step as taken from the workers: a
+    step lasts its simulated time + eval_cpu_s / cores (steady_step). The actor is niced, yet
+    on the 2-core machine its CPU comes out of the workers' about whole (docs/runtime.md)."""
     costs = MeasuredCosts.from_lines(lines)
     fixed = set(KNOBS if given is None else given)
     samples = cfg.data.groups_per_step * cfg.data.group_size
@@ -301,8 +284,7 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Ite
     def rate(c: Config, runtime: Optional[RuntimeCosts] = None) -> float:
         run = contract(c)
         fn = MeasuredDurations(costs, run, slowdown(c, run, cores), runtime)
-        return samples / steady_step(run, fn, steps, c.runtime.worker_threads, cores,
-                                     eval_cpu_s(c, costs, eval_samples))
+        return samples / steady_step(run, fn, steps, cores, eval_cpu_s(c, costs, eval_samples))
 
     ranked = []  # (compute-only rate, order, point, config)
     for point in _candidates(sim_cfg, fixed):
