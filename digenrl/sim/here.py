@@ -21,10 +21,11 @@ The runtime around the units. A Ray run pays more than the units' compute: each 
 remote call whose inputs and outputs move through Ray's object store, the driver notices a
 unit's end and sends the next, and the processes of the run (driver, Ray's daemons, the
 evaluation actor) take their share of the cores. `RuntimeCosts.measure` reads these off a
-short run of a candidate on its real actors (runtime.plan_probe_steps, the driver's probe): per unit kind, how much longer a unit took than its profiled, shared-core charge
-(`ratio`), and the median gap between a unit's end and the start of the next unit sent after
-it on the same worker (`dispatch_s`). Every candidate is then priced with both: a unit
-occupies its worker for ratio x charge + dispatch_s.
+short run of a candidate on its real actors (runtime.plan_probe_steps, the driver's probe):
+per unit kind on each role, how much longer a unit took than its profiled, shared-core
+charge (`ratio`), and the median gap between a unit's end and the start of the next unit
+sent after it on the same worker (`dispatch_s`). A probed candidate is then priced with
+both: a unit occupies its worker for ratio x charge + dispatch_s.
 """
 
 from __future__ import annotations
@@ -141,8 +142,8 @@ class RuntimeCosts:
 
 class MeasuredDurations:
     """duration_fn(worker, unit) -> seconds for a Config's contract on this machine: the
-    profiled compute x the shared-core factor, and, with `runtime`, x its ratio for the unit's
-    kind + its dispatch."""
+    profiled compute x the shared-core factor, and, with `runtime`, x the ratio of the unit's
+    kind on the worker's role (RuntimeCosts.of) + the dispatch."""
 
     def __init__(self, costs: MeasuredCosts, run: RunContract, slowdown: float = 1.0,
                  runtime: Optional[RuntimeCosts] = None):
