@@ -125,7 +125,8 @@ class RayDriver:
         cfg = self.cfg
         if cfg.runtime.compute == "emulated":
             return self._train_emulated()
-        self.recorder = RunRecorder(cfg, progress=self.progress, checkpoints=self.finish)  # files, cadence, bar, summary
+        # files, cadence, bar, summary
+        self.recorder = RunRecorder(cfg, progress=self.progress, checkpoints=self.finish)
         latest = self.recorder.resume_checkpoint() if resume else None
         pools = contract(cfg).pools
         started = connect(cfg.runtime.address, [(p.resources, p.workers * p.resources.gang) for p in pools])

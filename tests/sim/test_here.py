@@ -96,7 +96,8 @@ def test_runtime_costs_are_read_off_a_runs_spans():
     roles = {run.workers()[0].role, run.workers()[1].role}
     assert set(rt.ratio) == {"generate", "train"} | {f"{k}@{r}" for k in ("generate", "train") for r in roles}
     assert all(r == pytest.approx(2.0) for r in rt.ratio.values()) and rt.dispatch_s == pytest.approx(0.005)
-    assert rt.units == 4 and RuntimeCosts.measure(_spans(fn, run, plan), fn, steps=(1, 1)).units == 2 and RuntimeCosts.from_lines([rt.line()]) == rt
+    assert rt.units == 4 and RuntimeCosts.measure(_spans(fn, run, plan), fn, steps=(1, 1)).units == 2
+    assert RuntimeCosts.from_lines([rt.line()]) == rt
     priced = MeasuredDurations(fn.c, run, 1.5, rt)
     w = run.workers()[0]
     assert priced(w, units[1]) == pytest.approx(2.0 * fn(w, units[1]) + 0.005)
