@@ -159,7 +159,7 @@ def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted(tmp_path):
             elif "noticed" not in seen and len(joiner.joined) == 3 and "spot-1" in loop.sched.in_flight:
                 seen["noticed"] = True
                 imds.set("notice", node=joiner.node["spot-1"], seconds=0.0)  # no time: its node goes under it
-            elif len(joiner.joined) == 4:
+            elif len(joiner.joined) == 4 and "spot-1" not in workers:  # (its loss handled: its unit's span is in)
                 raise _Enough
 
         loop = EmulatedLoop(sched, backend, stall_s=300, poll_s=PREEMPT_POLL_S,
@@ -196,7 +196,15 @@ def test_autoscaler_brings_nodes_and_replaces_the_ones_preempted(tmp_path):
         tr = loop.trace
         assert any(s.worker == "spot-0" and s.kind == "generate" and not s.extra.get("lost") for s in tr.spans)
         assert tr.alive["spot-2"][0] >= seen["left"]  # the refill came after spot-0 had left
-        # spot-1's unit was lost with its node, and another worker did it again
+        # spot-1's unit was lost with its node, and another worker did it again; or, a short unit
+        # (a WeightSync), it finished as the node went and its result came back first; CI's slow
+        # tier failed once on a WeightSync with no lost span. Each outcome is checked, not the race
+        # between them, and the run stops only once spot-1 is out of the scheduler
+        cut = seen["cut"]
+        assert cut is not None
         lost = [s for s in tr.spans if s.worker == "spot-1" and s.extra.get("lost")]
-        assert seen["cut"] is not None and [s.unit for s in lost] == [seen["cut"]]
-        assert any(s.unit == seen["cut"] and s.worker != "spot-1" and not s.extra.get("lost") for s in tr.spans)
+        if lost:
+            assert [s.unit for s in lost] == [cut]
+            assert any(s.unit == cut and s.worker != "spot-1" and not s.extra.get("lost") for s in tr.spans)
+        else:
+            assert any(s.unit == cut and s.worker == "spot-1" for s in tr.spans)
