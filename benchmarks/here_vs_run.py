@@ -40,7 +40,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from digenrl.config.contract import contract
-from digenrl.config.schema import load_config
+from digenrl.config.schema import Config, load_config
 from digenrl.io.trace import Trace, read_trace
 from digenrl.sched import KINDS, Scheduler, kind
 from digenrl.sim.engine import run_virtual
@@ -52,14 +52,17 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def simulate(run_dir: Path, charge: dict | None = None, probe: bool = True) -> tuple[Trace, float]:
-    """The run's config on its profile lines, as plan_here prices a candidate; and the slowdown.
-    `probe`: with the runtime costs its probe measured (the profile's "runtime" line, when it
-    has one); `charge`: seconds added to each unit of a kind (its span kind, or "all"), after
-    the slowdown."""
-    tree = json.loads((run_dir / "config.json").read_text())
-    cfg = load_config(None, tree=tree)
-    lines = read_jsonl(run_dir / "profile.jsonl")
+def read_run(run_dir: Path) -> tuple[Config, list[dict]]:
+    """A run's config (config.json) and the profile lines its plan priced (profile.jsonl)."""
+    return load_config(None, tree=json.loads((run_dir / "config.json").read_text())), \
+        read_jsonl(run_dir / "profile.jsonl")
+
+
+def simulate(cfg: Config, lines: list[dict], charge: dict | None = None, probe: bool = True) -> tuple[Trace, float]:
+    """A run's config on its profile lines (read_run), as plan_here prices a candidate; and the
+    slowdown. `probe`: with the runtime costs its probe measured (the profile's "runtime" line,
+    when it has one); `charge`: seconds added to each unit of a kind (its span kind, or "all"),
+    after the slowdown."""
     run = contract(cfg)
     slow = slowdown(cfg, run, lines[0]["cores"])
     fn = MeasuredDurations(MeasuredCosts.from_lines(lines), run, slow,
@@ -148,13 +151,14 @@ def main() -> None:
     for rd in map(Path, args.run_dirs):
         metrics = [r for r in read_jsonl(rd / "metrics.jsonl") if "reward_mean" in r]
         spp = metrics[0]["samples"]
-        sim, slow = simulate(rd)
+        cfg, lines = read_run(rd)
+        sim, slow = simulate(cfg, lines)
         rows = {"simulated": describe(sim, spp)}
-        probed = RuntimeCosts.from_lines(read_jsonl(rd / "profile.jsonl"))
+        probed = RuntimeCosts.from_lines(lines)
         if probed is not None:  # the plan priced the probe's runtime costs: the compute alone beside it
-            rows["compute"] = describe(simulate(rd, probe=False)[0], spp)
+            rows["compute"] = describe(simulate(cfg, lines, probe=False)[0], spp)
         if charge:
-            rows["+ charges"] = describe(simulate(rd, charge)[0], spp)
+            rows["+ charges"] = describe(simulate(cfg, lines, charge)[0], spp)
         trace = read_trace(rd / "trace.jsonl")
         rows["real"] = describe(trace, spp)
         print(f"{rd}  (slowdown charged {slow:.2f}" +
@@ -166,8 +170,6 @@ def main() -> None:
             print(f"  {name:10} {r['s_per_step']:7.3f} {r['samples_per_s']:9.1f} {1e3 * r['gap_mean_s']:8.1f}ms "
                   f"{1e3 * r['gap_median_s']:6.1f}ms  " +
                   "  ".join(f"{r['units'].get(k, 0)} / {1e3 * r['mean_s'].get(k, 0):.1f}" for k in kinds))
-        tree = json.loads((rd / "config.json").read_text())
-        cfg, lines = load_config(None, tree=tree), read_jsonl(rd / "profile.jsonl")
         e = eval_cpu_s(cfg, MeasuredCosts.from_lines(lines), _eval_samples(cfg))
         if e:  # as plan_here prices a step (sim.here.steady_step): its CPU taken from the workers
             cores = lines[0]["cores"]
