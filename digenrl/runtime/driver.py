@@ -36,6 +36,7 @@ it waited for (docs/runtime.md, "Waits and their deadlines").
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -247,7 +248,7 @@ class RayDriver:
         (runtime.plan_probe_steps, `_probe`), then pick the knobs the config leaves open on the
         simulator (digenrl.sim.here)."""
         from digenrl.config.schema import with_overrides
-        from digenrl.sim.here import PROBE_STEPS, plan_here
+        from digenrl.sim.here import plan_here, probe_steps
 
         cfg, rt = self.cfg, self.cfg.runtime
         opts = {k: v for k, v in actor_options(rt.trainer).items() if k not in ("max_restarts", "max_task_retries")}
@@ -257,10 +258,8 @@ class RayDriver:
         # GPU workers share no cores; CPU workers share the node's
         gpu = all(p.resources.num_gpus > 0 for p in contract(cfg).pools if p.workers and p.role != "reward")
         shared = 10**6 if gpu else cores
-        n = rt.plan_probe_steps
-        if n is None:  # unset: probe where the workers share the node's cores
-            n = 0 if gpu else PROBE_STEPS
-        probes = iter(range(1, 1 << 30))
+        n = probe_steps(rt.plan_probe_steps, gpu)
+        probes = itertools.count(1)
         probe = (lambda c: self._probe(c, next(probes), n, lines, shared)) if n else None
         self.here = plan_here(cfg, lines, cores=shared, given=cfg.given, probe=probe,
                               eval_samples=_eval_samples(cfg) if self.do_eval else 0)
@@ -275,12 +274,10 @@ class RayDriver:
     def _probe(self, candidate: Config, i: int, n: int, lines: list[dict], cores: int):
         """`n` (runtime.plan_probe_steps) RL steps of a candidate configuration, on its own actors,
         without evaluation, checkpoints, loggers, final weights, spot notices or autoscaling, in
-        <run_dir>/probes/<i>; what
-        the runtime added to its units over their profiled charges (digenrl.sim.here.RuntimeCosts)."""
-        from digenrl.config.schema import with_overrides
+        <run_dir>/probes/<i>; what the runtime added to its units over their profiled charges
+        (digenrl.sim.here.RuntimeCosts)."""
+        from digenrl.config.schema import SPOT_KEYS, PoolConfig, with_overrides
         from digenrl.sim.here import KNOBS, MeasuredCosts, MeasuredDurations, RuntimeCosts, slowdown
-
-        from digenrl.config.schema import SPOT_KEYS, PoolConfig
 
         spot = {f"runtime.rollout.{k}": getattr(PoolConfig, k) for k in SPOT_KEYS}  # no notices, no autoscaler
         cfg = with_overrides(candidate, {"train.steps": n, "runtime.plan": "never", "runtime.plan_probe_steps": 0,

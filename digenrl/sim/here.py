@@ -244,6 +244,14 @@ PROBED = 3  # candidates a probing plan runs: the config as given and the best o
 PROBE_STEPS = 4  # RL steps of each probe where runtime.plan_probe_steps is None and the workers share cores
 
 
+def probe_steps(setting: Optional[int], gpu: bool) -> int:
+    """RL steps of each probe (0: none) for runtime.plan_probe_steps = `setting`: as set, else
+    PROBE_STEPS where the workers share a node's CPU cores and none where each holds a GPU."""
+    if setting is not None:
+        return setting
+    return 0 if gpu else PROBE_STEPS
+
+
 def eval_cpu_s(cfg: Config, costs: MeasuredCosts, samples: int) -> float:
     """CPU seconds of held-out evaluation per RL step: `samples` per evaluation (held-out
     prompts x data.eval_samples), ODE-sampled in rollout batches (train/evaluation.py) over

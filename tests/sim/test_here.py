@@ -5,7 +5,8 @@ import pytest
 from digenrl.config.schema import load_config
 from digenrl.config.contract import contract
 from digenrl.sched import Generate, Reward, Train, kind
-from digenrl.sim.here import (PROBED, MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s, plan_here)
+from digenrl.sim.here import (PROBE_STEPS, PROBED, MeasuredCosts, MeasuredDurations, RuntimeCosts, eval_cpu_s,
+                              plan_here, probe_steps)
 
 
 def lines(train_ms_per_sample: float) -> list[dict]:
@@ -148,3 +149,8 @@ def test_evaluation_is_charged_to_every_step_over_the_cores():
     # its CPU over the cores, on every step
     plain, evaluated = plan_here(cfg, lines(3.0), cores=2), plan_here(cfg, lines(3.0), cores=2, eval_samples=64)
     assert spp / evaluated.given_rate == pytest.approx(spp / plain.given_rate + e / 2)
+
+
+def test_probes_are_opt_in_on_gpu_pools():
+    assert probe_steps(None, gpu=False) == PROBE_STEPS and probe_steps(None, gpu=True) == 0  # unset
+    assert probe_steps(5, gpu=True) == 5 and probe_steps(0, gpu=False) == 0  # as set
