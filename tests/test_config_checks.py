@@ -345,3 +345,5 @@ def test_a_probe_measures_a_step_between_its_first_and_its_last():
     assert load_config(None, ["runtime.plan_probe_steps=0"]).runtime.plan_probe_steps == 0  # no probe
     assert load_config(None, []).runtime.plan_probe_steps is None  # 4 on CPU pools, none on GPU pools
     _refused(["runtime.plan=never", "runtime.plan_probe_steps=5"], "runtime.plan_probe_steps", "nothing is planned")
+    _refused(["runtime.compute=emulated", "runtime.testbed=h200x16-flux", "runtime.plan_probe_steps=5"],
+             "runtime.plan_probe_steps", "runtime.compute=emulated")
