@@ -223,7 +223,7 @@ def summary(results: list[dict]) -> str:
 
 
 def compact(results: list[dict]) -> str:
-    """One line per run: samples/s of every row, then the top rung's speedups (docs/simulator.md)."""
+    """One line per run: samples/s of every row, then the top rung's speedups (docs/measurements/simulator.md)."""
     labels = list(dict.fromkeys(d["label"] for res in results for d in res["rows"]))
     lines = ["| testbed | " + " | ".join(labels) + " | top rung x veRL-Omni | x GenRL |",
              "|---|" + "---|" * (len(labels) + 2)]

@@ -4,7 +4,7 @@
     python benchmarks/sim_presets.py --sp [--presets a,b] [--sp-groups 1,2,4,8]
 
 Prints the shipped rows against the peers' published step times (sim/published.py), then one
-table per preset (see docs/simulator.md for the columns: the shipped rows, colocated-ideal and the
+table per preset (see docs/guides/planning.md for the columns: the shipped rows, colocated-ideal and the
 ladder, every speedup decomposed), then a markdown summary, and writes
 report-<preset>.json, gantt-<preset>-<mode>.png and summary.json into --out.
 --sp prints, for the presets whose model has Ulysses attention (sim.sp), digenrl's plan with

@@ -18,7 +18,7 @@ on four clusters, every figure from sim.spot.run_spot over the same steady windo
 Columns: samples/s, USD per 1,000 samples, and the ratio of samples per dollar to the on-demand
 cluster (x od) and to H200 alone (x H200); the what-if also gives its deadlines missed and
 regenerated samples per run (means). RLBoost (arXiv 2510.19225) reports 1.51-1.97x throughput and 28-49%
-better cost efficiency than on-demand alone; docs/simulator.md ("Spot rollout pools") sets the two
+better cost efficiency than on-demand alone; docs/measurements/simulator.md ("Spot rollout pools") sets the two
 side by side and names the differences in setting.
 """
 

@@ -68,17 +68,17 @@ def load_rows(spec: str, *, held_out: bool = False, progress: bool = False) -> P
 
 
 def check_conditioning(rows: PromptRows, model: str, key: str) -> None:
-    """Images exactly for conditioned families (digenrl.models.diffusers_adapters.CONDITIONING);
+    """Images exactly for conditioned families (a `conditioning` in digenrl.models.families);
     ValueError naming `key` otherwise."""
-    from digenrl.models.diffusers_adapters import CONDITIONING
+    from digenrl.models.families import FAMILIES
 
-    kind = CONDITIONING.get(model)
+    kind = FAMILIES[model].conditioning if model in FAMILIES else None
     if kind is not None and rows.images is None:
         raise ValueError(f'{key}: {model} is conditioned on a {kind} per prompt; give a {ROWS_SUFFIX} file of '
                          f'{{"prompt": ..., "image": ...}} rows')
     if kind is None and rows.images is not None:
         raise ValueError(f"{key}: {model} takes prompts only, but the rows give images (use a conditioned "
-                         f"family: {', '.join(CONDITIONING)})")
+                         f"family: {', '.join(n for n, f in FAMILIES.items() if f.conditioning)})")
 
 
 def load_images(paths: Sequence[str], height: int, width: int) -> torch.Tensor:

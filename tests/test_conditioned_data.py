@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.data import PromptSource, check_conditioning, load_images, load_rows, read_rows
 from tests.helpers.prompt_rows import write_rows
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 
 CUDA_RAY = ["model.device=cuda", "run.mode=digenrl"]
 
@@ -125,13 +126,6 @@ def test_peer_sampling_keys_are_refused_where_they_cannot_act():
     _refused(FLUX + ["model.max_sequence_length=-5"], "model.max_sequence_length", ">= 0")
 
 
-def test_embedded_guidance_families_match_the_adapter_classes():
-    pytest.importorskip("diffusers")
-    from digenrl.models.diffusers_adapters import EMBEDDED_GUIDANCE, FAMILIES, policy_class
-
-    assert {f for f in FAMILIES if policy_class(f).embedded_guidance} == set(EMBEDDED_GUIDANCE)
-
-
 # -- train.loss ---------------------------------------------------------------------------
 def test_train_loss_reaches_the_learner_or_is_refused():
     from digenrl.train.trainer import learner_config
@@ -225,7 +219,7 @@ def test_sequence_parallel_keys_are_accepted_for_video_families_or_refused():
              "runtime.rollout.gang", "run.mode=local")
 
 
-# -- the driver's deadlines (docs/runtime.md, "Waits and their deadlines") -----------------------
+# -- the driver's deadlines (docs/guides/running.md, "Waits and their deadlines") -----------------------
 @pytest.mark.parametrize("key", ["runtime.placement_timeout_s", "runtime.start_timeout_s",
                                  "runtime.stall_timeout_s"])
 def test_a_deadline_must_be_positive(key):

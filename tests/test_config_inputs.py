@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.tools.preflight import check_inputs, looks_like_path
 
 FLUX = ["model.name=flux", "run.mode=local"]

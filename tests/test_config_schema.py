@@ -6,7 +6,8 @@ import re
 import pytest
 
 from digenrl.tools.cli import main
-from digenrl.config.schema import Config, config_keys, load_config
+from digenrl.config.keys import config_keys
+from digenrl.config.schema import Config, load_config
 
 
 def leaves(tree: dict, prefix: str = "") -> list[str]:

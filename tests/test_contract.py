@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.config.contract import contract, step_shape, tsp_chunk
 from digenrl.sched import Scheduler
 from digenrl.sim.costs import default_cost_model

@@ -6,7 +6,8 @@ import struct
 
 import pytest
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.io.outputs import read_metrics
 from digenrl.train.trainer import Trainer
 

@@ -11,7 +11,8 @@ from urllib.error import URLError
 
 import pytest
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.data import load_prompts
 from digenrl.tools.preflight import check_inputs
 from digenrl.prompt_sets import PROMPT_SETS, PromptSetError, cache_path, fetch, prompt_metadata

@@ -6,47 +6,21 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.config.schema import MODEL_NAMES, load_config
+from digenrl.config.model import MODEL_NAMES
+from digenrl.config.schema import load_config
+from digenrl.models.families import FAMILIES
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
-# one recipe per diffusers family (docs/models.md)
-FAMILY_RECIPES = {
-    "flux": "flux_pickscore.yaml",
-    "sd3": "sd35_pickscore.yaml",
-    "wan": "wan_pickscore.yaml",
-    "qwen-image": "qwen_image_pickscore.yaml",
-    "hunyuan-video": "hunyuan_video_pickscore.yaml",
-}
-
-# last round's families (issue 28): Flow-Factory's GRPO LoRA examples (each recipe cites its lines)
-NEW_FAMILY_RECIPES = {
-    "wan2.2": "wan22_pickscore.yaml",
-    "wan-i2v": "wan_i2v_pickscore.yaml",
-    "flux-kontext": "flux_kontext_pickscore.yaml",
-    "qwen-image-edit": "qwen_image_edit_pickscore.yaml",
-    "flux2-klein": "flux2_klein_pickscore.yaml",
-    "z-image": "z_image_pickscore.yaml",
-}
-
-# this round's (issue 28): Flow-Factory's, UniRL's and cosmos-rl's settings, each recipe citing its lines
-ROUND_RECIPES = {
-    "flux2": "flux2_pickscore.yaml",
-    "qwen-image-2.1": "qwen_image21_pickscore.yaml",
-    "sana": "sana_pickscore.yaml",
-    "sana-video": "sana_video_pickscore.yaml",
-    "hunyuan-video-1.5": "hunyuan_video15_pickscore.yaml",
-    "hunyuan-video-1.5-i2v": "hunyuan_video15_i2v_pickscore.yaml",
-    "ltx2": "ltx2_pickscore.yaml",
-    "cosmos-predict2.5": "cosmos_predict25_pickscore.yaml",
-}
+# one recipe per diffusers family: its record's `recipe` (digenrl.models.families)
+ALL_FAMILY_RECIPES = {name: f.recipe for name, f in FAMILIES.items()}
+# the first five families, whose recipes follow flow_grpo and DanceGRPO (PEER_SAMPLING below)
+FAMILY_RECIPES = {name: ALL_FAMILY_RECIPES[name] for name in ("flux", "sd3", "wan", "qwen-image", "hunyuan-video")}
 
 
 def test_recipes_found():
     names = {p.name for p in RECIPES}
     assert {"toy_full.yaml", "toy_fast.yaml"} <= names
-    assert set(FAMILY_RECIPES.values()) <= names
-    assert set(NEW_FAMILY_RECIPES.values()) <= names
-    assert set(ROUND_RECIPES.values()) <= names
+    assert set(ALL_FAMILY_RECIPES.values()) <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
@@ -54,12 +28,12 @@ def test_recipe_validates(path):
     # the recipes' model and reward paths do not exist here: validating must not read them
     cfg = load_config(path)
     assert cfg.model.name in MODEL_NAMES
-    # the command-line form of docs/models.md: model.path=... overrides the recipe's
+    # the command-line form the recipes guide shows: model.path=... overrides the recipe's
     cfg2 = load_config(path, ["model.path=/somewhere/else", "train.steps=2"])
     assert cfg2.model.path == "/somewhere/else" and cfg2.train.steps == 2
 
 
-@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES, **ROUND_RECIPES}.items()))
+@pytest.mark.parametrize("family,recipe", sorted(ALL_FAMILY_RECIPES.items()))
 def test_family_recipe_settings(family, recipe):
     cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
     assert cfg.model.name == family
@@ -67,28 +41,16 @@ def test_family_recipe_settings(family, recipe):
     assert cfg.model.path, "a hub id or placeholder the user overrides"
     assert cfg.model.prompt_cache, "diffusers recipes read prompt embeddings from a cache"
     assert "pickscore" in cfg.reward.weights and "pickscore" in cfg.reward.paths
-    if family in ("wan", "hunyuan-video", "wan2.2", "wan-i2v", "sana-video", "hunyuan-video-1.5",
-                  "hunyuan-video-1.5-i2v", "cosmos-predict2.5"):
+    if FAMILIES[family].video and family != "ltx2":
         assert (cfg.model.frames - 1) % 4 == 0, "causal video VAE: frames = 4k + 1"
     if family == "ltx2":
         assert (cfg.model.frames - 1) % 8 == 0 and cfg.model.height % 32 == 0 and cfg.model.width % 32 == 0
     assert cfg.model.height % 16 == 0 and cfg.model.width % 16 == 0
 
 
-# the cost model's name for each family at the recipe's checkpoint (digenrl/sim/catalogue.py)
-COST_MODEL_NAMES = {"flux": "flux.1-12b", "sd3": "sd3.5-medium", "wan": "wan2.1-1.3b",
-                    "qwen-image": "qwen-image-20b", "hunyuan-video": "hunyuanvideo-13b",
-                    "wan2.2": "wan2.2-a14b", "wan-i2v": "wan2.1-i2v-14b", "flux-kontext": "flux.1-kontext-12b",
-                    "qwen-image-edit": "qwen-image-edit-20b", "flux2-klein": "flux.2-klein-9b", "z-image": "z-image-6b",
-                    "flux2": "flux.2-dev-32b", "qwen-image-2.1": "qwen-image-2.1-7b", "sana": "sana-1.6b",
-                    "sana-video": "sana-video-2b", "hunyuan-video-1.5": "hunyuanvideo-1.5-8b",
-                    "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v-8b", "ltx2": "ltx-2-19b",
-                    "cosmos-predict2.5": "cosmos-predict2.5-2b"}
-
-
-@pytest.mark.parametrize("family,recipe", sorted({**FAMILY_RECIPES, **NEW_FAMILY_RECIPES, **ROUND_RECIPES}.items()))
+@pytest.mark.parametrize("family,recipe", sorted(ALL_FAMILY_RECIPES.items()))
 def test_family_recipe_roles_fit_one_h200(family, recipe):
-    # what docs/models.md's tables say, as the recipe is written: a rollout worker generates a
+    # what the recipes guide's tables say, as the recipe is written: a rollout worker generates a
     # micro-batch, a trainer holds the training state and backward_batch samples' activations
     from digenrl.sim.costs import CostModel, Shape
 
@@ -98,9 +60,9 @@ def test_family_recipe_roles_fit_one_h200(family, recipe):
     kw = dict(lora=m.lora_rank > 0, grad_ckpt=m.grad_ckpt, cfg=cfg.sampling.cfg_scale > 1,
               shape=Shape(m.height, m.width, m.frames or 1), lora_rank=m.lora_rank or 32)
     cost = CostModel()
-    trainer = cost.fits(COST_MODEL_NAMES[family], ["trainer"], "H200",
+    trainer = cost.fits(FAMILIES[family].checkpoint, ["trainer"], "H200",
                         train_batch=cfg.train.backward_batch or micro_batch, **kw)
-    rollout = cost.fits(COST_MODEL_NAMES[family], ["rollout"], "H200", gen_batch=micro_batch, **kw)
+    rollout = cost.fits(FAMILIES[family].checkpoint, ["rollout"], "H200", gen_batch=micro_batch, **kw)
     assert trainer.fits, f"{recipe}: trainer needs {trainer.peak_gib:.0f} GiB of {trainer.usable_gib:.0f}"
     assert rollout.fits, f"{recipe}: rollout needs {rollout.peak_gib:.0f} GiB of {rollout.usable_gib:.0f}"
 
@@ -188,9 +150,9 @@ FLOW_FACTORY = {
 }
 
 
-@pytest.mark.parametrize("family,recipe", sorted(NEW_FAMILY_RECIPES.items()))
-def test_new_family_recipe_follows_flow_factory(family, recipe):
-    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / recipe)
+@pytest.mark.parametrize("family", sorted(FLOW_FACTORY))
+def test_new_family_recipe_follows_flow_factory(family):
+    cfg = load_config(Path(__file__).resolve().parents[1] / "recipes" / FAMILIES[family].recipe)
     s, m, t = cfg.sampling, cfg.model, cfg.train
     assert (s.num_steps, s.cfg_scale, s.noise_level, t.lr, m.height) == FLOW_FACTORY[family]
     # its shared settings: LoRA 64 / 128, clip 1e-4, no KL, one SDE step, group 16, 24 prompts per step

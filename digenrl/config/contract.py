@@ -28,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from digenrl.config.schema import Config, PoolConfig
+from digenrl.config.runtime import PoolConfig
+from digenrl.config.schema import Config
 from digenrl.sched import TSP_MODES, SchedConfig, Worker, partition
 
 

@@ -15,7 +15,7 @@ resistance against an adversary buys nothing, while speed decides whether the ch
 at every save and resume. In memory, on one core of this project's machine, xxh3-128 hashes
 over ten times faster than sha256 and several times faster than blake3, well above disk
 bandwidth (`benchmarks/checkpoint_integrity.py --hash-speed` prints the figures;
-docs/runtime.md "Checkpoint integrity" quotes a run), so hashing adds CPU time to the
+docs/measurements/runtime.md "Checkpoint integrity" quotes a run), so hashing adds CPU time to the
 write instead of a second read of every byte. 128 bits make an accidental match ~2^-128 per
 damaged file.
 

@@ -19,7 +19,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from digenrl.config.schema import Config, ConfigError
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import Config
 
 EXTRA = "digenrl[wandb]"
 

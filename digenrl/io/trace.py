@@ -1,5 +1,5 @@
 """Traces of who ran what when, and the metrics a run is measured by
-(docs/simulator.md, "What each number means").
+(docs/guides/planning.md, "What each number means").
 
 A Trace is a list of Spans (worker, kind, start, end, version, step, extra) plus the
 pools and each worker's alive interval. Both clocks produce it: the simulator (virtual

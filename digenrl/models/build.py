@@ -92,9 +92,9 @@ def empty_loadable(cfg: Any) -> bool:
     experts, and folders in other formats, load whole)."""
     if cfg.name == "tiny-dit":
         return True
-    from digenrl.models.diffusers_adapters import TWO_EXPERTS
+    from digenrl.models.families import has
 
-    if cfg.name in TWO_EXPERTS or not cfg.path:
+    if has(cfg.name, "two_experts") or not cfg.path:
         return False
     return any((Path(cfg.path) / "transformer").glob("*.safetensors"))
 

@@ -23,12 +23,12 @@ from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 
+from digenrl.models.families import CONDITIONINGS  # what `conditioning` may be; None: prompts only
+
 # Condition tensors, all batch-first (B, ...): they slice, concatenate and serialize
 # (safetensors) without knowing the model. A prompt-embedding cache stores exactly this.
 Cond = dict[str, torch.Tensor]
 
-# What a policy's `conditioning` may be; None (or no attribute): prompts only.
-CONDITIONINGS = ("reference-image", "first-frame")
 # A Cond entry named NEGATIVE_PREFIX + key is the negative branch's own value of `key` for
 # that row, when it depends on the row's image (Qwen-Image-Edit: the negative prompt is
 # encoded together with the source image). See `negative_with_conditions`.
@@ -144,9 +144,10 @@ def negative_with_conditions(cond: Cond, negative: Cond) -> Cond:
     """The negative branch of classifier-free guidance with the rows' conditioning entries.
 
     The edit and image-to-video pipelines run their unconditional branch on the same
-    reference / first frame as the conditional one (pipeline_flux_kontext.py ~1057-1068,
-    pipeline_wan_i2v.py ~786-792): every entry of `cond` that the (prompt-only) `negative`
-    lacks is taken from `cond`, and an entry NEGATIVE_PREFIX + key of `cond` replaces
+    reference / first frame as the conditional one (diffusers@v0.42.1
+    src/diffusers/pipelines/flux/pipeline_flux_kontext.py:1054-1069 and
+    src/diffusers/pipelines/wan/pipeline_wan_i2v.py:785-795): every entry of `cond` that the
+    (prompt-only) `negative` lacks is taken from `cond`, and an entry NEGATIVE_PREFIX + key of `cond` replaces
     `key` (a negative prompt encoded with the row's image). Unconditioned families have
     the same keys on both sides and pass through unchanged.
     """

@@ -9,20 +9,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from digenrl.models.diffusers_adapters import AUDIO_FAMILIES, CONDITIONING, FAMILIES
+from digenrl.models.families import FAMILIES
 from digenrl.models.protocol import Cond
 
-# profiling a conditioned family (one image per prompt: edit, image-to-video) is not built, nor an
-# audio + video one (ltx2: its flat two-stream latent has no (C, F, H, W) geometry to count tokens on)
-DIFFUSERS_FAMILIES = tuple(f for f in FAMILIES if f not in CONDITIONING and f not in AUDIO_FAMILIES)
-# text tokens inside the joint attention sequence (wan, wan2.2: cross-attention, none)
-JOINT_TEXT = {"sd3": True, "flux": True, "wan": False, "qwen-image": True, "hunyuan-video": True,
-              "wan2.2": False, "flux2-klein": True, "z-image": True, "flux2": True, "qwen-image-2.1": True,
-              "sana": False, "sana-video": False, "hunyuan-video-1.5": True,
-              "cosmos-predict2.5": False}
-# latent positions per token side (2x2 patches), except FLUX.2's latents, patchified into
-# channels already, and Qwen-Image 2.1's and SANA's, unpatched (patch_size 1): one token per position
-LATENT_PATCH = {"flux2-klein": 1, "flux2": 1, "qwen-image-2.1": 1, "sana": 1}
+# the families `digenrl profile` is built for: those whose record gives `joint_text` (not a
+# conditioned one, nor ltx2; digenrl.models.families says why)
+DIFFUSERS_FAMILIES = tuple(n for n, f in FAMILIES.items() if f.joint_text is not None)
 # VAE calibration entries the cost model reads, and the one shape each was measured at
 CALIB_VAES = {"flux": ("flux-vae", (1024, 1024, 1)), "wan": ("wan-vae", (480, 832, 33))}
 
@@ -82,7 +74,7 @@ def diffusers_target(policy, cond: Cond, family: str, name: Optional[str], tiny:
 
     params_B = sum(p.numel() for p in policy.module.parameters()) / 1e9
     video = policy.output == "video"
-    text = int(cond["prompt_embeds"].shape[1]) if JOINT_TEXT[family] else 0
+    text = int(cond["prompt_embeds"].shape[1]) if FAMILIES[family].joint_text else 0
     shape = Shape(policy.height, policy.width, policy.num_frames if video else 1)
     notes = []
     if name is None:
@@ -112,7 +104,7 @@ def diffusers_target(policy, cond: Cond, family: str, name: Optional[str], tiny:
         log(f"note: {n}")
     shape_str = f"{shape.frames} frames {shape.height}x{shape.width}" if video else \
         f"{shape.height}x{shape.width}, {text} text tokens"
-    tokens = _tokens(policy.latent_shape, text, LATENT_PATCH.get(family, 2))
+    tokens = _tokens(policy.latent_shape, text, FAMILIES[family].latent_patch)
     return Target(name, policy, cond, params_B, tokens, shape_str, family,
                   hasattr(policy.module, "enable_gradient_checkpointing"), vae_name, vae_what,
                   tuple(policy.default_lora_targets), notes)

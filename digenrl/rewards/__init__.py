@@ -11,7 +11,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from digenrl.models.diffusers_adapters import AUDIO_FAMILIES  # an audio reward needs one of them
+from digenrl.models.families import names  # an audio reward needs a family with audio
 
 REWARD_NAMES = (
     "toy-geneval",
@@ -40,7 +40,7 @@ SOURCE_REWARDS = ("source-similarity",)
 # rewards that score the generated audio: their classes set `wants_audio = True` and are called
 # with audio=(B, channels, samples) in [-1, 1] and audio_rate=<Hz>
 AUDIO_REWARDS = ("clap",)
-# rewards that score videos only (model.name must be one of VIDEO_FAMILIES)
+# rewards that score videos only (model.name must be a video family: digenrl.models.families)
 VIDEO_REWARDS = ("xclip",)
 
 if TYPE_CHECKING:  # the names above are read by the configuration and the simulator: no torch for them
@@ -112,7 +112,7 @@ class AsyncRewarder:
                 if audio is None or audio_rate is None:
                     raise ValueError(f"reward {name!r} scores the generated audio, but this run passed "
                                      f"{'no audio' if audio is None else 'no audio_rate'} "
-                                     f"(families with audio: {', '.join(AUDIO_FAMILIES)})")
+                                     f"(families with audio: {', '.join(names(audio=True))})")
                 extra.update(audio=audio, audio_rate=audio_rate)
             if extra:
                 parts[name] = fn(images, prompts, **extra).float().cpu()

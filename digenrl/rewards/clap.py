@@ -12,7 +12,8 @@ and as the LTX-2.3 text-to-audio-video CLAP rewards score it (Tencent-Hunyuan/Un
 request 168, `CLAPRewardScorer`: normalised `audio_embeds` . `text_embeds` of ClapModel, fp32,
 mono, resampled to 48 kHz; verl-project/verl-omni's CLAP scorer for LTX-2.3, pull request 640
 per its issue 432, was not read here). transformers' ClapModel.get_audio_features /
-get_text_features already return unit vectors (modeling_clap.py, ~lines 1494 and 1530); the reward
+get_text_features already return unit vectors (transformers@v5.25.0
+src/transformers/models/clap/modeling_clap.py:1494 and :1530); the reward
 computes the same (tower, projection, normalise) and takes the dot product.
 
 Audio path: channels are averaged to mono, resampled in torch to the feature extractor's
@@ -21,7 +22,8 @@ from the start. Two departures from calling ClapProcessor as is, both for a rewa
 deterministic, batch-independent function of its sample: longer audio is cut at the start
 instead of the extractor's random crop (`rand_trunc`) or random chunks (`fusion`), and
 `is_longer` is the true flag (False after the cut) instead of the extractor's random pick of
-one sample in a batch with `truncation="fusion"` (feature_extraction_clap.py, ~line 350).
+one sample in a batch with `truncation="fusion"` (transformers@v5.25.0
+src/transformers/models/clap/feature_extraction_clap.py:349-352).
 The video frames (`images`) are not used.
 """
 

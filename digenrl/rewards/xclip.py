@@ -13,8 +13,8 @@ a shorter video repeats frames), each pass CLIP's vision tower; the cross-frame
 generator adds to the prompt's text embedding a term attending to that video's patch
 tokens (X-CLIP's video-specific prompting). The reward is X-CLIP's own similarity, the
 diagonal of XCLIPModel.forward's `logits_per_video` divided by `logit_scale.exp()`
-(modeling_x_clip.py, XCLIPModel.forward, ~lines 1083-1121): the cosine of the video
-embedding and the video-conditioned prompt embedding. Cosine rather than logits: a scale
+(transformers@v5.25.0 src/transformers/models/x_clip/modeling_x_clip.py:1077-1122): the
+cosine of the video embedding and the video-conditioned prompt embedding. Cosine rather than logits: a scale
 the checkpoint learned for a softmax over many captions says nothing about one caption's
 fit, and a cosine is on clip-score's scale; `get_text_features` alone would skip the
 prompt generator and so not be X-CLIP's similarity. Computed per (video, its own prompt)

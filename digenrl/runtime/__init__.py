@@ -25,5 +25,5 @@
 never imports the simulator's reports; both take their schedule from digenrl.config.contract.
 
 Submodules are imported explicitly (`from digenrl.runtime.driver import RayDriver`), so
-`import digenrl.runtime` stays cheap. See docs/runtime.md.
+`import digenrl.runtime` stays cheap. See docs/design/step.md.
 """

@@ -23,7 +23,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from digenrl.config.schema import Config, PoolConfig
+from digenrl.config.runtime import PoolConfig
+from digenrl.config.schema import Config
 from digenrl.runtime.cluster import _bundle, fits_now
 
 if TYPE_CHECKING:

@@ -368,8 +368,8 @@ def _combine_learner(infos: dict[str, Stepped], first: str) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Route:
-    """One unit kind's way through a Ray run, in the order it happens (docs/runtime.md, "The
-    life of a step"): the scheduler's assign() hands the unit to a worker, `call` starts it on
+    """One unit kind's way through a Ray run, in the order it happens (docs/design/step.md, "A
+    step, unit by unit"): the scheduler's assign() hands the unit to a worker, `call` starts it on
     the ranks of the worker's gang, each rank runs one of `methods`, the event loop merges the
     ranks' results (runtime/results.merge) and tells the scheduler (Scheduler.complete, which
     runs `event`), and `done` feeds the result to the rest of the step."""

@@ -43,7 +43,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from digenrl.config.schema import PoolConfig
+from digenrl.config.runtime import PoolConfig
 from digenrl.runtime.waits import Unplaceable, WaitTimeout
 
 # ray.init at an address where nothing listens retries for minutes with only log lines; a

@@ -31,7 +31,7 @@ eval samples there; the driver writes the rest).
 No wait here is open-ended: placement runtime.placement_timeout_s, start-up and the final
 weights runtime.start_timeout_s, the event loop and the end-of-run records
 runtime.stall_timeout_s; a passed deadline raises WaitTimeout (runtime/waits.py) naming what
-it waited for (docs/runtime.md, "Waits and their deadlines").
+it waited for (docs/guides/running.md, "Waits and their deadlines").
 """
 
 from __future__ import annotations
@@ -276,7 +276,8 @@ class RayDriver:
         without evaluation, checkpoints, loggers, final weights, spot notices or autoscaling, in
         <run_dir>/probes/<i>; what the runtime added to its units over their profiled charges
         (digenrl.sim.here.RuntimeCosts)."""
-        from digenrl.config.schema import SPOT_KEYS, PoolConfig, with_overrides
+        from digenrl.config.runtime import SPOT_KEYS, PoolConfig
+        from digenrl.config.schema import with_overrides
         from digenrl.sim.here import KNOBS, MeasuredCosts, MeasuredDurations, RuntimeCosts, slowdown
 
         spot = {f"runtime.rollout.{k}": getattr(PoolConfig, k) for k in SPOT_KEYS}  # no notices, no autoscaler

@@ -6,7 +6,7 @@ it waited for, who did not answer, and the config key (or constant) that sets th
     wait_all(named, timeout_s, ...)  ray.get of every named ref, or WaitTimeout naming the late ones
     within(runtime, deadline, ...)   wait_all with runtime.<deadline>_timeout_s ("start", "stall")
 
-Which wait has which deadline: docs/runtime.md, "Waits and their deadlines". Placement waits
+Which wait has which deadline: docs/guides/running.md, "Waits and their deadlines". Placement waits
 (resources a worker asks for) live in runtime/cluster.py and raise the same error.
 """
 

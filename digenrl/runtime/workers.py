@@ -550,9 +550,9 @@ def trainer_rewards(cfg: Config) -> bool:
 
 def _row_source(cfg: Config):
     """The data rows of a conditioned family (None otherwise): each sample's image by coordinates."""
-    from digenrl.models.diffusers_adapters import CONDITIONING
+    from digenrl.models.families import has
 
-    if cfg.model.name not in CONDITIONING:
+    if not has(cfg.model.name, "conditioning"):
         return None
     from digenrl.train.trainer import prompt_source
 

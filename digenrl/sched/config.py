@@ -1,6 +1,6 @@
 """SchedConfig: the scheduling mode, the shape of an RL step, and the four switches.
 
-The four mechanisms that remove a disaggregated pipeline's bubbles (docs/glossary.md):
+The four mechanisms that remove a disaggregated pipeline's bubbles (docs/design/mechanisms.md):
 
     gap   GAP, generation-axis pipeline: micro-batches stream to the trainers as soon as they
           are rewarded (still on-policy); a micro-batch's generations may be cut into fragments
@@ -30,11 +30,11 @@ A mode is a preset of switches; each switch can also be set on its own (None = p
     gap+tsp+tag    x     x     x     -     -
     digenrl        x     x     x     x     -
 
-Sample-axis sharding (any mode; 1 = off, today's units): `gen_shard` / `train_shard` cut
-each micro-batch's Generate / Train work into that many shards of contiguous sample rows
-(`units.split_rows`), which run on different workers. A micro-batch keeps one policy
-version across its Generate shards, its Reward waits for all of them, and exactly-once
-holds per (step, group, sample, trained step).
+Sample-axis sharding (any mode; 1 = off: a unit covers every row of its micro-batch):
+`gen_shard` / `train_shard` cut each micro-batch's Generate / Train work into that many
+shards of contiguous sample rows (`units.split_rows`), which run on different workers. A
+micro-batch keeps one policy version across its Generate shards, its Reward waits for all of
+them, and exactly-once holds per (step, group, sample, trained step).
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ ROLES = ("rollout", "trainer", "reward", "colocated")
 @dataclass(frozen=True, slots=True)
 class Worker:
     """One worker of one pool: a gang of one or more ranks (devices) that runs each unit
-    together. The scheduler never sees ranks (docs/glossary.md). `id` must be unique; it
+    together. The scheduler never sees ranks (docs/reference/glossary.md). `id` must be unique; it
     orders nothing."""
 
     id: str

@@ -1,4 +1,4 @@
-"""Colocated memory plans (the colocated-ideal row, docs/simulator.md section 3): which layouts exist, which fit, what each costs.
+"""Colocated memory plans (the colocated-ideal row, docs/design/simulator.md section 3): which layouts exist, which fit, what each costs.
 
     LAYOUTS                    every memory plan a colocated system can run (below)
     layout_fit(cm, layout, ..) THE memory rule for colocated rows: the same layout on the same

@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from digenrl.config.schema import WEIGHT_SYNC_METHODS  # noqa: F401 (priced by CostModel.weight_sync_s)
+from digenrl.models.families import FAMILIES
+from digenrl.config.runtime import WEIGHT_SYNC_METHODS  # noqa: F401 (priced by CostModel.weight_sync_s)
 
 GIB = 2.0**30
 MS = 1e-3
@@ -499,24 +500,17 @@ def get_link(name: str | Link) -> Link:
         raise KeyError(f"unknown link {name!r}; allowed: {sorted(LINKS)}") from None
 
 
-# The runtime's model.name (a diffusers family, digenrl.models.diffusers_adapters.FAMILIES)
-# -> the name prefix of its entries in MODELS (the size picks the entry). Prefixes nest
-# ("flux.2" and "flux.2-klein", "wan2.1" and "wan2.1-i2v"): an entry belongs to the family
-# of its LONGEST matching prefix (family_of).
-FAMILY_PREFIX = {"sd3": "sd3.5", "flux": "flux.1", "wan": "wan2.1", "qwen-image": "qwen-image",
-                 "hunyuan-video": "hunyuanvideo",
-                 "wan2.2": "wan2.2", "wan-i2v": "wan2.1-i2v", "flux-kontext": "flux.1-kontext",
-                 "qwen-image-edit": "qwen-image-edit", "flux2-klein": "flux.2-klein", "z-image": "z-image",
-                 "flux2": "flux.2", "qwen-image-2.1": "qwen-image-2.1", "sana": "sana", "sana-video": "sana-video",
-                 "hunyuan-video-1.5": "hunyuanvideo-1.5", "hunyuan-video-1.5-i2v": "hunyuanvideo-1.5-i2v",
-                 "ltx2": "ltx-2", "cosmos-predict2.5": "cosmos-predict2.5"}
+# A MODELS entry belongs to the runtime family (model.name) whose `catalogue` prefix
+# (digenrl.models.families) is the LONGEST one its name starts with: prefixes nest
+# ("flux.2" and "flux.2-klein", "wan2.1" and "wan2.1-i2v"), and the size picks the entry.
 
 
 def family_of(model: str) -> str | None:
-    """The runtime family of a MODELS entry: the FAMILY_PREFIX key whose prefix is the longest
+    """The runtime family of a MODELS entry: the family whose catalogue prefix is the longest
     one `model` starts with (None: no family)."""
-    best = max((p for p in FAMILY_PREFIX.values() if model.startswith(p)), key=len, default=None)
-    return next((f for f, p in FAMILY_PREFIX.items() if p == best), None) if best else None
+    best = max((f for f in FAMILIES.values() if model.startswith(f.catalogue)), key=lambda f: len(f.catalogue),
+               default=None)
+    return best.name if best else None
 
 
 def family_models(family: str) -> list[str]:

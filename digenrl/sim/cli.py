@@ -11,7 +11,7 @@ testbed's cost model; `runtime.compute=real model.path=...` runs it for real (wi
 runtime.weight_sync object-store or lora-only until the collective weight path lands).
 
 Testbed names resolve to the packaged presets (digenrl/sim/testbeds/*.yaml); a path ending
-in .yaml is read as your own testbed (see docs/simulator.md). Unknown names list the presets.
+in .yaml is read as your own testbed (see docs/guides/planning.md). Unknown names list the presets.
 """
 
 from __future__ import annotations
@@ -237,7 +237,8 @@ def plan_main(argv=None) -> int:
               f"{p.prog}: no single change tried makes one fit ({', '.join(k for k, _ in CHANGES)})",
               file=sys.stderr)
         return 2
-    from digenrl.config.schema import ConfigError, dump_config
+    from digenrl.config.errors import ConfigError
+    from digenrl.config.schema import dump_config
     from digenrl.sim.testbed import resize
     from digenrl.sim.workload import config_for
 
@@ -272,7 +273,7 @@ def plan_main(argv=None) -> int:
         except (ConfigError, ValueError) as e:
             print(f"{p.prog}: the plan cannot be written as a runnable config: {e}", file=sys.stderr)
             return 2
-        # emulated wall time ~ EMULATED_RUN_S: sleeps shrink by time_scale (docs/runtime.md)
+        # emulated wall time ~ EMULATED_RUN_S: sleeps shrink by time_scale (docs/guides/running.md)
         cfg.runtime.time_scale = round(min(1.0, EMULATED_RUN_S / (pl.step_s * cfg.train.steps)), 4)
         header = (f"# digenrl plan --testbed {a.testbed} --gpus {pl.gpus} --mode {a.mode}\n"
                   f"# simulated: {pl.step_s:.2f} s/step, {pl.throughput:.3f} samples/s\n"
@@ -293,7 +294,8 @@ PREEMPTIBLE = "runtime.rollout.preemptible=true"  # the runtime's mark of a spot
 
 def _accepts(keys: list) -> bool:
     """Whether `digenrl train` takes these key=value overrides (config.schema.load_config)."""
-    from digenrl.config.schema import ConfigError, load_config
+    from digenrl.config.errors import ConfigError
+    from digenrl.config.schema import load_config
 
     try:
         load_config(overrides=keys)

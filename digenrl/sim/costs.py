@@ -276,7 +276,7 @@ class CostModel:
         """memory.fits with this model's table: can one GPU of `device` hold `roles` at once?"""
         return memory.fits(self.table, model, roles, device, **kw)
 
-    # ---- colocated baselines' extra costs (docs/simulator.md section 4) --------
+    # ---- colocated baselines' extra costs (docs/design/simulator.md section 4) ---
     # Each returns 0 when it does not apply; none is tuned down. baselines.colocated_plan
     # picks the cheapest configuration that fits, which is the baseline's best legitimate one.
 

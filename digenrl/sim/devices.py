@@ -125,7 +125,7 @@ REFERENCE = "H200"  # the device the calibration was measured on
 
 # Spot (preemptible) defaults per device type: what a testbed pool's `spot: {}` takes for the
 # keys it leaves out (testbed.Pool.spot; sched.preemption.SpotSpec). ESTIMATES, read 2026-12-02;
-# docs/simulator.md ("Spot rollout pools") gives each source. Set your own for a quote.
+# docs/design/simulator.md ("Spot rollout pools") gives each source. Set your own for a quote.
 #   price                   USD per GPU-hour. H100: AWS P5 spot ~$2.00-2.50 and GCP A3-High spot
 #                           ~$2.25 per GPU-hour (costnimbus.com, "GPU cost management", March 2026):
 #                           2.25. L40S: the GPU Markets daily spot fixing of 2026-04-18, $0.78 per

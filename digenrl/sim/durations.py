@@ -49,7 +49,7 @@ it decodes and scores on rank 0 (the others wait). A trainer gang of G with sp =
 unit's rows over G / P data groups, each group's P ranks computing its rows that way (Train:
 forward + backward + recompute, the KL forward; TAG Generate alike).
 
-Colocated baselines (docs/simulator.md section 4) pay extra costs where they physically happen:
+Colocated baselines (docs/design/simulator.md section 4) pay extra costs where they physically happen:
 
     per-forward FSDP all-gather   every Generate forward, when the rollout samples with an
                                   FSDP-sharded module and the gather is not hidden by compute
@@ -370,7 +370,7 @@ class DurationFn:
 
     # ---- trajectories: what a Generate ships and a Train unit's ranks pull (math.payload) ----
     def _traj_setup(self) -> None:
-        """Our runtime moves trajectory rows through Ray's object store (docs/runtime.md, "Lean
+        """Our runtime moves trajectory rows through Ray's object store (docs/design/step.md, "Lean
         trajectories"): a Generate copies its rows' kept latents and log-probs to the host and
         into its store (object_store_send_s; a resumed segment first pulls the rows it resumes),
         and each rank of the trainer gang that runs a Train unit pulls its rows of the unit
@@ -918,7 +918,7 @@ def make_duration_fn(testbed: Testbed, cost_model: CostModel, run: RunContract, 
     """
     t = run.pool("trainer") or run.pool("colocated")
     if run.sched.mode == "colocated" and t is not None and t.resources.sp > 1:
-        from digenrl.config.schema import ConfigError
+        from digenrl.config.errors import ConfigError
 
         raise ConfigError("runtime.trainer.sp: the simulator prices sequence-parallel gangs on disaggregated "
                           "pools only (run.mode=colocated samples and trains on the baselines' memory plans); "

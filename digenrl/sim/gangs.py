@@ -1,6 +1,6 @@
 """Trainer gangs: the FSDP layout of a model and the bytes of every collective a gang issues.
 
-The runtime's contract (docs/runtime.md "Trainer gangs", docs/simulator.md "Trainer gangs: the
+The runtime's contract (docs/design/step.md "Trainer gangs", docs/design/simulator.md "Trainer gangs: the
 collectives charged to every row"; digenrl.learner.comm counts the same sums on the runtime side):
 
     model --layout--> FSDP units (one per transformer block + the root with the rest)
@@ -41,7 +41,8 @@ from digenrl.math.kinds import AUTO_FLOAT64_PARAMS, grad_sum_bytes
 from digenrl.sim.catalogue import get_model, lora_params_B
 
 if TYPE_CHECKING:
-    from digenrl.config.schema import Config, ModelConfig
+    from digenrl.config.model import ModelConfig
+    from digenrl.config.schema import Config
     from digenrl.io.trace import Trace
 
 REDUCE_BYTES = 4  # gradients are reduced in fp32 (MixedPrecisionPolicy reduce_dtype)

@@ -283,7 +283,7 @@ def plan_here(cfg: Config, lines: list[dict], *, cores: int, given: Optional[Ite
     `eval_samples`: samples per held-out evaluation (0: the run evaluates none). The
     evaluation actor's CPU (eval_cpu_s) is charged to every step as taken from the workers: a
     step lasts its simulated time + eval_cpu_s / cores (steady_step). The actor is niced, yet
-    on the 2-core machine its CPU comes out of the workers' about whole (docs/runtime.md)."""
+    on the 2-core machine its CPU comes out of the workers' about whole (docs/measurements/default-run.md)."""
     costs = MeasuredCosts.from_lines(lines)
     fixed = set(KNOBS if given is None else given)
     samples = cfg.data.groups_per_step * cfg.data.group_size

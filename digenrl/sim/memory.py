@@ -80,7 +80,7 @@ ROLES = ("rollout", "rollout_shared", "trainer", "ref", "text_encoder", "vae", "
 # (FSDP2 copies a unit's flat all-gather buffer out to per-parameter tensors, then frees it).
 # Measured: torch.profiler's allocator events over a LoRA step of a 1B FLUX-width model on 2
 # gloo ranks peak at 2.05 GiB above the step's start: three 0.63 GiB double-stream blocks +
-# 0.15 GiB of activations (docs/runtime.md, "Sharded loading"). FSDP1's flat parameters gather
+# 0.15 GiB of activations (docs/measurements/runtime.md, "Sharded loading"). FSDP1's flat parameters gather
 # in place: the colocated layouts keep two.
 GANG_GATHERED_BLOCKS = 3
 # Usable memory: 95% of the device (allocator fragmentation) minus 1 GiB (CUDA context, NCCL buffers).

@@ -6,7 +6,7 @@ script sets them) and the shipped system that ran it (shipped.SYSTEMS). `predict
 that system's row on the testbed with the one global cost model; tests/sim/test_published.py
 requires every prediction within +-25%, or names the cost that stays unexplained.
 
-    python -m digenrl.sim.published      # the table in docs/simulator.md
+    python -m digenrl.sim.published      # the table in docs/measurements/simulator.md
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Figure:
         return self.testbed.samples_per_step / (self.value * gpus)
 
 
-# What the model lacks at 64 GPUs (docs/simulator.md, "How far to trust a prediction at scale"). The
+# What the model lacks at 64 GPUs (docs/measurements/simulator.md, "At scale: T(N) = C + W / N"). The
 # two full fine-tune figures read T(N) = C + W / N: published C ~ 95 s, W ~ 620 GPU-s; the model's
 # W is within 10% of that, its C about half, with the judge priced from first principles.
 SCALE_GAP = ("a per-step cost that does not shrink with the GPU count, ~48 s at 64 GPUs. The Qwen3-VL-8B judge's "

@@ -1,7 +1,7 @@
 """The peers as they ship: which costs veRL-Omni, mm_grpo, GenRL and flow_grpo pay per RL step.
 
 A `System` lists the mechanisms a peer's own code runs, each cited to the file and line that
-runs it (`System.sources`; docs/simulator.md prints them). The simulator runs every system in
+runs it (`System.sources`; docs/design/simulator.md prints them). The simulator runs every system in
 the scheduler's colocated mode (all GPUs generate, score, then train) and prices each
 mechanism with the one global cost model (CostModel, collectives, the gang byte counts):
 
@@ -375,7 +375,7 @@ def step_costs(cm, system: System, tb, device: str, n_gpus: int, link: str) -> d
 
 
 def citations_markdown() -> str:
-    """docs/simulator.md's table of every shipped mechanism and the code that runs it."""
+    """docs/design/simulator.md's table of every shipped mechanism and the code that runs it."""
     rows = ["| system | mechanism | where its code does it |", "|---|---|---|"]
     for s in SYSTEMS.values():  # variants list only what differs from the system they derive from
         for what, where in s.sources.items():

@@ -14,7 +14,7 @@ trainer GPU type, as many whole nodes as the same hourly budget buys, and are co
 dollar (throughput / $ per hour).
 
 Decomposition of a speedup S = X_digenrl / X_baseline (per dollar when the clusters differ)
-into multiplicative factors, S = a * b * c * r (docs/simulator.md, "Speedups, decomposed"):
+into multiplicative factors, S = a * b * c * r (docs/design/simulator.md, "Speedups, decomposed"):
   a  baseline costs removed   X_base(its extra costs zeroed) / X_base
   b  heterogeneity            (X_digenrl / $) / (X_digenrl on the homogeneous reference / $)
   c  independent scaling      X_digenrl(best split) / X_digenrl(half/half split), only against

@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from digenrl.config.schema import SP_FAMILIES
+from digenrl.models.families import has
 from digenrl.learner.passes import pairs_in, pass_count, plan_passes
 from digenrl.sim.catalogue import Shape, family_of, get_model, tokens_for
 
@@ -182,8 +182,9 @@ def rank_flops_fraction(model: str, shape: Shape, degree: int) -> float:
 
 def runs_sp(model: str) -> bool:
     """The runtime runs `model` sequence-parallel: its dims are known (CATALOGUE) and its family's
-    adapter has Ulysses attention (config.schema.SP_FAMILIES, which the config checks)."""
-    return model in CATALOGUE and family_of(model) in SP_FAMILIES
+    adapter has Ulysses attention (its `sequence_parallel` in digenrl.models.families, which the
+    config checks)."""
+    return model in CATALOGUE and has(family_of(model) or "", "sequence_parallel")
 
 
 def check_degree(model: str, degree: int, key: str) -> Optional[str]:

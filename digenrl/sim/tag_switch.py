@@ -27,7 +27,7 @@ Nothing accumulated (a switch at a step boundary): nothing moves.
 
 from __future__ import annotations
 
-from digenrl.config.schema import TAG_OFFLOAD  # runtime.trainer.tag_offload: auto | always | never
+from digenrl.config.runtime import TAG_OFFLOAD  # runtime.trainer.tag_offload: auto | always | never
 from digenrl.sched.units import Generate, OptimizerStep, Train
 from digenrl.sim.memory import RESERVED_GIB, USABLE_FRACTION
 

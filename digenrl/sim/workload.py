@@ -16,13 +16,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
-from digenrl.config.schema import Config, ConfigError, load_config
-from digenrl.models.diffusers_adapters import CONDITIONING
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import Config, load_config
+from digenrl.models.families import FAMILIES
 from digenrl.config.contract import RunContract, contract, trained_steps
 from digenrl.math.payload import reads_of
 from digenrl.rewards import REWARD_NAMES
 from digenrl.sched import TSP_MODES
-from digenrl.sim.catalogue import FAMILY_PREFIX, family_of, get_model
+from digenrl.sim.catalogue import family_of, get_model
 from digenrl.sim.costs import CostModel
 from digenrl.sim.durations import DurationFn, make_duration_fn
 from digenrl.sim.sp import check_degree, degrees
@@ -97,7 +98,7 @@ def family(model: str) -> str:
     if name is not None:
         return name
     raise ConfigError(f"model.name: the cost model's {model!r} has no runtime adapter; "
-                      f"known families: {', '.join(FAMILY_PREFIX)}")
+                      f"known families: {', '.join(FAMILIES)}")
 
 
 def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str] = None) -> Config:
@@ -153,8 +154,9 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
     rollout //= rgang
     dev = lambda p: {"num_gpus": 1, "num_cpus": 1, "accelerator": p.device}  # noqa: E731
     name = family(tb.model)
-    if name in CONDITIONING and tb.prompts is None:
-        raise ConfigError(f"data.prompts: {name} is conditioned on a {CONDITIONING[name]} per prompt; the testbed "
+    kind = FAMILIES[name].conditioning
+    if kind and tb.prompts is None:
+        raise ConfigError(f"data.prompts: {name} is conditioned on a {kind} per prompt; the testbed "
                           f"{tb.name!r} names no rows file (its key 'prompts: FILE.jsonl')")
     rows = {"prompts": tb.prompts, "eval_prompts": tb.prompts} if tb.prompts else {}
     rpool = (tb.pool("rollout") or tb.pools)[0]

@@ -27,7 +27,10 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from digenrl.config.schema import MODES as RUN_MODES, PLAN, Config, ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.run import MODES as RUN_MODES
+from digenrl.config.runtime import PLAN
+from digenrl.config.schema import Config, load_config
 
 MODES = tuple(m for m in RUN_MODES if m != "local")
 

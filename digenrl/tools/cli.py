@@ -25,7 +25,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.tools.preflight import check_inputs
 
 
@@ -236,7 +237,7 @@ class _HelpConfig(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        from digenrl.config.schema import config_help
+        from digenrl.config.keys import config_help
 
         print(config_help(), end="")
         parser.exit()

@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from digenrl.config.schema import Config, ConfigError
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import Config
 from digenrl.io.runs import BASE, RunError, Snapshot, resolve_snapshot, run_config
 
 

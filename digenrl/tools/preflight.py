@@ -26,7 +26,8 @@ import re
 from pathlib import Path
 from urllib.parse import parse_qsl
 
-from digenrl.config.schema import Config, ConfigError
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import Config
 
 # 'org/name' as the Hugging Face hub spells repo ids: resolved through the local HF cache
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -74,7 +75,7 @@ def _check_model(cfg: Config) -> None:
                                              "('org/name') already in the Hugging Face cache")
     if not m.text_encoders and not Path(m.prompt_cache).is_dir():
         raise _missing("model.prompt_cache", m.prompt_cache,
-                       "model.text_encoders=false reads every prompt from it: fill it first (docs/models.md)")
+                       "model.text_encoders=false reads every prompt from it: fill it first (docs/guides/models.md)")
 
 
 def _check_tiny_dit(path: str | None) -> None:

@@ -8,8 +8,8 @@ when the asset is missing.
 The captions are noisy (`CAPTION_NOISE`): real generators learn from alt-text that is often
 wrong about colour, count and place, and come out drawing well but binding words loosely,
 which is what GenEval measures and RL post-training fixes. A base trained on exact captions
-(3000 steps, the asset until 2026-12-01) left the default run little to fix but the
-sharpness of its shapes, which 60 RL steps barely moved (+0.04 held-out).
+(3000 steps) leaves the default run little to fix but the sharpness of its shapes, which 60
+RL steps barely move (+0.04 held-out).
 
 The file format lives with the model (`digenrl/models/tiny_dit_weights.py`); this module
 adds the toy world's training data.

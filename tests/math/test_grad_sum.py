@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.math.grad_sum import AUTO_FLOAT64_PARAMS, GradSum, grad_sum_bytes, resolve_grad_sum
 
 

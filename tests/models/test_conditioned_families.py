@@ -31,7 +31,8 @@ pytest.importorskip("peft")
 
 from digenrl.learner import Learner, LearnerConfig  # noqa: E402
 from digenrl.math import sde_step, sigma_schedule  # noqa: E402
-from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES, load_policy  # noqa: E402
+from digenrl.models.diffusers_adapters import load_policy  # noqa: E402
+from digenrl.models.families import FAMILIES, grid_family  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import pack_2x2  # noqa: E402
 from digenrl.models.lora import trainable_state_dict  # noqa: E402
 from digenrl.models.protocol import (  # noqa: E402
@@ -68,17 +69,6 @@ def load(folders, family: str, cache_dir: Path, images: torch.Tensor | None = No
                 key = policy.text_key(prompt, rgb)
                 policy.cache.put(key, fake_text_cond(shapes, key))
     return policy
-
-
-def test_conditioned_families_are_registered():
-    from digenrl.models.diffusers_adapters import policy_class
-
-    from tests.models.tiny_diffusers_more import MORE_CONDITIONED_SETUPS  # tested in test_hunyuan_video15_i2v.py
-
-    assert set(CONDITIONING) == set(CONDITIONED_SETUPS) | set(MORE_CONDITIONED_SETUPS)
-    assert set(CONDITIONING) <= set(FAMILIES)
-    # the config's table (read without diffusers) says what the classes say
-    assert {f: policy_class(f).conditioning for f in FAMILIES if policy_class(f).conditioning} == CONDITIONING
 
 
 # ---- the diffusers pipelines' own latents ----------------------------------------------------
@@ -127,7 +117,7 @@ def test_ode_sampling_matches_diffusers_pipeline(family, folders, tmp_path, monk
     images = tiny_images(len(PROMPTS), seed=1)
     negative_prompt = "blurry" if family == "flux-kontext" else ""
     policy = load(folders, family, tmp_path / "cache", images, train="frozen", negative_prompt=negative_prompt)
-    assert isinstance(policy, ConditionedPolicy) and conditioning_of(policy) == CONDITIONING[family]
+    assert isinstance(policy, ConditionedPolicy) and conditioning_of(policy) == FAMILIES[family].conditioning
     cond = encode_inputs(policy, PROMPTS, images)
     negative = policy.negative_cond(len(PROMPTS))
     scale = 1.0 if family == "qwen-image-edit" else 2.0
@@ -158,13 +148,13 @@ def test_diffusers_grid_is_the_pipelines_own(family, folders, tmp_path, monkeypa
     shift from the sample's tokens, not the reference's; Wan: UniPC flow sigmas)."""
     import diffusers
 
-    from digenrl.config.schema import ModelConfig, SamplingConfig
+    from digenrl.config.model import ModelConfig
+    from digenrl.config.sampling import SamplingConfig
     from digenrl.models import sampling_sigmas
-    from digenrl.models.diffusers_adapters.sigmas import BASE_FAMILY, PUBLISHED_SCHEDULERS
 
     root = tmp_path / family
     shutil.copytree(folders[family], root)
-    published = PUBLISHED_SCHEDULERS[BASE_FAMILY[family]]
+    published = grid_family(family).scheduler
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(published))
     index = json.loads((root / "model_index.json").read_text())
     (root / "model_index.json").write_text(json.dumps({**index, "scheduler": ["diffusers", published["_class_name"]]}))
@@ -292,7 +282,7 @@ def test_qwen_image_edit_negative_is_the_rows_own(folders, tmp_path):
 
 
 def test_images_are_required_exactly_for_conditioned_policies(folders, tmp_path):
-    from digenrl.config.schema import ModelConfig
+    from digenrl.config.model import ModelConfig
     from digenrl.models import build_policy
 
     kontext = load(folders, "flux-kontext", tmp_path / "c", train="frozen")

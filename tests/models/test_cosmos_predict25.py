@@ -90,7 +90,8 @@ def test_ode_sampling_matches_the_text_to_world_pipeline_on_its_grid(guidance, f
     """guidance 1: no CFG (the pipeline's do_classifier_free_guidance is g > 1), and our decode of
     the final latents is the pipeline's video. guidance 2: the pipeline's `cond + g (cond - neg)` is
     our guided_velocity at scale 1 + g, negative prompt ""."""
-    from digenrl.config.schema import ModelConfig, SamplingConfig
+    from digenrl.config.model import ModelConfig
+    from digenrl.config.sampling import SamplingConfig
     from digenrl.models import sampling_sigmas
 
     policy = load(folders, tmp_path_factory, tmp_path / "cache", train="frozen")
@@ -129,7 +130,8 @@ def test_ode_sampling_matches_the_text_to_world_pipeline_on_its_grid(guidance, f
 
 def test_flow_sde_on_the_diffusers_grid_is_refused():
     """The grid starts at 0.995, where flow-sde's std sqrt(s / (1 - s)) is ~14 x noise_level."""
-    from digenrl.config.schema import ConfigError, load_config
+    from digenrl.config.errors import ConfigError
+    from digenrl.config.schema import load_config
 
     base = [f"model.name={FAMILY}", "model.path=/m", "sampling.sigmas=diffusers"]
     with pytest.raises(ConfigError, match="sampling.sigmas") as e:

@@ -24,7 +24,8 @@ pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
 from digenrl.math import sde_step  # noqa: E402
-from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES, load_policy  # noqa: E402
+from digenrl.models.diffusers_adapters import load_policy  # noqa: E402
+from digenrl.models.families import FAMILIES  # noqa: E402
 from digenrl.models.diffusers_adapters.packing import flux_image_ids, pack_2x2, unpack_2x2  # noqa: E402
 from digenrl.models.protocol import Policy, guided_velocity  # noqa: E402
 from tests.models.adapter_checks import (check_full_finetune_step, GROUP, NUM_STEPS, PROMPTS, check_lora_step_and_sync,  # noqa: E402, F401
@@ -35,7 +36,7 @@ from tests.models.tiny_diffusers import FAMILY_SETUPS  # noqa: E402
 # the prompt-only families with a tiny build here; the newer ones (tiny_diffusers_new.py) are
 # tested in test_new_families.py, which also checks that every family has one or the other;
 # the conditioned ones (an image per prompt) are in test_conditioned_families.py
-TINY_FAMILIES = [f for f in FAMILIES if f in FAMILY_SETUPS and f not in CONDITIONING]
+TINY_FAMILIES = [n for n, f in FAMILIES.items() if n in FAMILY_SETUPS and not f.conditioning]
 
 for name in ("diffusers", "transformers"):  # silence cast notices
     logging.getLogger(name).setLevel(logging.ERROR)
@@ -191,7 +192,7 @@ def test_load_policy_errors(tmp_path):
 def test_model_config_text_length_and_guidance_reach_the_adapter(folders, tmp_path_factory, tmp_path):
     """model.max_sequence_length and model.guidance act through build_policy: the T5 sequence
     is that long, the prompt cache keys on it, and the embedded scale is the one set."""
-    from digenrl.config.schema import ModelConfig
+    from digenrl.config.model import ModelConfig
     from digenrl.models import build_policy
     from tests.models.tiny_diffusers import build_flux
 

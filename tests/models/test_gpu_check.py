@@ -63,7 +63,7 @@ def test_gpu_check_tiny_configs_on_cuda(tmp_path):
 @needs_cuda
 def test_gpu_check_sd35_medium_on_cuda(tmp_path):
     # the real architecture (2.2B parameters, 512x512, random weights: nothing is downloaded);
-    # about 12 GiB at batch 1 without an optimizer step (docs/models.md), any 24 GB GPU
+    # about 12 GiB at batch 1 without an optimizer step (docs/guides/models.md), any 24 GB GPU
     out = tmp_path / "gpu_check.json"
     rc = _load_gpu_check().main(["--models", "sd3", "--json", str(out), "--warmup", "2", "--iters", "3"])
     rows = json.loads(out.read_text())

@@ -21,7 +21,7 @@ pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
 from digenrl.math import sde_step  # noqa: E402
-from digenrl.models.diffusers_adapters import CONDITIONING  # noqa: E402
+from digenrl.models.families import FAMILIES  # noqa: E402
 from digenrl.models.protocol import cond_repeat, conditioning_of, encode_inputs  # noqa: E402
 from tests.models.adapter_checks import (  # noqa: E402
     GROUP, PROMPTS, assert_blocks_are_fsdp_units, check_full_finetune_step, check_lora_step_and_sync, load_tiny,
@@ -54,7 +54,7 @@ def test_ode_sampling_matches_diffusers_pipeline(shared, tmp_path_factory, tmp_p
     import diffusers
 
     policy = _load(shared, tmp_path_factory, tmp_path / "cache", train="frozen")
-    assert conditioning_of(policy) == CONDITIONING[FAMILY] == "first-frame"
+    assert conditioning_of(policy) == FAMILIES[FAMILY].conditioning == "first-frame"
     images = tiny_images(len(PROMPTS), seed=1, size=32)  # the output size: no resize on our side
     cond = encode_inputs(policy, PROMPTS, images)
     pipe = diffusers.HunyuanVideo15ImageToVideoPipeline.from_pretrained(
@@ -70,7 +70,8 @@ def test_ode_sampling_matches_diffusers_pipeline(shared, tmp_path_factory, tmp_p
              latents=x0[i : i + 1], output_type="latent", return_dict=False)[0]
         for i in range(len(PROMPTS))])
     # sampling.sigmas=diffusers computes, from the folder, the grid the pipeline just used
-    from digenrl.config.schema import ModelConfig, SamplingConfig
+    from digenrl.config.model import ModelConfig
+    from digenrl.config.sampling import SamplingConfig
     from digenrl.models import sampling_sigmas
 
     model = ModelConfig(name=FAMILY, path=str(shared[FAMILY]), height=policy.height, width=policy.width, frames=5)

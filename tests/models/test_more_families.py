@@ -105,7 +105,8 @@ def _pipeline_latents(family: str, pipe, policy, cond, x0: torch.Tensor) -> torc
 
 @pytest.mark.parametrize("family", MORE)
 def test_ode_sampling_matches_diffusers_pipeline_on_its_grid(family, folders, tmp_path_factory, tmp_path):
-    from digenrl.config.schema import ModelConfig, SamplingConfig
+    from digenrl.config.model import ModelConfig
+    from digenrl.config.sampling import SamplingConfig
     from digenrl.models import sampling_sigmas
 
     policy = load(folders, tmp_path_factory, family, tmp_path / "cache", train="frozen")

@@ -13,11 +13,11 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from digenrl.config.schema import ModelConfig, SamplingConfig  # noqa: E402
+from digenrl.config.model import ModelConfig  # noqa: E402
+from digenrl.config.sampling import SamplingConfig  # noqa: E402
 from digenrl.math import sigma_schedule  # noqa: E402
 from digenrl.models import sampling_sigmas  # noqa: E402
-from digenrl.models.diffusers_adapters import CONDITIONING  # noqa: E402
-from digenrl.models.diffusers_adapters.sigmas import PUBLISHED_SCHEDULERS  # noqa: E402
+from digenrl.models.families import FAMILIES  # noqa: E402
 from tests.models.tiny_diffusers import FAMILY_SETUPS, fake_text_cond  # noqa: E402
 
 for name in ("diffusers", "transformers", "digenrl"):
@@ -98,14 +98,14 @@ def _run_pipeline(family: str, root, steps: int):
 # the prompt-only families with a built grid; config refuses sampling.sigmas=diffusers for the
 # others (tests/models/test_new_families.py::test_diffusers_sigma_grid_is_refused_where_not_built);
 # conditioned families: tests/models/test_conditioned_families.py::test_diffusers_grid_is_the_pipelines_own
-@pytest.mark.parametrize("family", [f for f in PUBLISHED_SCHEDULERS if f not in CONDITIONING])
+@pytest.mark.parametrize("family", [n for n, f in FAMILIES.items() if f.scheduler and not f.conditioning])
 def test_diffusers_grid_is_the_pipelines_own(family, tmp_path):
     """The tiny pipeline, with its family's published scheduler config written into its folder
     (FLUX and Qwen-Image: dynamic shift from the resolution; Wan: UniPC flow sigmas), sets
     exactly the sigmas sampling_sigmas reads from that folder."""
     _, opts, _ = FAMILY_SETUPS[family]
     root = FAMILY_SETUPS[family][0](tmp_path / family)
-    published = PUBLISHED_SCHEDULERS[family]
+    published = FAMILIES[family].scheduler
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(published))
     index = json.loads((root / "model_index.json").read_text())  # the class from_pretrained builds
     (root / "model_index.json").write_text(json.dumps({**index, "scheduler": ["diffusers", published["_class_name"]]}))

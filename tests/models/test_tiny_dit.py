@@ -175,7 +175,7 @@ def test_grad_ckpt_gives_the_same_gradients_and_recomputes_blocks():
 
 
 def test_build_policy_turns_grad_ckpt_on():
-    from digenrl.config.schema import ModelConfig
+    from digenrl.config.model import ModelConfig
     from digenrl.models import build_policy
 
     assert build_policy(ModelConfig(grad_ckpt=True, lora_rank=4)).module.grad_ckpt is True

@@ -136,7 +136,9 @@ def test_rollout_and_learner_step_ratio_one_with_two_scales(draw_levels, folders
 
 
 def test_cfg_scale_low_reaches_the_step_spec_and_is_refused_elsewhere(folders, tmp_path_factory, tmp_path):
-    from digenrl.config.schema import ConfigError, SamplingConfig, load_config
+    from digenrl.config.errors import ConfigError
+    from digenrl.config.sampling import SamplingConfig
+    from digenrl.config.schema import load_config
     from digenrl.models.tiny_dit import TinyDiT, TinyDiTConfig, TinyDiTPolicy
     from digenrl.train.trainer import plan_step, prompt_source
 

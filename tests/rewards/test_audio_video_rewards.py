@@ -7,8 +7,10 @@ import math
 import pytest
 import torch
 
-from digenrl.config.schema import ConfigError, load_config
-from digenrl.rewards import AUDIO_FAMILIES, AsyncRewarder, build_reward
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
+from digenrl.models.families import names
+from digenrl.rewards import AsyncRewarder, build_reward
 from digenrl.rewards.clap import ClapScore, resample_audio
 from digenrl.rewards.xclip import XClipScore, video_frame_indices
 from tests.helpers.tiny_clap import build_tiny_clap
@@ -267,7 +269,7 @@ def test_only_rewards_that_want_audio_get_it(clap, audio):
 
 
 def test_config_refuses_clap_without_an_audio_family():
-    assert AUDIO_FAMILIES == ("ltx2",)
+    assert names(audio=True) == ("ltx2",)
     with pytest.raises(ConfigError, match=r"reward.weights.clap: scores the generated audio; tiny-dit generates none"):
         load_config(None, ["reward.weights={clap: 1.0}", "reward.paths.clap=/models/clap"])
     with pytest.raises(ConfigError, match=r"reward.paths.xclip: unknown key.*frames"):

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.rewards import build_reward
 from digenrl.rewards.clip_models import ClipScore
 

@@ -32,7 +32,8 @@ import pytest
 import torch
 from PIL import Image
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.rewards import build_reward
 from digenrl.rewards.vlm_judge import MalformedAnswerError, VLMJudge, VLMJudgeError, text_score, yes_probability
 

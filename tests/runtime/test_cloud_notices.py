@@ -193,7 +193,8 @@ def test_registry_and_the_prestop_hook(notices, capsys):
 
 
 def test_the_watch_keys_are_checked():
-    from digenrl.config.schema import ConfigError, load_config
+    from digenrl.config.errors import ConfigError
+    from digenrl.config.schema import load_config
 
     base = ["run.mode=gap", "runtime.rollout.preemptible=true"]
     cfg = load_config(None, [*base, "runtime.rollout.watch=aws", "runtime.rollout.metadata_url=http://127.0.0.1:9/n/{node_id}"])

@@ -12,7 +12,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.io.outputs import REQUIRED_KEYS, read_metrics
 from digenrl.io.recorder import SUMMARY_KEYS
 from digenrl.runtime.driver import RayDriver

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.runtime.cluster import interface_ip, network_options
 
 from .conftest import tiny

@@ -59,7 +59,8 @@ def test_given_pools_are_not_planned(tmp_path):
 
 
 def test_a_config_built_in_code_runs_as_built():
-    from digenrl.config.schema import Config, PoolConfig, RuntimeConfig
+    from digenrl.config.runtime import PoolConfig, RuntimeConfig
+    from digenrl.config.schema import Config
 
     cfg = Config(runtime=RuntimeConfig(rollout=PoolConfig(workers=4), trainer=PoolConfig(workers=2)))
     assert cfg.given is None and not cfg.wants_plan()

@@ -344,7 +344,8 @@ def test_emulated_run_cuts_where_the_simulator_cuts(ray_cluster):
     workers are cut at the same deadlines as in sim.spot.run_spot, the same units are lost and
     redone, and the run ends at the same modelled time. Before the wake, a deadline inside a
     running unit was seen only after the unit had finished: no worker was ever cut, and the
-    emulated run was 2.3-5.0% faster than the simulated one (docs/simulator.md)."""
+    emulated run was 2.3-5.0% faster than the simulated one (docs/measurements/simulator.md,
+    "The same trace on the emulated runtime")."""
     from digenrl.runtime.preempt import Preemption, TraceNotices
     from digenrl.sched import Scheduler
     from digenrl.sched.preemption import SpotSpec, draw

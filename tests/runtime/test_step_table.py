@@ -1,6 +1,6 @@
 """The step table (runtime/backend.STEP_TABLE) is the code's own map of a unit's way through a
 Ray run: unit kind -> scheduler event -> backend call -> worker method -> what it feeds. These
-checks keep every name in it real, so the table (and docs/runtime.md's "The life of a step",
+checks keep every name in it real, so the table (and docs/design/step.md's "A step, unit by unit",
 which follows it) cannot drift from the code. No Ray cluster is started."""
 
 from digenrl.runtime import workers

@@ -1,5 +1,5 @@
 """No silent waits: each blocking wait of the driver gives up within its deadline, with a message
-naming the cause (docs/runtime.md, "Waits and their deadlines").
+naming the cause (docs/guides/running.md, "Waits and their deadlines").
 
 Deadlines here are half a second; the clock bounds only how long a failure may take (BOUND_S),
 never whether a test passes: every wait tested waits for something that never comes, and the
@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from digenrl.config.schema import PoolConfig, load_config
+from digenrl.config.runtime import PoolConfig
+from digenrl.config.schema import load_config
 from digenrl.runtime import cluster
 from digenrl.runtime.cluster import _check_reachable, fits_now, infeasible
 from digenrl.runtime.driver import RayDriver

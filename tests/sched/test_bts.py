@@ -218,7 +218,8 @@ def test_tag_handback_key_acts():
 
 
 def test_pairs_per_pass_key_refused_beside_backward_batch():
-    from digenrl.config.schema import ConfigError, load_config
+    from digenrl.config.errors import ConfigError
+    from digenrl.config.schema import load_config
 
     assert load_config(None, ["train.pairs_per_pass=8"]).train.pairs_per_pass == 8
     with pytest.raises(ConfigError, match="train.pairs_per_pass"):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.config.contract import contract
 
 from .sched_helpers import done, run

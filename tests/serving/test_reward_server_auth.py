@@ -20,7 +20,8 @@ import subprocess
 import pytest
 import torch
 
-from digenrl.config.schema import ConfigError, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import load_config
 from digenrl.rewards import auth
 from digenrl.rewards.auth import TOKEN_ENV, TOKEN_FILE_ENV, TokenError, read_token
 from digenrl.rewards.client import RemoteReward, RemoteRewardError

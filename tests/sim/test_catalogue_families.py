@@ -1,7 +1,7 @@
 """Every diffusers family has a cost-model entry (sim/catalogue.py), and `digenrl plan` /
 `digenrl simulate` accept it: the Config a plan writes names the family, and the simulator runs it.
 
-Families whose adapters are not registered in this tree (digenrl.models.diffusers_adapters.FAMILIES)
+Families not declared in this tree (digenrl.models.families.FAMILIES)
 cannot be written as a Config (the schema refuses an unknown model.name); their plan test skips
 with that reason until the family is registered.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.config.schema import SP_FAMILIES, dump_config, load_config
-from digenrl.models.diffusers_adapters import CONDITIONING, FAMILIES
+from digenrl.config.schema import dump_config, load_config
+from digenrl.models.families import FAMILIES, names
 from digenrl.sim import catalogue
-from digenrl.sim.catalogue import (FAMILY_PREFIX, MODELS, Shape, family_models, family_of, forward_flops,
+from digenrl.sim.catalogue import (MODELS, Shape, family_models, family_of, forward_flops,
                                    latent_values, tokens_for)
 
 # issue 28's families, each with a 16-GPU testbed (benchmarks/testbeds/h200x16-<family>.yaml)
@@ -25,11 +25,12 @@ TESTBEDS = Path(__file__).resolve().parents[2] / "benchmarks" / "testbeds"
 
 
 def test_every_family_has_an_entry_and_every_entry_a_family():
-    assert set(FAMILY_PREFIX) == set(FAMILIES) and set(ROUND) <= set(FAMILIES)
-    for name in FAMILY_PREFIX:
+    assert set(ROUND) <= set(FAMILIES)
+    for name, spec in FAMILIES.items():
         assert family_models(name), f"{name} has no catalogue entry"
+        assert family_of(spec.checkpoint) == name, f"{name}: its recipe's checkpoint {spec.checkpoint} is not its entry"
     for name in MODELS:
-        assert family_of(name) in FAMILY_PREFIX, name
+        assert family_of(name) in FAMILIES, name
 
 
 def test_family_is_the_longest_prefix_in_any_order(monkeypatch):
@@ -44,8 +45,8 @@ def test_family_is_the_longest_prefix_in_any_order(monkeypatch):
     assert {m: family_of(m) for m in want} == want
     # first-match in dict order (the old rule) would give "flux" for the Kontext entry when the
     # shorter prefix comes first, and the reverse order its mirror image: longest wins in both
-    for order in (list(FAMILY_PREFIX.items()), list(reversed(FAMILY_PREFIX.items()))):
-        monkeypatch.setattr(catalogue, "FAMILY_PREFIX", dict(order))
+    for order in (list(FAMILIES.items()), list(reversed(FAMILIES.items()))):
+        monkeypatch.setattr(catalogue, "FAMILIES", dict(order))
         assert {m: catalogue.family_of(m) for m in want} == want
     assert family_of("no-such-model") is None
 
@@ -103,7 +104,7 @@ def _testbed(model: str, tmp_path):
     frames = 1 + m.temporal if m.kind == "video" else 1
     side = 2 * m.spatial * 8  # 256 px for /16 families, 512 for /32
     prompts = None
-    if family_of(model) in CONDITIONING:
+    if FAMILIES[family_of(model)].conditioning:
         prompts = str(tmp_path / "rows.jsonl")  # only its name is read here (preflight reads the file)
     return Testbed(name=f"h200x16-{model}", pools=(Pool("h200", 16, "H200"),), model=model, height=side,
                    width=side, frames=frames, denoise_steps=6, trained_steps=2, group_size=4, groups_per_step=8,
@@ -133,7 +134,7 @@ def test_plan_config_names_the_family_and_simulates(model, tmp_path):
 
 
 def test_conditioned_family_plan_needs_the_rows_file(tmp_path):
-    from digenrl.config.schema import ConfigError
+    from digenrl.config.errors import ConfigError
     from dataclasses import replace
 
     from digenrl.sim.workload import RunSpec, config_for
@@ -147,7 +148,7 @@ def test_sequence_parallel_degrees_only_for_families_that_run_it():
     from digenrl.sim.sp import CATALOGUE, check_degree, degrees, runs_sp
 
     for model in CATALOGUE:
-        assert runs_sp(model) == (family_of(model) in SP_FAMILIES)
+        assert runs_sp(model) == FAMILIES[family_of(model)].sequence_parallel
         if not runs_sp(model):  # dims known, adapter without Ulysses: planned at degree 1 only
             assert degrees(model, 8) == [1] and "no sequence-parallel" in check_degree(model, 2, "k")
     assert degrees("wan2.1-14b", 8) == [1, 2, 4, 8]
@@ -253,10 +254,8 @@ def test_ltx2_audio_stream_is_priced_as_its_blocks_compute():
 
 
 def test_video_families_are_the_catalogues_video_entries():
-    """digenrl.models.diffusers_adapters.VIDEO_FAMILIES (what the config reads, e.g. for xclip)
-    names the families whose catalogue entries are video models, and only those."""
-    from digenrl.models.diffusers_adapters import VIDEO_FAMILIES
-
+    """The families declared video in digenrl.models.families (what the config reads, e.g. for
+    xclip) are the families whose catalogue entries are video models, and only those."""
     video = {family_of(name) for name, m in MODELS.items() if m.kind == "video"}
     image = {family_of(name) for name, m in MODELS.items() if m.kind == "image"}
-    assert set(VIDEO_FAMILIES) == video and not video & image
+    assert set(names(video=True)) == video and not video & image

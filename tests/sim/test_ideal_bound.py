@@ -361,7 +361,7 @@ def test_objective_flags_reach_the_plan_and_stay_within_the_bound(flags, loss):
 
 
 def test_objective_flags_that_no_config_expresses_are_refused():
-    from digenrl.config.schema import ConfigError
+    from digenrl.config.errors import ConfigError
     from digenrl.sim.workload import config_for
 
     with pytest.raises(ConfigError, match="pair_rows 5"):

@@ -12,7 +12,8 @@ import dataclasses
 import pytest
 import yaml
 
-from digenrl.config.schema import ConfigError, dump_config, load_config
+from digenrl.config.errors import ConfigError
+from digenrl.config.schema import dump_config, load_config
 from digenrl.config.contract import contract
 from digenrl.sched import Scheduler
 from digenrl.sim.catalogue import GIB, MODELS, Shape, get_model

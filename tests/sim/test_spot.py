@@ -249,10 +249,11 @@ def test_simulate_takes_the_runtimes_preemption_key_and_refuses_other_keys(tmp_p
 
 @pytest.mark.slow
 def test_the_docs_plan_spot_block_is_what_the_command_prints(capsys):
-    """docs/simulator.md section 8 shows `digenrl plan --testbed hetero-h200x8-l40sx16-flux --spot`."""
+    """docs/guides/planning.md, "Which pool to rent", shows
+    `digenrl plan --testbed hetero-h200x8-l40sx16-flux --spot`."""
     from pathlib import Path
 
-    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulator.md").read_text()
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "planning.md").read_text()
     block = doc.split("<!-- plan-spot:")[1].split("<!-- end plan-spot -->")[0]
     shown = block.split("```\n")[1]
     assert plan_main(["--testbed", "hetero-h200x8-l40sx16-flux", "--spot"]) == 0

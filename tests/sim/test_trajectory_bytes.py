@@ -87,7 +87,7 @@ def test_the_simulator_charges_the_counted_bytes(bed, spec):
 def test_the_testbed_keys_of_a_trajectory_act_or_are_refused():
     from dataclasses import replace
 
-    from digenrl.config.schema import ConfigError
+    from digenrl.config.errors import ConfigError
     from digenrl.sim.costs import CostModel
     from digenrl.sim.testbed import TestbedError, load_testbed
     from digenrl.sim.workload import RunSpec, config_for, duration_fn

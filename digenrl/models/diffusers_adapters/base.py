@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Optional, Sequence
 
 import torch
 
-from digenrl.models.diffusers_adapters import EXPERT_CHOICES
+from digenrl.models.families import EXPERT_CHOICES, family as family_spec
 from digenrl.models.empty import WeightFiles, move, params_on_meta
 from digenrl.models.lora import LoraSpec, apply_lora
 from digenrl.models.protocol import Cond, cond_cat, cond_repeat, merge_conds
@@ -145,21 +145,31 @@ def cast_module(module: torch.nn.Module, device: torch.device, dtype: torch.dtyp
 class DiffusersPolicy:
     """A diffusers transformer (+ VAE, + optional text encoders) behind the Policy protocol."""
 
-    family: ClassVar[str]
+    family: ClassVar[str]  # its name in digenrl.models.families, whose record sets the traits below
     pipeline_class: ClassVar[str]  # diffusers pipeline whose encode_prompt we reuse
     text_pipeline_class: ClassVar[Optional[str]] = None  # another pipeline for encode_prompt; None: pipeline_class
     text_components: ClassVar[tuple[str, ...]]  # pipeline component names of the text side
     # pipeline components that encode the conditioning image besides the VAE (Wan I2V: the
     # CLIP image encoder and its processor); loaded with the pipeline, text_encoders or not
     condition_components: ClassVar[tuple[str, ...]] = ()
-    conditioning: ClassVar[Optional[str]] = None  # None or one of protocol.CONDITIONINGS
-    embedded_guidance: ClassVar[bool] = False  # the transformer takes the guidance scale as an input
-    two_experts: ClassVar[bool] = False  # a high- and a low-noise transformer (wan2.2); see `experts`
+    # traits, from the family's record (__init_subclass__): what conditions it (None or one of
+    # protocol.CONDITIONINGS), whether the transformer takes the guidance scale as an input, a
+    # high- and a low-noise transformer (wan2.2; see `experts`), "image" or "video"
+    conditioning: ClassVar[Optional[str]] = None
+    embedded_guidance: ClassVar[bool] = False
+    two_experts: ClassVar[bool] = False
     output: ClassVar[str] = "image"
     default_size: ClassVar[tuple[int, int]] = (512, 512)  # (height, width) in pixels
     default_num_frames: ClassVar[int] = 1
     default_max_sequence_length: ClassVar[int] = 256
     default_lora_targets: ClassVar[tuple[str, ...]] = DEFAULT_LORA_TARGETS
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "family" in cls.__dict__:  # a family's class (not a shared intermediate one)
+            spec = family_spec(cls.family)
+            cls.conditioning, cls.embedded_guidance = spec.conditioning, spec.embedded_guidance
+            cls.two_experts, cls.output = spec.two_experts, spec.output
 
     def __init__(
         self,

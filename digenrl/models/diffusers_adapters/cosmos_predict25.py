@@ -1,19 +1,19 @@
 """Cosmos-Predict2.5 text-to-world (CosmosTransformer3DModel): Wan2.1-VAE video latents, Qwen2.5-VL
 text (every layer's hidden states, normalised and concatenated).
 
-Conventions, from diffusers 0.42 `pipelines/cosmos/pipeline_cosmos2_5_predict.py` and
-`models/transformers/transformer_cosmos.py`:
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/cosmos/pipeline_cosmos2_5_predict.py
+(those marked "transformer": src/diffusers/models/transformers/transformer_cosmos.py):
 - text-to-world only. The pipeline has three paths; text-to-world is `num_frames_in = 0`
   (750-751): `prepare_latents` then returns pure noise, an all-zero condition mask (B, 1, T, H, W),
   an all-zero frame indicator and zero condition latents (437-451), so `in_latents` is the
   latents (795) and `noise_pred = gt_velocity + noise_pred * (1 - cond_mask)` is the plain model
   output (778, 807). Image-/video-to-world pin their conditioning frames instead (their velocity
-  replaced by the clean one, 807; their timestep 1e-4, 789-791): not built.
+  replaced by the clean one, 807; their timestep 1e-4, 789-792): not built.
 - timestep: the transformer gets the scheduler's sigma itself, broadcast to (B, 1, T, 1, 1)
-  (788-791: "assumes sigma(t) in [0, 1]"), float32; its time projection (`Timesteps`, transformer
+  (787-792: "assumes sigma(t) in [0, 1]"), float32; its time projection (`Timesteps`, transformer
   73) takes it unscaled. So the model input is sigma (no * 1000). We pass it as (B,), which the
-  transformer also takes (759-760): text-to-world gives every frame the same sigma, and the
-  (B, 1, T, 1, 1) form expands the time embedding to every token (761-773), so each block's adaLN
+  transformer also takes (transformer 759-760): text-to-world gives every frame the same sigma, and the
+  (B, 1, T, 1, 1) form expands the time embedding to every token (transformer 761-773), so each block's adaLN
   MLPs (~9% of a 2B block's linear weights) would run per token instead of once per sample. Same
   values; the test compares with the pipeline's own (B, 1, T, 1, 1) call.
 - sign: the released scheduler is UniPC with `prediction_type="flow_prediction"`, whose x0 is
@@ -22,7 +22,7 @@ Conventions, from diffusers 0.42 `pipelines/cosmos/pipeline_cosmos2_5_predict.py
 - transformer inputs: besides the latents, `condition_mask` (concatenated as one channel:
   in_channels = latent channels + 1; zeros for text-to-world) and `padding_mask` (1, 1, height,
   width) in pixels (770; zeros), which the transformer resizes to the latent grid with
-  torchvision (transformer_cosmos.py 734-740) and concatenates as another channel when
+  torchvision (transformer 734-740) and concatenates as another channel when
   `concat_padding_mask`. torchvision is therefore needed at run time; the load refuses without it.
 - text: `_get_prompt_embeds` (254-321) renders a chat template (a fixed system message + the
   prompt), pads/cuts to max_sequence_length (512) tokens, runs the Qwen2.5-VL language model
@@ -62,7 +62,7 @@ _PIXEL_MULTIPLE = 16  # check_inputs (502)
 
 def refuse_without_torchvision() -> None:
     """The transformer resizes its padding mask with torchvision (`transforms`, imported only when
-    torchvision is installed, transformer_cosmos.py 31-32); without it every forward fails."""
+    torchvision is installed, transformer_cosmos.py:31-32); without it every forward fails."""
     from diffusers.models.transformers import transformer_cosmos
 
     if getattr(transformer_cosmos, "transforms", None) is None:
@@ -82,7 +82,6 @@ class CosmosPredict25Policy(DiffusersPolicy):
     family = "cosmos-predict2.5"
     pipeline_class = "Cosmos2_5_PredictBasePipeline"
     text_components = ("text_encoder", "tokenizer")
-    output = "video"
     default_size = (704, 1280)  # the pipeline's __call__ defaults (552-554)
     default_num_frames = 93
     default_max_sequence_length = 512

@@ -1,15 +1,16 @@
 """FLUX.1 (FluxTransformer2DModel): 2x2-packed latent tokens, CLIP pooled + T5 sequence text.
 
-Conventions, from diffusers 0.42 `pipelines/flux/pipeline_flux.py`:
-- timestep: the pipeline passes `timestep=t / 1000` (line ~903) where t = sigma * 1000
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/flux/pipeline_flux.py
+("pipeline") and src/diffusers/models/transformers/transformer_flux.py ("transformer"):
+- timestep: the pipeline passes `timestep=t / 1000` (pipeline 903) where t = sigma * 1000
   (FlowMatchEulerDiscreteScheduler: `timesteps = sigmas * num_train_timesteps`), and
-  FluxTransformer2DModel.forward multiplies by 1000 itself (`transformer_flux.py` ~725).
+  FluxTransformer2DModel.forward multiplies by 1000 itself (transformer 725).
   So the model input is sigma itself.
-- guidance (FLUX.1-dev, `config.guidance_embeds`): the raw scale (pipeline ~848), also
-  x1000 inside the transformer. We carry it in the Cond as "guidance" (B,).
+- guidance (FLUX.1-dev, `config.guidance_embeds`): the raw scale (pipeline 848), also
+  x1000 inside the transformer (727). We carry it in the Cond as "guidance" (B,).
 - sign: the scheduler steps `prev = x + (sigma_next - sigma) * model_output`, i.e. the
   output is v = eps - x0, our convention: no sign flip.
-- decode: latents / scaling_factor + shift_factor, then vae.decode (pipeline ~962).
+- decode: latents / scaling_factor + shift_factor, then vae.decode (pipeline 962-964).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from digenrl.models.protocol import Cond
 class FluxPolicy(DiffusersPolicy):
     family = "flux"
     pipeline_class = "FluxPipeline"
-    embedded_guidance = True  # guidance-distilled: the scale is a model input (config.guidance_embeds)
     text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
     default_size = (1024, 1024)
     default_max_sequence_length = 512

@@ -1,14 +1,16 @@
 """FLUX.2-dev (Flux2Transformer2DModel with guidance embedding): FLUX.2 Klein's latent space,
 Mistral-3 text, embedded guidance.
 
-Conventions, from diffusers 0.42 `pipelines/flux2/pipeline_flux2.py`:
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/flux2/pipeline_flux2.py
+(the transformer's: src/diffusers/models/transformers/transformer_flux2.py):
 - latents, tokens and position ids: as FLUX.2 Klein (flux2_klein.py): 2x2-patchified,
   batch-normalised VAE latents (`_patchify_latents` 457, the `vae.bn` statistics undone
   before decoding), one token per latent position, ids (0, row, col, 0) and (0, 0, 0, token).
 - timestep: the pipeline passes `timestep / 1000` (976) with t = sigma * 1000, and the
-  transformer multiplies by 1000 (`transformer_flux2.py` 1284). So the model input is sigma.
+  transformer multiplies by 1000 (transformer_flux2.py:1284). So the model input is sigma.
 - guidance (embedded, `config.guidance_embeds`, on for FLUX.2-dev): the pipeline passes the
-  raw guidance_scale (951, default 4.0 at 756) and the transformer multiplies it by 1000 (1287).
+  raw guidance_scale (951, default 4.0 at 756) and the transformer multiplies it by 1000
+  (transformer_flux2.py:1287).
   The Cond carries the raw scale as "guidance" (B,), as for FLUX.1-dev; no CFG batch.
 - sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0.
 - text: Mistral-3 (Mistral3ForConditionalGeneration) hidden states of layers (10, 20, 30)
@@ -32,7 +34,6 @@ class Flux2Policy(Flux2KleinPolicy):
 
     family = "flux2"
     pipeline_class = "Flux2Pipeline"
-    embedded_guidance = True  # guidance-distilled: the scale is a model input (config.guidance_embeds)
     text_components = ("text_encoder", "tokenizer")
     default_size = (1024, 1024)
     default_max_sequence_length = 512

@@ -1,6 +1,6 @@
 """FLUX.2 Klein (Flux2Transformer2DModel): 2x2-patchified, batch-normalised latents, Qwen3 text.
 
-Conventions, from diffusers 0.42 `pipelines/flux2/pipeline_flux2_klein.py`:
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/flux2/pipeline_flux2_klein.py:
 - latent space: the pipeline denoises the VAE latents *patchified* 2x2 into channels
   (`_patchify_latents`, 371: (B, C, H, W) -> (B, 4C, H/2, W/2)) and normalised by the VAE's
   batch-norm running statistics (`vae.bn`, 911-915 undo it: x * sqrt(var + eps) + mean,
@@ -10,7 +10,8 @@ Conventions, from diffusers 0.42 `pipelines/flux2/pipeline_flux2_klein.py`:
   -> (B, h*w, 4C)); image ids (t, h, w, l) = (0, row, col, 0) (`_prepare_latent_ids` 287-316),
   text ids (0, 0, 0, token) (`_prepare_text_ids` 267-283), both (B, S, 4) int64.
 - timestep: the pipeline passes `timestep / 1000` (853) with t = sigma * 1000, and the
-  transformer multiplies by 1000 (`transformer_flux2.py` forward). So the model input is sigma.
+  transformer multiplies by 1000 (src/diffusers/models/transformers/transformer_flux2.py:1284).
+  So the model input is sigma.
 - guidance: `guidance=None` (854): Klein has no embedded guidance. It is true CFG,
   `neg + guidance_scale * (cond - neg)` (877) against the empty prompt, the same form as
   our `guided_velocity` (sampling.cfg_scale = guidance_scale). The step-distilled Klein
@@ -97,7 +98,7 @@ class Flux2KleinPolicy(DiffusersPolicy):
 
     def to_vae_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Our (B, 4C, H/2, W/2) normalised latents -> the VAE's (B, C, H, W), as the pipeline's
-        output_type="latent" returns them (pipeline_flux2_klein.py 911-916)."""
+        output_type="latent" returns them (pipeline_flux2_klein.py:911-916)."""
         bn, eps = self.vae.bn, self.vae.config.batch_norm_eps
         mean = bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
         std = torch.sqrt(bn.running_var.view(1, -1, 1, 1) + eps).to(latents.device, latents.dtype)

@@ -2,18 +2,19 @@
 
 An edit model: the reference image's latents are packed like the sample's and appended to
 its token sequence; the transformer attends over both, and only the sample's tokens are the
-velocity. Conventions, from diffusers 0.42 `pipelines/flux/pipeline_flux_kontext.py`
-(timestep, guidance, text, sign and decode as FLUX.1, see flux.py):
+velocity. Conventions, with line numbers in
+diffusers@v0.42.1 src/diffusers/pipelines/flux/pipeline_flux_kontext.py (timestep, guidance,
+text, sign and decode as FLUX.1, see flux.py):
 - reference latents: `vae.encode(image)` mode (`retrieve_latents(..., sample_mode="argmax")`),
-  then `(latents - shift_factor) * scaling_factor` (`_encode_vae_image`, lines ~599-611).
-- tokens: `torch.cat([latents, image_latents], dim=1)` on the packed sequence (~1037-1038);
-  the output is cut back to the sample's tokens, `noise_pred[:, : latents.size(1)]` (~1052).
+  then `(latents - shift_factor) * scaling_factor` (`_encode_vae_image`, 599-611).
+- tokens: `torch.cat([latents, image_latents], dim=1)` on the packed sequence (1037-1038);
+  the output is cut back to the sample's tokens, `noise_pred[:, : latents.size(1)]` (1052).
 - RoPE ids: the reference's ids are the sample's layout with the first coordinate 1 instead
-  of 0 (`prepare_latents` ~659-663), appended after the sample's (~961-962).
-- CFG: the negative branch sees the same reference tokens (~1054-1068);
+  of 0 (`prepare_latents`, 659-663), appended after the sample's (961-962).
+- CFG: the negative branch sees the same reference tokens (1054-1069);
   protocol.guided_velocity gives it the reference entry.
 - reference size: the pipeline snaps the reference to a preferred Kontext resolution
-  (`_auto_resize`, ~938-946); we encode it at the output size (base._condition_pixels).
+  (`_auto_resize`, 938-946); we encode it at the output size (base._condition_pixels).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from digenrl.models.protocol import Cond
 class FluxKontextPolicy(FluxPolicy):
     family = "flux-kontext"
     pipeline_class = "FluxKontextPipeline"
-    conditioning = "reference-image"
 
     def encode_conditions(self, images: torch.Tensor) -> Cond:
         pixels = self._condition_pixels(images)  # (B, 3, H, W) in [-1, 1]

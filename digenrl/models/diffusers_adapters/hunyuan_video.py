@@ -1,15 +1,16 @@
 """HunyuanVideo (HunyuanVideoTransformer3DModel): (C, F, H, W) latents, Llama + CLIP text.
 
-Conventions, from diffusers 0.42 `pipelines/hunyuan_video/pipeline_hunyuan_video.py`:
-- timestep: `timestep = t.expand(...)` (line ~676) with t = sigma * 1000, passed as is
-  (~681). So the model input is sigma * 1000.
+Conventions, with line numbers in
+diffusers@v0.42.1 src/diffusers/pipelines/hunyuan_video/pipeline_hunyuan_video.py:
+- timestep: `timestep = t.expand(...)` (676) with t = sigma * 1000, passed as is
+  (681). So the model input is sigma * 1000.
 - guidance (embedded, `config.guidance_embeds`, on for HunyuanVideo T2V): the pipeline
-  passes guidance_scale * 1000 (~659) and the transformer does not rescale it. The Cond
+  passes guidance_scale * 1000 (659) and the transformer does not rescale it. The Cond
   carries the raw scale as "guidance" (B,); x1000 happens here.
 - sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0.
 - text: Llama hidden states (template prefix cropped) padded to max_sequence_length with
   an attention mask, plus the pooled CLIP vector.
-- decode: latents / scaling_factor (~726), vae.decode gives (B, 3, F, H, W).
+- decode: latents / scaling_factor (726), vae.decode gives (B, 3, F, H, W).
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from digenrl.models.protocol import Cond
 class HunyuanVideoPolicy(DiffusersPolicy):
     family = "hunyuan-video"
     pipeline_class = "HunyuanVideoPipeline"
-    embedded_guidance = True  # guidance-distilled: the scale is a model input (config.guidance_embeds)
     text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
-    output = "video"
     default_size = (480, 832)
     default_num_frames = 33
     default_max_sequence_length = 256

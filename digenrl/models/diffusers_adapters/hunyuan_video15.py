@@ -1,7 +1,8 @@
 """HunyuanVideo 1.5 text-to-video (HunyuanVideo15Transformer3DModel): (C, F, H, W) latents with
 an empty image condition concatenated on channels, Qwen2.5-VL + ByT5 text.
 
-Conventions, from diffusers 0.42 `pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5.py`:
+Conventions, with line numbers in
+diffusers@v0.42.1 src/diffusers/pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5.py:
 - input: the transformer takes [latents, condition latents, condition mask] on channels
   (737); for text-to-video both are zeros (`prepare_cond_latents_and_mask`), and the image
   embeddings are 729 zero tokens (719, `vision_num_semantic_tokens` 237), which the transformer
@@ -38,7 +39,6 @@ class HunyuanVideo15Policy(DiffusersPolicy):
     family = "hunyuan-video-1.5"
     pipeline_class = "HunyuanVideo15Pipeline"
     text_components = ("text_encoder", "tokenizer", "text_encoder_2", "tokenizer_2")
-    output = "video"
     default_size = (480, 848)  # 16:9 at the 480p checkpoint's 640 target size, multiples of 16
     default_num_frames = 121  # the pipeline's default
     default_max_sequence_length = 1000  # the pipeline's tokenizer_max_length
@@ -91,9 +91,9 @@ class HunyuanVideo15Policy(DiffusersPolicy):
 
     def _decode(self, latents: torch.Tensor) -> torch.Tensor:
         # one sample at a time: the VAE's mid-block attention builds a (B, S, S) causal mask that
-        # does not broadcast against its (B, 1, S, D) queries when B > 1 (diffusers 0.42.1,
-        # autoencoder_kl_hunyuanvideo15.py 146-152: "output with shape [2, 1, 8, 8] doesn't match
-        # the broadcast shape [2, 2, 8, 8]")
+        # does not broadcast against its (B, 1, S, D) queries when B > 1 (diffusers@v0.42.1
+        # src/diffusers/models/autoencoders/autoencoder_kl_hunyuanvideo15.py:146-154: "output with
+        # shape [2, 1, 8, 8] doesn't match the broadcast shape [2, 2, 8, 8]")
         z = latents / self.vae.config.scaling_factor
         video = torch.cat([self.vae.decode(z[i : i + 1], return_dict=False)[0] for i in range(len(z))])
         return video.permute(0, 2, 1, 3, 4)  # (B, 3, F, H, W) -> (B, F, 3, H, W)

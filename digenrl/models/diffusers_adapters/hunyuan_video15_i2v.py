@@ -2,16 +2,16 @@
 transformer with the first frame as its condition.
 
 The first frame conditions the video twice, in the two inputs that text-to-video fills with
-zeros (hunyuan_video15.py). Conventions, from diffusers 0.42
-`pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py` (timestep, text, sign,
-grid and decode as text-to-video):
+zeros (hunyuan_video15.py). Conventions, with line numbers in diffusers@v0.42.1
+src/diffusers/pipelines/hunyuan_video1_5/pipeline_hunyuan_video1_5_image2video.py (timestep,
+text, sign, grid and decode as text-to-video):
 - image tokens: SigLIP `last_hidden_state` of the feature extractor's input (`_get_image_embeds`,
   391-402), our images rounded to 8-bit first, as a PIL input is.
 - condition latents: the frame alone through the VAE (`_get_image_latents`, 375-389: one frame,
   `sample_mode="argmax"`, times `scaling_factor`), placed in latent frame 0, zeros elsewhere;
   the mask is 1 on latent frame 0 (`prepare_cond_latents_and_mask`, 594-632).
 - model input: [latents, condition latents, mask] on channels (851): (B, 2C + 1, F, H, W).
-- CFG: the unconditional branch sees the same image tokens and condition latents (895-905;
+- CFG: the unconditional branch sees the same image tokens and condition latents (889-909;
   only the text changes), which protocol.guided_velocity gives it.
 """
 
@@ -30,7 +30,6 @@ class HunyuanVideo15I2VPolicy(HunyuanVideo15Policy):
     # constructor needs no image encoder
     text_pipeline_class = "HunyuanVideo15Pipeline"
     condition_components = ("image_encoder", "feature_extractor")
-    conditioning = "first-frame"
 
     def encode_conditions(self, images: torch.Tensor) -> Cond:
         if set(self.condition_modules) != set(self.condition_components):

@@ -1,7 +1,7 @@
 """LTX-2 text-to-audio+video (LTX2VideoTransformer3DModel): one trajectory latent holding a video
 stream and an audio stream, Gemma-3 text through LTX-2's text connectors.
 
-Conventions, from diffusers 0.42.1 `pipelines/ltx2/pipeline_ltx2.py` (line numbers approximate):
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/ltx2/pipeline_ltx2.py:
 - two streams, one transformer call: `noise_pred_video, noise_pred_audio = self.transformer(
   hidden_states=video tokens, audio_hidden_states=audio tokens, ...)` (1415-1437); each stream
   has its own (identical) Euler scheduler (1354, 1593-1596).
@@ -10,27 +10,29 @@ Conventions, from diffusers 0.42.1 `pipelines/ltx2/pipeline_ltx2.py` (line numbe
   True (the pipeline's default). Audio uses the same timestep. So the model input is sigma * 1000.
 - sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0. The
   pipeline turns it into x0 and back (`convert_velocity_to_x0` / `convert_x0_to_velocity`,
-  851-867, 1440-1590); without guidance that is the identity up to float rounding.
+  851-867, 1441-1590); without guidance that is the identity up to float rounding.
 - video packing: `_pack_latents` (651): (B, C, F, H, W) -> (B, F/pt * H/p * W/p, C * pt * p * p),
   token (f, h, w) holding channels [c, dt, dy, dx]. Normalisation (`_normalize_latents`, 687):
   (z - latents_mean) * scaling_factor / latents_std per channel, on the unpacked latents; the
-  pipeline denoises the normalised tokens and denormalises after unpacking (1614-1621, 1629-1633).
+  pipeline denoises the normalised tokens and denormalises after unpacking (1614-1621, then
+  1629-1631 or 1654-1656).
 - audio packing: `_pack_audio_latents` without patch sizes (727, called so at 848): (B, C, L, M)
   -> (B, L, C * M). Normalisation (`_normalize_audio_latents`, 707): (z - mean) / std over the
   packed C * M features (the audio VAE's latents_mean has base_channels = C * M entries); the
-  pipeline denormalises the packed tokens then unpacks (1623-1627).
+  pipeline denormalises the packed tokens then unpacks (1623-1626).
 - audio length: duration_s = num_frames / frame_rate; latents per second = audio VAE sample_rate /
   mel_hop_length / audio temporal compression (4); audio_num_frames = round(duration_s * that)
-  (1305-1310). The frame rate is the pipeline's default, 24 (not an option here); the
+  (1306-1310). The frame rate is the pipeline's default, 24 (not an option here); the
   transformer's RoPE gets fps = frame_rate / motion_speed (motion_speed 1).
 - text: Gemma-3 hidden states of every layer, stacked and flattened (`_get_gemma_prompt_embeds`,
-  303-360: left padding to max_sequence_length, a mask), then `self.connectors(embeds, mask,
-  padding_side)` (1251-1253: LTX2TextConnectors, pipelines/ltx2/connectors.py ~400-478) giving
-  the video and audio prompt embeddings and a binary mask that goes to both streams' cross
-  attention. The connectors are frozen and depend on the prompt only, so they run here with the
-  text encoder: the Cond (and the prompt cache) holds their outputs, `prompt_embeds`,
-  `audio_prompt_embeds`, `prompt_attention_mask`.
-- CFG: the pipeline guides in x0 space with a delta, x0_c + (s - 1)(x0_c - x0_u) (1440-1461);
+  303-365: left padding to max_sequence_length, a mask), then `self.connectors(embeds, mask,
+  padding_side)` (1251-1253; LTX2TextConnectors.forward,
+  src/diffusers/pipelines/ltx2/connectors.py:399-478) giving the video and audio prompt
+  embeddings and a binary mask that goes to both streams' cross attention. The connectors are
+  frozen and depend on the prompt only, so they run here with the text encoder: the Cond (and
+  the prompt cache) holds their outputs, `prompt_embeds`, `audio_prompt_embeds`,
+  `prompt_attention_mask`.
+- CFG: the pipeline guides in x0 space with a delta, x0_c + (s - 1)(x0_c - x0_u) (1441-1457, 1570-1571);
   x0 = x - sigma v is affine in v, so that is v_u + s (v_c - v_u), our `guided_velocity` form,
   sampling.cfg_scale = guidance_scale, for both streams. Not reproduced: a separate
   audio_guidance_scale (default 7), spatio-temporal guidance (stg_scale, default 1), modality
@@ -39,7 +41,7 @@ Conventions, from diffusers 0.42.1 `pipelines/ltx2/pipeline_ltx2.py` (line numbe
 - decode: video `_denormalize_latents` then `vae.decode(latents, timestep)` with timestep 0 when
   the VAE is timestep-conditioned (decode_timestep 0, decode_noise_scale 0: no noise) (1637-1659);
   audio `audio_vae.decode(latents)` -> mel spectrogram -> `vocoder(mel)` -> (B, channels, samples)
-  (1661-1664), at vocoder.config.output_sampling_rate.
+  (1662-1664), at vocoder.config.output_sampling_rate.
 
 Trajectory latent layout (per sample, flat): [video tokens (Lv, Dv) flattened row-major, then
 audio tokens (La, Da) flattened], both in the pipeline's normalised packed space; latent_shape is
@@ -63,7 +65,6 @@ class LTX2Policy(DiffusersPolicy):
     family = "ltx2"
     pipeline_class = "LTX2Pipeline"
     text_components = ("text_encoder", "tokenizer", "connectors")
-    output = "video"
     default_size = (512, 768)  # the pipeline's defaults
     default_num_frames = 121
     default_max_sequence_length = 1024
@@ -127,7 +128,7 @@ class LTX2Policy(DiffusersPolicy):
             rate, hop, at = 16000, 160, 4
             self.audio_channels, self.audio_mel = 8, 64 // 4
         duration = self.num_frames / self.frame_rate
-        self.audio_tokens = round(duration * rate / hop / float(at))  # pipeline_ltx2.py 1305-1310
+        self.audio_tokens = round(duration * rate / hop / float(at))  # pipeline_ltx2.py:1306-1310
         self.audio_dim = self.audio_channels * self.audio_mel
         if self.audio_dim != cfg.audio_in_channels:
             raise ValueError(f"ltx2: the audio VAE's packed width {self.audio_dim} differs from the transformer's "

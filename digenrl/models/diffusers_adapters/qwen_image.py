@@ -1,19 +1,20 @@
 """Qwen-Image (QwenImageTransformer2DModel): 2x2-packed tokens, Qwen2.5-VL text with a mask.
 
-Conventions, from diffusers 0.42 `pipelines/qwenimage/pipeline_qwenimage.py`:
-- timestep: the pipeline passes `timestep / 1000` (line ~647) with t = sigma * 1000, and
-  the transformer's time projection has scale=1000 (`transformer_qwenimage.py` ~178).
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage.py
+(the transformer's: src/diffusers/models/transformers/transformer_qwenimage.py):
+- timestep: the pipeline passes `timestep / 1000` (647) with t = sigma * 1000, and the
+  transformer's time projection has scale=1000 (transformer_qwenimage.py:178).
   So the model input is sigma.
 - sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0.
 - packing: the same 2x2 packing as FLUX (`_pack_latents`), RoPE from `img_shapes`
-  [(1, H/2, W/2)] per sample (~595) instead of ids.
+  [(1, H/2, W/2)] per sample (595) instead of ids.
 - text: the pipeline pads to the longest prompt of its batch; we pad to a fixed
   max_sequence_length with mask 0, so conditions concatenate and a sample's condition
   never depends on its batch-mates. The mask always goes to the transformer.
-- CFG: the pipeline rescales the true-CFG velocity to the conditional norm (~672); our
+- CFG: the pipeline rescales the true-CFG velocity to the conditional norm (668-672); our
   `guided_velocity` is plain true CFG (no rescale).
 - decode: the VAE is a video VAE with one frame: (B, C, 1, H, W), latents * std + mean
-  (~705-714), then frame 0.
+  (705-714), then frame 0.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Qwen-Image 2.1 (QwenImage21Transformer2DModel): one block-causal stream of text then image
 tokens, Qwen3-VL text, a 16x VAE with unpatched latents.
 
-Conventions, from diffusers 0.42 `pipelines/qwenimage21/pipeline_qwenimage21.py` and
-`models/transformers/transformer_qwenimage21.py`:
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/qwenimage21/pipeline_qwenimage21.py
+(those marked "transformer": src/diffusers/models/transformers/transformer_qwenimage21.py):
 - latents: the VAE compresses 16x (`vae_scale_factor = 16`, 207) and the transformer takes one
   token per latent position (`_pack_latents` 416: a plain (B, C, h*w) -> (B, h*w, C) flatten).
   Our latent is the (C, H/16, W/16) tensor; height and width must be multiples of 32.
@@ -24,7 +24,7 @@ Conventions, from diffusers 0.42 `pipelines/qwenimage21/pipeline_qwenimage21.py`
   has no limit).
 - processor without torchvision: transformers 5.24 cannot build or load a Qwen3VLProcessor
   then, so `from_pretrained` passes the pipeline an image-only one (vl_processor.py).
-- decode: latents * latents_std + latents_mean on a one-frame (B, C, 1, H, W) (852), frame 0.
+- decode: latents * latents_std + latents_mean on a one-frame (B, C, 1, H, W) (852-853), frame 0.
 - sigma grid: the pipeline's `sample_sigmas` (model_index.json) when set, else
   linspace(1, 1/N, N), with the dynamic shift mu from the image tokens (733-745), see sigmas.py.
 """

@@ -2,23 +2,23 @@
 
 The reference image enters twice: its VAE latents are packed and appended to the sample's
 tokens (as FLUX.1 Kontext does), and the Qwen2.5-VL text encoder reads the instruction
-together with the image, so a prompt's embedding depends on its image. Conventions, from
-diffusers 0.42 `pipelines/qwenimage/pipeline_qwenimage_edit.py` (timestep, sign, packing and
-decode as Qwen-Image, see qwen_image.py):
+together with the image, so a prompt's embedding depends on its image. Conventions, with line
+numbers in diffusers@v0.42.1 src/diffusers/pipelines/qwenimage/pipeline_qwenimage_edit.py
+(timestep, sign, packing and decode as Qwen-Image, see qwen_image.py):
 - reference latents: `vae.encode(image[:, :, None])` mode (`sample_mode="argmax"`), then
-  `(latents - mean) / std` per channel (`_encode_vae_image`, line ~425).
-- tokens: `torch.cat([latents, image_latents], dim=1)` (~767), output cut to the sample's
-  tokens (~782); RoPE from `img_shapes` [(1, H/2, W/2), (1, H_ref/2, W_ref/2)] (~712).
-- text: `encode_prompt(prompt, image)` (~679); the pipeline passes its resized image
-  (`prompt_image`, ~663). The sequence includes the image's tokens, hence the longer default
+  `(latents - mean) / std` per channel (`_encode_vae_image`, 406-425).
+- tokens: `torch.cat([latents, image_latents], dim=1)` (767), output cut to the sample's
+  tokens (782); RoPE from `img_shapes` [(1, H/2, W/2), (1, H_ref/2, W_ref/2)] (712-717).
+- text: `encode_prompt(prompt, image)` (679-687); the pipeline passes its resized image
+  (`prompt_image`, 663). The sequence includes the image's tokens, hence the longer default
   max_sequence_length (the pipeline's `tokenizer_max_length`, 1024).
-- CFG: the negative prompt is encoded with the same image (~689) and its branch sees the same
+- CFG: the negative prompt is encoded with the same image (688-697) and its branch sees the same
   reference tokens. Both depend on the row's image, so they ride in the row's Cond as
   `negative_prompt_embeds` / `negative_prompt_embeds_mask` (protocol.NEGATIVE_PREFIX) and
   `negative_cond` itself is empty. The pipeline also rescales the guided velocity to the
-  conditional norm (~799-801); our guided_velocity is plain true CFG (as qwen_image.py).
+  conditional norm (799-801); our guided_velocity is plain true CFG (as qwen_image.py).
 - reference size: the pipeline resizes the reference to ~1 MP at its aspect ratio
-  (`calculate_dimensions`, ~624); we use the output size (base._condition_pixels).
+  (`calculate_dimensions`, 624); we use the output size (base._condition_pixels).
 - prompt cache: keyed by prompt and an image digest (sha256 of the 8-bit reference).
 - processor without torchvision: transformers 5.24 cannot build or load a Qwen2VLProcessor
   then, so `from_pretrained` passes the pipeline an image-only one (vl_processor.py).
@@ -44,7 +44,6 @@ class QwenImageEditPolicy(QwenImagePolicy):
     family = "qwen-image-edit"
     pipeline_class = "QwenImageEditPipeline"
     text_components = ("text_encoder", "tokenizer", "processor")
-    conditioning = "reference-image"
     default_max_sequence_length = 1024
 
     @classmethod

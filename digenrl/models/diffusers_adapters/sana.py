@@ -1,8 +1,8 @@
 """SANA (SanaTransformer2DModel) and SANA-Video (SanaVideoTransformer3DModel): linear-attention
 DiTs with Gemma-2 text through cross-attention.
 
-Conventions, from diffusers 0.42 `pipelines/sana/pipeline_sana.py` (image) and
-`pipelines/sana_video/pipeline_sana_video.py` (video):
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/sana/pipeline_sana.py
+(image) and src/diffusers/pipelines/sana_video/pipeline_sana_video.py (video); "a / b" is image / video:
 - timestep: SANA passes `t * config.timestep_scale` (914; 1.0 for SANA, other values belong
   to SANA-Sprint's own pipeline), SANA-Video passes t as is (947), with t = sigma * 1000
   from the flow-sigma scheduler. So the model input is sigma * 1000 (* timestep_scale).
@@ -38,7 +38,7 @@ from digenrl.models.diffusers_adapters.wan import decode_wan_vae
 from digenrl.models.protocol import Cond
 
 
-_PIXEL_MULTIPLE = 32  # both pipelines' check_inputs (pipeline_sana.py 441, pipeline_sana_video.py 464)
+_PIXEL_MULTIPLE = 32  # both pipelines' check_inputs (pipeline_sana.py:440-441, pipeline_sana_video.py:463-464)
 
 
 class _GemmaText:
@@ -113,7 +113,6 @@ class SanaVideoPolicy(_GemmaText, DiffusersPolicy):
     family = "sana-video"
     pipeline_class = "SanaVideoPipeline"
     text_components = ("text_encoder", "tokenizer")
-    output = "video"
     default_size = (480, 832)
     default_num_frames = 81  # the pipeline's default
     default_max_sequence_length = 300

@@ -1,13 +1,14 @@
 """Stable Diffusion 3 / 3.5 (SD3Transformer2DModel): unpacked latents, CLIP-L + CLIP-G + T5 text.
 
-Conventions, from diffusers 0.42 `pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py`:
-- timestep: the pipeline passes the scheduler's t (lines ~1069-1076), t = sigma * 1000
+Conventions, with line numbers in
+diffusers@v0.42.1 src/diffusers/pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py:
+- timestep: the pipeline passes the scheduler's t (1069-1076), t = sigma * 1000
   (FlowMatchEulerDiscreteScheduler: `timesteps = sigmas * num_train_timesteps`); the
   transformer embeds it as is. So the model input is sigma * 1000.
 - sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0.
 - text: encode_prompt concatenates the (padded) CLIP sequence (77) and T5 (max_sequence_length)
   along tokens, and the two pooled CLIP vectors (768 + 1280) along features.
-- decode: latents / scaling_factor + shift_factor (pipeline ~1141).
+- decode: latents / scaling_factor + shift_factor (1141).
 """
 
 from __future__ import annotations

@@ -7,51 +7,55 @@ DigenRL's own grid (digenrl.math.sigma_schedule) is shift(linspace(1, 0, N+1)). 
 pipeline asks its scheduler for a different one, and the peers (flow_grpo, DanceGRPO) sample
 on whatever the pipeline asks for. We do not re-derive those formulas: we call the family's
 scheduler (its class and config from the pipeline folder's scheduler/scheduler_config.json)
-the way its diffusers 0.42 pipeline calls it, and read `scheduler.sigmas` back:
+the way its diffusers pipeline calls it, and read `scheduler.sigmas` back. The diffusers
+citations below are line numbers in diffusers@v0.42.1, paths under src/diffusers/pipelines/:
 
   sd3            set_timesteps(N) (no sigmas; mu only under use_dynamic_shifting)
-                 pipeline_stable_diffusion_3.py:1014-1041. flow_grpo's SD3 sampler does the
+                 stable_diffusion_3/pipeline_stable_diffusion_3.py:1014-1041. flow_grpo's SD3 sampler does the
                  same (flow_grpo/diffusers_patch/sd3_pipeline_with_logprob.py:120-128).
                  SD3.5 (shift 3, 10 steps): shift(linspace(1, t_min, 10)) + [0], with
                  t_min = shift(1/1000) = 0.002994 the scheduler's own sigma_min, so the last
                  noisy sigma is shift(t_min) = 0.0089.
   flux           sigmas = linspace(1, 1/N, N), mu = calculate_shift(image tokens) (the
-                 resolution-dependent "dynamic" shift exp(mu)); pipeline_flux.py:823-842,
+                 resolution-dependent "dynamic" shift exp(mu)); flux/pipeline_flux.py:823-842,
                  the same in flow_grpo/diffusers_patch/flux_pipeline_with_logprob.py:110-127.
   qwen-image     as flux, with its own shift bounds and shift_terminal;
-                 pipeline_qwenimage.py:598-612 (flow_grpo qwenimage_pipeline_with_logprob.py:98-113).
+                 qwenimage/pipeline_qwenimage.py:598-612 (flow_grpo qwenimage_pipeline_with_logprob.py:98-113).
   wan            set_timesteps(N) on the folder's scheduler, which for Wan2.1 is
-                 UniPCMultistepScheduler with flow sigmas (pipeline_wan.py:554; flow_grpo
+                 UniPCMultistepScheduler with flow sigmas (wan/pipeline_wan.py:554; flow_grpo
                  wan_pipeline_with_logprob.py:229). We only take its grid: our steps stay Euler/SDE.
   hunyuan-video  sigmas = linspace(1, 0, N+1)[:-1], static shift from the config (7.0 for
-                 hunyuanvideo-community/HunyuanVideo); pipeline_hunyuan_video.py:635-642.
+                 hunyuanvideo-community/HunyuanVideo); hunyuan_video/pipeline_hunyuan_video.py:635-642.
 
   flux2          as flux, but mu = compute_empirical_mu(image tokens, N), a fit in both the
-                 token count and the step count; pipeline_flux2.py:935-945.
+                 token count and the step count; flux2/pipeline_flux2.py:935-946.
   qwen-image-2.1 the pipeline's own `sample_sigmas` (model_index.json) when set (then the step
                  count is theirs), else linspace(1, 1/N, N); mu from the image tokens (one per
-                 16x16 pixels) with qwen-image's formula; pipeline_qwenimage21.py:731-745.
+                 16x16 pixels) with qwen-image's formula; qwenimage21/pipeline_qwenimage21.py:731-745.
   hunyuan-video-1.5
-                 as hunyuan-video; pipeline_hunyuan_video1_5.py:703-704.
+                 as hunyuan-video; hunyuan_video1_5/pipeline_hunyuan_video1_5.py:703-704.
   sana, sana-video
                  set_timesteps(N) on the folder's scheduler (DPM-Solver / UniPC with flow sigmas
-                 in the released checkpoints); pipeline_sana.py:880, pipeline_sana_video.py:913.
+                 in the released checkpoints); sana/pipeline_sana.py:880-882,
+                 sana_video/pipeline_sana_video.py:913-915.
 
   cosmos-predict2.5
-                 set_timesteps(N) on the folder's scheduler (pipeline_cosmos2_5_predict.py:773), for the
+                 set_timesteps(N) on the folder's scheduler (cosmos/pipeline_cosmos2_5_predict.py:773), for the
                  released model UniPC with Karras sigmas in [0.01, 200] mapped to flow sigmas s / (1 + s)
                  (diffusers scripts/convert_cosmos_to_diffusers.py, save_pipeline_cosmos2_5_predict): the
                  grid starts at 200/201 = 0.995 and its last noisy sigma is 0.0099.
 
-  flux-kontext, qwen-image-edit, wan-i2v: their base family's code exactly (pipeline_flux_kontext.py
-                 ~965-980 and pipeline_qwenimage_edit.py ~720-735 compute mu from the sample's own
-                 tokens, not the reference's; pipeline_wan_i2v.py ~708 calls set_timesteps(N)).
+  flux-kontext, qwen-image-edit, wan-i2v: their base family's code exactly
+                 (flux/pipeline_flux_kontext.py:965-980 and qwenimage/pipeline_qwenimage_edit.py:720-735
+                 compute mu from the sample's own tokens, not the reference's;
+                 wan/pipeline_wan_i2v.py:708 calls set_timesteps(N)).
 
 Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
-published scheduler config below is used, with a warning. The families added in issue 28
-(flux2, qwen-image-2.1, sana, sana-video, hunyuan-video-1.5, cosmos-predict2.5) have none recorded here (their
-configs could not be read offline; cosmos-predict2.5's converter config above is not the hub folder's): they need
-the folder's own.
+published scheduler config (its `Family.scheduler` in digenrl.models.families) is used, with a
+warning. The families marked `folder_grid` there (flux2, qwen-image-2.1, sana, sana-video,
+hunyuan-video-1.5, ltx2, cosmos-predict2.5) have none recorded (their configs could not be read
+offline; cosmos-predict2.5's converter config above is not the hub folder's): they need the
+folder's own.
 """
 
 from __future__ import annotations
@@ -64,13 +68,13 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from digenrl.models.diffusers_adapters.grids import (BASE_FAMILY, FOLDER_ONLY, GRID_FAMILIES,  # noqa: F401 (re-exported)
-                                                  PUBLISHED_SCHEDULERS, SIGMA_GRIDS)
+from digenrl.models.families import grid_family, names
 
 log = logging.getLogger(__name__)
 
 # The defaults each pipeline's `scheduler.config.get(key, default)` falls back on when computing
-# mu (pipeline_stable_diffusion_3.py:1021-1027 has max_shift 1.16; the others 1.15).
+# mu (diffusers@v0.42.1 src/diffusers/pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py:1021-1027
+# has max_shift 1.16; the others 1.15).
 _MU_DEFAULTS = {
     "sd3": (256, 4096, 0.5, 1.16),
     "flux": (256, 4096, 0.5, 1.15),
@@ -85,11 +89,12 @@ def load_scheduler(family: str, path: Optional[str]):
     None or has no scheduler."""
     import diffusers
 
-    family = BASE_FAMILY.get(family, family)
-    if family not in GRID_FAMILIES:
-        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(GRID_FAMILIES)}")
+    spec = grid_family(family)
+    family = spec.name
+    if not spec.grid:
+        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(names(grid=True))}")
     found = _read_scheduler_config(path) if path else None
-    if found is None and family in FOLDER_ONLY:
+    if found is None and spec.scheduler is None:
         raise ValueError(f"sampling.sigmas=diffusers for {family} reads the scheduler config of the pipeline "
                          f"folder (model.path), and none is readable at {path!r} (no published config is "
                          f"recorded for {family}); use sampling.sigmas=digenrl or a local pipeline folder")
@@ -97,7 +102,7 @@ def load_scheduler(family: str, path: Optional[str]):
         if path:
             log.warning("digenrl: no scheduler config readable at %r; sampling.sigmas=diffusers uses %s's "
                         "published one", path, family)
-        config = PUBLISHED_SCHEDULERS[family]
+        config = spec.scheduler
         class_name = config["_class_name"]
     else:
         config, class_name = found
@@ -188,7 +193,7 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     h, w = latent_hw
-    family = BASE_FAMILY.get(family, family)
+    family = grid_family(family).name
     cfg = scheduler.config
     if family in ("sd3", "wan", "sana", "sana-video", "cosmos-predict2.5"):
         kwargs = {}
@@ -216,8 +221,8 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
     elif family == "ltx2":
         from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
 
-        # pipeline_ltx2.py 1345-1369: linspace(1, 1/N, N), mu from the packed video tokens (patch 1)
-        # with its own defaults (1024, 4096, 0.95, 2.05)
+        # diffusers@v0.42.1 src/diffusers/pipelines/ltx2/pipeline_ltx2.py:1345-1370: linspace(1, 1/N, N),
+        # mu from the packed video tokens (patch 1) with its own defaults (1024, 4096, 0.95, 2.05)
         mu = calculate_shift(latent_frames * h * w, cfg.get("base_image_seq_len", 1024),
                              cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.95),
                              cfg.get("max_shift", 2.05))
@@ -225,7 +230,7 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
     elif family in ("hunyuan-video", "hunyuan-video-1.5"):
         _retrieve(family, scheduler, num_steps, np.linspace(1.0, 0.0, num_steps + 1)[:-1])
     else:
-        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(GRID_FAMILIES)}")
+        raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(names(grid=True))}")
     sigmas = scheduler.sigmas.detach().to("cpu", torch.float32)
     if sigmas.shape != (num_steps + 1,) or sigmas[-1] != 0:
         raise ValueError(f"{family}: the scheduler set {tuple(sigmas.shape)} sigmas ending in {float(sigmas[-1])}; "

@@ -1,15 +1,16 @@
 """Qwen-VL processors (Qwen2VLProcessor, Qwen3VLProcessor) for images and text, without torchvision.
 
-transformers 5.24 can neither build nor load these processors when torchvision is missing,
-although images and text never use the video processor: the constructor checks each
+transformers (5.24, 5.25) can neither build nor load these processors when torchvision is
+missing, although images and text never use the video processor: the constructor checks each
 sub-processor's class against `VideoProcessorMixin`, which the top-level `transformers` module
-only exports with torchvision (`processing_utils.py`, `check_argument_for_proper_class` ~1075,
-`get_possibly_dynamic_module` ~2030: "VIDEO_PROCESSOR_MAPPING has no attribute
-_extra_content"), and `from_pretrained` loads an `AutoVideoProcessor`, whose classes need
-torchvision. `image_only_processor` loads the folder's tokenizer (with its chat template) and
-image processor (`Qwen2VLImageProcessor` falls back to `Qwen2VLImageProcessorPil`) and builds
-the processor with no video processor; the families' `from_pretrained` use it when torchvision
-is absent (qwen_image_edit.py, qwen_image21.py).
+only exports with torchvision (transformers@v5.25.0 src/transformers/processing_utils.py:
+`check_argument_for_proper_class` 1136-1157, `get_possibly_dynamic_module` 2136-2158:
+"VIDEO_PROCESSOR_MAPPING has no attribute _extra_content"), and `from_pretrained` loads an
+`AutoVideoProcessor`, whose classes need torchvision. `image_only_processor` loads the
+folder's tokenizer (with its chat template) and image processor (`Qwen2VLImageProcessor` falls
+back to `Qwen2VLImageProcessorPil`) and builds the processor with no video processor; the
+families' `from_pretrained` use it when torchvision is absent (qwen_image_edit.py,
+qwen_image21.py).
 
 Difference from a torchvision install: the PIL backend resizes and normalizes with PIL/numpy
 instead of torchvision; transformers' own tests hold the two backends to pixel values within

@@ -1,13 +1,13 @@
 """Wan2.1 text-to-video (WanTransformer3DModel): (C, F, H, W) latents, UMT5 text.
 
-Conventions, from diffusers 0.42 `pipelines/wan/pipeline_wan.py`:
-- timestep: `timestep = t.expand(...)` (line ~613) with t = sigma * 1000 from the
-  scheduler, passed as is (~623). So the model input is sigma * 1000.
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/wan/pipeline_wan.py:
+- timestep: `timestep = t.expand(...)` (613) with t = sigma * 1000 from the
+  scheduler, passed as is (623). So the model input is sigma * 1000.
 - sign: scheduler `prev = x + (sigma_next - sigma) * model_output`: output is eps - x0.
 - text: UMT5 states, each cut to its own length and zero-padded to max_sequence_length
   (`_get_t5_prompt_embeds`); no mask goes to the transformer.
 - decode: latents * latents_std + latents_mean per channel (the pipeline writes it as
-  `latents / (1 / std) + mean`, ~664-672); vae.decode gives (B, 3, F, H, W).
+  `latents / (1 / std) + mean`, 664-672); vae.decode gives (B, 3, F, H, W).
 - only the single-transformer Wan2.1 layout: a Wan2.2 A14B folder (transformer_2) is
   refused with a pointer to model.name=wan2.2 (wan22.py); TI2V-5B (expand_timesteps) too.
 """
@@ -26,7 +26,6 @@ class WanPolicy(DiffusersPolicy):
     family = "wan"
     pipeline_class = "WanPipeline"
     text_components = ("text_encoder", "tokenizer")
-    output = "video"
     default_size = (480, 832)
     default_num_frames = 33
     default_max_sequence_length = 512

@@ -1,8 +1,9 @@
 """Wan2.2 A14B text-to-video: two WanTransformer3DModel experts split by noise level.
 
-Conventions, from diffusers 0.42 `pipelines/wan/pipeline_wan.py`; everything per expert
-is Wan2.1's (wan.py: timestep sigma * 1000, output eps - x0, UMT5 text, decode):
-- experts: `boundary_timestep = boundary_ratio * num_train_timesteps` (line 586), then
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/wan/pipeline_wan.py;
+everything per expert is Wan2.1's (wan.py: timestep sigma * 1000, output eps - x0, UMT5 text,
+decode):
+- experts: `boundary_timestep = boundary_ratio * num_train_timesteps` (586), then
   `transformer` (high noise) runs where `t >= boundary_timestep`, `transformer_2` (low
   noise) below (597-604). With t = sigma * 1000 that is sigma >= boundary_ratio. The
   pipeline switches per step; our batches may mix steps (a learner micro-batch drawing
@@ -64,7 +65,7 @@ class TwoExperts(torch.nn.Module):
         self.low.enable_gradient_checkpointing()
 
     def is_high(self, timestep: torch.Tensor) -> torch.Tensor:
-        """(B,) bool: the rows the high-noise expert takes (pipeline_wan.py 597)."""
+        """(B,) bool: the rows the high-noise expert takes (pipeline_wan.py:597)."""
         return timestep >= self.boundary_ratio * NUM_TRAIN_TIMESTEPS
 
     def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
@@ -89,7 +90,6 @@ class TwoExperts(torch.nn.Module):
 
 class Wan22Policy(WanPolicy):
     family = "wan2.2"
-    two_experts = True
 
     def __init__(
         self,

@@ -2,20 +2,20 @@
 
 The first frame conditions the video twice: its CLIP image states go to an extra
 cross-attention (`encoder_hidden_states_image`), and its VAE latents, with a mask marking
-the known frame, are concatenated to the noisy latents on channels. Conventions, from
-diffusers 0.42 `pipelines/wan/pipeline_wan_i2v.py` (timestep, text, sign and decode as
-Wan2.1 T2V, see wan.py):
+the known frame, are concatenated to the noisy latents on channels. Conventions, with line
+numbers in diffusers@v0.42.1 src/diffusers/pipelines/wan/pipeline_wan_i2v.py (timestep, text,
+sign and decode as Wan2.1 T2V, see wan.py):
 - image states: CLIP vision `hidden_states[-2]` of the image processor's input
-  (`encode_image`, line ~251); our images are rounded to 8-bit first, as a PIL input is.
-- first-frame latents: the frame followed by num_frames - 1 zero frames (~432-435), VAE
-  mode (`sample_mode="argmax"`), then `(latents - mean) * (1 / std)` (~462).
+  (`encode_image`, 241-251); our images are rounded to 8-bit first, as a PIL input is.
+- first-frame latents: the frame followed by num_frames - 1 zero frames (432-434), VAE
+  mode (`sample_mode="argmax"`), then `(latents - mean) * (1 / std)` (462).
 - mask: 1 on every channel of latent frame 0, 0 elsewhere; `vae_scale_factor_temporal`
-  channels (~470-484: the first frame's mask repeated over the temporal factor, then folded).
+  channels (471-484: the first frame's mask repeated over the temporal factor, then folded).
 - model input: `torch.cat([latents, condition], dim=1)` with condition = [mask, latents]
-  (~484, ~772): (B, C + T + C, F, H, W).
-- CFG: the unconditional branch sees the same image states and condition (~786-792);
+  (484, 772): (B, C + T + C, F, H, W).
+- CFG: the unconditional branch sees the same image states and condition (785-795);
   protocol.guided_velocity gives it these entries.
-- text: WanPipeline.encode_prompt (the I2V pipeline's is "Copied from" it, ~253).
+- text: WanPipeline.encode_prompt (the I2V pipeline's is "Copied from" it, 253-254).
 - only the Wan2.1 layout (no Wan2.2 `expand_timesteps`, no last frame).
 """
 
@@ -34,17 +34,18 @@ class WanI2VPolicy(WanPolicy):
     family = "wan-i2v"
     pipeline_class = "WanImageToVideoPipeline"
     # its encode_prompt is a copy of WanPipeline's, but its prompt cleaning calls ftfy without
-    # checking that ftfy is installed (pipeline_wan_i2v.py ~96-97); WanPipeline's checks
+    # checking that ftfy is installed (basic_clean in
+    # diffusers@v0.42.1 src/diffusers/pipelines/wan/pipeline_wan_i2v.py:96-97); WanPipeline's checks
     text_pipeline_class = "WanPipeline"
     condition_components = ("image_encoder", "image_processor")
-    conditioning = "first-frame"
     default_lora_targets = I2V_LORA_TARGETS
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # WanAttnProcessor splits the cross-attention context as image tokens + exactly 512
-        # text tokens (transformer_wan.py ~88-91, "hardcoded for now"): any other text length
-        # would feed text to the image projections
+        # text tokens ("hardcoded for now",
+        # diffusers@v0.42.1 src/diffusers/models/transformers/transformer_wan.py:88-91): any
+        # other text length would feed text to the image projections
         if self.max_sequence_length != 512:
             raise ValueError(f"{self.family}: max_sequence_length must be 512 (the I2V transformer assumes "
                              f"512 text tokens), got {self.max_sequence_length}")

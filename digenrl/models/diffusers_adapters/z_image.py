@@ -1,9 +1,10 @@
 """Z-Image (ZImageTransformer2DModel): lists of latents and captions, reversed time, negated output.
 
-Conventions, from diffusers 0.42 `pipelines/z_image/pipeline_z_image.py`:
-- timestep: the pipeline passes `(1000 - t) / 1000` (line 511) with t = sigma * 1000, and
-  the transformer embeds `t * t_scale` (t_scale 1000, `transformer_z_image.py` 955). So
-  the model input is 1 - sigma: its time runs from 0 (pure noise) to 1 (data).
+Conventions, with line numbers in diffusers@v0.42.1 src/diffusers/pipelines/z_image/pipeline_z_image.py:
+- timestep: the pipeline passes `(1000 - t) / 1000` (511) with t = sigma * 1000, and the
+  transformer embeds `t * t_scale` (t_scale 1000,
+  src/diffusers/models/transformers/transformer_z_image.py:955). So the model input is
+  1 - sigma: its time runs from 0 (pure noise) to 1 (data).
 - sign: the pipeline negates the output before the scheduler step (`noise_pred =
   -noise_pred`, 568): the model predicts x0 - eps. We return -output = eps - x0.
 - inputs are lists, one tensor per sample: latents (C, 1, H, W) (the frame axis added at
@@ -16,7 +17,7 @@ Conventions, from diffusers 0.42 `pipelines/z_image/pipeline_z_image.py`:
   Turbo: guidance_scale 0, cfg_scale 1). Its cfg_normalization / cfg_truncation options
   (514, 554) are not reproduced.
 - text: Qwen3 hidden_states[-2] (244) over a chat template.
-- decode: latents / scaling_factor + shift_factor, then vae.decode (593).
+- decode: latents / scaling_factor + shift_factor, then vae.decode (593-595).
 """
 
 from __future__ import annotations

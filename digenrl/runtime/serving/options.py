@@ -24,8 +24,8 @@ class ServeOptions:
                         kernel spreads connections over the replicas of one node) and Serve runs no
                         HTTP proxy. "proxy": Serve's HTTP proxy takes every request and hands it to a
                         replica (a Ray call there, the body fetched back from the proxy in another),
-                        which balances over nodes but costs 5-8x the CPU per request (docs/runtime.md,
-                        "Reward serving speed"). "replica" serves each node's replicas at that node's
+                        which balances over nodes but costs 5-8x the CPU per request (docs/measurements/reward-server.md,
+                        "Serve's proxy against a listener in each replica"). "replica" serves each node's replicas at that node's
                         host:port; clients on other nodes must name a node that has replicas
     replicas            deployment replicas, each its own process (and its own GIL); 0 ("auto", the
                         default): one per CPU of the machine that starts the server, at most
@@ -37,7 +37,7 @@ class ServeOptions:
                         a socket write, a torch op, a JPEG encode, waits up to Python's 5 ms switch
                         interval to get it back while the other runs). "auto" (default): "thread" when
                         the replica has GPUs (a model's forward pass releases the GIL), else "loop";
-                        docs/runtime.md, "Reward serving speed", has the measurements
+                        docs/measurements/reward-server.md has the measurements
     max_batch           samples per reward call; also the most samples one `@serve.batch` batch
                         holds (a larger request is split into chunks that batch separately)
     batch_wait_s        how long a batch waits for more requests after its first one
