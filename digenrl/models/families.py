@@ -27,6 +27,12 @@ from typing import Any, Optional
 CONDITIONINGS = ("reference-image", "first-frame")  # what one image per prompt is to the model
 OUTPUTS = ("image", "video")
 EXPERT_CHOICES = ("both", "high", "low")  # the trained expert(s) of a two-expert family (model.experts)
+# how a pipeline asks its scheduler for the sigma grid (diffusers_adapters/sigmas.py pipeline_sigmas):
+# set_timesteps(N) alone; linspace(1, 1/N, N) with a dynamic shift mu from the image tokens; the
+# same with FLUX.2's empirical mu; Qwen-Image 2.1's own sample_sigmas; LTX-2's shift from the
+# video tokens; linspace(1, 0, N+1)[:-1] with the config's static shift
+GRID_RULES = ("set-timesteps", "dynamic-shift", "empirical-mu", "sample-sigmas", "video-token-shift",
+              "static-shift")
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,13 @@ class Family:
     embedded_guidance: bool = False  # guidance-distilled: the transformer takes the scale as an input
     two_experts: bool = False  # a high- and a low-noise transformer (model.experts picks which train)
     sequence_parallel: bool = False  # Ulysses attention over a gang's GPUs (runtime.*.sp)
-    # sampling.sigmas=diffusers: the scheduler/scheduler_config.json of the reference checkpoint
-    # (the keys that differ from the class defaults), the fallback when the folder has none ...
+    # sampling.sigmas=diffusers: how its pipeline asks the scheduler for the grid (GRID_RULES,
+    # diffusers_adapters/sigmas.py; None: no grid of its own) ...
+    grid_rule: Optional[str] = None
+    # ... and the scheduler/scheduler_config.json of the reference checkpoint (the keys that
+    # differ from the class defaults), the fallback when the folder has none; None: the folder's
+    # own config is required
     scheduler: Optional[dict[str, Any]] = None
-    folder_grid: bool = False  # ... or the grid is built from the folder's scheduler config only
     # conditioned families sample on this family's grid, with its published fallback (the
     # Kontext / Edit / I2V checkpoints' scheduler configs could not be read offline, so a
     # pipeline folder's own config is the one to trust)
@@ -69,6 +78,10 @@ class Family:
             raise ValueError(f"Family {self.name}: conditioning {self.conditioning!r}; allowed: {CONDITIONINGS}")
         if self.audio and self.output != "video":
             raise ValueError(f"Family {self.name}: an audio track comes with a video")
+        if self.grid_rule not in (None, *GRID_RULES):
+            raise ValueError(f"Family {self.name}: grid_rule {self.grid_rule!r}; allowed: {GRID_RULES}")
+        if self.scheduler is not None and self.grid_rule is None:
+            raise ValueError(f"Family {self.name}: a published scheduler config without a grid_rule")
 
     @property
     def video(self) -> bool:
@@ -77,7 +90,7 @@ class Family:
     @property
     def grid(self) -> bool:
         """Whether sampling.sigmas=diffusers builds a grid from a scheduler of its own."""
-        return self.scheduler is not None or self.folder_grid
+        return self.grid_rule is not None
 
     @property
     def module(self) -> str:
@@ -96,45 +109,48 @@ _FM = {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("flux", "flux:FluxPolicy", "flux.1", "flux.1-12b", "flux_pickscore.yaml",
            embedded_guidance=True, joint_text=True,
+           grid_rule="dynamic-shift",
            scheduler={**_FM, "shift": 3.0, "use_dynamic_shifting": True, "base_shift": 0.5, "max_shift": 1.15,
                       "base_image_seq_len": 256, "max_image_seq_len": 4096}),
     Family("sd3", "sd3:SD3Policy", "sd3.5", "sd3.5-medium", "sd35_pickscore.yaml",
-           joint_text=True, scheduler={**_FM, "shift": 3.0}),
+           joint_text=True, grid_rule="set-timesteps", scheduler={**_FM, "shift": 3.0}),
     Family("wan", "wan:WanPolicy", "wan2.1", "wan2.1-1.3b", "wan_pickscore.yaml", grid_near_one=True,
            output="video", sequence_parallel=True, joint_text=False,
+           grid_rule="set-timesteps",
            scheduler={"_class_name": "UniPCMultistepScheduler", "num_train_timesteps": 1000, "flow_shift": 3.0,
                       "use_flow_sigmas": True, "prediction_type": "flow_prediction", "final_sigmas_type": "zero",
                       "solver_order": 2, "solver_type": "bh2", "predict_x0": True, "lower_order_final": True}),
     Family("qwen-image", "qwen_image:QwenImagePolicy", "qwen-image", "qwen-image-20b", "qwen_image_pickscore.yaml",
            joint_text=True,
+           grid_rule="dynamic-shift",
            scheduler={**_FM, "shift": 1.0, "use_dynamic_shifting": True, "time_shift_type": "exponential",
                       "base_shift": 0.5, "max_shift": 0.9, "base_image_seq_len": 256, "max_image_seq_len": 8192,
                       "shift_terminal": 0.02}),
     Family("hunyuan-video", "hunyuan_video:HunyuanVideoPolicy", "hunyuanvideo", "hunyuanvideo-13b",
            "hunyuan_video_pickscore.yaml",
            output="video", embedded_guidance=True, sequence_parallel=True, joint_text=True,
-           scheduler={**_FM, "shift": 7.0}),
+           grid_rule="static-shift", scheduler={**_FM, "shift": 7.0}),
     Family("wan2.2", "wan22:Wan22Policy", "wan2.2", "wan2.2-a14b", "wan22_pickscore.yaml",
            output="video", two_experts=True, joint_text=False),
     Family("flux2-klein", "flux2_klein:Flux2KleinPolicy", "flux.2-klein", "flux.2-klein-9b",
            "flux2_klein_pickscore.yaml", joint_text=True, latent_patch=1),
     Family("z-image", "z_image:ZImagePolicy", "z-image", "z-image-6b", "z_image_pickscore.yaml", joint_text=True),
     Family("flux2", "flux2:Flux2Policy", "flux.2", "flux.2-dev-32b", "flux2_pickscore.yaml",
-           embedded_guidance=True, folder_grid=True, joint_text=True, latent_patch=1),
+           embedded_guidance=True, grid_rule="empirical-mu", joint_text=True, latent_patch=1),
     Family("qwen-image-2.1", "qwen_image21:QwenImage21Policy", "qwen-image-2.1", "qwen-image-2.1-7b",
-           "qwen_image21_pickscore.yaml", folder_grid=True, joint_text=True, latent_patch=1),
+           "qwen_image21_pickscore.yaml", grid_rule="sample-sigmas", joint_text=True, latent_patch=1),
     Family("sana", "sana:SanaPolicy", "sana", "sana-1.6b", "sana_pickscore.yaml",
-           folder_grid=True, grid_near_one=True, joint_text=False, latent_patch=1),
+           grid_rule="set-timesteps", grid_near_one=True, joint_text=False, latent_patch=1),
     Family("sana-video", "sana:SanaVideoPolicy", "sana-video", "sana-video-2b", "sana_video_pickscore.yaml",
-           output="video", folder_grid=True, grid_near_one=True, joint_text=False),
+           output="video", grid_rule="set-timesteps", grid_near_one=True, joint_text=False),
     Family("hunyuan-video-1.5", "hunyuan_video15:HunyuanVideo15Policy", "hunyuanvideo-1.5", "hunyuanvideo-1.5-8b",
-           "hunyuan_video15_pickscore.yaml", output="video", sequence_parallel=True, folder_grid=True,
+           "hunyuan_video15_pickscore.yaml", output="video", sequence_parallel=True, grid_rule="static-shift",
            joint_text=True),
     # video with an audio track: the trajectory latent holds both streams (ltx2.py)
     Family("ltx2", "ltx2:LTX2Policy", "ltx-2", "ltx-2-19b", "ltx2_pickscore.yaml",
-           output="video", audio=True, folder_grid=True),
+           output="video", audio=True, grid_rule="video-token-shift"),
     Family("cosmos-predict2.5", "cosmos_predict25:CosmosPredict25Policy", "cosmos-predict2.5",
-           "cosmos-predict2.5-2b", "cosmos_predict25_pickscore.yaml", output="video", folder_grid=True,
+           "cosmos-predict2.5-2b", "cosmos_predict25_pickscore.yaml", output="video", grid_rule="set-timesteps",
            grid_near_one=True, joint_text=False),
     # conditioned: one image per prompt (protocol.encode_inputs)
     Family("flux-kontext", "flux_kontext:FluxKontextPolicy", "flux.1-kontext", "flux.1-kontext-12b",

@@ -37,13 +37,16 @@ def test_a_record_refuses_what_cannot_be():
         Family("x", "m:C", "x", "x-1b", "x.yaml", conditioning="depth-map")
     with pytest.raises(ValueError, match="audio track comes with a video"):
         Family("x", "m:C", "x", "x-1b", "x.yaml", audio=True)
+    with pytest.raises(ValueError, match="grid_rule"):
+        Family("x", "m:C", "x", "x-1b", "x.yaml", grid_rule="cosine")
+    with pytest.raises(ValueError, match="without a grid_rule"):
+        Family("x", "m:C", "x", "x-1b", "x.yaml", scheduler={"shift": 3.0})
 
 
 def test_every_base_family_has_its_own_grid():
     for f in FAMILIES.values():
         if f.base:
             assert FAMILIES[f.base].grid and not f.grid and not f.grid_near_one and f.conditioning, f.name
-        assert not (f.scheduler and f.folder_grid), f.name
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

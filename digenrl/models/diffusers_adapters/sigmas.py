@@ -52,8 +52,8 @@ citations below are line numbers in diffusers@v0.42.1, paths under src/diffusers
 
 Without a readable pipeline folder (a hub id not in the cache, emulated compute) the family's
 published scheduler config (its `Family.scheduler` in digenrl.models.families) is used, with a
-warning. The families marked `folder_grid` there (flux2, qwen-image-2.1, sana, sana-video,
-hunyuan-video-1.5, ltx2, cosmos-predict2.5) have none recorded (their configs could not be read
+warning. The families with a `grid_rule` and no `scheduler` there (flux2, qwen-image-2.1, sana,
+sana-video, hunyuan-video-1.5, ltx2, cosmos-predict2.5) have none recorded (their configs could not be read
 offline; cosmos-predict2.5's converter config above is not the hub folder's): they need the
 folder's own.
 """
@@ -193,32 +193,33 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
     if num_steps < 1:
         raise ValueError(f"num_steps must be >= 1, got {num_steps}")
     h, w = latent_hw
-    family = grid_family(family).name
+    spec = grid_family(family)
+    family, rule = spec.name, spec.grid_rule  # the rules: digenrl.models.families.GRID_RULES
     cfg = scheduler.config
-    if family in ("sd3", "wan", "sana", "sana-video", "cosmos-predict2.5"):
+    if rule == "set-timesteps":
         kwargs = {}
         if family == "sd3" and cfg.get("use_dynamic_shifting", None):
             kwargs["mu"] = _mu(family, cfg, (h // 2) * (w // 2))  # SD3 patch size 2
         scheduler.set_timesteps(num_steps, **kwargs)
-    elif family in ("flux", "qwen-image"):
+    elif rule == "dynamic-shift":
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
         if family == "flux" and getattr(cfg, "use_flow_sigmas", False):
             sigmas = None
         mu = _mu(family, cfg, (h // 2) * (w // 2))  # 2x2-packed latent tokens: latents.shape[1]
         _retrieve(family, scheduler, num_steps, sigmas, mu=mu)
-    elif family == "flux2":
+    elif rule == "empirical-mu":
         from diffusers.pipelines.flux2.pipeline_flux2 import compute_empirical_mu
 
         sigmas = None if getattr(cfg, "use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps, num_steps)
         mu = compute_empirical_mu(image_seq_len=(h // 2) * (w // 2), num_steps=num_steps)  # 2x2-patchified tokens
         _retrieve(family, scheduler, num_steps, sigmas, mu=mu)
-    elif family == "qwen-image-2.1":
+    elif rule == "sample-sigmas":
         if fixed_sigmas is not None and len(fixed_sigmas) != num_steps:
-            raise ValueError(f"qwen-image-2.1: the pipeline's sample_sigmas fix {len(fixed_sigmas)} steps; "
+            raise ValueError(f"{family}: the pipeline's sample_sigmas fix {len(fixed_sigmas)} steps; "
                              f"sampling.num_steps is {num_steps}")
         sigmas = fixed_sigmas if fixed_sigmas is not None else np.linspace(1.0, 1 / num_steps, num_steps)
         _retrieve(family, scheduler, num_steps, sigmas, mu=_mu("qwen-image", cfg, h * w))  # unpacked tokens
-    elif family == "ltx2":
+    elif rule == "video-token-shift":
         from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift
 
         # diffusers@v0.42.1 src/diffusers/pipelines/ltx2/pipeline_ltx2.py:1345-1370: linspace(1, 1/N, N),
@@ -227,7 +228,7 @@ def pipeline_sigmas(family: str, num_steps: int, scheduler, latent_hw: tuple[int
                              cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.95),
                              cfg.get("max_shift", 2.05))
         _retrieve(family, scheduler, num_steps, np.linspace(1.0, 1 / num_steps, num_steps), mu=mu)
-    elif family in ("hunyuan-video", "hunyuan-video-1.5"):
+    elif rule == "static-shift":
         _retrieve(family, scheduler, num_steps, np.linspace(1.0, 0.0, num_steps + 1)[:-1])
     else:
         raise ValueError(f"no diffusers sigma grid for family {family!r}; allowed: {', '.join(names(grid=True))}")
