@@ -13,22 +13,13 @@ import pytest
 
 from digenrl.tools.cli import DELEGATED, build_parser, train_parser
 from digenrl.config.schema import load_config
+from tests.helpers.doc_commands import PLACEHOLDER, digenrl_commands, known_subcommands
 
 ROOT = Path(__file__).resolve().parents[1]
-PLACEHOLDER = re.compile(r"/path/to/|my\.yaml|my_cluster\.yaml|HEAD:6379|plan\.yaml")
 
 
 def readme_commands() -> list[list[str]]:
-    text = (ROOT / "README.md").read_text()
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.split("#")[0].strip()
-            for part in line.split("&&"):
-                argv = shlex.split(part)
-                if argv[:1] == ["digenrl"]:
-                    out.append(argv[1:])
-    return out
+    return digenrl_commands((ROOT / "README.md").read_text())
 
 
 COMMANDS = readme_commands()
@@ -48,8 +39,7 @@ def test_train_commands_parse_and_validate(argv):
 
 
 def test_every_subcommand_shown_exists():
-    known = {name for name, *_ in DELEGATED} | set(build_parser()._subparsers._group_actions[0].choices)
-    assert {c[0] for c in COMMANDS} <= known
+    assert {c[0] for c in COMMANDS} <= known_subcommands()
 
 
 @pytest.mark.parametrize("argv", [c for c in COMMANDS if c[0] not in ("train", *(n for n, *_ in DELEGATED))],
