@@ -14,8 +14,8 @@ from them. Nothing here imports torch or diffusers, so the config can be validat
 machine without either.
 
 Adding a family (docs/guides/models.md has the whole checklist): its adapter module under
-`diffusers_adapters/`, one `Family` below, a tiny-pipeline builder in
-`tests/models/tiny_diffusers.py`, a recipe in `recipes/`, a cost entry in
+`diffusers_adapters/`, one `Family` below, a tiny-pipeline builder in one of the tables of
+`tests/models/tiny_diffusers*.py`, a recipe in `recipes/`, a cost entry in
 `digenrl/sim/catalogue.py` (MODELS, named with `catalogue` as prefix).
 """
 

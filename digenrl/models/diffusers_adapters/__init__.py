@@ -1,7 +1,4 @@
-"""Policies over diffusers transformers: FLUX.1, SD3.5, Wan2.1, Qwen-Image, HunyuanVideo,
-Wan2.2 A14B (two experts), FLUX.2 Klein, Z-Image, FLUX.2-dev, Qwen-Image 2.1, SANA,
-SANA-Video, HunyuanVideo 1.5, LTX-2 (video + audio), Cosmos-Predict2.5 (text-to-world), and the
-conditioned FLUX.1 Kontext, Qwen-Image-Edit, Wan2.1 I2V and HunyuanVideo 1.5 I2V.
+"""Policies over diffusers transformers, one per family of `digenrl.models.families`.
 
     policy = load_policy("flux", "/models/FLUX.1-dev", height=512, width=512, train="lora")
     cond = policy.encode_prompts(["a cat"])             # Cond, batch-first
@@ -9,8 +6,8 @@ conditioned FLUX.1 Kontext, Qwen-Image-Edit, Wan2.1 I2V and HunyuanVideo 1.5 I2V
 
 Each family lives in its own file with the diffusers source lines its timestep, sign and
 packing conventions come from. `base.py` holds what they share. What a family is and can do
-(its class, conditioning, video, audio, experts, guidance, sigma grid) is declared once, in
-`digenrl.models.families`; the classes take those traits from there.
+(its class, conditioning, video, audio, experts, guidance, sigma grid) is declared once, in its
+record; the classes take those traits from there.
 """
 
 from __future__ import annotations
@@ -75,12 +72,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing the package does not impor
 
 
 __all__ = [
-    "FAMILIES",
-    "default_lora_targets", "load_policy", "policy_class",
-    "FluxPolicy", "SD3Policy", "WanPolicy", "QwenImagePolicy", "HunyuanVideoPolicy",
-    "Wan22Policy", "Flux2KleinPolicy", "ZImagePolicy",
-    "Flux2Policy", "QwenImage21Policy", "SanaPolicy", "SanaVideoPolicy", "HunyuanVideo15Policy",
-    "HunyuanVideo15I2VPolicy", "LTX2Policy", "CosmosPredict25Policy",
-    "FluxKontextPolicy", "QwenImageEditPolicy", "WanI2VPolicy",
+    "FAMILIES", "default_lora_targets", "load_policy", "policy_class",
+    *(f.cls for f in FAMILIES.values()),  # every family's policy class, loaded lazily (__getattr__)
     "AdapterOptions", "DiffusersPolicy", "PromptCache",
 ]
