@@ -100,3 +100,15 @@ def test_every_family_has_a_tiny_pipeline():
     assert set(FAMILIES) == (set(FAMILY_SETUPS) | set(NEW_SETUPS) | conditioned | set(MORE_SETUPS)
                              | set(AUDIO_SETUPS) | set(COSMOS_SETUPS))
     assert conditioned == {n for n, f in FAMILIES.items() if f.conditioning}
+
+
+def test_nothing_in_config_names_a_family():
+    """The config asks the records what a family can do (has, names, FAMILIES[...]): no string
+    in digenrl/config/ is a family's name, so a new family needs no config change."""
+    import ast
+
+    found = [f"{p.name}:{node.lineno}: {node.value!r}"
+             for p in sorted((ROOT / "digenrl" / "config").glob("*.py"))
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Constant) and node.value in FAMILIES]
+    assert not found, "config names a family (ask digenrl.models.families instead):\n" + "\n".join(found)
