@@ -198,7 +198,8 @@ def cfg_scale_low(cfg) -> None:
 
 # Diffusers grids that start just below sigma 1, where flow-sde's std sqrt(s / (1 - s)) explodes.
 # Wan2.1's UniPC flow sigmas start at 1 - 1e-6: std ~1000 x noise_level (flow_grpo's Wan sampler
-# uses another noise schedule there, wan_pipeline_with_logprob.py:44-52, which no sampling.sde
+# uses another noise schedule there, zhtmike/flow_grpo@9745241 (a fork of yifan123/flow_grpo)
+# flow_grpo/diffusers_patch/wan_pipeline_with_logprob.py:44-52, which no sampling.sde
 # kind implements); SANA's DPM-Solver flow sigmas at 0.9997 (flow_shift 3, 10 steps): std ~58 x
 # noise_level; Cosmos-Predict2.5's UniPC Karras flow sigmas at 200/201 = 0.995: std ~14 x noise_level.
 # Which families: `grid_near_one` in digenrl.models.families (a conditioned family's is its base's).

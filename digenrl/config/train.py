@@ -66,12 +66,14 @@ class TrainConfig:
     # -- Advantage Weighted Matching (issue 27) --
     # train.loss=awm: the flow-matching error of the clean sample noised afresh, weighted by its
     # advantage A' = clip(A, -reward.adv_clip, reward.adv_clip) * awm_adv_max / reward.adv_clip
-    # (scxue/advantage_weighted_matching scripts/train_sd3_awm.py:1293-1299: their advantage_max 1
+    # (scxue/advantage_weighted_matching@be51372 advantage_weighted_matching/scripts/train_sd3_awm.py:1293-1299:
+    # their advantage_max 1
     # over adv_clip_max 5); digenrl.math.loss.awm_loss. Noise draws per sample = trained slots
     # (sampling.window, window_draw=sample: each sample its own noise levels).
     awm_adv_max: float = 1.0
     # the error's weighting: uniform | t (x sigma) | t2 (x sigma^2) | ghuber (the authors' SD3.5
-    # configs, power awm_ghuber_power 0.25): train_sd3_awm.py:240-251
+    # configs, power awm_ghuber_power 0.25): scxue/advantage_weighted_matching@be51372
+    # advantage_weighted_matching/scripts/train_sd3_awm.py:240-251
     awm_weighting: str = "uniform"
     awm_ghuber_power: float = 0.25  # the power of awm_weighting=ghuber (the authors: 0.25)
     # -- end AWM --
@@ -138,7 +140,8 @@ class TrainConfig:
             check(self.is_correction == "none", "train.is_correction",
                   "AWM has no rollout log-prob to correct: leave it at none with train.loss=awm")
             # one optimizer step per RL step: the old policy is the live one, the ratio 1 in value
-            # (the authors' on-policy runs, train_sd3_awm.py:1282-1284, set clip_range 1: it never acts)
+            # (the authors' on-policy runs, scxue/advantage_weighted_matching@be51372
+            # advantage_weighted_matching/scripts/train_sd3_awm.py:1282-1284, set clip_range 1: it never acts)
             check(self.clip_range == 1e-4, "train.clip_range",
                   "AWM's ratio is 1 in value here (its old policy is the step's own weights): "
                   "leave train.clip_range at its default 1e-4 with train.loss=awm")

@@ -536,8 +536,8 @@ class Learner:
     def _dpo_loss(self, traj: Trajectories, slots: list[int], pairs: list[tuple[int, int]], spec: SampleSpec):
         """Diffusion-DPO on `pairs` at trained `slots`: the clean samples x0 = latents[:, T] of
         winners then losers (each slot's in turn), each pair noised with the winner's forward
-        noise and level (one eps and one sigma per pair, as Diffusion-DPO and flow_grpo's
-        train_sd3_dpo.py:884-899 draw them), scored by the policy and by the reference."""
+        noise and level (one eps and one sigma per pair, as Diffusion-DPO and yifan123/flow_grpo@ac4c86e
+        scripts/train_sd3_dpo.py:884-899 draw them), scored by the policy and by the reference."""
         device = self.params[0].device
         winners = torch.tensor([w for w, _ in pairs], dtype=torch.long)
         losers = torch.tensor([l for _, l in pairs], dtype=torch.long)

@@ -57,7 +57,7 @@ def dpo_loss(
     """Diffusion-DPO on P pairs: rows [0, P) are the winners, [P, 2P) their losers, pair i
     noised with one eps and one sigma (arXiv 2311.12908 Eq. 14; its loss is Eq. 14's with
     the error mean over elements and the beta T omega(lambda_t) factor written beta / 2, as
-    the peers write it: flow_grpo scripts/train_sd3_dpo.py:927-937, veRL-Omni
+    the peers write it: yifan123/flow_grpo@ac4c86e scripts/train_sd3_dpo.py:926-937, veRL-Omni
     DPOLoss.compute_loss, diffusers' examples/research_projects/diffusion_dpo):
 
         d_w  = err_w - err_ref_w          d_l = err_l - err_ref_l        (B = 2P,) -> (P,)

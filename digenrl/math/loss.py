@@ -224,7 +224,7 @@ def nft_old_decay(updates: int, ceiling: float, rate: float, flat: int) -> float
         d = 0                                      updates < flat
         d = min((updates - flat) * rate, ceiling)  otherwise
 
-    The authors' `return_decay(step, decay_type)` (NVlabs/DiffusionNFT,
+    The authors' `return_decay(step, decay_type)` (NVlabs/DiffusionNFT@24af555
     scripts/train_nft_sd3.py:169-189), called with their global_step after the epoch's
     gradient steps (:1035-1040): decay_type 0 is ceiling 0 (the old policy is the new one),
     1 is (flat 0, rate 0.001, ceiling 0.5), 2 is (flat 75, rate 0.0075, ceiling 0.999).
@@ -243,7 +243,7 @@ def awm_log_likelihood(v: torch.Tensor, target: torch.Tensor, sigma: torch.Tenso
         uniform  -e                   t2      -e sigma^2
         t        -e sigma             ghuber  -((e + 1e-10)^p - 1e-10^p) sigma / p
 
-    scxue/advantage_weighted_matching at be51372, scripts/train_sd3_awm.py:210-252
+    scxue/advantage_weighted_matching@be51372 advantage_weighted_matching/scripts/train_sd3_awm.py:210-252
     (compute_log_prob_awm; their names Uniform, t, t**2, ghuber; their huber is ghuber at
     p = 0.5 halved). Computed in float32 (theirs: float64).
     """
@@ -282,7 +282,8 @@ def awm_loss(
     A clean rollout sample x0 is noised afresh, x_t = (1 - s) x0 + s eps, and scored by the
     pretraining flow-matching error of v = v_theta(x_t, s) against target = eps - x0, as a
     log-likelihood surrogate logp (awm_log_likelihood). The authors wrap it in PPO's clip
-    (scripts/train_sd3_awm.py:1301-1327, loss_type exp_first: one ratio per noise draw):
+    (scxue/advantage_weighted_matching@be51372 advantage_weighted_matching/scripts/train_sd3_awm.py:1301-1327,
+    loss_type exp_first: one ratio per noise draw):
 
         A'    = clip(A, -c, c) * adv_max / c               (:1293-1299, c = adv_clip_max)
         ratio = exp(logp - logp_old)
@@ -347,8 +348,8 @@ def flow_dppo_loss(
 
     so a unit is cut only when it is past the threshold and still moving away from the
     behaviour policy; corrective updates stay. As veRL-Omni implements it (FlowDPPOLoss,
-    verl_omni/trainer/diffusion/diffusion_algos.py:362-443, docs/algo/flowdppo.md, with
-    add_kl_coefficient=True: D divided by the step's std^2) and UniRL's
+    verl-project/verl-omni@a1139baf verl_omni/trainer/diffusion/diffusion_algos.py:362-443,
+    docs/algo/flowdppo.md, with add_kl_coefficient=True: D divided by the step's std^2) and UniRL's
     _flowdppo_kl_adv_loss (Tencent-Hunyuan/UniRL unirl/algorithms/flowdppo.py, the reference
     veRL-Omni's page cites; the same mask, threshold default 1e-5).
 

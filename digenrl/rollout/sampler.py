@@ -70,9 +70,9 @@ class SampleSpec:
 
     def model_sigma(self, sigma: torch.Tensor) -> torch.Tensor:
         """The noise level the model is conditioned on, (B,). Under `model_timestep="floor"`
-        it is DanceGRPO's timestep int(sigma * 1000) (fastvideo/train_grpo_hunyuan.py:120, :342;
-        the same in its flux, qwenimage and wan scripts), in float32 as its schedule is, over
-        1000: the adapters multiply by 1000 again (sd3.py, hunyuan_video.py: `sigma * 1000`)."""
+        it is DanceGRPO's timestep int(sigma * 1000) (XueZeyue/DanceGRPO@15cc71d
+        fastvideo/train_grpo_hunyuan.py:120, :342; the same in its flux, qwenimage and wan scripts),
+        in float32 as its schedule is, over 1000: the adapters multiply by 1000 again (sd3.py, hunyuan_video.py: `sigma * 1000`)."""
         if self.model_timestep == "exact":
             return sigma
         return torch.floor(sigma.float() * 1000.0) / 1000.0

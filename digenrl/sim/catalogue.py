@@ -344,8 +344,9 @@ REWARD_MODELS = {
     "pickscore": (0.99, 2 * (0.63e9 * 257 + 0.35e9 * 77), 10 * MS),
     "hpsv2": (0.99, 2 * (0.63e9 * 257 + 0.35e9 * 77), 10 * MS),
     "videoalign": (2.21, 2 * 2.21e9 * 1300, 20 * MS),
-    # PaddleOCR on the host CPU (flow_grpo flow_grpo/ocr.py:9,17 use_gpu=False; mm_grpo
-    # gerl/utils/reward_score/ocr.py:41 device="cpu"): no GPU work beyond the VAE decode.
+    # PaddleOCR on the host CPU (yifan123/flow_grpo@ac4c86e flow_grpo/ocr.py:9,17 use_gpu=False;
+    # leibniz-csi/mm_grpo@301f5c05 gerl/utils/reward_score/ocr.py:41 device="cpu"): no GPU work
+    # beyond the VAE decode.
     "ocr-cpu": (0.0, 0.0, 0.0),
     # Qwen3-VL-8B as an OCR judge (veRL-Omni's genrm_ocr): a generative judge (JUDGES below),
     # whose FLOPs here are its prefill at 512x512; costs.reward_model_s prices it from JUDGES.

@@ -23,8 +23,9 @@ def _qwen_ocr(name: str, device: str, lora: bool, cfg: bool, gpus: int = 4, **kw
     """veRL-Omni's Qwen-Image OCR recipes: 32 prompts x 16 images at 512x512, 10 denoising steps,
     an SDE window of 2 trained steps, micro-batch 16, one request per image (the published runs
     set no max_num_seqs: vLLM-Omni generated serially), Qwen3-VL-8B as the OCR judge: asked for up
-    to 4096 tokens (genrm_ocr.py:38), served by vLLM in eager mode (the reward rollout's default
-    enforce_eager true), tensor-parallel over REWARD_TP=4 GPUs."""
+    to 4096 tokens (verl-project/verl-omni@a1139baf verl_omni/utils/reward_score/genrm_ocr.py:38),
+    served by vLLM in eager mode (the reward rollout's default enforce_eager true), tensor-parallel
+    over REWARD_TP=4 GPUs."""
     link = "nvlink-h800" if device == "H800" else "nvlink"
     d = dict(name=name, pools=[dict(name="gpus", count=gpus, device=device, role="any", gpus_per_node=8)],
              links=dict(intra_node=link, inter_node="ib-400g", inter_pool="ib-400g"),
@@ -47,7 +48,9 @@ def _sd35_ocr(name: str, fast: bool) -> Testbed:
              model="sd3.5-medium", height=512, width=512, denoise_steps=10, trained_steps=3 if fast else 9,
              group_size=16, groups_per_step=64, micro_batch=8, rollout_batch=8, cfg=not fast,
              train_cfg=not fast, lora=True, lora_rank=32, grad_ckpt=False, kl=not fast, reward="ocr-cpu",
-             text_tokens=77 + 512,  # CLIP 77 + T5 at max_prompt_length 512 (run_sd3*.sh:7)
+             # CLIP 77 + T5 at max_prompt_length 512 (leibniz-csi/mm_grpo@301f5c05
+             # examples/flowgrpo_trainer/run_sd3.sh:7, run_sd3_fast.sh:7)
+             text_tokens=77 + 512,
              weight_sync="lora-only")
     return Testbed.from_dict(d, source=name)
 
@@ -92,7 +95,9 @@ H20_GAP = ("the H20's compute priced as the H200's at the same fraction of peak 
 
 
 # What the model lacks for veRL-Omni's DiffusionNFT step: about 240 s, of which no mechanism read prices
-# more than a quarter.
+# more than a quarter. Its citations are in verl-project/verl-omni@a1139baf:
+# verl_omni/workers/engine/fsdp/diffusers_impl.py:1201-1229 and
+# verl_omni/trainer/diffusion/ray_diffusion_trainer.py:1657-1661.
 NFT_GAP = ("about 240 s a step: the judge explains at most ~54 s (if one answer per step ran to max_tokens) and "
            "the tenth trained timestep the testbed leaves out ~24 s; the update's old-adapter, trained and "
            "reference forwards per (micro-batch, timestep) are priced (diffusers_impl.py:1201-1229), the "
@@ -131,7 +136,8 @@ class Figure:
 
 # What the model lacks at 64 GPUs (docs/measurements/simulator.md, "At scale: T(N) = C + W / N"). The
 # two full fine-tune figures read T(N) = C + W / N: published C ~ 95 s, W ~ 620 GPU-s; the model's
-# W is within 10% of that, its C about half, with the judge priced from first principles.
+# W is within 10% of that, its C about half, with the judge priced from first principles. Its
+# genrm_ocr.py:38 is verl-project/verl-omni@a1139baf verl_omni/utils/reward_score/genrm_ocr.py:38.
 SCALE_GAP = ("a per-step cost that does not shrink with the GPU count, ~48 s at 64 GPUs. The Qwen3-VL-8B judge's "
              "decode is priced (its step's longest answer, at the expected answer length); it would explain the "
              "gap if one answer per step ran to max_tokens 4096 (genrm_ocr.py:38; the 'step if one answer ran "

@@ -8,7 +8,9 @@ pipeline asks its scheduler for a different one, and the peers (flow_grpo, Dance
 on whatever the pipeline asks for. We do not re-derive those formulas: we call the family's
 scheduler (its class and config from the pipeline folder's scheduler/scheduler_config.json)
 the way its diffusers pipeline calls it, and read `scheduler.sigmas` back. The diffusers
-citations below are line numbers in diffusers@v0.42.1, paths under src/diffusers/pipelines/:
+citations below are line numbers in diffusers@v0.42.1, paths under src/diffusers/pipelines/; the
+flow_grpo ones in zhtmike/flow_grpo@9745241 (a fork of yifan123/flow_grpo, at its merged
+pull request 175), files under flow_grpo/diffusers_patch/:
 
   sd3            set_timesteps(N) (no sigmas; mu only under use_dynamic_shifting)
                  stable_diffusion_3/pipeline_stable_diffusion_3.py:1014-1041. flow_grpo's SD3 sampler does the
