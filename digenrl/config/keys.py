@@ -2,7 +2,8 @@
 description (config_keys, config_help).
 
 A field's description is the comment written where it is declared: the comment lines
-directly above it, then the comment at the end of its line (as simple-parsing reads help).
+directly above it, then the comment at the end of its line (as simple-parsing reads help); a
+"-- group --" heading line is not part of it.
 The code stays the one place a key is described; tests/test_config_schema.py fails on a
 field without one.
 """
@@ -49,7 +50,8 @@ def _field_comments(cls: type) -> dict[str, str]:
                 line -= 1
             trailing = comments.get(node.end_lineno)
             text = above + ([trailing[0]] if trailing and not trailing[1] else [])
-            out[node.target.id] = " ".join(t for t in text if t)
+            # a "-- group --" line heads a group of fields: it describes none of them alone
+            out[node.target.id] = " ".join(t for t in text if t and not (t.startswith("--") and t.endswith("--")))
     return out
 
 

@@ -50,7 +50,7 @@ class SamplingConfig:
     # rollout engine at lower precision, to measure the rollout-train log-prob gap
     # (consistency/* metrics) and test its corrections on any machine
     rollout_dtype: str = ""
-    # -- DanceGRPO's model timestep (issue 27) --
+    # -- DanceGRPO's model timestep --
     # exact: the model is conditioned on sigma; floor: on int(sigma * 1000) / 1000, as DanceGRPO
     # conditions its transformer, while every SDE step, log-prob and forward-process target
     # keeps the exact sigma (rollout.sampler.SampleSpec.model_sigma)

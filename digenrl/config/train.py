@@ -50,7 +50,7 @@ class TrainConfig:
     # Needs train.behaviour_logp=recompute
     is_correction: str = "none"
     is_band: float = 2.0  # the correction's bound C (> 1): truncated caps at C, mask keeps [1/C, C]
-    # -- DiffusionNFT's old policy (issue 27) --
+    # -- DiffusionNFT's old policy --
     # train.loss=nft: the old policy that samples every rollout and anchors the loss is kept as
     # old <- d old + (1 - d) new after each optimizer step, d = min((k - flat) * rate, nft_decay)
     # at version k >= flat, else 0 (NVlabs/DiffusionNFT return_decay: their decay_type 1 is
@@ -63,7 +63,7 @@ class TrainConfig:
     # and the loss is scaled by 1 / beta (digenrl.math.loss.nft_loss); it acts only with an
     # old policy kept (train.nft_decay > 0). Not train.beta, the KL weight.
     nft_beta: float = 1.0
-    # -- Advantage Weighted Matching (issue 27) --
+    # -- Advantage Weighted Matching --
     # train.loss=awm: the flow-matching error of the clean sample noised afresh, weighted by its
     # advantage A' = clip(A, -reward.adv_clip, reward.adv_clip) * awm_adv_max / reward.adv_clip
     # (scxue/advantage_weighted_matching@be51372 advantage_weighted_matching/scripts/train_sd3_awm.py:1293-1299:
@@ -77,7 +77,7 @@ class TrainConfig:
     awm_weighting: str = "uniform"
     awm_ghuber_power: float = 0.25  # the power of awm_weighting=ghuber (the authors: 0.25)
     # -- end AWM --
-    # -- online Diffusion-DPO and Flow-DPPO (issue 27; docs/guides/objectives.md) --
+    # -- online Diffusion-DPO and Flow-DPPO (docs/guides/objectives.md) --
     # train.loss=dpo: -log sigmoid(-dpo_beta / 2 ((err_w - err_ref_w) - (err_l - err_ref_l))) on
     # (winner, loser) pairs of each prompt group (digenrl.math.dpo), the reference being the base
     # model. dpo_beta: the peers' beta (flow_grpo config/dpo.py and veRL-Omni's online DPO: 100).

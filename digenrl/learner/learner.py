@@ -93,7 +93,7 @@ class LearnerConfig:
     nft_decay_rate: float = 0.001
     nft_decay_flat: int = 0
     nft_beta: float = 1.0
-    # -- AWM (issue 27) --
+    # -- AWM --
     # awm: A' = clip(A, -adv_clip, adv_clip) * awm_adv_max / adv_clip; the flow-matching error is
     # weighted by awm_weighting (uniform | t | t2 | ghuber, ghuber's power awm_ghuber_power);
     # math.loss.awm_loss. The noise draws per sample are the trained slots.

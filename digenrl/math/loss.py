@@ -234,7 +234,7 @@ def nft_old_decay(updates: int, ceiling: float, rate: float, flat: int) -> float
     return min((updates - flat) * rate, ceiling)
 
 
-# -- AWM (issue 27) ---------------------------------------------------------------------------
+# -- AWM ---------------------------------------------------------------------------------
 def awm_log_likelihood(v: torch.Tensor, target: torch.Tensor, sigma: torch.Tensor, *, weighting: str = "uniform",
                        ghuber_power: float = 0.25) -> torch.Tensor:
     """AWM's per-row surrogate log-likelihood of the clean sample, (B,): minus its weighted
@@ -322,7 +322,7 @@ def awm_loss(
         }
     return loss, metrics
 # -- end AWM --
-# -- Flow-DPPO (issue 27) ---------------------------------------------------------------
+# -- Flow-DPPO ---------------------------------------------------------------------
 
 
 def flow_dppo_loss(

@@ -289,7 +289,7 @@ def plan_main(argv=None) -> int:
     return 0
 
 
-PREEMPTIBLE = "runtime.rollout.preemptible=true"  # the runtime's mark of a spot rollout pool (issue 30 part 1)
+PREEMPTIBLE = "runtime.rollout.preemptible=true"  # the runtime's mark of a spot rollout pool
 
 
 def _accepts(keys: list) -> bool:

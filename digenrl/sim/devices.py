@@ -102,7 +102,7 @@ DEVICES: dict[str, Device] = {
         Device("RTX4090", 165.0, 24.0, 1008.0, 0.0, _GEN4, 0.60, "GeForce, 24 GB GDDR6X"),
         Device("B200", 2250.0, 179.0, 8000.0, 1800.0, _GEN5, 5.50, "Blackwell HGX B200"),
         Device("H20", 148.0, 95.6, 4000.0, 900.0, _GEN5, 1.50, "export Hopper, 96 GB"),
-        # The paper's testbed A part (issue 38). NVIDIA RTX A6000 data sheet: 48 GB GDDR6 with ECC,
+        # The paper's testbed A part. NVIDIA RTX A6000 data sheet: 48 GB GDDR6 with ECC,
         # 768 GB/s, PCI Express 4.0 x16, "Tensor performance 309.7 TFLOPS" with structured sparsity,
         # i.e. 154.8 dense FP16/BF16 tensor TFLOP/s; a professional card, so fp32 accumulate runs
         # at the full rate (GeForce halves it). NVLink is a 2-way bridge only (112.5 GB/s
@@ -111,7 +111,7 @@ DEVICES: dict[str, Device] = {
         # (its OOM messages on this card). Price: community-cloud order of magnitude.
         Device("RTX-A6000", 154.8, 47.5, 768.0, 0.0, _GEN4, 0.50,
                "Ampere workstation, 48 GB GDDR6, PCIe Gen4, no NVLink switch"),
-        # The paper's testbed C part (issue 38). NVIDIA RTX PRO 6000 Blackwell (Server / Workstation
+        # The paper's testbed C part. NVIDIA RTX PRO 6000 Blackwell (Server / Workstation
         # Edition, same GB202 with 188 SMs): 96 GB GDDR7 with ECC at 1792 GB/s, PCIe Gen5 x16, no
         # NVLink; "4000 AI TOPS" is FP4 with sparsity, i.e. 503.8 dense FP16/BF16 tensor TFLOP/s
         # with fp32 accumulate (1007.6 sparse; the product's spec tables). nvidia-smi reports

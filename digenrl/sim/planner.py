@@ -43,7 +43,7 @@ Every mode, baselines included, gets its best point of this search: the planner 
 the baseline's own default (one unit per GPU, flow_grpo / verl style) and only moves uphill,
 so a baseline is never configured worse than its default.
 
-Speed, exactly (issue 24: seconds, not minutes). A candidate whose lower bound
+Speed, exactly. A candidate whose lower bound
 (report.point_bound: the work it must do, each step's trainer work and shortest unit chain)
 cannot beat the incumbent is not simulated, and a simulation stops as soon as its window shows
 it cannot win (report.run_spec_within); neither could have been accepted, so the search takes the
