@@ -354,8 +354,9 @@ def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)) -> None:
     """The first SIGINT or SIGTERM raises Stop in the main thread; later ones only say it is stopping.
 
     SIGINT is caught even when this process inherited it ignored: a shell starts `cmd &` that way
-    (and nohup keeps it), and Python then installs no KeyboardInterrupt, so `kill -INT` did nothing.
-    SIGTERM (`kill`, systemd, Kubernetes) used to end the process without stopping the app.
+    (and nohup keeps it), and Python then installs no KeyboardInterrupt, so `kill -INT` would do
+    nothing. SIGTERM (`kill`, systemd, Kubernetes) would otherwise end the process without
+    stopping the app.
     """
     def first(signum, frame) -> None:
         for s in signals:
