@@ -337,11 +337,19 @@ def _fork_safe() -> bool:
 
 
 def _fork_pool(n: int):
-    """n forked processes whose SIGTERM is the default again: a pool ends by sending its processes
+    """n forked processes whose SIGTERM is the default: a pool ends by sending its processes
     SIGTERM, and a fork inherits the parent's handler. A process that started Ray has Ray's, which
     shuts Ray down (in a fork, a client whose threads did not come along: it hung, and the pool's
-    join with it, in a test worker that had run a Ray test first)."""
-    return multiprocessing.get_context("fork").Pool(n, initializer=_default_sigterm)
+    join with it, in a test worker that had run a Ray test first). The default is in place in the
+    parent while the pool forks, so a process has it from its first instruction: set only by the
+    initializer, a process the pool ends before the initializer ran (one that took no task, on a
+    busy machine) kept the parent's handler, and the pool's join waited on it. The initializer
+    covers a process the pool forks later, to replace one that died."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # _fork_safe: the only thread, so the main one
+    try:
+        return multiprocessing.get_context("fork").Pool(n, initializer=_default_sigterm)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _default_sigterm() -> None:

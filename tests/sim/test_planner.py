@@ -252,6 +252,25 @@ def test_the_planner_forks_only_a_process_without_other_threads():
     assert _fresh_process(code) == "[True, True]"
 
 
+def test_a_pool_process_has_the_default_sigterm_from_its_fork():
+    """A pool ends its processes with SIGTERM, and may do so before a process that took no task
+    ran the pool's initializer (a busy machine): that process must not have the parent's handler
+    even then. The handler each process has at the moment of its fork is recorded by an at-fork
+    hook, before any initializer can run (it read the parent's "never exits" handler when only
+    the initializer reset it, and the pool's join then hung in CI)."""
+    code = ("import os, signal, sys, tempfile, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: time.sleep(3600))  # never exits\n"
+            "path = tempfile.mktemp()\n"
+            "os.register_at_fork(after_in_child=lambda: open(path, 'a').write(\n"
+            "    str(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL) + ' '))\n"
+            "from digenrl.sim.planner import _fork_pool\n"
+            "with _fork_pool(2) as pool:\n"
+            "    pass  # ended at once: no process need have run anything\n"
+            "assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL  # the parent's own is back\n"
+            "print(open(path).read().split())\n")
+    assert _fresh_process(code) == "['True', 'True']"
+
+
 def _sigterm_is_default(_) -> bool:
     import signal
 
