@@ -253,8 +253,10 @@ def test_nft_old_policy_on_sharded_parameters_matches_single_device(tmp_path, lo
     spawn_ranks(_nft_worker, (str(tmp_path), lora_rank), WORLD)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
     # weights after AdamW: its first step is ~lr * sign(g), so a near-zero gradient's round-off moves
-    # a weight by up to ~1e-6 here (lr 1e-3); the existing sharded tests allow 1e-5 for the same reason
-    for key, atol in (("grads", 1e-6), ("old", 1e-6), ("after", 1e-5)):
+    # a weight by up to ~1e-6 here (lr 1e-3); the existing sharded tests allow 1e-5 for the same reason.
+    # The refreshed old policy is d * old + (1 - d) * after (d = 0.5): it carries half of that bound
+    # (1e-6 failed here at 1.23e-6 on 1 of 6,144 entries, identically on the tree before stop 51)
+    for key, atol in (("grads", 1e-6), ("old", 5e-6), ("after", 1e-5)):
         assert got[key].keys() == want[key].keys(), key
         for name, t in want[key].items():
             torch.testing.assert_close(got[key][name], t, rtol=1e-5, atol=atol, msg=lambda m, k=key, n=name: f"{k} {n}: {m}")
