@@ -70,9 +70,9 @@ def load_rows(spec: str, *, held_out: bool = False, progress: bool = False) -> P
 def check_conditioning(rows: PromptRows, model: str, key: str) -> None:
     """Images exactly for conditioned families (a `conditioning` in digenrl.models.families);
     ValueError naming `key` otherwise."""
-    from digenrl.models.families import FAMILIES
+    from digenrl.models.families import FAMILIES, conditioning_kind
 
-    kind = FAMILIES[model].conditioning if model in FAMILIES else None
+    kind = conditioning_kind(model)
     if kind is not None and rows.images is None:
         raise ValueError(f'{key}: {model} is conditioned on a {kind} per prompt; give a {ROWS_SUFFIX} file of '
                          f'{{"prompt": ..., "image": ...}} rows')

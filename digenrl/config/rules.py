@@ -7,7 +7,7 @@ from __future__ import annotations
 from digenrl.config.errors import check
 from digenrl.config.runtime import SPOT_KEYS, PoolConfig, RuntimeConfig
 from digenrl.math.kinds import CLEAN_SAMPLE_LOSSES
-from digenrl.models.families import FAMILIES, grid_family, has, names
+from digenrl.models.families import FAMILIES, conditioning_kind, grid_family, has, names
 from digenrl.sched import BATCH_MODES, TAG_MODES
 
 
@@ -247,7 +247,7 @@ def conditioned_rows(cfg) -> None:
     from digenrl.data import ROWS_SUFFIX
 
     name = cfg.model.name
-    kind = FAMILIES[name].conditioning if name in FAMILIES else None
+    kind = conditioning_kind(name)
     if kind is not None:
         rows = f'a {ROWS_SUFFIX} file of {{"prompt": ..., "image": ...}} rows'
         check(cfg.data.prompts.endswith(ROWS_SUFFIX), "data.prompts",

@@ -188,6 +188,12 @@ def has(name: str, trait: str) -> bool:
     return name in FAMILIES and bool(getattr(FAMILIES[name], trait))
 
 
+def conditioning_kind(name: str) -> Optional[str]:
+    """What conditions model.name `name` (one of CONDITIONINGS), or None: prompts only, tiny-dit,
+    or an unknown name."""
+    return FAMILIES[name].conditioning if name in FAMILIES else None
+
+
 def grid_family(name: str) -> Family:
     """The family whose sigma grid `name` samples on: its base if it has one, else itself."""
     f = family(name)
