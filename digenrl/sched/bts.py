@@ -158,13 +158,32 @@ class Search:
         # row ask the same question: on a large trainer pool most iterations are such waits)
         seen, wait = None, inf
         heapreplace, t_train, s_out = heapq.heapreplace, r.t, r.s_out
+        gen_r, after_r, shares, u = self.gen_r, self.after_r, self.shares, r.u
         while units > 0:
             now, out = trainers[0]
-            if rollout and rollout[0] <= now and (queue or fresh):  # a rollout worker takes the next piece
-                if not queue:
-                    queue.append((0.0, self.shares))
-                    fresh -= 1
-                self.made(queue, 0, self.rollout_piece(rollout, rollout[0], queue[0][1][0]), ready, k)
+            if rollout and rollout[0] <= now and (queue or fresh):
+                # the rollout workers free by `now` take the next pieces, each the earliest free
+                # (rollout_piece and made, inlined: most of a prediction's steps are these)
+                r0 = rollout[0]
+                while True:
+                    if not queue:
+                        queue.append((0.0, shares))
+                        fresh -= 1
+                    known, sh = queue[0]
+                    x = sh[0]
+                    t = r0 + x * gen_r
+                    heapreplace(rollout, t)
+                    t = t + x * after_r
+                    if t > known:
+                        known = t
+                    if len(sh) > 1:
+                        queue[0] = (known, sh[1:])
+                    else:
+                        del queue[0]
+                        insort_many(ready, known, u, k)
+                    r0 = rollout[0]
+                    if r0 > now or not (queue or fresh):
+                        break
                 seen = None
                 continue
             if k < len(ready) and ready[k] <= now:  # training work is ready: train
@@ -172,7 +191,9 @@ class Search:
                 t = now + t_train + (s_out if out else 0.0)
                 heapreplace(trainers, (t, False))
                 units -= 1
-                end, total = max(end, t), total + t
+                if t > end:
+                    end = t
+                total += t
                 seen = None
                 continue
             # a bubble
@@ -278,8 +299,16 @@ class Search:
         if not rollout:
             return float("inf")
         heap = rollout[:]  # (a heap already: a copy, not nsmallest's Python loop; each piece takes the least)
-        for sh in shares:
-            known = max(known, self.rollout_piece(heap, now, sh))
+        gen_r, after_r, heapreplace = self.gen_r, self.after_r, heapq.heapreplace
+        for sh in shares:  # (rollout_piece, inlined)
+            t = heap[0]
+            if now > t:
+                t = now
+            t = t + sh * gen_r
+            heapreplace(heap, t)
+            t = t + sh * after_r
+            if t > known:
+                known = t
         return known
 
     @staticmethod
