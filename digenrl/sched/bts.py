@@ -163,7 +163,10 @@ class Search:
             now, out = trainers[0]
             if rollout and rollout[0] <= now and (queue or fresh):
                 # the rollout workers free by `now` take the next pieces, each the earliest free
-                # (rollout_piece and made, inlined: most of a prediction's steps are these)
+                # worker: it makes 1/s of g_r, the piece is scored 1/s of w_r after (with no
+                # reward pool, by the worker itself: after_r 0, gen_r g_r + w_r); the micro-batch
+                # whose last piece this is becomes ready (`made`). Inline: most of a
+                # prediction's steps are these
                 r0 = rollout[0]
                 while True:
                     if not queue:
@@ -280,13 +283,6 @@ class Search:
         self.made(queue, i, t + sh * self.after_t, ready)
         return t, True
 
-    def rollout_piece(self, heap: list, start: float, share: float) -> float:
-        """The earliest free rollout worker of `heap` (free times, updated in place) makes a piece
-        of `share` of a micro-batch, not before `start`: when the piece is scored."""
-        t = max(heap[0], start) + share * self.gen_r
-        heapq.heapreplace(heap, t)
-        return t + share * self.after_r
-
     def next_ready(self, rollout: list, queue: list, fresh: int, now: float) -> float:
         """When the next micro-batch could be ready by the rollout workers alone, none starting
         before `now`: the head of the queue, else the next unstarted one."""
@@ -300,7 +296,7 @@ class Search:
             return float("inf")
         heap = rollout[:]  # (a heap already: a copy, not nsmallest's Python loop; each piece takes the least)
         gen_r, after_r, heapreplace = self.gen_r, self.after_r, heapq.heapreplace
-        for sh in shares:  # (rollout_piece, inlined)
+        for sh in shares:  # the earliest free worker makes each piece, not before `now`
             t = heap[0]
             if now > t:
                 t = now
