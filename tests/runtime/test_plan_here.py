@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from digenrl.config.schema import load_config
 from digenrl.runtime.driver import RayDriver
 from digenrl.sim import here
@@ -11,6 +13,9 @@ from .conftest import tiny
 POOLS = ("runtime.rollout.workers=1", "runtime.trainer.workers=1")
 
 
+# A Ray run end to end (profile, two probes on their own actors, the run): the slow tier. The
+# default tier prices probed candidates and plans from profile lines in tests/sim/test_here.py.
+@pytest.mark.slow
 def test_a_run_without_pool_sizes_runs_its_plan(ray_cluster, tmp_path, monkeypatch):
     monkeypatch.setattr(here, "PROBED", 2)  # the config as given and the best other: each probe starts actors
     overrides = [o for o in tiny(tmp_path, "gap+tsp", steps=1) if o not in POOLS]  # pools: 2 + 1, not given

@@ -144,6 +144,9 @@ def test_cli_plan_names_the_smallest_change_when_nothing_fits(tmp_path, capsys):
     assert "GiB per GPU" in err and "smallest change that makes one fit: lora: true" in err
 
 
+# The slow tier: three searches on a 20B model's 4-GPU grid. The default tier plans this testbed's
+# every row (tests/sim/test_invariants.py) and writes a plan `digenrl train` runs (tests/test_contract.py).
+@pytest.mark.slow
 def test_cli_plan_prints_a_runnable_plan_where_no_replica_fits(capsys, tmp_path):
     """veRL-Omni's Qwen-Image full fine-tune on 4 H200: no GPU holds a replica (so not the runtime's
     colocated mode); DigenRL's plan is an FSDP trainer gang that holds the state, written as a
