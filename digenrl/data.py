@@ -70,7 +70,7 @@ def load_rows(spec: str, *, held_out: bool = False, progress: bool = False) -> P
 def check_conditioning(rows: PromptRows, model: str, key: str) -> None:
     """Images exactly for conditioned families (a `conditioning` in digenrl.models.families);
     ValueError naming `key` otherwise."""
-    from digenrl.models.families import FAMILIES, conditioning_kind
+    from digenrl.models.families import conditioning_kind, names_with
 
     kind = conditioning_kind(model)
     if kind is not None and rows.images is None:
@@ -78,7 +78,7 @@ def check_conditioning(rows: PromptRows, model: str, key: str) -> None:
                          f'{{"prompt": ..., "image": ...}} rows')
     if kind is None and rows.images is not None:
         raise ValueError(f"{key}: {model} takes prompts only, but the rows give images (use a conditioned "
-                         f"family: {', '.join(n for n, f in FAMILIES.items() if f.conditioning)})")
+                         f"family: {', '.join(names_with('conditioning'))})")
 
 
 def load_images(paths: Sequence[str], height: int, width: int) -> torch.Tensor:

@@ -63,7 +63,8 @@ def test_images_exactly_for_conditioned_families(tmp_path):
     check_conditioning(text_only, "flux", "data.prompts")
     with pytest.raises(ValueError, match=r"data.prompts: flux-kontext is conditioned on a reference-image"):
         check_conditioning(text_only, "flux-kontext", "data.prompts")
-    with pytest.raises(ValueError, match=r"data.eval_prompts: wan takes prompts only"):
+    with pytest.raises(ValueError, match=r"data.eval_prompts: wan takes prompts only.*use a conditioned family: "
+                                         r"flux-kontext, qwen-image-edit, wan-i2v"):
         check_conditioning(with_images, "wan", "data.eval_prompts")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from digenrl.config.errors import check
 from digenrl.config.runtime import SPOT_KEYS, PoolConfig, RuntimeConfig
 from digenrl.math.kinds import CLEAN_SAMPLE_LOSSES
-from digenrl.models.families import FAMILIES, conditioning_kind, grid_family, has, names
+from digenrl.models.families import FAMILIES, conditioning_kind, grid_family, has, names, names_with
 from digenrl.sched import BATCH_MODES, TAG_MODES
 
 
@@ -263,7 +263,7 @@ def reward_inputs(cfg) -> None:
     from digenrl.rewards import AUDIO_REWARDS, SOURCE_REWARDS, VIDEO_REWARDS
 
     name = cfg.model.name
-    conditioned = tuple(n for n in FAMILIES if has(n, "conditioning"))
+    conditioned = names_with("conditioning")
     for reward in cfg.reward.weights:
         check(reward not in SOURCE_REWARDS or has(name, "conditioning"), f"reward.weights.{reward}",
               f"compares each sample with its source image; {name} has none "

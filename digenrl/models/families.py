@@ -183,6 +183,12 @@ def names(**traits: Any) -> tuple[str, ...]:
     return tuple(n for n, f in FAMILIES.items() if all(getattr(f, k) == v for k, v in traits.items()))
 
 
+def names_with(trait: str) -> tuple[str, ...]:
+    """The families with `trait` set (any value: names_with("conditioning") is every conditioned
+    family), in declaration order."""
+    return tuple(n for n in FAMILIES if has(n, trait))
+
+
 def has(name: str, trait: str) -> bool:
     """Whether model.name `name` is a family with `trait` set (False for tiny-dit or an unknown name)."""
     return name in FAMILIES and bool(getattr(FAMILIES[name], trait))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from digenrl.models.families import FAMILIES, Family, family, grid_family, has, names
+from digenrl.models.families import FAMILIES, Family, family, grid_family, has, names, names_with
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +25,10 @@ def test_names_select_by_trait_in_declaration_order():
     with pytest.raises(TypeError, match="no trait"):
         names(colour="red")
     assert not has("tiny-dit", "output") and has("wan", "sequence_parallel")
+    # names_with: the trait set to any value, in declaration order
+    assert names_with("conditioning")[:3] == ("flux-kontext", "qwen-image-edit", "wan-i2v")
+    assert set(names_with("conditioning")) == {n for n in FAMILIES if FAMILIES[n].conditioning is not None}
+    assert names_with("audio") == names(audio=True)
     with pytest.raises(ValueError, match="unknown; allowed: flux, sd3"):
         family("flux3")
     assert grid_family("wan-i2v").name == "wan" and grid_family("sana").name == "sana"
