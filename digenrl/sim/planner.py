@@ -54,9 +54,15 @@ draining: report.window) measure what 12 do (to ~1e-13).
 
 The analytic split. Per sample, generation + reward takes g seconds on a rollout GPU and
 training (all trained steps) t seconds on a trainer GPU; the pools are balanced when
-R / g = (N - R) / t, i.e. R = N g / (g + t). Local search (coordinate moves along each axis
-to the neighbouring grid values, R also by +-2, +-4, ...) then absorbs the optimizer step,
-syncs, tails and TAG (which moves generation onto trainers, so the best R is usually lower).
+R / g = (N - R) / t, i.e. R = N g / (g + t). A pool cannot use more GPUs than a step has units
+for: at most P = samples per step x the rollout gang generate at once (a unit holds a sample at
+least), and T = samples x trained steps x the smallest trainer gang that holds the training state
+train at once (a Train unit holds a sample and a trained step at least). So R is then moved into
+[N - T, P], and where the cluster is larger than P + T it is N - T: the trainers the step can
+use, every other GPU a rollout worker (an idle trainer gang still joins every optimizer step's
+barrier; an idle rollout worker only receives the weights). Local search (coordinate moves along
+each axis to the neighbouring grid values, R also by +-2, +-4, ...) then absorbs the optimizer
+step, syncs, tails and TAG (which moves generation onto trainers, so the best R is usually lower).
 """
 
 from __future__ import annotations
@@ -220,7 +226,8 @@ def _spec(mode: str, point: dict, style: str | None, fixed: tuple = ()) -> RunSp
 
 
 def analytic_split(tb: Testbed, cm: CostModel | None = None) -> int:
-    """R = N g / (g + t), rounded, in [1, N - 1] (see module doc)."""
+    """R = N g / (g + t), rounded, moved into [N - T, P] where the pools cannot use their GPUs
+    (`useful_gpus`; N - T where N > P + T), in [1, N - 1] (see module doc)."""
     cm = cm or default_cost_model()
     dev = tb.pools[0].device
     n = tb.n_gpus
@@ -229,7 +236,39 @@ def analytic_split(tb: Testbed, cm: CostModel | None = None) -> int:
          + float(cm.reward_s(tb.model, dev, rb, tb.reward, tb.shape, JudgeServing.of(tb)))) / rb
     t = float(cm.train_chunk_s(tb.model, dev, mb, tb.trained_steps, tb.grad_ckpt, tb.lora, tb.train_cfg,
                                tb.shape)) / mb
-    return min(n - 1, max(1, round(n * g / (g + t))))
+    p, t_max = useful_gpus(tb, cm)
+    return min(n - 1, max(1, n - t_max, min(p, round(n * g / (g + t)))))
+
+
+def useful_gpus(tb: Testbed, cm: CostModel | None = None) -> tuple[int, int]:
+    """(P, T): at most P rollout GPUs generate at once and T trainer GPUs train at once in a step
+    of `tb`, whatever the knobs: a Generate unit holds a sample at least (P = samples per step
+    x the largest rollout gang the search may pick, `sp_axes`), a Train unit a sample and a trained
+    step at least, on the smallest gang that holds the training state (a multiple of the
+    sequence-parallel degree, the largest the search may pick; the optimizer state on the GPU,
+    else on the host): T = samples x trained steps x that gang, or N where no gang of the cluster
+    holds it (no bound)."""
+    from digenrl.sim.catalogue import get_model
+
+    cm = cm or default_cost_model()
+    n, s = tb.n_gpus, tb.samples_per_step
+    axes = sp_axes(tb)
+    rollout_gang = max(axes.get("rollout_gang") or [tb.rollout_gang or 1])
+    sp = max(axes.get("trainer_sp") or [tb.trainer_sp or 1])
+    dev = (tb.pool("trainer") or tb.pools)[0].device
+    sizes = range(sp, n + 1, sp) if get_model(tb.model).fsdp else [1]
+    gang = None
+    for offload in (False, True):
+        for d in sizes:
+            if (d > 1 or not offload) and cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora,
+                                                 grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
+                                                 lora_rank=tb.lora_rank, fsdp_shards=d, gang=d > 1, sp=sp,
+                                                 offload=offload).fits:
+                gang = d
+                break
+        if gang is not None:
+            break
+    return s * rollout_gang, (n if gang is None else s * tb.trained_steps * gang)
 
 
 def _nearest(values: list, target: float):

@@ -1,11 +1,14 @@
 """The planner's cheap search lands within 5% of brute force over the same grid."""
 
+import itertools
 import os
 
 import pytest
 
-from digenrl.sim.planner import analytic_split, exhaustive, grid, plan
-from digenrl.sim.testbed import load_testbed
+from digenrl.sim.planner import analytic_split, exhaustive, grid, plan, useful_gpus
+from digenrl.sim.report import run_spec
+from digenrl.sim.testbed import load_testbed, resize
+from digenrl.sim.workload import RunSpec, fitting_gang
 
 SMALL = "small-h200x16-sd35"
 
@@ -23,6 +26,35 @@ def test_grid_axes():
 def test_analytic_split_balances_rates():
     tb = load_testbed(SMALL)
     assert 1 <= analytic_split(tb) <= 15
+
+
+def test_analytic_split_gives_the_trainers_what_a_step_can_use():
+    # 32 samples a step on 4,096 GPUs: at most 32 rollout GPUs generate and 32 x 2 trained steps
+    # x a 1-GPU gang train at once, so the split starts where the search ended from the rate
+    # balance (1,359 rollout GPUs, 418 points in 87 s): 4,032 rollout GPUs, 64 trainers
+    tb = resize(load_testbed(SMALL), 4096)
+    assert fitting_gang(tb, 64) == 1
+    assert useful_gpus(tb) == (32, 32 * 2 * 1)
+    assert analytic_split(tb) == 4096 - 64
+    # where the pools can use every GPU, the rate balance alone (the 16-GPU preset: 32 + 64 > 16)
+    small = load_testbed(SMALL)
+    assert sum(useful_gpus(small)) > small.n_gpus and analytic_split(small) == 5
+
+
+def test_a_step_never_uses_more_gpus_than_useful_gpus_says():
+    # the bound holds at the knobs with the most units (one group a micro-batch, one trained step
+    # a chunk, every shard), on pools larger than it: the most rollout GPUs generating and
+    # trainer GPUs training at one time, read off the trace, stay within P and T
+    tb = resize(load_testbed(SMALL), 256)
+    p, t = useful_gpus(tb)
+    spec = RunSpec("gap+tsp", n_rollout=128, micro_batch_groups=1, tsp_chunk=1, gen_shard=4, train_shard=4)
+    r = run_spec(tb, spec, steps=3, keep_trace=True)
+    role = r.trace.workers
+    for kind, pool, bound in (("generate", "rollout", p), ("train", "trainer", t)):
+        edges = sorted(x for sp in r.trace.spans if sp.kind == kind and role[sp.worker] == pool
+                       for x in ((sp.start, 1), (sp.end, -1)))  # (an end before a start at one time)
+        most = max(itertools.accumulate(d for _, d in edges))
+        assert 0 < most <= bound, (kind, most, bound)
 
 
 @pytest.mark.slow  # ~27 s: an exhaustive search beside the planner (default run under 15 min)
