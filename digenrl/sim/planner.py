@@ -590,7 +590,7 @@ def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) ->
     for v in axes.values():
         size *= len(v)
     return Plan(tb.name, tb.n_gpus, mode, _with_gang(tb, best_r.spec), best_r.throughput, best_r.step_s, ev.simulated,
-                time.perf_counter() - t0, size, best.get("n_rollout") and analytic_split(tb, cm), pruned=ev.pruned)
+                time.perf_counter() - t0, size, analytic_split(tb, cm) if "n_rollout" in best else None, pruned=ev.pruned)
 
 
 def _nearest_miss(ev: _Evaluator) -> str:
