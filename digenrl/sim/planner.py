@@ -82,7 +82,7 @@ from digenrl.sim.baselines import IDEAL
 from digenrl.sim.costs import CostModel, JudgeServing
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import ON_POLICY, ideal_step_s, point_bound, run_spec, run_spec_within
-from digenrl.sim.workload import RunSpec
+from digenrl.sim.workload import RunSpec, trainer_fit
 from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 
@@ -248,27 +248,15 @@ def useful_gpus(tb: Testbed, cm: CostModel | None = None) -> tuple[int, int]:
     sequence-parallel degree, the largest the search may pick; the optimizer state on the GPU,
     else on the host): T = samples x trained steps x that gang, or N where no gang of the cluster
     holds it (no bound)."""
-    from digenrl.sim.catalogue import get_model
-
-    cm = cm or default_cost_model()
     n, s = tb.n_gpus, tb.samples_per_step
     axes = sp_axes(tb)
     rollout_gang = max(axes.get("rollout_gang") or [tb.rollout_gang or 1])
     sp = max(axes.get("trainer_sp") or [tb.trainer_sp or 1])
-    dev = (tb.pool("trainer") or tb.pools)[0].device
-    sizes = range(sp, n + 1, sp) if get_model(tb.model).fsdp else [1]
-    gang = None
     for offload in (False, True):
-        for d in sizes:
-            if (d > 1 or not offload) and cm.fits(tb.model, ["trainer"], dev, train_batch=tb.micro_batch, lora=tb.lora,
-                                                 grad_ckpt=tb.grad_ckpt, cfg=tb.train_cfg, shape=tb.shape,
-                                                 lora_rank=tb.lora_rank, fsdp_shards=d, gang=d > 1, sp=sp,
-                                                 offload=offload).fits:
-                gang = d
-                break
-        if gang is not None:
-            break
-    return s * rollout_gang, (n if gang is None else s * tb.trained_steps * gang)
+        gang, rep = trainer_fit(tb, n, cm, sp=sp, offload=offload, any_size=True)
+        if rep is not None and rep.fits:
+            return s * rollout_gang, s * tb.trained_steps * gang
+    return s * rollout_gang, n
 
 
 def _nearest(values: list, target: float):

@@ -248,19 +248,21 @@ def fitting_gang(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None,
 
 
 def trainer_fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel] = None, after_step: bool = False,
-                sp: Optional[int] = None, offload: bool = False):
-    """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs."""
-    return _fit(tb, trainer_gpus, cm, after_step, sp, offload)
+                sp: Optional[int] = None, offload: bool = False, any_size: bool = False):
+    """(gang, memory.FitReport) of the smallest fitting gang on `trainer_gpus` GPUs (`any_size`:
+    of any size up to them, not only a divisor; the report None when no size is tried)."""
+    return _fit(tb, trainer_gpus, cm, after_step, sp, offload, any_size)
 
 
 def _fit(tb: Testbed, trainer_gpus: int, cm: Optional[CostModel], after_step: bool, sp: Optional[int],
-         offload: bool = False):
+         offload: bool = False, any_size: bool = False):
     from digenrl.sim.costs import default_cost_model
 
     cm = cm or default_cost_model()
     sp = sp or tb.trainer_sp or 1
     dev = (tb.pool("trainer") or tb.pools)[0].device
-    sizes = [d for d in range(2 if offload else 1, max(1, trainer_gpus) + 1) if trainer_gpus % d == 0 and d % sp == 0]
+    sizes = [d for d in range(2 if offload else 1, max(1, trainer_gpus) + 1)
+             if (any_size or trainer_gpus % d == 0) and d % sp == 0]
     if not get_model(tb.model).fsdp:  # no sharded gang (two experts): a replica or nothing
         sizes = [d for d in sizes if d == 1]
     rep = None
