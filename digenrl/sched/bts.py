@@ -49,7 +49,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-DEPTH = 3  # InsertTAG / SkipBubble choices explored per decision
+DEPTH = 0  # later bubbles searched both ways per decision (0: this bubble both ways, each then the better rule)
 TIE = 1e-9  # InsertTAG must beat SkipBubble by more than this fraction (no switch for nothing)
 ROUND = 1e-2  # memo key resolution, relative to a micro-batch's generation time
 MEMO_LIMIT = 200_000  # states one run's memo holds before it starts over (bounded memory)

@@ -567,6 +567,13 @@ def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) ->
     for extra in extra_starts:  # only the axes this grid has, on values it holds
         pt = {k: v for k, v in extra.items() if k in axes and v in axes[k]}
         starts.append({**first, **pt})
+    # ... and, in a TAG mode, the split's other regime: every GPU a trainer gang that also
+    # generates (n_rollout 0). The other knobs are tuned there first, with the split held:
+    # at a split's knobs, the first rollout GPUs removed make the step slower before the last
+    # ones make it faster, so a descent over every axis leaves that regime at once.
+    pinned = {"n_rollout": [0]} if axes.get("n_rollout", [None])[0] == 0 and first.get("n_rollout") else None
+    if pinned:
+        starts.append(_descend(ev, {**axes, **pinned}, {**first, "n_rollout": 0})[0])
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)

@@ -57,6 +57,34 @@ def test_a_step_never_uses_more_gpus_than_useful_gpus_says():
         assert 0 < most <= bound, (kind, most, bound)
 
 
+def test_a_tag_mode_searches_the_all_trainer_regime_with_its_own_knobs(monkeypatch):
+    # A landscape with two regimes, as the 64-GPU testbed has (a split at 26.9 samples/s, every
+    # GPU a trainer at 33.8): at the split's knobs, no rollout pool is the worst point of the
+    # split's line, and only with its own knob (the longest TAG segment) is it the best plan.
+    # The descent from the split cannot reach it; the start that holds the split at 0 does.
+    from types import SimpleNamespace
+
+    from digenrl.sim import planner
+
+    tb = load_testbed(SMALL)
+    segs = grid(tb, "digenrl")["tag_segment"]
+
+    def fake(ctx, spec, incumbent=None):
+        if spec.n_rollout == 0:
+            tput = 10.0 if spec.tag_segment == segs[-1] else 1.0
+        else:
+            tput = 5.0 - 0.01 * abs(spec.n_rollout - 5)
+        return SimpleNamespace(throughput=tput, step_s=1.0 / tput, spec=RunSpec("digenrl", n_rollout=spec.n_rollout,
+                                                                                 tag_segment=spec.tag_segment, gang=1)), 1
+
+    monkeypatch.setattr(planner, "_evaluate", fake)
+    best = plan(tb, mode="digenrl", start={**planner.default_point(tb, "digenrl", grid(tb, "digenrl")),
+                                           "tag_segment": segs[0]})
+    assert best.throughput == 10.0 and best.spec.n_rollout == 0 and best.spec.tag_segment == segs[-1]
+    # a mode without TAG has no such regime (its split starts at 1): no start is added there
+    assert grid(tb, "gap+tsp")["n_rollout"][0] == 1
+
+
 @pytest.mark.slow  # ~27 s: an exhaustive search beside the planner (default run under 15 min)
 @pytest.mark.parametrize("mode", ["digenrl"])
 def test_planner_within_5_percent_of_exhaustive(mode):
