@@ -46,6 +46,7 @@ import bisect
 import heapq
 import math
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -125,8 +126,10 @@ class Search:
     def best(self, fresh: int, rollout: tuple, trainers: tuple, ready: tuple, units: int, depth: int,
              queue: tuple = (), policy: Optional[bool] = None, hold: float = 0.0) -> tuple:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout
-        worker's free time; each trainer as (free time, must switch back from the helper before
-        it trains), a heap; the times Train units become ready (sorted); `units` Train units
+        worker's free time; the trainers as (free time, must switch back from the helper before
+        it trains, how many trainers), a heap (`trainer_runs`: trainers alike to the prediction
+        are one entry, so a large pool costs its distinct states, not its size); the times Train
+        units become ready (sorted); `units` Train units
         still to run, the fresh micro-batches' included; `queue`: the started micro-batches with
         queued pieces, each (when its pieces made so far are scored, its queued pieces' shares).
         Past the depth bound the rest of the step follows one rule at every bubble, the better
@@ -138,8 +141,8 @@ class Search:
         ends sooner, and of two that end together, the one whose training ends sooner on the
         whole (so a tie in makespan goes to the choice with more slack)."""
         q = self.scale
-        key = (fresh, tuple([int(v / q) for v in rollout]), tuple([int(t / q) for t, _ in trainers]),
-               tuple([o for _, o in trainers]), tuple([int(v / q) for v in ready]), units, depth,
+        key = (fresh, tuple([int(v / q) for v in rollout]), tuple([(int(t / q), o, c) for t, o, c in trainers]),
+               tuple([int(v / q) for v in ready]), units, depth,
                tuple([(int(t / q), tuple([int(x * 1000) for x in sh])) for t, sh in queue]), policy,
                int(hold / q))
         hit = self.memo.get(key)
@@ -157,10 +160,10 @@ class Search:
         # the bubble's wait, kept while nothing it reads changed (trainers idle at one time in a
         # row ask the same question: on a large trainer pool most iterations are such waits)
         seen, wait = None, inf
-        heapreplace, t_train, s_out = heapq.heapreplace, r.t, r.s_out
+        heapreplace, heappush, t_train, s_out = heapq.heapreplace, heapq.heappush, r.t, r.s_out
         gen_r, after_r, shares, u = self.gen_r, self.after_r, self.shares, r.u
         while units > 0:
-            now, out = trainers[0]
+            now, out, c = trainers[0]
             if rollout and rollout[0] <= now and (queue or fresh):
                 # the rollout workers free by `now` take the next pieces, each the earliest free
                 # worker: it makes 1/s of g_r, the piece is scored 1/s of w_r after (with no
@@ -189,14 +192,21 @@ class Search:
                         break
                 seen = None
                 continue
-            if k < len(ready) and ready[k] <= now:  # training work is ready: train
-                k += 1
+            if k < len(ready) and ready[k] <= now:  # training work is ready: the trainers free at
+                # `now` alike (one entry) train the ready units, one each, as many as both allow
+                m = min(c, bisect.bisect_right(ready, now, k) - k, units)
+                k += m
                 t = now + t_train + (s_out if out else 0.0)
-                heapreplace(trainers, (t, False))
-                units -= 1
+                if m < c:
+                    heapreplace(trainers, (now, out, c - m))
+                    heappush(trainers, (t, False, m))
+                else:
+                    heapreplace(trainers, (t, False, m))
+                units -= m
                 if t > end:
                     end = t
-                total += t
+                for _ in range(m):  # (one addition per unit: the float sum a unit at a time gives)
+                    total += t
                 seen = None
                 continue
             # a bubble
@@ -228,7 +238,7 @@ class Search:
                 break  # no work can appear (units left unreachable: a malformed state)
             self.wait(trainers, now, wait)
         else:  # all trained: the optimizer step waits for every trainer, one still in the helper switched back
-            for t, o in trainers:
+            for t, o, _ in trainers:
                 if o:
                     end = max(end, t + r.s_out)
         self.memo[key] = got = (end, total)
@@ -238,12 +248,14 @@ class Search:
     def wait(trainers: list, now: float, until: float) -> None:
         """Every trainer free by `now` (the heap's earliest) waits until `until`, in place. They
         are alike to the prediction: each would meet the same state and wait the same, one at a
-        time."""
-        moved = [(until, heapq.heappop(trainers)[1])]
+        time. They leave as at most two entries: those in the helper and those not."""
+        n = [0, 0]  # not in the helper, in it
         while trainers and trainers[0][0] <= now:
-            moved.append((until, heapq.heappop(trainers)[1]))
-        for x in moved:
-            heapq.heappush(trainers, x)
+            _, o, c = heapq.heappop(trainers)
+            n[o] += c
+        for o in (False, True):
+            if n[o]:
+                heapq.heappush(trainers, (until, o, n[o]))
 
     def made(self, queue: list, i: int, t: float, ready: list, k: int = 0) -> None:
         """The first queued piece of queue[i] is scored at t; a micro-batch with no piece left is
@@ -266,22 +278,23 @@ class Search:
         if fresh:
             queue.append((0.0, self.shares))
         i = len(queue) - 1 if fresh else 0
-        heapq.heappush(trainers, self.trainer_piece(queue, i, ready, now, heapq.heappop(trainers)[1]))
+        heapq.heappush(trainers, self.trainer_piece(queue, i, ready, now, take_one(trainers)))
         if fresh and self.r.s > 1:
             held = []
             while i < len(queue) and trainers[0][0] <= now:  # (its last piece made: i is past the end)
-                held.append(self.trainer_piece(queue, i, ready, now, heapq.heappop(trainers)[1]))
+                held.append(self.trainer_piece(queue, i, ready, now, take_one(trainers)))
             for x in held:
                 heapq.heappush(trainers, x)
         return int(fresh)
 
     def trainer_piece(self, queue: list, i: int, ready: list, now: float, out: bool) -> tuple:
         """A trainer free at `now` (`out`: already in the helper) makes the first queued piece of
-        queue[i]: it is scored (`made`); the trainer as it is after, (free time, in the helper)."""
+        queue[i]: it is scored (`made`); the trainer as it is after, an entry of one (free time,
+        in the helper, 1)."""
         sh = queue[i][1][0]
         t = now + (0.0 if out else self.r.s_in) + sh * self.gen_t
         self.made(queue, i, t + sh * self.after_t, ready)
-        return t, True
+        return t, True, 1
 
     def next_ready(self, rollout: list, queue: list, fresh: int, now: float) -> float:
         """When the next micro-batch could be ready by the rollout workers alone, none starting
@@ -314,6 +327,23 @@ class Search:
         out = trainers[:]
         Search.wait(out, now, wait)
         return out
+
+
+def take_one(trainers: list) -> bool:
+    """One trainer out of the heap's earliest entry (its count one lower, the entry gone at 0):
+    whether it is in the helper."""
+    t, o, c = trainers[0]
+    if c > 1:
+        heapq.heapreplace(trainers, (t, o, c - 1))
+    else:
+        heapq.heappop(trainers)
+    return o
+
+
+def trainer_runs(trainers) -> list:
+    """Trainers given as (free time, in the helper), one each, as the heap `Search.best` reads:
+    one (free time, in the helper, how many) entry for each distinct pair."""
+    return sorted([(t, o, c) for (t, o), c in Counter(trainers).items()])  # (sorted: a heap, one per state)
 
 
 class Memo:
@@ -380,8 +410,7 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
     # no later than any other worker. Exact, and the state stays small on a large pool.
     rollout = heapq.nsmallest(fresh * r.s + sum(len(sh) for _, sh in pending), rollout)
     queue = [(t, tuple(sh)) for t, sh in pending]
-    here = [(0.0, False)] + [(t, False) for t in trainers]
-    heapq.heapify(here)
+    here = trainer_runs([(0.0, False)] + [(t, False) for t in trainers])
     ready = sorted(ready)
     ins_t, ins_q, ins_ready = here[:], queue[:], ready[:]
     used = s.insert(ins_t, ins_q, ins_ready, 0.0, fresh_first=not fragment)

@@ -39,7 +39,7 @@ def test_more_tag_is_not_always_better():
 def test_search_is_memoised_and_depth_bounded():
     r = Rates(g_r=10.0, w_r=1.0, g_t=12.0, w_t=1.0, t=2.0, u=3, s_in=0.5, s_out=0.5)
     deep, shallow = Search(r, depth=3), Search(r, depth=0)
-    state = (8, (0.0, 0.0), ((0.0, False), (0.0, False)), (), 24)
+    state = (8, (0.0, 0.0), ((0.0, False, 2),), (), 24)  # two trainers free at 0 (one entry)
     a = deep.best(*state, depth=3)
     assert deep.best(*state, depth=3) == a and deep.memo  # the second ask is a memo hit
     # depth 0 = SkipBubble at every bubble (TAG off for the rest): the search can only do better
