@@ -47,6 +47,7 @@ import heapq
 import math
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -340,12 +341,6 @@ def take_one(trainers: list) -> bool:
     return o
 
 
-def trainer_runs(trainers) -> list:
-    """Trainers given as (free time, in the helper), one each, as the heap `Search.best` reads:
-    one (free time, in the helper, how many) entry for each distinct pair."""
-    return sorted([(t, o, c) for (t, o), c in Counter(trainers).items()])  # (sorted: a heap, one per state)
-
-
 class Memo:
     """One run's searches, shared by all its bubbles: a `Search` (and its memo of explored
     states) per set of rates, each rate rounded to ROUND of itself. A run's steps repeat the
@@ -388,10 +383,11 @@ def insort_many(xs: list, x: float, n: int, lo: int = 0) -> None:
     xs[k:k] = [x] * n
 
 
-def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], ready: list[float],
+def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float] | Mapping[float, int], ready: list[float],
            units: int, depth: int = DEPTH, memo: Optional[Memo] = None, pending: tuple = (),
            fragment: bool = False) -> tuple[bool, float, float]:
-    """At a bubble of one trainer (free now, at 0.0; `trainers` the other trainers' free times):
+    """At a bubble of one trainer (free now, at 0.0; `trainers` the other trainers' free times,
+    one each or as {free time: trainers}):
     (insert, predicted makespan if it skips, if it generates now). `units`: Train units of the
     step not yet run, the fresh micro-batches' included; `ready`: when the others (of micro-batches
     generating or done) become ready. `pending`: the started micro-batches with pieces queued for
@@ -410,7 +406,9 @@ def decide(r: Rates, fresh: int, rollout: list[float], trainers: list[float], re
     # no later than any other worker. Exact, and the state stays small on a large pool.
     rollout = heapq.nsmallest(fresh * r.s + sum(len(sh) for _, sh in pending), rollout)
     queue = [(t, tuple(sh)) for t, sh in pending]
-    here = trainer_runs([(0.0, False)] + [(t, False) for t in trainers])
+    free = Counter({t: c for t, c in trainers.items() if c > 0}) if isinstance(trainers, Mapping) else Counter(trainers)
+    free[0.0] += 1  # the deciding trainer
+    here = sorted([(t, False, c) for t, c in free.items()])  # (sorted: a heap, one form per state)
     ready = sorted(ready)
     ins_t, ins_q, ins_ready = here[:], queue[:], ready[:]
     used = s.insert(ins_t, ins_q, ins_ready, 0.0, fresh_first=not fragment)

@@ -11,9 +11,8 @@ for the optimizer barrier). Idle workers are parked in ordered sets keyed by
 
 from __future__ import annotations
 
-import heapq
 from bisect import insort
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -40,19 +39,40 @@ def _uncount(counts: dict, key) -> None:
 SWITCHED_KEPT = 256  # switched units kept while their kind has no plain unit's rate (the latest)
 
 
-def _busy_until(free: list[float], busy: list[tuple[float, float]], k: int) -> list[float]:
-    """The k earliest free times of a role, from `free` (its k + len(busy) earliest, as `_left`
-    counts them) and the workers in a trajectory's segment: each (left, until) is busy until
-    `until`, not free at `left`. A `left` beyond `free` is beyond the k earliest, its `until` too."""
+def _smallest(counts: dict, k: int) -> dict[float, int]:
+    """The k smallest of the multiset `counts` ({value: copies}), as a multiset in ascending order."""
+    out, n = {}, 0
+    for v in sorted(counts):
+        c = min(counts[v], k - n)
+        if c > 0:
+            out[v] = c
+            n += c
+        if n >= k:
+            break
+    return out
+
+
+def _elements(counts: dict) -> list[float]:
+    """The multiset {value: copies} as a sorted list."""
+    return [v for v in sorted(counts) for _ in range(counts[v])]
+
+
+def _busy_until(free: dict, busy: list[tuple[float, float]], k: int) -> dict[float, int]:
+    """The k earliest free times of a role ({seconds: workers}), from `free` (its k + len(busy)
+    earliest, as `_left` counts them) and the workers in a trajectory's segment: each (left,
+    until) is busy until `until`, not free at `left`. A `left` beyond `free` is beyond the k
+    earliest, its `until` too."""
     if not busy:
         return free
-    left_free = Counter(free)  # a busy worker takes one copy of its `left`, in busy's order
-    untils = []
+    left_free = dict(free)  # a busy worker takes one copy of its `left`, in busy's order
+    untils: dict[float, int] = {}
     for left, until in busy:
-        if left_free[left] > 0:
+        if left_free.get(left, 0) > 0:
             left_free[left] -= 1
-            untils.append(until)
-    return heapq.nsmallest(k, [*left_free.elements(), *untils])  # (a multiset: nsmallest sorts it)
+            untils[until] = untils.get(until, 0) + 1
+    for until, c in untils.items():
+        left_free[until] = left_free.get(until, 0) + c
+    return _smallest(left_free, k)
 
 
 class SchedulerError(RuntimeError):
@@ -423,9 +443,10 @@ class Scheduler:
         left if it started in this assign() ("n"), half if earlier ("u")."""
         return ("n" if wid in self._just else "u", unit)
 
-    def _earliest(self, role: str, k: int, lo: int = 0) -> list[float]:
-        """The k smallest expected seconds until a worker of `role` is free (`_left`), the idle
-        ones at 0, draining ones left out; from the counts per expected time (`_lefts`). An idle
+    def _earliest(self, role: str, k: int, lo: int = 0) -> dict[float, int]:
+        """The k smallest expected seconds until a worker of `role` is free (`_left`), as
+        {seconds: workers}: the idle ones at 0, draining ones left out; from the counts per
+        expected time (`_lefts`), so a large pool costs its distinct times. An idle
         rollout worker holding weights older than `lo` (the oldest its step may be generated
         with) syncs first: free after a WeightSync's seconds (the profile's; 0 before one ended)."""
         if self._lk_pending:  # units started since the last `expect` (a runtime: all): by their size
@@ -433,15 +454,20 @@ class Scheduler:
                 self._lk_set(wid, self._w[wid].role, self._unit_key(wid, u))
             self._lk_pending.clear()
         idle = self._idle[role]
+        out: dict[float, int] = {}
         if role != "rollout":
-            out = [0.0] * min(len(idle.get(0, ())), k)
+            n = min(len(idle.get(0, ())), k)
         else:
-            ok = sum(len(p) for v, p in idle.items() if v >= lo)
-            out = [0.0] * min(ok, k)
-            if len(out) < k:
-                old = sum(len(p) for v, p in idle.items() if v < lo)
-                out.extend([self._rate("sync", "rollout") or 0.0] * min(old, k - len(out)))
-        if len(out) >= k:
+            n = min(sum(len(p) for v, p in idle.items() if v >= lo), k)
+        if n:
+            out[0.0] = n
+        if role == "rollout" and n < k:
+            old = min(sum(len(p) for v, p in idle.items() if v < lo), k - n)
+            if old:
+                t = self._rate("sync", "rollout") or 0.0
+                out[t] = out.get(t, 0) + old
+                n += old
+        if n >= k:
             return out
         counts = self._lefts[role]
         if self._draining:
@@ -452,8 +478,9 @@ class Scheduler:
                     counts[key] -= 1
         for key, c in counts.items():
             if c > 0:
-                out.extend([self._left_of(key, role)] * min(c, k))
-        return heapq.nsmallest(k, out)
+                t = self._left_of(key, role)
+                out[t] = out.get(t, 0) + min(c, k)
+        return _smallest(out, k)
 
     def _left_of(self, key: tuple, role: str) -> float:
         """`_left` of a busy worker from its key in `_lefts`."""
@@ -557,7 +584,8 @@ class Scheduler:
         # only the workers that can take one of the step's actions enter the prediction, each
         # taken by the earliest free: trainers a Train unit or a piece, rollout workers a piece
         lo = max(cfg.first_step, step - cfg.lag)  # the oldest weights this step may be generated with
-        rollout = _busy_until(self._earliest("rollout", pieces + len(busy["rollout"]), lo), busy["rollout"], pieces)
+        rollout = _elements(_busy_until(self._earliest("rollout", pieces + len(busy["rollout"]), lo), busy["rollout"],
+                                        pieces))
         k = units + pieces
         trainers = _busy_until(self._earliest(tr_role, k + len(busy[tr_role])), busy[tr_role], k)
         insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, units, memo=self._bts_memo,

@@ -9,6 +9,7 @@ import pytest
 
 from digenrl.sched import Scheduler, SchedConfig, Worker, kind
 from digenrl.sched.bts import Memo, Profile, Rates, Search, decide, sooner
+from digenrl.sched.scheduler import _busy_until, _elements
 from digenrl.sim.engine import run_virtual
 from tests.helpers.random_testbeds import bts_draws, three_modes
 
@@ -52,6 +53,8 @@ def test_a_runs_memo_shares_searches_across_bubbles():
     state = dict(fresh=6, rollout=[0.0, 3.0], trainers=[1.0], ready=[4.0] * 3, units=24)
     first = decide(r, **state, memo=memo)
     assert first == decide(r, **state)  # a fresh memo decides as a fresh search
+    # the other trainers one each or counted ({free time: trainers}, as the scheduler passes them)
+    assert decide(r, **{**state, "trainers": {1.0: 1, 2.0: 0}}) == first
     s = memo.search(r)
     explored = len(s.memo)
     # the profile's averages drift by float noise: the same search, every state a lookup
@@ -120,7 +123,7 @@ def test_an_idle_rollout_worker_behind_syncs_first():
             {"reward": 0.1, "optimizer": 0.5, "sync": 3.0, "train": 0.2}[k]
     seen = []
     run_virtual(s, duration, on_version=lambda v, now: seen.append(
-        (v, s._earliest("rollout", 2, lo=v), s._earliest("rollout", 2), sorted(s._idle["rollout"]))))
+        (v, _elements(s._earliest("rollout", 2, lo=v)), _elements(s._earliest("rollout", 2)), sorted(s._idle["rollout"]))))
     assert [x[0] for x in seen] == [1, 2, 3]
     assert seen[0][1] == [0.0, 0.0]  # no sync measured yet
     for v, behind, any_version, idle_at in seen[1:]:
@@ -373,7 +376,7 @@ def test_bts_reads_the_same_state_from_counts_as_from_the_workers(monkeypatch):
             scan = [left(self, w) for w in self._w.values()
                     if w.role == role and w is not ws and w.id not in self._draining
                     and (w.unit is not None or w.id in self._idle[role].get(self._key(w), ()))]
-            assert self._earliest(role, k) == heapq.nsmallest(k, scan)
+            assert _elements(self._earliest(role, k)) == heapq.nsmallest(k, scan)
         tail = {w.id for w in self._w.values() if type(w.unit) in (Train, Reward, Generate)}
         assert set(self._tail) == tail
         checked += 1
@@ -431,10 +434,10 @@ def test_busy_until_takes_each_free_time_once_in_busy_order():
     # Scheduler._busy_until against its definition (the list.remove loop it replaced, quadratic in
     # the busy workers): each busy (left, until) takes one copy of `left` from the free times, in
     # busy's order, and is free at `until` instead; lefts not among them are beyond the k
-    # earliest. Repeated values make the order matter
+    # earliest. Repeated values make the order matter. Free times are counts ({seconds: workers})
     import heapq
 
-    from digenrl.sched.scheduler import _busy_until
+    from collections import Counter
 
     def by_definition(free, busy, k):
         out = list(free)
@@ -449,4 +452,4 @@ def test_busy_until_takes_each_free_time_once_in_busy_order():
         free = sorted(rng.choice((0.0, 0.5, 1.0, 1.5, 2.0)) for _ in range(rng.randint(0, 12)))
         busy = [(rng.choice((0.0, 0.5, 1.0, 3.0)), rng.uniform(0.5, 9.0)) for _ in range(rng.randint(0, len(free)))]
         k = len(free) - len(busy)  # as the scheduler calls it: `free` holds the k + len(busy) earliest
-        assert _busy_until(free, busy, k) == by_definition(free, busy, k), (free, busy, k)
+        assert _elements(_busy_until(dict(Counter(free)), busy, k)) == by_definition(free, busy, k), (free, busy, k)
