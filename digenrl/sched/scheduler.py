@@ -325,9 +325,32 @@ class Scheduler:
     def expect(self, worker_id: str, unit: Unit, seconds: float) -> None:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
         it when the unit completes, as it learns a runtime's measurement (`complete(seconds=)`)."""
-        self._expected[worker_id] = seconds
-        if self._lefts and (self._lk_pending.pop(worker_id, None) is not None or worker_id in self._lkey):
-            self._lk_set(worker_id, self._w[worker_id].role, ("s", seconds))
+        self.expect_all([(worker_id, unit, seconds)])
+
+    def expect_all(self, started: list) -> None:
+        """`expect` for each (worker_id, unit, seconds) of `started`, in order: the units one
+        assign() started (a virtual clock prices them all before anything else happens). The
+        same state as the calls one by one; a sync wave of a large rollout pool is most of them."""
+        expected, lefts = self._expected, self._lefts
+        if not lefts:
+            for wid, _, seconds in started:
+                expected[wid] = seconds
+            return
+        pending, lkey, w = self._lk_pending, self._lkey, self._w
+        key = None
+        for wid, _, seconds in started:
+            expected[wid] = seconds
+            if pending.pop(wid, None) is not None or wid in lkey:
+                m = lefts.get(w[wid].role)
+                if m is None:
+                    continue
+                if key is None or key[1] != seconds:
+                    key = ("s", seconds)
+                old = lkey.get(wid)
+                if old is not None:
+                    _uncount(m, old)
+                lkey[wid] = key
+                m[key] = m.get(key, 0) + 1
 
     def _lk_set(self, wid: str, role: str, key: tuple) -> None:
         m = self._lefts.get(role)
@@ -901,6 +924,8 @@ class Scheduler:
         i = start
         if kind is WeightSync:
             pools = self._idle["rollout"]
+            # _lk_drop(wid, "rollout") inline: a sync is not in _tail, its key counted in `keys`
+            lk_pending, lkey, keys = self._lk_pending, self._lkey, {}
             while i < n:
                 wid, unit = items[i][0], items[i][1]
                 ws = w.get(wid)
@@ -909,13 +934,24 @@ class Scheduler:
                     break
                 ws.unit = None
                 if lk:
-                    lk_drop(wid, "rollout")
+                    lk_pending.pop(wid, None)
+                    key = lkey.pop(wid, None)
+                    if key is not None:
+                        keys[key] = keys.get(key, 0) + 1
                 pool = pools.get(ws.version)
                 if pool is None:
                     pools[ws.version] = {wid: None}
                 else:
                     pool[wid] = None
                 i += 1
+            if keys:
+                m = lk["rollout"]
+                for key, c in keys.items():
+                    left = m[key] - c
+                    if left:
+                        m[key] = left
+                    else:
+                        del m[key]
             self._n_syncing -= i - start
         elif kind is OptimizerStep:
             pools, role = self._idle[self._train_role], self._train_role
@@ -1067,13 +1103,15 @@ class Scheduler:
         attracting work. The counts move once for the wave (a large pool's waves are most
         events of a run): every worker of it holds `old`, so old's count stays above 0 until
         the last, and only then can _rescue(old) act."""
-        P, lefts = self.version, self._lefts
+        P, lefts, w = self.version, self._lefts, self._w
+        unit = WeightSync(P)  # (one object for the wave: a frozen unit, compared by identity per worker)
+        pending, just = self._lk_pending, self._just
         for wid in wids:
-            ws = self._w[wid]
-            ws.unit, ws.version = WeightSync(P), P
+            ws = w[wid]
+            ws.unit, ws.version = unit, P
             if lefts:
-                self._lk_pending[wid] = self._just[wid] = ws.unit
-            out.append(_assignment(Assignment, (wid, ws.unit)))
+                pending[wid] = just[wid] = unit
+            out.append(_assignment(Assignment, (wid, unit)))
         k = len(wids)
         self._n_syncing += k
         self._unhold(old, k)

@@ -123,19 +123,20 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
 
     assign, complete = scheduler.assign, scheduler.complete
     bts = scheduler.cfg.bts
-    parks, complete_parked = scheduler.parks, scheduler.complete_parked
+    parks, complete_parked, expect_all = scheduler.parks, scheduler.complete_parked, scheduler.expect_all
 
     def launch() -> int:
         nonlocal seq
         v = scheduler.version
         started = assign()
         batch, t_batch = None, None
+        told = [] if bts else None  # BTS learns each unit's seconds when it completes, as from a measurement
         for wid, unit in started:
             dt = duration_fn(workers[wid], unit)
             if dt < 0:
                 raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wid}")
-            if bts:  # BTS learns each unit's seconds when it completes, as from a measurement
-                scheduler.expect(wid, unit, dt)
+            if bts:
+                told.append((wid, unit, dt))
             running[wid] = (now, unit, v, seq)
             t = now + dt
             if batched and t == t_batch:  # same end as the previous unit: the same heap entry
@@ -144,6 +145,8 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
                 batch, t_batch = [(wid, unit, seq)], t
                 push(heap, (t, seq, _DONE, batch))
             seq += 1
+        if told:  # (scheduler.expect for each, at once: nothing reads the scheduler in between)
+            expect_all(told)
         return len(started)
 
     launch()

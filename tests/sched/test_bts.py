@@ -353,12 +353,13 @@ def test_bts_reads_the_same_state_from_counts_as_from_the_workers(monkeypatch):
     from digenrl.sched.units import Generate, Reward, Train
 
     checked = 0
-    real, real_expect = S._bts_insert, S.expect
+    real, real_expect = S._bts_insert, S.expect_all
     told = {}  # (worker, unit) -> seconds the engine gave
 
-    def expect(self, wid, unit, seconds):
-        told[wid] = (unit, seconds)
-        real_expect(self, wid, unit, seconds)
+    def expect(self, started):
+        for wid, unit, seconds in started:
+            told[wid] = (unit, seconds)
+        real_expect(self, started)
 
     def left(self, w):  # half the unit's seconds: told, else the profile's for its size (all of it if
         if w.unit is None:  # it started in this assign(): nothing has run)
@@ -383,7 +384,7 @@ def test_bts_reads_the_same_state_from_counts_as_from_the_workers(monkeypatch):
         return real(self, ws, step, fresh, fragment)
 
     monkeypatch.setattr(S, "_bts_insert", checking)
-    monkeypatch.setattr(S, "expect", expect)
+    monkeypatch.setattr(S, "expect_all", expect)
     rng = random.Random(5)
     for _ in range(12):
         nr, nt = rng.randint(2, 5), rng.randint(1, 4)
