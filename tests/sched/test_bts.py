@@ -47,6 +47,39 @@ def test_search_is_memoised_and_depth_bounded():
     assert a <= shallow.best(*state, depth=0)
 
 
+def test_trainers_counted_predict_as_trainers_one_by_one():
+    # the prediction's trainers are (free time, in the helper, count) entries, and those free at
+    # one time train the ready units in one move: the same makespans, bit for bit, as the same
+    # trainers given one entry each (each move then trains one), on random states; the memo is
+    # off, since a hit answers for a nearby state and the two heaps are two keys
+    from collections import Counter
+
+    class NoMemo(dict):
+        def __setitem__(self, key, value):
+            pass
+
+    rng = random.Random(3)
+    times = [0.0, 0.5, 2.0, 7.5, 12.0]
+    for _ in range(300):
+        s = rng.choice((1, 2, 4))
+        r = Rates(g_r=rng.uniform(1, 20), w_r=rng.choice((0.0, 1.0)), g_t=rng.uniform(1, 30), w_t=rng.choice((0.0, 0.5)),
+                  t=rng.choice((1.0, rng.uniform(0.1, 10))), u=rng.choice((1, 3, 8)), s_in=rng.choice((0.0, 0.7)),
+                  s_out=rng.choice((0.0, 0.4)), s=s, reward_pool=rng.random() < 0.3)
+        trainers = [(rng.choice(times), rng.random() < 0.3) for _ in range(rng.choice((1, 4, 40)))]
+        merged = tuple(sorted((t, o, c) for (t, o), c in Counter(trainers).items()))
+        one_each = tuple(sorted((t, o, 1) for t, o in trainers))
+        fresh = rng.randint(0, 6)
+        ready = tuple(sorted(rng.choice(times) for _ in range(rng.choice((0, 3, 24)))))
+        state = dict(fresh=fresh, rollout=tuple(sorted(rng.choice(times) for _ in range(rng.choice((0, 2, 9))))),
+                     ready=ready, units=len(ready) + fresh * r.u, depth=rng.choice((0, 1)))
+        got = []
+        for heap in (merged, one_each):
+            search = Search(r)
+            search.memo = NoMemo()
+            got.append(search.best(trainers=heap, **state))
+        assert got[0] == got[1], (r, trainers, state)
+
+
 def test_a_runs_memo_shares_searches_across_bubbles():
     r = Rates(g_r=10.0, w_r=1.0, g_t=12.0, w_t=1.0, t=2.0, u=3, s_in=0.5, s_out=0.5)
     memo = Memo()
