@@ -190,6 +190,8 @@ def test_the_digenrl_rows_colocated_plan_is_the_one_the_runtime_runs():
     assert cfg.run.mode == "colocated" and cfg.runtime.trainer.gang == 1 and not cfg.runtime.trainer.offload
     best = digenrl_plan(tb, steps=4)
     assert best.throughput >= col.throughput * (1 - 1e-9)
+    # here the colocated mode wins; the plan counts what was searched to choose it, both grids
+    assert best.spec.mode == "colocated" and best.evaluated > col.evaluated and best.grid_size > col.grid_size
     # a full fine-tune of Qwen-Image-20B that no replicated H100 holds: the runtime's colocated mode
     # does not fit (so the digenrl row cannot be it), while colocated-ideal's sharded layouts do
     from digenrl.sim.planner import memory_axis
