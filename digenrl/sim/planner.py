@@ -570,9 +570,11 @@ def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) ->
     # ... and, in a TAG mode, the split's other regime: every GPU a trainer gang that also
     # generates (n_rollout 0). The other knobs are tuned there first, with the split held:
     # at a split's knobs, the first rollout GPUs removed make the step slower before the last
-    # ones make it faster, so a descent over every axis leaves that regime at once.
+    # ones make it faster, so a descent over every axis leaves that regime at once. Not where a
+    # step cannot use every GPU (useful_gpus): there that regime keeps idle trainer gangs, each
+    # in every optimizer step's barrier, where a split keeps idle rollout workers
     pinned = {"n_rollout": [0]} if axes.get("n_rollout", [None])[0] == 0 and first.get("n_rollout") else None
-    if pinned:
+    if pinned and sum(useful_gpus(tb, cm)) >= tb.n_gpus:
         starts.append(_descend(ev, {**axes, **pinned}, {**first, "n_rollout": 0})[0])
     best, best_r = None, None
     for s0 in starts:
