@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Optional
 
-DEPTH = 1  # later bubbles of the prediction searched both ways (0: only the one asked about)
+DEPTH = 3  # later bubbles of the prediction searched both ways (0: only the one asked about)
 TIE = 1e-9  # InsertTAG must beat SkipBubble by more than this fraction (no switch for nothing)
 ROUND = 1e-2  # memo key resolution, relative to a micro-batch's generation time
 MEMO_LIMIT = 200_000  # states one run's memo holds before it starts over (bounded memory)
