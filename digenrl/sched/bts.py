@@ -128,8 +128,8 @@ class Search:
              queue: tuple = (), policy: Optional[bool] = None, hold: float = 0.0) -> tuple:
         """Predicted makespan from the state: `fresh` unstarted micro-batches; each rollout
         worker's free time; the trainers as (free time, must switch back from the helper before
-        it trains, how many trainers), a heap (`trainer_runs`: trainers alike to the prediction
-        are one entry, so a large pool costs its distinct states, not its size); the times Train
+        it trains, how many trainers), a heap (trainers alike to the prediction are one entry, so
+        a large pool costs its distinct states, not its size); the times Train
         units become ready (sorted); `units` Train units
         still to run, the fresh micro-batches' included; `queue`: the started micro-batches with
         queued pieces, each (when its pieces made so far are scored, its queued pieces' shares).
