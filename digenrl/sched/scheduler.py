@@ -12,7 +12,8 @@ for the optimizer barrier). Idle workers are parked in ordered sets keyed by
 from __future__ import annotations
 
 from bisect import insort
-from collections import deque
+from collections import Counter, deque
+from itertools import repeat
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -172,6 +173,7 @@ class Scheduler:
         self._lkey: dict[str, tuple] = {}
         self._lk_pending: dict[str, Unit] = {}  # started, not yet counted: `expect` counts them by seconds
         self._just: dict[str, Unit] = {}  # started in this assign(): nothing of them has run yet
+        self._waves: list[tuple[int, int]] = []  # last_waves
         self._tail: dict[str, _W] = {}
         self.decisions: list[Decision] = []
         self._pushed = 0  # pieces ever queued (_push_cont): a SkipBubble's hold ends when one is
@@ -211,6 +213,8 @@ class Scheduler:
         """New units for idle workers, highest priority first (see package doc)."""
         self._started = True
         self._handover_pending = 0
+        if self._waves:
+            self._waves = []
         if self._just:  # started in the last assign(): time has passed since, how much is unknown
             for wid in self._just:
                 key = self._lkey.get(wid)
@@ -249,6 +253,13 @@ class Scheduler:
         if not eager and idle_r:  # lazy: sync once nothing is left for the old weights
             self._match_syncs(out)
         return out
+
+    @property
+    def last_waves(self) -> list[tuple[int, int]]:
+        """The sync waves of the last assign()'s list, as [i, j) ranges of it: each range is one
+        WeightSync object given to the workers of one idle class (rollout, version), in a row. A
+        virtual clock prices and launches such a range at once (sim.engine); a runtime can ignore it."""
+        return self._waves
 
     def _match_rewards(self, out):
         if not self._reward_q:
@@ -325,32 +336,56 @@ class Scheduler:
     def expect(self, worker_id: str, unit: Unit, seconds: float) -> None:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns
         it when the unit completes, as it learns a runtime's measurement (`complete(seconds=)`)."""
-        self.expect_all([(worker_id, unit, seconds)])
+        self.expect_all([((worker_id,), unit, seconds)])
 
     def expect_all(self, started: list) -> None:
-        """`expect` for each (worker_id, unit, seconds) of `started`, in order: the units one
-        assign() started (a virtual clock prices them all before anything else happens). The
-        same state as the calls one by one; a sync wave of a large rollout pool is most of them."""
+        """`expect(wid, unit, seconds)` for each wid of each (worker_ids, unit, seconds) of
+        `started`, in order: the units one assign() started (a virtual clock prices them all before
+        anything else happens), a sync wave's workers as one entry. The same state as the calls one
+        by one; a sync wave of a large rollout pool is most of them. The workers of one entry are of one
+        role."""
         expected, lefts = self._expected, self._lefts
         if not lefts:
-            for wid, _, seconds in started:
-                expected[wid] = seconds
+            for wids, _, seconds in started:
+                if len(wids) == 1:
+                    expected[wids[0]] = seconds
+                else:
+                    expected.update(zip(wids, repeat(seconds)))
             return
         pending, lkey, w = self._lk_pending, self._lkey, self._w
         key = None
-        for wid, _, seconds in started:
-            expected[wid] = seconds
-            if pending.pop(wid, None) is not None or wid in lkey:
-                m = lefts.get(w[wid].role)
-                if m is None:
-                    continue
-                if key is None or key[1] != seconds:
-                    key = ("s", seconds)
-                old = lkey.get(wid)
-                if old is not None:
-                    _uncount(m, old)
-                lkey[wid] = key
-                m[key] = m.get(key, 0) + 1
+        for wids, _, seconds in started:
+            if key is None or key[1] != seconds:
+                key = ("s", seconds)
+            if len(wids) > 1 and self._expect_wave(wids, key):
+                continue
+            for wid in wids:
+                expected[wid] = seconds
+                if pending.pop(wid, None) is not None or wid in lkey:
+                    m = lefts.get(w[wid].role)
+                    if m is None:
+                        continue
+                    old = lkey.get(wid)
+                    if old is not None:
+                        _uncount(m, old)
+                    lkey[wid] = key
+                    m[key] = m.get(key, 0) + 1
+
+    def _expect_wave(self, wids, key: tuple) -> bool:
+        """expect_all's loop for a sync wave at once (its workers all of one role), where it is the
+        same state: every worker of it started in this assign() (pending) and holds no count yet.
+        False, having changed nothing, otherwise."""
+        pending, lkey = self._lk_pending, self._lkey
+        role = self._w[wids[0]].role
+        m = self._lefts.get(role)
+        if m is None or not all(map(pending.__contains__, wids)) or any(map(lkey.__contains__, wids)):
+            return False
+        self._expected.update(zip(wids, repeat(key[1])))
+        for wid in wids:
+            del pending[wid]
+        lkey.update(zip(wids, repeat(key)))
+        m[key] = m.get(key, 0) + len(wids)
+        return True
 
     def _lk_set(self, wid: str, role: str, key: tuple) -> None:
         m = self._lefts.get(role)
@@ -924,34 +959,45 @@ class Scheduler:
         i = start
         if kind is WeightSync:
             pools = self._idle["rollout"]
-            # _lk_drop(wid, "rollout") inline: a sync is not in _tail, its key counted in `keys`
-            lk_pending, lkey, keys = self._lk_pending, self._lkey, {}
-            while i < n:
-                wid, unit = items[i][0], items[i][1]
+            checked = pinned or stale or draining  # (none of them is the rule at scale)
+            parked, same, seen = [], True, None
+            version = w[items[start][0]].version if items[start][0] in w else None
+            add = parked.append
+            for it in (items[start:] if start else items):
+                wid, unit = it[0], it[1]
                 ws = w.get(wid)
-                if (ws is None or ws.unit is not unit or type(unit) is not WeightSync or ws.role != "rollout"
-                        or wid in pinned or wid in stale or wid in draining):
+                if (ws is None or ws.unit is not unit or unit is not seen and type(unit) is not WeightSync
+                        or ws.role != "rollout" or checked and (wid in pinned or wid in stale or wid in draining)):
                     break
+                seen = unit
                 ws.unit = None
-                if lk:
+                add(wid)
+                if ws.version != version:
+                    same = False
+            i = start + len(parked)
+            if lk:  # _lk_drop(wid, "rollout") for each: a sync is not in _tail
+                lk_pending, lkey = self._lk_pending, self._lkey
+                for wid in parked:
                     lk_pending.pop(wid, None)
-                    key = lkey.pop(wid, None)
-                    if key is not None:
-                        keys[key] = keys.get(key, 0) + 1
-                pool = pools.get(ws.version)
+                keys = Counter(map(lkey.pop, parked, repeat(None)))
+                keys.pop(None, None)
+                if keys:
+                    m = lk["rollout"]
+                    for key, c in keys.items():
+                        left = m[key] - c
+                        if left:
+                            m[key] = left
+                        else:
+                            del m[key]
+            if same and parked:  # one idle class: _park for each, at once
+                pool = pools.get(version)
                 if pool is None:
-                    pools[ws.version] = {wid: None}
+                    pools[version] = dict.fromkeys(parked)
                 else:
-                    pool[wid] = None
-                i += 1
-            if keys:
-                m = lk["rollout"]
-                for key, c in keys.items():
-                    left = m[key] - c
-                    if left:
-                        m[key] = left
-                    else:
-                        del m[key]
+                    pool.update(dict.fromkeys(parked))
+            else:
+                for wid in parked:
+                    self._park(w[wid])
             self._n_syncing -= i - start
         elif kind is OptimizerStep:
             pools, role = self._idle[self._train_role], self._train_role
@@ -1103,16 +1149,19 @@ class Scheduler:
         attracting work. The counts move once for the wave (a large pool's waves are most
         events of a run): every worker of it holds `old`, so old's count stays above 0 until
         the last, and only then can _rescue(old) act."""
-        P, lefts, w = self.version, self._lefts, self._w
+        P, w = self.version, self._w
         unit = WeightSync(P)  # (one object for the wave: a frozen unit, compared by identity per worker)
-        pending, just = self._lk_pending, self._just
         for wid in wids:
             ws = w[wid]
             ws.unit, ws.version = unit, P
-            if lefts:
-                pending[wid] = just[wid] = unit
-            out.append(_assignment(Assignment, (wid, unit)))
+        if self._lefts:
+            self._lk_pending.update(zip(wids, repeat(unit)))
+            self._just.update(zip(wids, repeat(unit)))
+        i = len(out)
+        out.extend(map(_assignment, repeat(Assignment), zip(wids, repeat(unit))))
         k = len(wids)
+        if k > 1:
+            self._waves.append((i, i + k))
         self._n_syncing += k
         self._unhold(old, k)
         self._n_at[P] = self._n_at.get(P, 0) + k

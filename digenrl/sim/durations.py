@@ -78,6 +78,7 @@ critical path exactly as in flow_grpo / GenRL. Every extra second is also added 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from digenrl.config.contract import RunContract
@@ -109,6 +110,10 @@ class Layout:
 
     def ids(self, role: str) -> list[str]:
         return [w.id for w in self.workers if w.role == role]
+
+    @functools.cached_property
+    def trainer_ids(self) -> frozenset:
+        return frozenset(self.ids("trainer"))
 
     @property
     def n_gpus(self) -> int:
@@ -461,6 +466,23 @@ class DurationFn:
         if type(unit) is Train and "offload_reload" in self._per_step:
             self._reloaded.add((wid, unit.step))
         return switch + t
+
+    def wave(self, workers: dict, wids: list, unit) -> list[float]:
+        """[self(workers[wid], unit) for wid in wids], for one sync wave (Scheduler.last_waves):
+        the same state and seconds. A WeightSync's price depends on the device alone and replays
+        nothing (no overhead, no gathered parameters, no TAG switch off the trainers), so where
+        every worker of the wave is a worker of the layout on one device and that price is known, it
+        is the price of each."""
+        if not (type(unit) is WeightSync and self.memo and wids):
+            return [self(workers[w], unit) for w in wids]
+        device = self.layout.device
+        dev = device.get(wids[0])
+        out = [] if dev is None or (WeightSync, dev) in self._units else [self(workers[wids[0]], unit)]
+        hit = self._units.get((WeightSync, dev))
+        if (hit is not None and not hit[1] and hit[2] is None and list(map(device.get, wids)).count(dev) == len(wids)
+                and not (self.tag and not self.layout.trainer_ids.isdisjoint(wids))):
+            return out + [hit[0]] * (len(wids) - len(out))
+        return out + [self(workers[w], unit) for w in wids[len(out):]]
 
     def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:
         """What a unit's cost depends on (see __call__)."""

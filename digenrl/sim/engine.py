@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import heapq
+from itertools import groupby, repeat
 from typing import Callable, Iterable, Optional
 
 from digenrl.sched import Scheduler, SchedulerError, Unit, Worker, kind
@@ -71,7 +72,11 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     time share one heap entry, processed in launch order. Their entries (end, seq) would have
     had consecutive seqs, so nothing else could pop between them (whatever is pushed meanwhile
     has a later seq): the same events in the same order, fewer heap operations (a sync wave of
-    a large rollout pool, the optimizer barrier of many trainer gangs).
+    a large rollout pool, the optimizer barrier of many trainer gangs). A sync wave
+    (Scheduler.last_waves: one WeightSync to an idle class's workers) is also launched at once:
+    priced in one call (`duration_fn.wave(workers, ids, unit)` where it has one, DurationFn.wave),
+    its runs of equal seconds pushed as such entries, its workers sharing one token (the seq the
+    first would have had; later seqs as if each had taken one).
     Python's cyclic garbage collector is off while the loop runs (the run allocates a span,
     a heap entry and a unit per event, all kept or freed by reference counting; each collection
     walked every object the process holds, up to ~40% of a large run); it is restored after.
@@ -125,18 +130,37 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
     bts = scheduler.cfg.bts
     parks, complete_parked, expect_all = scheduler.parks, scheduler.complete_parked, scheduler.expect_all
 
+    wave_fn = getattr(duration_fn, "wave", None)  # a sync wave's prices at once (DurationFn.wave)
+
     def launch() -> int:
-        nonlocal seq
+        nonlocal batch, t_batch
         v = scheduler.version
         started = assign()
         batch, t_batch = None, None
         told = [] if bts else None  # BTS learns each unit's seconds when it completes, as from a measurement
-        for wid, unit in started:
+        waves = scheduler.last_waves if batched else ()
+        i = 0
+        for a, b in waves:  # the units before the wave one by one, then the wave at once
+            if i < a:
+                _one_by_one(started, i, a, v, told)
+            _wave(started, a, b, v, told)
+            i = b
+        if i < len(started):
+            _one_by_one(started, i, len(started), v, told)
+        if told:  # (scheduler.expect for each, at once: nothing reads the scheduler in between)
+            expect_all(told)
+        return len(started)
+
+    batch, t_batch = None, None
+
+    def _one_by_one(started, i, j, v, told) -> None:
+        nonlocal seq, batch, t_batch
+        for wid, unit in (started[i:j] if i or j < len(started) else started):
             dt = duration_fn(workers[wid], unit)
             if dt < 0:
                 raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wid}")
             if bts:
-                told.append((wid, unit, dt))
+                told.append(((wid,), unit, dt))
             running[wid] = (now, unit, v, seq)
             t = now + dt
             if batched and t == t_batch:  # same end as the previous unit: the same heap entry
@@ -145,9 +169,35 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
                 batch, t_batch = [(wid, unit, seq)], t
                 push(heap, (t, seq, _DONE, batch))
             seq += 1
-        if told:  # (scheduler.expect for each, at once: nothing reads the scheduler in between)
-            expect_all(told)
-        return len(started)
+
+    def _wave(started, i, j, v, told) -> None:
+        """started[i:j], one sync wave (Scheduler.last_waves), as _one_by_one would: priced in one
+        call, and each run of equal seconds in one heap entry (or the previous one, ending then
+        too), its workers sharing one token (the seq the first of them would have had; a worker
+        is in a wave once, so a token still tells its launch from a later one)."""
+        nonlocal seq, batch, t_batch
+        unit = started[i][1]
+        wids = [a[0] for a in started[i:j]]
+        dts = (wave_fn(workers, wids, unit) if wave_fn is not None
+               else [duration_fn(workers[wid], unit) for wid in wids])
+        k = 0
+        for dt, run in ([(dts[0], None)] if dts.count(dts[0]) == len(dts) else groupby(dts)):
+            c = len(dts) if run is None else sum(1 for _ in run)
+            if dt < 0:
+                raise ValueError(f"duration_fn returned {dt} < 0 for {unit} on {wids[k]}")
+            part = wids[k:k + c] if c < len(wids) else wids
+            k += c
+            if bts:
+                told.append((part, unit, dt))
+            running.update(zip(part, repeat((now, unit, v, seq))))
+            t = now + dt
+            entries = list(zip(part, repeat(unit), repeat(seq)))
+            if t == t_batch:
+                batch.extend(entries)
+            else:
+                batch, t_batch = entries, t
+                push(heap, (t, seq, _DONE, batch))
+            seq += c
 
     launch()
     stop = False
@@ -175,12 +225,17 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
                             complete(item[0], unit)
                         n_events += j - i + 1
                         kind_name = KINDS[type(unit)]
-                        for wid, unit, _ in items[i - 1:j]:
-                            cur = running.pop(wid)
-                            if record:
-                                v = unit.version
-                                spans.append(Span(wid, kind_name, cur[0], now, v,
-                                                  v - 1 if kind_name == "sync" else unit.step, None, unit))
+                        done = items[i - 1:j] if j - i + 1 < n_items else items
+                        gone_ = running.pop
+                        if not record:
+                            for it in done:
+                                gone_(it[0])
+                        elif kind_name == "sync":  # (its step: the version's optimizer step)
+                            spans.extend([Span(wid, "sync", gone_(wid)[0], now, u.version, u.version - 1, None, u)
+                                          for wid, u, _ in done])
+                        else:
+                            spans.extend([Span(wid, kind_name, gone_(wid)[0], now, u.version, u.step, None, u)
+                                          for wid, u, _ in done])
                         i = j
                         continue
             n_events += 1

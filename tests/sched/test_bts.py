@@ -390,8 +390,9 @@ def test_bts_reads_the_same_state_from_counts_as_from_the_workers(monkeypatch):
     told = {}  # (worker, unit) -> seconds the engine gave
 
     def expect(self, started):
-        for wid, unit, seconds in started:
-            told[wid] = (unit, seconds)
+        for wids, unit, seconds in started:
+            for wid in wids:
+                told[wid] = (unit, seconds)
         real_expect(self, started)
 
     def left(self, w):  # half the unit's seconds: told, else the profile's for its size (all of it if

@@ -26,11 +26,19 @@ class _Counting(Scheduler):
     run of them), so a test can tell the reduction was exercised."""
 
     parked = 0
+    waved = 0  # units started as a sync wave (last_waves: the engine launches them at once)
 
     def complete_parked(self, items, start=0):
         j = super().complete_parked(items, start)
         self.parked += j - start
         return j
+
+    def assign(self):
+        out = super().assign()
+        for i, j in self.last_waves:
+            assert len({id(u) for _, u in out[i:j]}) == 1 and type(out[i][1]).__name__ == "WeightSync"
+            self.waved += j - i
+        return out
 
 
 def _outcome(make, duration, **kw):
@@ -47,7 +55,8 @@ def _outcome(make, duration, **kw):
 
 
 def _same(make, duration_of, **events):
-    """Reduced and unreduced runs agree; returns how many completions were resolved as a class."""
+    """Reduced and unreduced runs agree; returns how many completions were resolved as a class
+    (and, with waves=True, how many units were launched as a sync wave)."""
     fast, s = _outcome(make, duration_of(), **events)
     ref, _ = _outcome(make, duration_of(), **UNREDUCED, **events)
     assert fast == ref
@@ -85,10 +94,11 @@ def test_random_pools_constant_costs():
     """Constant costs end many units at once (the worst case for ties); random modes, knobs, pools
     and faults, 24 seeds."""
     parked = [_random_run(seed) for seed in range(24)]
-    assert sum(p > 0 for p in parked) >= 12  # the reduction acted in most of them
+    assert sum(p > 0 for p, _ in parked) >= 12  # the reduction acted in most of them
+    assert sum(w > 0 for _, w in parked) >= 12  # and sync waves were launched at once
 
 
-def _random_run(seed: int) -> int:
+def _random_run(seed: int) -> tuple[int, int]:
     rng = random.Random(seed)
     mode = rng.choice(MODES)
     cost = {"generate": rng.choice((0.5, 1.0)), "reward": 0.5, "train": rng.choice((0.5, 1.0, 2.0)),
@@ -98,7 +108,12 @@ def _random_run(seed: int) -> int:
                       tsp_chunk=rng.choice((1, 2)), samples_per_group=4)
     workers = _random_pools(rng, mode)
     events = {} if mode == "colocated" or seed % 3 == 0 else _random_events(rng, workers, 30.0)
-    return _same(lambda: _Counting(cfg, workers), lambda: const_cost(cost, cfg.samples_per_group), **events)
+    made = []
+
+    def make():
+        made.append(_Counting(cfg, workers))
+        return made[-1]
+    return _same(make, lambda: const_cost(cost, cfg.samples_per_group), **events), made[0].waved
 
 
 # Large idle pools on the cost model: most events are syncs and optimizer steps
@@ -124,9 +139,44 @@ def test_cost_model_runs(preset, gpus, spec):
         fns.append((run, fn))
         return fn
 
-    parked = _same(lambda: _Counting(fns[-1][0].sched, fns[-1][1].layout.workers), duration_of)
+    made = []
+
+    def make():
+        made.append(_Counting(fns[-1][0].sched, fns[-1][1].layout.workers))
+        return made[-1]
+    parked = _same(make, duration_of)
     assert fns[0][1].overhead_ws == fns[1][1].overhead_ws
-    assert parked > 0
+    assert fns[0][1]._units == fns[1][1]._units
+    assert parked > 0 and (made[0].waved > 0 or spec.mode == "colocated")  # (colocated: no syncs)
+
+
+# Rollout workers on two device types: a wave's price is each worker's device's
+TWO_DEVICES = {"name": "two-rollout-devices", "pools": [
+    {"name": "trainers", "count": 4, "device": "H200", "role": "trainer"},
+    {"name": "fast", "count": 4, "device": "H200", "role": "rollout"},
+    {"name": "slow", "count": 8, "device": "L40S", "role": "rollout", "gpus_per_node": 8}],
+    "model": "sd3.5-medium", "height": 512, "width": 512, "denoise_steps": 8, "trained_steps": 4,
+    "group_size": 4, "groups_per_step": 4, "micro_batch": 2, "rollout_batch": 4}
+
+
+def test_a_wave_is_priced_as_its_workers_one_by_one():
+    """DurationFn.wave against a call per worker on a fresh DurationFn: the same seconds and the
+    same memo and bookkeeping, for a wave on one device, across two devices, and with a worker
+    the layout does not hold (a spot replacement, priced on its line's device)."""
+    from digenrl.sched import WeightSync
+
+    tb = Testbed.from_dict(TWO_DEVICES)
+    spec = RunSpec("digenrl")
+    for pick in (lambda ids: ids[4:], lambda ids: ids[2:7], lambda ids: ids[:3] + [ids[0] + "+1"] + ids[3:5]):
+        fns = [spec_duration_fn(tb, spec, 4, default_cost_model())[2] for _ in range(2)]
+        workers = {w.id: w for w in fns[0].layout.workers}
+        wids = pick([w.id for w in fns[0].layout.workers if w.role == "rollout"])
+        workers.update({wid: Worker(wid, "rollout") for wid in wids if wid not in workers})
+        unit = WeightSync(1)
+        for _ in range(2):  # priced first, then known
+            assert fns[0].wave(workers, wids, unit) == [fns[1](workers[wid], unit) for wid in wids]
+        assert fns[0].overhead_ws == fns[1].overhead_ws and fns[0]._units == fns[1]._units
+    assert len(set(fns[0].wave(workers, [w.id for w in fns[0].layout.workers if w.role == "rollout"], unit))) == 2
 
 
 # 4 H200 trainer gangs of 1, 16 L40S rollout workers on spot, reclaimed often
