@@ -228,8 +228,9 @@ class Scheduler:
                 self._start(self._w[wid], unit, out)
         if self._opt_new:  # collective: every parked trainer joins now, busy ones on completion
             self._opt_new = False
-            for wid in self._idle[self._train_role].pop(0, {}):
-                self._start_opt(self._w[wid], out)
+            parked = self._idle[self._train_role].pop(0, None)
+            if parked:
+                self._start_opts(parked, out)
         # The checks below are cheap guards: assign runs after every event.
         barrier = self._opt_step is not None
         idle_t = self._idle[self._train_role]
@@ -256,9 +257,11 @@ class Scheduler:
 
     @property
     def last_waves(self) -> list[tuple[int, int]]:
-        """The sync waves of the last assign()'s list, as [i, j) ranges of it: each range is one
-        WeightSync object given to the workers of one idle class (rollout, version), in a row. A
-        virtual clock prices and launches such a range at once (sim.engine); a runtime can ignore it."""
+        """The waves of the last assign()'s list, as [i, j) ranges of it: each range is one unit
+        object given to the workers of one idle class, in a row: a WeightSync to the rollout
+        workers idle at one version, or the OptimizerStep to the trainers parked when a barrier
+        begins. A virtual clock prices and launches such a range at once (sim.engine); a runtime
+        can ignore it."""
         return self._waves
 
     def _match_rewards(self, out):
@@ -955,7 +958,7 @@ class Scheduler:
             return start
         kind = type(items[start][1])
         w, pinned, stale, draining = self._w, self._pinned, self._stale, self._draining
-        lk, lk_drop = self._lefts, self._lk_drop
+        lk = self._lefts
         i = start
         if kind is WeightSync:
             pools = self._idle["rollout"]
@@ -1002,21 +1005,39 @@ class Scheduler:
         elif kind is OptimizerStep:
             pools, role = self._idle[self._train_role], self._train_role
             given, left = self._opt_given, len(self._trainers) - 1 - self._opt_reported
-            while i < n and i - start < left:
-                wid, unit = items[i][0], items[i][1]
+            parked, seen = [], None
+            add = parked.append
+            for it in (items[start:start + left] if start or left < n else items):
+                wid, unit = it[0], it[1]
                 ws = w.get(wid)
-                if (ws is None or ws.unit is not unit or type(unit) is not OptimizerStep or ws.role != role
-                        or wid not in given or wid in pinned or wid in stale):
+                if (ws is None or ws.unit is not unit or unit is not seen and type(unit) is not OptimizerStep
+                        or ws.role != role or wid not in given or wid in pinned or wid in stale):
                     break
+                seen = unit
                 ws.unit = None
-                if lk:
-                    lk_drop(wid, role)
+                add(wid)
+            i = start + len(parked)
+            if lk:  # _lk_drop(wid, role) for each
+                lk_pending, lkey, tail = self._lk_pending, self._lkey, self._tail
+                for wid in parked:
+                    lk_pending.pop(wid, None)
+                    tail.pop(wid, None)
+                keys = Counter(map(lkey.pop, parked, repeat(None)))
+                keys.pop(None, None)
+                if keys:
+                    m = lk[role]
+                    for key, c in keys.items():
+                        left_ = m[key] - c
+                        if left_:
+                            m[key] = left_
+                        else:
+                            del m[key]
+            if parked:  # _park for each: trainers idle at key 0
                 pool = pools.get(0)
                 if pool is None:
-                    pools[0] = {wid: None}
+                    pools[0] = dict.fromkeys(parked)
                 else:
-                    pool[wid] = None
-                i += 1
+                    pool.update(dict.fromkeys(parked))
             self._opt_reported += i - start
         return i
 
@@ -1132,6 +1153,22 @@ class Scheduler:
     def _start_opt(self, ws: _W, out) -> None:
         self._opt_given.add(ws.worker.id)
         self._start(ws, OptimizerStep(self._opt_step, self._opt_step + 1), out)
+
+    def _start_opts(self, wids, out) -> None:
+        """`_start_opt` for each of the parked trainers `wids`, at once: the barrier's wave, one
+        OptimizerStep object for all of them (a frozen unit, compared by identity per worker)."""
+        unit = OptimizerStep(self._opt_step, self._opt_step + 1)
+        self._opt_given.update(wids)
+        w = self._w
+        for wid in wids:
+            w[wid].unit = unit
+        if self._lefts:
+            self._lk_pending.update(zip(wids, repeat(unit)))
+            self._just.update(zip(wids, repeat(unit)))
+        i = len(out)
+        out.extend(map(_assignment, repeat(Assignment), zip(wids, repeat(unit))))
+        if len(wids) > 1:
+            self._waves.append((i, i + len(wids)))
 
     def _start(self, ws: _W, unit: Unit, out) -> None:
         ws.unit = unit

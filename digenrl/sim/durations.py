@@ -79,6 +79,7 @@ critical path exactly as in flow_grpo / GenRL. Every extra second is also added 
 from __future__ import annotations
 
 import functools
+from itertools import repeat
 from dataclasses import dataclass, field
 
 from digenrl.config.contract import RunContract
@@ -468,21 +469,45 @@ class DurationFn:
         return switch + t
 
     def wave(self, workers: dict, wids: list, unit) -> list[float]:
-        """[self(workers[wid], unit) for wid in wids], for one sync wave (Scheduler.last_waves):
-        the same state and seconds. A WeightSync's price depends on the device alone and replays
-        nothing (no overhead, no gathered parameters, no TAG switch off the trainers), so where
-        every worker of the wave is a worker of the layout on one device and that price is known, it
-        is the price of each."""
-        if not (type(unit) is WeightSync and self.memo and wids):
+        """[self(workers[wid], unit) for wid in wids], for one wave (Scheduler.last_waves: a
+        WeightSync to idle rollout workers, an OptimizerStep to parked trainers): the same seconds
+        and state. Such a unit's price depends on the worker's role and device alone (`_unit_key`),
+        so where every worker of the wave is a worker of the layout of one role on one device and
+        that price is known (memo), each is that price plus the worker's own TAG switch (priced
+        one by one, in order), and its overhead is replayed once per worker, name by name in the
+        order one by one would add it (each name already counted, so no name moves in order)."""
+        k = len(wids)
+        kind = type(unit)
+        if not (self.memo and k > 1 and (kind is WeightSync or kind is OptimizerStep)):
             return [self(workers[w], unit) for w in wids]
-        device = self.layout.device
-        dev = device.get(wids[0])
-        out = [] if dev is None or (WeightSync, dev) in self._units else [self(workers[wids[0]], unit)]
-        hit = self._units.get((WeightSync, dev))
-        if (hit is not None and not hit[1] and hit[2] is None and list(map(device.get, wids)).count(dev) == len(wids)
-                and not (self.tag and not self.layout.trainer_ids.isdisjoint(wids))):
-            return out + [hit[0]] * (len(wids) - len(out))
-        return out + [self(workers[w], unit) for w in wids[len(out):]]
+        device, trainers = self.layout.device, self.layout.trainer_ids
+        first = workers[wids[0]]
+        dev = device.get(first.id)
+        hit = None
+        if dev is not None and list(map(device.get, wids)).count(dev) == k:
+            role_ok = trainers.issuperset(wids) if first.role == "trainer" else trainers.isdisjoint(wids)
+            if role_ok and (first.role != "colocated" or all(workers[w].role == "colocated" for w in wids)):
+                hit = self._units.get(self._unit_key(first, dev, unit))
+        over = self.overhead_ws
+        if hit is None or any(name not in over or name.startswith("tag_switch_") for name, _ in hit[1]):
+            return [self(workers[w], unit) for w in wids]
+        t, log, gathered = hit
+        if self.tag and first.role == "trainer":  # as __call__: the switch, then the unit's price
+            out = [self._tag_switch(workers[w], unit) + t for w in wids]
+        else:
+            out = [0.0 + t] * k
+        per: dict = {}
+        for name, v in log:
+            per.setdefault(name, []).append(v)
+        for name, vs in per.items():
+            x = over[name]
+            for _ in range(k):
+                for v in vs:
+                    x += v
+            over[name] = x
+        if gathered is not None:
+            self._gathered.update(zip(wids, repeat(gathered)))
+        return out
 
     def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:
         """What a unit's cost depends on (see __call__)."""

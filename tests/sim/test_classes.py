@@ -26,7 +26,8 @@ class _Counting(Scheduler):
     run of them), so a test can tell the reduction was exercised."""
 
     parked = 0
-    waved = 0  # units started as a sync wave (last_waves: the engine launches them at once)
+    waved = 0  # units started in a wave (last_waves: the engine launches them at once)
+    opt_waved = 0  # ... of them, OptimizerSteps (a barrier's parked trainers)
 
     def complete_parked(self, items, start=0):
         j = super().complete_parked(items, start)
@@ -36,8 +37,10 @@ class _Counting(Scheduler):
     def assign(self):
         out = super().assign()
         for i, j in self.last_waves:
-            assert len({id(u) for _, u in out[i:j]}) == 1 and type(out[i][1]).__name__ == "WeightSync"
+            kind = type(out[i][1]).__name__
+            assert len({id(u) for _, u in out[i:j]}) == 1 and kind in ("WeightSync", "OptimizerStep")
             self.waved += j - i
+            self.opt_waved += (j - i) * (kind == "OptimizerStep")
         return out
 
 
@@ -95,10 +98,11 @@ def test_random_pools_constant_costs():
     and faults, 24 seeds."""
     parked = [_random_run(seed) for seed in range(24)]
     assert sum(p > 0 for p, _ in parked) >= 12  # the reduction acted in most of them
-    assert sum(w > 0 for _, w in parked) >= 12  # and sync waves were launched at once
+    assert sum(s.waved - s.opt_waved > 0 for _, s in parked) >= 12  # sync waves were launched at once
+    assert sum(s.opt_waved > 0 for _, s in parked) >= 12  # and barrier waves
 
 
-def _random_run(seed: int) -> tuple[int, int]:
+def _random_run(seed: int) -> tuple[int, "_Counting"]:
     rng = random.Random(seed)
     mode = rng.choice(MODES)
     cost = {"generate": rng.choice((0.5, 1.0)), "reward": 0.5, "train": rng.choice((0.5, 1.0, 2.0)),
@@ -113,7 +117,7 @@ def _random_run(seed: int) -> tuple[int, int]:
     def make():
         made.append(_Counting(cfg, workers))
         return made[-1]
-    return _same(make, lambda: const_cost(cost, cfg.samples_per_group), **events), made[0].waved
+    return _same(make, lambda: const_cost(cost, cfg.samples_per_group), **events), made[0]
 
 
 # Large idle pools on the cost model: most events are syncs and optimizer steps
@@ -147,7 +151,8 @@ def test_cost_model_runs(preset, gpus, spec):
     parked = _same(make, duration_of)
     assert fns[0][1].overhead_ws == fns[1][1].overhead_ws
     assert fns[0][1]._units == fns[1][1]._units
-    assert parked > 0 and (made[0].waved > 0 or spec.mode == "colocated")  # (colocated: no syncs)
+    assert parked > 0 and made[0].opt_waved > 0
+    assert made[0].waved > made[0].opt_waved or spec.mode == "colocated"  # (colocated: no syncs)
 
 
 # Rollout workers on two device types: a wave's price is each worker's device's
@@ -177,6 +182,34 @@ def test_a_wave_is_priced_as_its_workers_one_by_one():
             assert fns[0].wave(workers, wids, unit) == [fns[1](workers[wid], unit) for wid in wids]
         assert fns[0].overhead_ws == fns[1].overhead_ws and fns[0]._units == fns[1]._units
     assert len(set(fns[0].wave(workers, [w.id for w in fns[0].layout.workers if w.role == "rollout"], unit))) == 2
+
+
+def test_a_barrier_wave_is_priced_as_its_trainers_one_by_one():
+    """The same for an OptimizerStep to trainer gangs under TAG: each trainer's own switch out of
+    the helper (those that generated last), the unit's overhead replayed once per trainer."""
+    from digenrl.sched import Generate, OptimizerStep, Train
+
+    tb = resize(load_testbed("small-h200x16-sd35"), 32)
+    spec = RunSpec("digenrl", n_rollout=8, gang=2)
+    fns = [spec_duration_fn(tb, spec, 4, default_cost_model())[2] for _ in range(2)]
+    workers = {w.id: w for w in fns[0].layout.workers}
+    trainers = [w.id for w in fns[0].layout.workers if w.role == "trainer"]
+    train = Train(0, 0, (0,), (0, 1), 0)
+    gen = Generate(0, 0, (0,), 0, 0, 2)
+    for fn in fns:  # every trainer trains; every third then generates (in the helper at the barrier)
+        for i, wid in enumerate(trainers):
+            fn(workers[wid], train)
+            if i % 3 == 0:
+                fn(workers[wid], gen)
+    for step in range(2):
+        unit = OptimizerStep(step, step + 1)
+        if step == 0:
+            fns[0](workers[trainers[0]], unit), fns[1](workers[trainers[0]], unit)  # priced: known after
+        got = fns[0].wave(workers, trainers[1:], unit)
+        assert got == [fns[1](workers[wid], unit) for wid in trainers[1:]]
+        assert len(set(got)) == (2 if step == 0 else 1)  # (the helpers switched back at the first)
+        assert fns[0].overhead_ws == fns[1].overhead_ws
+        assert fns[0].tag_ledger.switches == fns[1].tag_ledger.switches > 0
 
 
 # 4 H200 trainer gangs of 1, 16 L40S rollout workers on spot, reclaimed often
