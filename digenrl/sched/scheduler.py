@@ -408,6 +408,25 @@ class Scheduler:
             _uncount(self._lefts[role], key)
         self._tail.pop(wid, None)
 
+    def _lk_drop_all(self, wids: list, role: str, tail: bool = True) -> None:
+        """`_lk_drop(wid, role)` for each of `wids` (the same counts: one subtraction per key).
+        tail=False: none of them is in _tail."""
+        pending, tails = self._lk_pending, self._tail
+        for wid in wids:
+            pending.pop(wid, None)
+        if tail:
+            for wid in wids:
+                tails.pop(wid, None)
+        keys = Counter(map(self._lkey.pop, wids, repeat(None)))
+        keys.pop(None, None)
+        m = self._lefts[role]
+        for key, c in keys.items():
+            left = m[key] - c
+            if left:
+                m[key] = left
+            else:
+                del m[key]
+
     def _observe(self, ws: _W, unit: Unit, seconds: float) -> None:
         """BTS's profile learns `unit`'s seconds. A trainer's first Train or OptimizerStep after
         generating holds its switch back from the helper (the runtime's offload restore, the
@@ -978,20 +997,8 @@ class Scheduler:
                 if ws.version != version:
                     same = False
             i = start + len(parked)
-            if lk:  # _lk_drop(wid, "rollout") for each: a sync is not in _tail
-                lk_pending, lkey = self._lk_pending, self._lkey
-                for wid in parked:
-                    lk_pending.pop(wid, None)
-                keys = Counter(map(lkey.pop, parked, repeat(None)))
-                keys.pop(None, None)
-                if keys:
-                    m = lk["rollout"]
-                    for key, c in keys.items():
-                        left = m[key] - c
-                        if left:
-                            m[key] = left
-                        else:
-                            del m[key]
+            if lk:  # _lk_drop(wid, "rollout") for each (a sync is not in _tail)
+                self._lk_drop_all(parked, "rollout", tail=False)
             if same and parked:  # one idle class: _park for each, at once
                 pool = pools.get(version)
                 if pool is None:
@@ -1018,20 +1025,7 @@ class Scheduler:
                 add(wid)
             i = start + len(parked)
             if lk:  # _lk_drop(wid, role) for each
-                lk_pending, lkey, tail = self._lk_pending, self._lkey, self._tail
-                for wid in parked:
-                    lk_pending.pop(wid, None)
-                    tail.pop(wid, None)
-                keys = Counter(map(lkey.pop, parked, repeat(None)))
-                keys.pop(None, None)
-                if keys:
-                    m = lk[role]
-                    for key, c in keys.items():
-                        left_ = m[key] - c
-                        if left_:
-                            m[key] = left_
-                        else:
-                            del m[key]
+                self._lk_drop_all(parked, role)
             if parked:  # _park for each: trainers idle at key 0
                 pool = pools.get(0)
                 if pool is None:
