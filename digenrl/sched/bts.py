@@ -49,6 +49,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Optional
 
 DEPTH = 3  # later bubbles of the prediction searched both ways (0: only the one asked about)
@@ -142,8 +143,8 @@ class Search:
         ends sooner, and of two that end together, the one whose training ends sooner on the
         whole (so a tie in makespan goes to the choice with more slack)."""
         q = self.scale
-        key = (fresh, tuple([int(v / q) for v in rollout]), tuple([(int(t / q), o, c) for t, o, c in trainers]),
-               tuple([int(v / q) for v in ready]), units, depth,
+        key = (fresh, _rounded(rollout, q), tuple([(int(t / q), o, c) for t, o, c in trainers]),
+               _rounded(ready, q), units, depth,
                tuple([(int(t / q), tuple([int(x * 1000) for x in sh])) for t, sh in queue]), policy,
                int(hold / q))
         hit = self.memo.get(key)
@@ -328,6 +329,20 @@ class Search:
         out = trainers[:]
         Search.wait(out, now, wait)
         return out
+
+
+def _rounded(xs, q: float) -> tuple:
+    """The memo key of a list of times: int(x / q) of each x, as runs (value, count) of that
+    sequence (the same key, one to one, and short: a large pool's free times and a micro-batch's
+    ready Train units come as runs of equal times), each run of equal times rounded once."""
+    out = []
+    for x, run in groupby(xs):
+        b, n = int(x / q), len(list(run))
+        if out and out[-1][0] == b:
+            out[-1] = (b, out[-1][1] + n)
+        else:
+            out.append((b, n))
+    return tuple(out)
 
 
 def take_one(trainers: list) -> bool:

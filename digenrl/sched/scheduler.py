@@ -626,27 +626,30 @@ class Scheduler:
             n = len(st.mbs[mb].groups) * spg
             return (n if rows is None else rows[1] - rows[0]) / n
 
+        # a piece's figures depend on its worker's role and expected seconds and on the piece's
+        # kind, size and segment: pieces alike (a micro-batch's shards, a wave of segments) are
+        # priced once per bubble (`alike`), with the same arithmetic
+        alike: dict[tuple, tuple] = {}
+        lkey, just, draining, mbs = self._lkey, self._just, self._draining, st.mbs
         for w in self._tail.values():
             u = w.unit
-            if u.step != step or w.id in self._draining:
+            if u.step != step or w.id in draining:
                 continue
-            if type(u) is Train:
+            t = type(u)
+            if t is Train:
                 running_trains += 1
                 continue
-            left = self._left(w)
-            if type(u) is Generate:
-                rest, score = 0.0, r.w_r * share(u.mb, u.samples)
-                if u.t_end < n_steps:  # a segment: the rest of the trajectory follows
-                    rate = self._rate("generate", w.role) or self._rate("generate", "rollout")
-                    rest = rate * self._work(u) * (n_steps - u.t_end) / (u.t_end - u.t_start)
-                # the worker is busy until the trajectory ends (pinned to it) and, with no reward
-                # pool, it has scored it; a trainer that will hand back (training work is waiting)
-                # is free after this segment
-                if not (u.t_end < n_steps and handback and w.role == tr_role):
-                    free = left + rest + (0.0 if self._n_reward else score)
-                    if free > left:
-                        busy[w.role].append((left, free))
-                left += rest + score
+            lk = lkey.get(w.id)
+            rows = u.samples
+            key = (t, w.role, lk if lk is not None else w.id in just, u.t_start if t is Generate else 0,
+                   u.t_end if t is Generate else 0, None if rows is None else rows[1] - rows[0],
+                   len(u.groups), len(mbs[u.mb].groups))
+            got = alike.get(key)
+            if got is None:
+                got = alike[key] = self._tail_piece(w, u, r, share, handback, n_steps, tr_role)
+            left, span = got
+            if span is not None:
+                busy[w.role].append(span)
             at(u.mb, left)
         for rw in self._reward_q:  # scored pieces waiting for a reward worker
             if rw.step == step:
@@ -673,6 +676,27 @@ class Scheduler:
         self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))
         self._bts_skip[fragment] = None if insert else sig
         return insert
+
+    def _tail_piece(self, w: _W, u: Unit, r: Rates, share, handback: bool, n_steps: int, tr_role: str):
+        """(when the piece `u` running on `w` is scored, (free, busy until) of `w` or None): a
+        piece generating is scored after the rest of its trajectory, a piece scoring when its
+        Reward ends (`_bts_insert`)."""
+        left = self._left(w)
+        span = None
+        if type(u) is Generate:
+            rest, score = 0.0, r.w_r * share(u.mb, u.samples)
+            if u.t_end < n_steps:  # a segment: the rest of the trajectory follows
+                rate = self._rate("generate", w.role) or self._rate("generate", "rollout")
+                rest = rate * self._work(u) * (n_steps - u.t_end) / (u.t_end - u.t_start)
+            # the worker is busy until the trajectory ends (pinned to it) and, with no reward
+            # pool, it has scored it; a trainer that will hand back (training work is waiting)
+            # is free after this segment
+            if not (u.t_end < n_steps and handback and w.role == tr_role):
+                free = left + rest + (0.0 if self._n_reward else score)
+                if free > left:
+                    span = (left, free)
+            left += rest + score
+        return left, span
 
     # ------------------------------------------------------------------ events
     def complete(self, worker_id: str, unit: Unit, seconds: Optional[float] = None) -> bool:

@@ -488,3 +488,19 @@ def test_busy_until_takes_each_free_time_once_in_busy_order():
         busy = [(rng.choice((0.0, 0.5, 1.0, 3.0)), rng.uniform(0.5, 9.0)) for _ in range(rng.randint(0, len(free)))]
         k = len(free) - len(busy)  # as the scheduler calls it: `free` holds the k + len(busy) earliest
         assert _elements(_busy_until(dict(Counter(free)), busy, k)) == by_definition(free, busy, k), (free, busy, k)
+
+
+def test_the_memo_key_of_times_is_their_rounded_values_one_to_one():
+    """bts._rounded: runs (value, count) that expand to int(x / q) of each time, in order, with no
+    two neighbouring runs of one value: the same key as the rounded values, written shorter."""
+    from digenrl.sched.bts import _rounded
+
+    rng = random.Random(3)
+    for _ in range(500):
+        q = rng.choice((0.01, 0.3, 1.0))
+        xs = [rng.choice((0.0, 0.004, 0.25, 0.31, 1.0, 7.5)) for _ in range(rng.randint(0, 40))]
+        if rng.random() < 0.5:
+            xs.sort()
+        runs = _rounded(xs, q)
+        assert [b for b, n in runs for _ in range(n)] == [int(x / q) for x in xs]
+        assert all(a[0] != b[0] for a, b in zip(runs, runs[1:])) and all(n > 0 for _, n in runs)
