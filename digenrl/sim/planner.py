@@ -82,7 +82,7 @@ from digenrl.sim.baselines import IDEAL
 from digenrl.sim.costs import CostModel, JudgeServing
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import ON_POLICY, ideal_step_s, point_bound, run_spec, run_spec_within
-from digenrl.sim.workload import RunSpec, trainer_fit
+from digenrl.sim.workload import RunSpec, draws_window, trainer_fit
 from digenrl.sim.sp import degrees
 from digenrl.sim.testbed import Testbed, resize
 
@@ -354,6 +354,14 @@ def side_by_side(fn, items: list) -> list:
         _TASK = None
 
 
+def preload(tb: Testbed) -> None:
+    """Import here what evaluating a point of `tb` imports, before processes fork from this
+    one: a drawn SDE window's generator is torch's (workload.draws_window; about 1.5 s of CPU a
+    process), which each forked process would import again."""
+    if _JOBS > 1 and draws_window(tb):
+        import digenrl.math.rng  # noqa: F401
+
+
 def _fork_safe() -> bool:
     """Whether this process can fork workers: only when it runs no other thread. A fork copies the
     calling thread alone, so a lock another thread held at that moment (an import's, an
@@ -537,6 +545,7 @@ def _pool(tb, mode, style, steps, cm, check_memory, prune, fixed=()) -> Iterator
         yield ev
         return
     _CTX = ev.ctx
+    preload(tb)
     try:
         with _fork_pool(_JOBS) as pool:
             ev.pool = pool

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from digenrl.sim.costs import CostModel
 from digenrl.sim.devices import get_device
-from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, side_by_side, snap
+from digenrl.sim.planner import PEER_ROWS, PLAN_STEPS, plan, preload, side_by_side, snap
 from digenrl.sim.shipped import SYSTEMS, layout_of
 from digenrl.sim.costs import default_cost_model
 from digenrl.sim.report import ALL, ROWS, Report, ideal_step_s, run_spec
@@ -118,6 +118,7 @@ def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, 
     too (their layouts are among its memory plans). The digenrl row is `digenrl_plan`."""
     first = sorted((m for m in modes if m != "colocated-ideal"), key=lambda m: _cost_rank(tb, ref, m))
     plans, unfit = {}, {}
+    preload(tb)
     for label, (ok, got) in zip(first, side_by_side(lambda m: _plan_row(tb, ref, m, steps, cm), first)):
         (plans if ok else unfit)[label] = got
     if "colocated-ideal" in modes:

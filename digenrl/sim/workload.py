@@ -169,8 +169,8 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
         "sampling": {"num_steps": tb.denoise_steps, "cfg_scale": CFG_SCALE if tb.cfg else 1.0,
                      **({"sde": "ode"} if tb.old_forward else {}),
                      **({"window_draw": tb.window_draw} if tb.window_draw != "step" else {}),
-                     **({"window": "all-but-last"} if trained == usable
-                        else {"window": "contiguous", "window_size": trained})},
+                     **({"window": "contiguous", "window_size": trained} if draws_window(tb)
+                        else {"window": "all-but-last"})},
         "data": {**rows, "groups_per_step": tb.groups_per_step, "group_size": tb.group_size,
                  "micro_batch_groups": 1 if per_sample else min(spec.micro_batch_groups, tb.groups_per_step),
                  "micro_batch_samples": min(spec.micro_batch_groups, tb.samples_per_step) if per_sample else 0},
@@ -187,6 +187,12 @@ def config_for(tb: Testbed, spec: RunSpec, steps: int, testbed_ref: Optional[str
                     "train_shard": spec.train_shard or 1},
     }
     return load_config(None, tree=tree)
+
+
+def draws_window(tb: Testbed) -> bool:
+    """Whether `tb`'s runs draw their SDE window (sampling.window contiguous, from math.rng's
+    generator, torch's): all but the last step trained leaves nothing to draw."""
+    return tb.trained_steps != tb.denoise_steps - 1
 
 
 def packs(spec: RunSpec) -> bool:
