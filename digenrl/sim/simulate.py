@@ -112,14 +112,20 @@ def simulate(testbed: Testbed | str, modes=ALL, steps: int = PLAN_STEPS, *, cm: 
 
 
 def _plan_rows(tb: Testbed, ref: Testbed, modes, steps: int, cm) -> tuple[dict, dict]:
-    """(label -> Plan, label -> why no plan of that row fits). Every row but colocated-ideal is
-    planned side by side (planner.side_by_side, on the processes `planner.jobs` gives; the same
-    plans on any number); colocated-ideal then starts its search from the shipped peers' points
+    """(label -> Plan, label -> why no plan of that row fits). The longest row's search first,
+    its lines side by side, then every other row but colocated-ideal side by side
+    (planner.side_by_side, on the processes `planner.jobs` gives; the same plans on any number);
+    colocated-ideal then starts its search from the shipped peers' points
     too (their layouts are among its memory plans). The digenrl row is `digenrl_plan`."""
     first = sorted((m for m in modes if m != "colocated-ideal"), key=lambda m: _cost_rank(tb, ref, m))
     plans, unfit = {}, {}
     preload(tb)
-    for label, (ok, got) in zip(first, side_by_side(lambda m: _plan_row(tb, ref, m, steps, cm), first)):
+    # the longest search alone first, its lines on the processes (planner.jobs): the rows side by
+    # side would wait for it, it being several times any other (the digenrl row: BTS, the largest grid)
+    done = [(first[0], _plan_row(tb, ref, first[0], steps, cm))] if first else []
+    rest = first[1:]
+    done += zip(rest, side_by_side(lambda m: _plan_row(tb, ref, m, steps, cm), rest))
+    for label, (ok, got) in done:
         (plans if ok else unfit)[label] = got
     if "colocated-ideal" in modes:
         extra = tuple({**p.spec.knobs(), "memory": layout_of(SYSTEMS[k]).name}
