@@ -384,8 +384,7 @@ class Scheduler:
         if m is None or not all(map(pending.__contains__, wids)) or any(map(lkey.__contains__, wids)):
             return False
         self._expected.update(zip(wids, repeat(key[1])))
-        for wid in wids:
-            del pending[wid]
+        deque(map(pending.pop, wids), 0)  # (del pending[wid] for each, in C)
         lkey.update(zip(wids, repeat(key)))
         m[key] = m.get(key, 0) + len(wids)
         return True
@@ -1206,9 +1205,9 @@ class Scheduler:
         the last, and only then can _rescue(old) act."""
         P, w = self.version, self._w
         unit = WeightSync(P)  # (one object for the wave: a frozen unit, compared by identity per worker)
-        for wid in wids:
-            ws = w[wid]
-            ws.unit, ws.version = unit, P
+        wss = list(map(w.__getitem__, wids))
+        deque(map(setattr, wss, repeat("unit"), repeat(unit)), 0)  # (ws.unit, ws.version = unit, P, in C)
+        deque(map(setattr, wss, repeat("version"), repeat(P)), 0)
         if self._lefts:
             self._lk_pending.update(zip(wids, repeat(unit)))
             self._just.update(zip(wids, repeat(unit)))

@@ -116,6 +116,14 @@ class Layout:
     def trainer_ids(self) -> frozenset:
         return frozenset(self.ids("trainer"))
 
+    @functools.cached_property
+    def weights(self) -> dict:
+        """worker id -> (GPUs, device, role): how report.measure weighs its spans. Workers alike
+        share one tuple."""
+        alike: dict = {}
+        return {w.id: alike.setdefault(k, k) for w in self.workers
+                for k in [(self.gpus.get(w.id, 1), self.device.get(w.id), w.role)]}
+
     @property
     def n_gpus(self) -> int:
         return sum(self.gpus.get(w.id, 1) for w in self.workers)
@@ -483,19 +491,23 @@ class DurationFn:
         device, trainers = self.layout.device, self.layout.trainer_ids
         first = workers[wids[0]]
         dev = device.get(first.id)
-        hit = None
-        if dev is not None and list(map(device.get, wids)).count(dev) == k:
-            role_ok = trainers.issuperset(wids) if first.role == "trainer" else trainers.isdisjoint(wids)
-            if role_ok and (first.role != "colocated" or all(workers[w].role == "colocated" for w in wids)):
-                hit = self._units.get(self._unit_key(first, dev, unit))
+        if dev is None or list(map(device.get, wids)).count(dev) != k or not (
+                trainers.issuperset(wids) if first.role == "trainer" else trainers.isdisjoint(wids)) or (
+                first.role == "colocated" and any(workers[w].role != "colocated" for w in wids)):
+            return [self(workers[w], unit) for w in wids]
+        key = self._unit_key(first, dev, unit)
+        head = [] if key in self._units else [self(first, unit)]  # the first priced as one by one would
+        hit = self._units.get(key)
         over = self.overhead_ws
         if hit is None or any(name not in over or name.startswith("tag_switch_") for name, _ in hit[1]):
-            return [self(workers[w], unit) for w in wids]
+            return head + [self(workers[w], unit) for w in wids[len(head):]]
         t, log, gathered = hit
+        wids = wids[len(head):]
+        k = len(wids)
         if self.tag and first.role == "trainer":  # as __call__: the switch, then the unit's price
-            out = [self._tag_switch(workers[w], unit) + t for w in wids]
+            out = head + [self._tag_switch(workers[w], unit) + t for w in wids]
         else:
-            out = [0.0 + t] * k
+            out = head + [0.0 + t] * k
         per: dict = {}
         for name, v in log:
             per.setdefault(name, []).append(v)

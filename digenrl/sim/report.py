@@ -326,17 +326,45 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
     # occupies all its GPUs), and each pool's busy time inside the window (bubble_ratio's sum,
     # in the same order). min/max written out: the same values (first of equals, as min/max).
     inside: dict[str, list] = {p: [] for p in set(trace.workers.values())}
-    per = {w: (gpus.get(w, 1), device.get(w), inside[p].append) for w, p in trace.workers.items()}
-    for s in trace.spans:
-        start, end, step = s.start, s.end, s.step
-        g, d, add = per[s.worker]
+    # (GPUs, device, pool) of each worker: the layout's (made once per layout), a joined one's here
+    per = fn.layout.weights
+    if not trace.workers.keys() <= per.keys():
+        per = {w: (gpus.get(w, 1), device.get(w), p) for w, p in trace.workers.items()}
+    # Runs of spans alike but for the worker (a wave: one unit object, one start and end) on
+    # workers alike to it (GPUs, device, pool) are weighed at once, with the same float operations
+    # in the same order, one span after the other
+    spans = trace.spans
+    i, n_spans = 0, len(spans)
+    while i < n_spans:
+        s = spans[i]
+        start, end, step, unit = s.start, s.end, s.step, s.unit
+        here = per[s.worker]
+        g, d, into = here[0], here[1], inside[here[2]]
         o = (t1 if t1 < end else end) - (t0 if t0 > start else start)
         o = o if o > 0.0 else 0.0  # max(0.0, o)
-        lead[d] -= o * g
-        add(o)
+        j = i + 1
+        if unit is not None and j < n_spans and spans[j].unit is unit:  # how far the run goes
+            while (j < n_spans and (x := spans[j]).unit is unit and x.start == start and x.end == end
+                   and x.step == step and ((q := per[x.worker]) is here or q == here)):
+                j += 1
+        k, i = j - i, j
+        x, lo = lead[d], o * g
         if step is not None and a < step <= b:
-            busy[s.kind] += (end - start) * g
-            lead[d] += (end - start) * g
+            y = (end - start) * g
+            w = busy[s.kind]
+            for _ in range(k):
+                x -= lo
+                x += y
+                w += y
+            busy[s.kind] = w
+        else:
+            for _ in range(k):
+                x -= lo
+        lead[d] = x
+        if k == 1:
+            into.append(o)
+        else:
+            into.extend([o] * k)
     step_s = max(t1 - t0 + lead[d] / n_dev[d] for d in n_dev) / n_steps  # see the module doc
     over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
     bd = {k: v / n_steps / n for k, v in busy.items()}

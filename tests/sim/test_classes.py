@@ -239,3 +239,22 @@ def test_spot_notices(seed):
 
     _same(lambda: _Counting(run.sched, fn.layout.workers), duration_of, drains=drains, deadlines=deadlines,
           joins=[(t, Worker(w, "rollout")) for t, w in joins])
+
+
+def test_measure_weighs_a_run_of_spans_as_its_spans_one_by_one():
+    """report.measure weighs a run of spans alike (one unit object, one start and end, workers of
+    one weight) at once: the same figures, to the bit, as with every span apart (each span given
+    its own copy of its unit, so that no two are one run)."""
+    import copy
+    from dataclasses import replace
+
+    from digenrl.sim.report import measure
+
+    for preset, gpus, spec in SPECS + [("small-h200x16-sd35", 1024, RunSpec("digenrl", n_rollout=992, gen_shard=4))]:
+        tb = resize(load_testbed(preset), gpus)
+        _, run, fn = spec_duration_fn(tb, spec, 6, default_cost_model())
+        trace = run_virtual(Scheduler(run.sched, fn.layout.workers), fn)
+        apart = replace(trace, spans=[replace(s, unit=copy.copy(s.unit)) for s in trace.spans])
+        assert sum(a.unit is b.unit for a, b in zip(trace.spans, trace.spans[1:])) > len(trace.spans) // 10
+        got, ref = measure(tb, spec, trace, fn, 6), measure(tb, spec, apart, fn, 6)
+        assert (got.step_s, got.breakdown_s, got.bubble) == (ref.step_s, ref.breakdown_s, ref.bubble)
