@@ -72,8 +72,9 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     time share one heap entry, processed in launch order. Their entries (end, seq) would have
     had consecutive seqs, so nothing else could pop between them (whatever is pushed meanwhile
     has a later seq): the same events in the same order, fewer heap operations (a sync wave of
-    a large rollout pool, the optimizer barrier of many trainer gangs). A sync wave
-    (Scheduler.last_waves: one WeightSync to an idle class's workers) is also launched at once:
+    a large rollout pool, the optimizer barrier of many trainer gangs). A wave
+    (Scheduler.last_waves: one unit object to an idle class's workers, a WeightSync to the rollout
+    workers idle at one version or a barrier's OptimizerStep to the parked trainers) is also launched at once:
     priced in one call (`duration_fn.wave(workers, ids, unit)` where it has one, DurationFn.wave),
     its runs of equal seconds pushed as such entries, its workers sharing one token (the seq the
     first would have had; later seqs as if each had taken one).
@@ -130,7 +131,7 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
     bts = scheduler.cfg.bts
     parks, complete_parked, expect_all = scheduler.parks, scheduler.complete_parked, scheduler.expect_all
 
-    wave_fn = getattr(duration_fn, "wave", None)  # a sync wave's prices at once (DurationFn.wave)
+    wave_fn = getattr(duration_fn, "wave", None)  # a wave's prices at once (DurationFn.wave)
 
     def launch() -> int:
         nonlocal batch, t_batch
@@ -171,7 +172,7 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
             seq += 1
 
     def _wave(started, i, j, v, told) -> None:
-        """started[i:j], one sync wave (Scheduler.last_waves), as _one_by_one would: priced in one
+        """started[i:j], one wave (Scheduler.last_waves), as _one_by_one would: priced in one
         call, and each run of equal seconds in one heap entry (or the previous one, ending then
         too), its workers sharing one token (the seq the first of them would have had; a worker
         is in a wave once, so a token still tells its launch from a later one)."""
