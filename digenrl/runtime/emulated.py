@@ -174,11 +174,12 @@ class EmulatedBackend:
         # first dispatch (the virtual clock's arithmetic: a unit starts at the modelled end of
         # the completion that enabled it and lasts d). `expected`: each call's (modelled end,
         # dispatch order), by which EmulatedLoop delivers completions; `modelled`: each unit's
-        # (start, end). The durations come from a copy of duration_fn: its overhead accounting
+        # (start, end), by (worker, unit object): one object may go to many workers (a wave:
+        # Scheduler.last_waves), each with its own times. The durations come from a copy of duration_fn: its overhead accounting
         # belongs to the actors' copies.
         self.workers = {w.id: w for w in workers}
         self.expected: dict[ray.ObjectRef, tuple[float, int]] = {}
-        self.modelled: dict[int, tuple[float, float]] = {}
+        self.modelled: dict[tuple[str, int], tuple[float, float]] = {}
         self._shadow_fn = copy.deepcopy(duration_fn) if latency == "hidden" else None
         self._seq, self._origin, self._now = 0, None, 0.0
         self.overhead_ws: dict[str, float] = {}
@@ -187,7 +188,7 @@ class EmulatedBackend:
         self.sigterm: Optional[tuple[str, float]] = None  # spot workers: (notice dir, notice_s), `arm`
         self.spare: dict[str, "ray.actor.ActorHandle"] = {}  # started ahead for a trace's joins (`prestart`)
         self.killed: set[str] = set()  # workers `kill` took, until EmulatedLoop has lost their units
-        self.cut: set[int] = set()  # units lost at a deadline, their `modelled` span ending there
+        self.cut: set[tuple[str, int]] = set()  # (worker, unit) lost at a deadline, its `modelled` span ending there
 
     def arm(self, directory: str, notice_s: float) -> None:
         """Spot rollout workers: SIGTERM to one (a joiner too) writes its notice into `directory`."""
@@ -220,15 +221,15 @@ class EmulatedBackend:
         d = max(0.0, float(self._shadow_fn(self.workers[wid], unit)))
         ref = self.handles[wid].run.remote(unit, self._origin + self.scale * self._now)
         self.expected[ref] = (self._now + d, self._seq)
-        self.modelled[id(unit)] = (self._now, self._now + d)
+        self.modelled[wid, id(unit)] = (self._now, self._now + d)
         self._seq += 1
         return [ref]
 
     def completed(self, wid: str, unit: Unit, info: Slept) -> None:
         # EventLoop: completions of one batch, then the dispatches they enabled.
         self._ref = info.end if self._new_batch or self._ref is None else max(self._ref, info.end)
-        if id(unit) in self.modelled:  # hidden: delivered in modelled order, one at a time
-            self._now = self.modelled[id(unit)][1]
+        if (wid, id(unit)) in self.modelled:  # hidden: delivered in modelled order, one at a time
+            self._now = self.modelled[wid, id(unit)][1]
         self._new_batch = False
         for k, v in info.overhead.items():
             self.overhead_ws[k] = self.overhead_ws.get(k, 0.0) + v
@@ -367,9 +368,9 @@ class EmulatedLoop(EventLoop):
                     self.pending.pop(ref, None)
                     self.held.discard(ref)
                     b.expected.pop(ref, None)
-                start = b.modelled.get(id(call.unit), (b._now, b._now))[0]
-                b.modelled[id(call.unit)] = (start, b._now)  # its span: dispatch to deadline
-                b.cut.add(id(call.unit))
+                start = b.modelled.get((wid, id(call.unit)), (b._now, b._now))[0]
+                b.modelled[wid, id(call.unit)] = (start, b._now)  # its span: dispatch to deadline
+                b.cut.add((wid, id(call.unit)))
                 self._lost(wid, call.unit, call.t, ActorDiedError())
         self._retire()
         self._launch()
@@ -429,8 +430,8 @@ def run_scheduler_emulated(sched: Scheduler, duration_fn, time_scale: float = 1.
         for k, v in backend.overhead_ws.items():
             over[k] = over.get(k, 0.0) + v
     for s in trace.spans:  # (latency_ms, behind_ms: Slept.trace_extra, as each span was made)
-        lost = (s.extra or {}).get("lost") and id(s.unit) not in backend.cut
-        modelled = backend.modelled.get(id(s.unit)) if s.unit is not None and not lost else None
+        lost = (s.extra or {}).get("lost") and (s.worker, id(s.unit)) not in backend.cut
+        modelled = backend.modelled.get((s.worker, id(s.unit))) if s.unit is not None and not lost else None
         s.start, s.end = modelled or (s.start / time_scale, s.end / time_scale)
     trace.end = trace.end / time_scale if latency == "scaled" else max((s.end for s in trace.spans), default=0.0)
     trace.alive = {w: [a / time_scale, None if b is None else b / time_scale] for w, (a, b) in trace.alive.items()}

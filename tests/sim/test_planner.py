@@ -342,8 +342,10 @@ def _sigterm_is_default(_) -> bool:
 
 @pytest.mark.slow
 def test_simulate_on_two_processes_reports_what_one_process_does():
-    """simulate() plans its rows side by side under jobs(2): every row's plan and figures, and
-    the rows that do not fit, are those of the serial run."""
+    """simulate() under jobs(2) plans its longest row with that search's lines side by side, then
+    the other rows side by side: every row's plan and figures, and the rows that do not fit, are
+    those of the serial run. (How many points a search simulated or pruned may differ: a line's
+    points run side by side against the line's first incumbent, test above.)"""
     from digenrl.sim.simulate import simulate
 
     code = ("from digenrl.sim.planner import jobs\n"
@@ -356,7 +358,8 @@ def test_simulate_on_two_processes_reports_what_one_process_does():
 
 
 def _simulate_figures(rep) -> str:
-    """A simulate() report's figures: each plan less the seconds it took, the rows that do not
-    fit, each row's spec and step time."""
-    return repr(({k: {f: v for f, v in p.items() if f != "wall_s"} for k, p in rep.plans.items()}, rep.unfit,
+    """A simulate() report's figures: each plan less the seconds it took and the points it
+    simulated or pruned (the search's effort), the rows that do not fit, each row's spec and step time."""
+    effort = ("wall_s", "evaluated", "pruned")
+    return repr(({k: {f: v for f, v in p.items() if f not in effort} for k, p in rep.plans.items()}, rep.unfit,
                  {k: (r.spec, r.step_s) for k, r in rep.rows.items()}))
