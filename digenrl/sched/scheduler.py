@@ -1174,11 +1174,15 @@ class Scheduler:
     def _start_opts(self, wids, out) -> None:
         """`_start_opt` for each of the parked trainers `wids`, at once: the barrier's wave, one
         OptimizerStep object for all of them (a frozen unit, compared by identity per worker)."""
-        unit = OptimizerStep(self._opt_step, self._opt_step + 1)
         self._opt_given.update(wids)
-        w = self._w
-        for wid in wids:
-            w[wid].unit = unit
+        self._start_wave(wids, OptimizerStep(self._opt_step, self._opt_step + 1), out)
+
+    def _start_wave(self, wids, unit: Unit, out) -> list[_W]:
+        """`_start` of the one `unit` object on each of the workers `wids` (a sync wave, a
+        barrier's parked trainers: none in _tail), at once, recorded in `last_waves`. Returns
+        their records."""
+        wss = list(map(self._w.__getitem__, wids))
+        deque(map(setattr, wss, repeat("unit"), repeat(unit)), 0)  # (ws.unit = unit for each, in C)
         if self._lefts:
             self._lk_pending.update(zip(wids, repeat(unit)))
             self._just.update(zip(wids, repeat(unit)))
@@ -1186,6 +1190,7 @@ class Scheduler:
         out.extend(map(_assignment, repeat(Assignment), zip(wids, repeat(unit))))
         if len(wids) > 1:
             self._waves.append((i, i + len(wids)))
+        return wss
 
     def _start(self, ws: _W, unit: Unit, out) -> None:
         ws.unit = unit
@@ -1203,19 +1208,11 @@ class Scheduler:
         attracting work. The counts move once for the wave (a large pool's waves are most
         events of a run): every worker of it holds `old`, so old's count stays above 0 until
         the last, and only then can _rescue(old) act."""
-        P, w = self.version, self._w
-        unit = WeightSync(P)  # (one object for the wave: a frozen unit, compared by identity per worker)
-        wss = list(map(w.__getitem__, wids))
-        deque(map(setattr, wss, repeat("unit"), repeat(unit)), 0)  # (ws.unit, ws.version = unit, P, in C)
-        deque(map(setattr, wss, repeat("version"), repeat(P)), 0)
-        if self._lefts:
-            self._lk_pending.update(zip(wids, repeat(unit)))
-            self._just.update(zip(wids, repeat(unit)))
-        i = len(out)
-        out.extend(map(_assignment, repeat(Assignment), zip(wids, repeat(unit))))
+        P = self.version
+        # (one object for the wave: a frozen unit, compared by identity per worker)
+        wss = self._start_wave(wids, WeightSync(P), out)
+        deque(map(setattr, wss, repeat("version"), repeat(P)), 0)  # (ws.version = P for each, in C)
         k = len(wids)
-        if k > 1:
-            self._waves.append((i, i + k))
         self._n_syncing += k
         self._unhold(old, k)
         self._n_at[P] = self._n_at.get(P, 0) + k
