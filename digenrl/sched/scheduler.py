@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import insort
 from collections import Counter, deque
-from itertools import repeat
+from itertools import islice, repeat
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -58,19 +58,21 @@ def _elements(counts: dict) -> list[float]:
     return [v for v in sorted(counts) for _ in range(counts[v])]
 
 
-def _busy_until(free: dict, busy: list[tuple[float, float]], k: int) -> dict[float, int]:
-    """The k earliest free times of a role ({seconds: workers}), from `free` (its k + len(busy)
-    earliest, as `_left` counts them) and the workers in a trajectory's segment: each (left,
-    until) is busy until `until`, not free at `left`. A `left` beyond `free` is beyond the k
-    earliest, its `until` too."""
+def _busy_until(free: dict, busy: list, k: int) -> dict[float, int]:
+    """The k earliest free times of a role ({seconds: workers}), from `free` (its k + the busy
+    workers' earliest, as `_left` counts them) and the workers in a trajectory's segment, as runs
+    (left, until, workers) in order: each such worker is busy until `until`, not free at `left`. A
+    `left` beyond `free` is beyond the k earliest, its `until` too."""
     if not busy:
         return free
     left_free = dict(free)  # a busy worker takes one copy of its `left`, in busy's order
     untils: dict[float, int] = {}
-    for left, until in busy:
-        if left_free.get(left, 0) > 0:
-            left_free[left] -= 1
-            untils[until] = untils.get(until, 0) + 1
+    for left, until, c in busy:
+        have = left_free.get(left, 0)
+        if have > 0:  # (a run takes what one worker at a time would: min(have, c))
+            m = c if c < have else have
+            left_free[left] = have - m
+            untils[until] = untils.get(until, 0) + m
     for until, c in untils.items():
         left_free[until] = left_free.get(until, 0) + c
     return _smallest(left_free, k)
@@ -175,6 +177,11 @@ class Scheduler:
         self._just: dict[str, Unit] = {}  # started in this assign(): nothing of them has run yet
         self._waves: list[tuple[int, int]] = []  # last_waves
         self._tail: dict[str, _W] = {}
+        # the running pieces' part of BTS's state, summed over `_tail` by the last question of this
+        # assign() (`_bts_insert`): within one assign() `_tail` only grows and nothing a summed
+        # piece's figures read changes, so the next question adds the pieces started since
+        self._assigns = 0
+        self._tail_sum: Optional[tuple] = None
         self.decisions: list[Decision] = []
         self._pushed = 0  # pieces ever queued (_push_cont): a SkipBubble's hold ends when one is
         self._bts_skip: list = [None, None]  # the bubble a SkipBubble holds for: a fresh micro-batch's, a fragment's
@@ -212,6 +219,7 @@ class Scheduler:
     def assign(self) -> list[Assignment]:
         """New units for idle workers, highest priority first (see package doc)."""
         self._started = True
+        self._assigns += 1
         self._handover_pending = 0
         if self._waves:
             self._waves = []
@@ -615,22 +623,27 @@ class Scheduler:
         cfg, tr_role = self.cfg, self._train_role
         n_steps, spg = cfg.num_steps, cfg.samples_per_group
         handback = cfg.tag_handback and bool(self._train_q.get(step))
-        running_trains, busy = 0, {"rollout": [], tr_role: []}
-        known: dict[int, float] = {}  # micro-batch -> when its pieces in flight are scored
-
-        def at(mb: int, t: float) -> None:
-            known[mb] = max(known.get(mb, 0.0), t)
 
         def share(mb: int, rows) -> float:  # a piece's samples as a fraction of its micro-batch's
             n = len(st.mbs[mb].groups) * spg
             return (n if rows is None else rows[1] - rows[0]) / n
 
-        # a piece's figures depend on its worker's role and expected seconds and on the piece's
-        # kind, size and segment: pieces alike (a micro-batch's shards, a wave of segments) are
-        # priced once per bubble (`alike`), with the same arithmetic
-        alike: dict[tuple, tuple] = {}
+        # the running pieces, summed (a later question of this assign() adds those started since)
+        tok, tail = (self._assigns, step, r, handback), self._tail
+        got = self._tail_sum
+        if got is not None and got[0] == tok and got[1] <= len(tail):
+            _, seen, alike, running_trains, busy, known = got
+            pieces_of = islice(tail.values(), seen, None)
+        else:
+            # a piece's figures depend on its worker's role and expected seconds and on the
+            # piece's kind, size and segment: pieces alike (a micro-batch's shards, a wave of
+            # segments) are priced once (`alike`), with the same arithmetic. The busy spans are
+            # kept as runs [left, until, workers] of equal neighbours, in tail order
+            alike, running_trains, known = {}, 0, {}  # known: micro-batch -> when its pieces in flight are scored
+            busy = {"rollout": [], tr_role: []}
+            pieces_of = tail.values()
         lkey, just, draining, mbs = self._lkey, self._just, self._draining, st.mbs
-        for w in self._tail.values():
+        for w in pieces_of:
             u = w.unit
             if u.step != step or w.id in draining:
                 continue
@@ -648,8 +661,22 @@ class Scheduler:
                 got = alike[key] = self._tail_piece(w, u, r, share, handback, n_steps, tr_role)
             left, span = got
             if span is not None:
-                busy[w.role].append(span)
-            at(u.mb, left)
+                runs = busy[w.role]
+                if runs and runs[-1][0] == span[0] and runs[-1][1] == span[1]:
+                    runs[-1][2] += 1
+                else:
+                    runs.append([span[0], span[1], 1])
+            mb = u.mb
+            if left > known.get(mb, 0.0):
+                known[mb] = left
+            elif mb not in known:
+                known[mb] = 0.0  # (max(0.0, left), as `at` takes it)
+        self._tail_sum = (tok, len(tail), alike, running_trains, busy, known)
+        known = dict(known)  # (the summed one stays as it is for the next question)
+
+        def at(mb: int, t: float) -> None:
+            known[mb] = max(known.get(mb, 0.0), t)
+
         for rw in self._reward_q:  # scored pieces waiting for a reward worker
             if rw.step == step:
                 at(rw.mb, r.w_r * share(rw.mb, rw.samples))
@@ -666,10 +693,11 @@ class Scheduler:
         # only the workers that can take one of the step's actions enter the prediction, each
         # taken by the earliest free: trainers a Train unit or a piece, rollout workers a piece
         lo = max(cfg.first_step, step - cfg.lag)  # the oldest weights this step may be generated with
-        rollout = _elements(_busy_until(self._earliest("rollout", pieces + len(busy["rollout"]), lo), busy["rollout"],
+        n_busy = {role: sum([run[2] for run in runs]) for role, runs in busy.items()}
+        rollout = _elements(_busy_until(self._earliest("rollout", pieces + n_busy["rollout"], lo), busy["rollout"],
                                         pieces))
         k = units + pieces
-        trainers = _busy_until(self._earliest(tr_role, k + len(busy[tr_role])), busy[tr_role], k)
+        trainers = _busy_until(self._earliest(tr_role, k + n_busy[tr_role]), busy[tr_role], k)
         insert, skip_s, insert_s = decide(r, fresh, rollout, trainers, ready, units, memo=self._bts_memo,
                                           pending=pending, fragment=fragment)
         self.decisions.append(Decision(step, ws.id, insert, skip_s, insert_s))

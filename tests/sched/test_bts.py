@@ -469,10 +469,13 @@ def test_busy_until_takes_each_free_time_once_in_busy_order():
     # Scheduler._busy_until against its definition (the list.remove loop it replaced, quadratic in
     # the busy workers): each busy (left, until) takes one copy of `left` from the free times, in
     # busy's order, and is free at `until` instead; lefts not among them are beyond the k
-    # earliest. Repeated values make the order matter. Free times are counts ({seconds: workers})
+    # earliest. Repeated values make the order matter. Free times are counts ({seconds: workers});
+    # the busy workers come as runs (left, until, workers) of equal neighbours, as _bts_insert
+    # keeps them, and a run takes what its workers one at a time would
     import heapq
 
     from collections import Counter
+    from itertools import groupby
 
     def by_definition(free, busy, k):
         out = list(free)
@@ -483,11 +486,21 @@ def test_busy_until_takes_each_free_time_once_in_busy_order():
         return heapq.nsmallest(k, out)
 
     rng = random.Random(7)
+    runs_of_many = 0
     for _ in range(500):
         free = sorted(rng.choice((0.0, 0.5, 1.0, 1.5, 2.0)) for _ in range(rng.randint(0, 12)))
-        busy = [(rng.choice((0.0, 0.5, 1.0, 3.0)), rng.uniform(0.5, 9.0)) for _ in range(rng.randint(0, len(free)))]
+        untils = [rng.uniform(0.25, 4.0) for _ in range(3)]  # few: equal neighbours make runs
+        busy = [(rng.choice((0.0, 0.5, 1.0, 3.0)), rng.choice(untils)) for _ in range(rng.randint(0, len(free) // 2))]
+        runs = [(left, until, len(list(g))) for (left, until), g in groupby(busy)]
+        runs_of_many += any(c > 1 for *_, c in runs)
         k = len(free) - len(busy)  # as the scheduler calls it: `free` holds the k + len(busy) earliest
-        assert _elements(_busy_until(dict(Counter(free)), busy, k)) == by_definition(free, busy, k), (free, busy, k)
+        assert _elements(_busy_until(dict(Counter(free)), runs, k)) == by_definition(free, busy, k), (free, busy, k)
+    assert runs_of_many > 20
+    # a run longer than its left's free copies (the rest of it beyond the k earliest): only as many
+    # of its workers as there are copies are free at `until`
+    free, busy = [0.0, 0.5, 0.5] + [2.0] * 5, [(0.5, 1.0)] * 3
+    assert by_definition(free, busy, 5) == [0.0, 1.0, 1.0, 2.0, 2.0]
+    assert _elements(_busy_until(dict(Counter(free)), [(0.5, 1.0, 3)], 5)) == [0.0, 1.0, 1.0, 2.0, 2.0]
 
 
 def test_the_memo_key_of_times_is_their_rounded_values_one_to_one():
@@ -504,3 +517,32 @@ def test_the_memo_key_of_times_is_their_rounded_values_one_to_one():
         runs = _rounded(xs, q)
         assert [b for b, n in runs for _ in range(n)] == [int(x / q) for x in xs]
         assert all(a[0] != b[0] for a, b in zip(runs, runs[1:])) and all(n > 0 for _, n in runs)
+
+
+def test_a_question_carrying_the_last_ones_running_pieces_decides_as_one_that_sums_them_all(monkeypatch):
+    # _bts_insert sums the running pieces (`_tail`) once per assign(): a later question of the same
+    # assign() adds only the pieces started since (`_tail_sum`). The decisions, with both
+    # predictions, must be those of summing every piece at every question
+    import digenrl.sched.scheduler as sm
+
+    real = sm.Scheduler._bts_insert
+    carried = 0
+
+    def counting(self, ws, step, fresh, fragment=False):
+        nonlocal carried
+        carried += self._tail_sum is not None and self._tail_sum[0][0] == self._assigns
+        return real(self, ws, step, fresh, fragment)
+
+    def from_scratch(self, ws, step, fresh, fragment=False):
+        self._tail_sum = None
+        return real(self, ws, step, fresh, fragment)
+
+    rng = random.Random(3)
+    cases = [(rng.randint(1, 6), rng.randint(2, 12), rng.choice([1.0, 2.0, 5.0]), rng.choice([0.2, 1.0, 2.0]),
+              rng.choice([4, 6, 8]), rng.choice([1, 2]), rng.choice([1, 2, 4])) for _ in range(30)]
+    runs = {}
+    for how, fn in (("carried", counting), ("scratch", from_scratch)):
+        monkeypatch.setattr(sm.Scheduler, "_bts_insert", fn)
+        runs[how] = [(end, s.decisions) for end, s in (_run("digenrl", *case) for case in cases)]
+    assert runs["carried"] == runs["scratch"]
+    assert sum(len(d) for _, d in runs["scratch"]) > 100 and carried > 50
