@@ -178,18 +178,23 @@ class Search:
                         queue.append((0.0, shares))
                         fresh -= 1
                     known, sh = queue[0]
-                    x = sh[0]
-                    t = r0 + x * gen_r
-                    heapreplace(rollout, t)
-                    t = t + x * after_r
-                    if t > known:
-                        known = t
-                    if len(sh) > 1:
-                        queue[0] = (known, sh[1:])
-                    else:
-                        del queue[0]
-                        insort_many(ready, known, u, k)
-                    r0 = rollout[0]
+                    n, i = len(sh), 0
+                    while True:  # the head micro-batch's pieces, one a worker, while one is free
+                        x = sh[i]
+                        t = r0 + x * gen_r
+                        heapreplace(rollout, t)
+                        t = t + x * after_r
+                        if t > known:
+                            known = t
+                        i += 1
+                        r0 = rollout[0]
+                        if i == n or r0 > now:
+                            break
+                    if i < n:
+                        queue[0] = (known, sh[i:])
+                        break
+                    del queue[0]
+                    insort_many(ready, known, u, k)
                     if r0 > now or not (queue or fresh):
                         break
                 seen = None
