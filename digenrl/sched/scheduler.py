@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import insort
 from collections import Counter, deque
 from itertools import islice, repeat
+from operator import itemgetter
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -189,9 +190,11 @@ class Scheduler:
         self._bts_memo = Memo()  # the run's searches, shared across its bubbles
         self._helper: set[str] = set()  # trainers whose last unit was a Generate (TAG's helper)
         self._switched: list[tuple[str, float, float]] = []  # switched units before a plain one (_observe)
-        self._on_complete = by_kind(generate=self._on_generated, reward=self._on_rewarded,
-                                    train=self._on_trained, optimizer=self._on_optimizer_step,
-                                    sync=self._on_synced)
+        # (the class's functions, not bound methods: a table of bound methods is a reference cycle,
+        # and a run's scheduler, with all it holds, waited for the cyclic garbage collector)
+        self._on_complete = by_kind(generate=Scheduler._on_generated, reward=Scheduler._on_rewarded,
+                                    train=Scheduler._on_trained, optimizer=Scheduler._on_optimizer_step,
+                                    sync=Scheduler._on_synced)
         for w in workers:
             self._add(w, version=cfg.first_step)
         self._check_pools()
@@ -460,6 +463,10 @@ class Scheduler:
         """Switched units (kind, work, seconds) whose kind has a plain unit's rate go to the
         profile's ("switch_out", trainer): what each took beyond a unit of its kind and size; the
         others wait for one."""
+        rate = self.profile.rate
+        if all(rate(k, "trainer") is None for k in set(map(itemgetter(0), self._switched))):
+            del self._switched[:-SWITCHED_KEPT]  # none can be learned yet: the latest kept, as below
+            return
         wait = []
         for k, work, seconds in self._switched:
             rate = self.profile.rate(k, "trainer")
@@ -747,7 +754,7 @@ class Scheduler:
         self._stale.discard(worker_id)
         taken = not stale or type(unit) is Train
         if taken:
-            self._on_complete[type(unit)](ws, unit)
+            self._on_complete[type(unit)](self, ws, unit)
         self._idle_again(ws)
         return taken
 

@@ -546,3 +546,24 @@ def test_a_question_carrying_the_last_ones_running_pieces_decides_as_one_that_su
         runs[how] = [(end, s.decisions) for end, s in (_run("digenrl", *case) for case in cases)]
     assert runs["carried"] == runs["scratch"]
     assert sum(len(d) for _, d in runs["scratch"]) > 100 and carried > 50
+
+
+def test_switched_units_wait_for_their_kinds_rate_and_only_the_latest_are_kept():
+    # Scheduler._learn_switches: a switched unit's excess over a plain unit of its kind goes to
+    # ("switch_out", trainer) once that kind has a rate, the oldest first; until then it waits, and
+    # only the latest SWITCHED_KEPT wait (a kind that never runs plain, such as an OptimizerStep
+    # after every TAG segment, would otherwise grow the list at every step)
+    from digenrl.sched.scheduler import SWITCHED_KEPT
+
+    c = SchedConfig(mode="digenrl", rl_steps=2, groups_per_step=2, micro_batch_groups=1, num_steps=4,
+                    tsp_chunk=1, samples_per_group=2)
+    s = Scheduler(c, [Worker("r0", "rollout"), Worker("t0", "trainer")])
+    s._switched = [("optimizer", 1.0, 5.0 + i) for i in range(SWITCHED_KEPT + 1)]
+    s._learn_switches()  # no kind has a rate: nothing learned, the oldest dropped
+    assert s.profile.rate("switch_out", "trainer") is None
+    assert s._switched == [("optimizer", 1.0, 5.0 + i) for i in range(1, SWITCHED_KEPT + 1)]
+    s._switched = [("train", 2.0, 9.0)] + s._switched  # one kind with a rate, the oldest of all
+    s.profile.observe("train", "trainer", 1.0, 3.0)
+    s._learn_switches()
+    assert s.profile.rate("switch_out", "trainer") == 9.0 - 3.0 * 2.0
+    assert len(s._switched) == SWITCHED_KEPT and s._switched[0] == ("optimizer", 1.0, 6.0)
