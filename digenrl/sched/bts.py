@@ -281,6 +281,25 @@ class Search:
         micro-batch, whose next pieces the trainers free by `now` make at once (the scheduler
         hands a started micro-batch's shards to the idle workers of its pool), the rest queued.
         Returns the unstarted micro-batches it started (0 or 1)."""
+        if queue and not fresh_first:  # the next queued piece (take_one, trainer_piece and made, inline)
+            t, out, c = trainers[0]
+            if c > 1:
+                heapq.heapreplace(trainers, (t, out, c - 1))
+            else:
+                heapq.heappop(trainers)
+            known, shares = queue[0]
+            sh = shares[0]
+            t = now + (0.0 if out else self.r.s_in) + sh * self.gen_t
+            done = t + sh * self.after_t
+            if done > known:
+                known = done
+            if len(shares) > 1:
+                queue[0] = (known, shares[1:])
+            else:
+                del queue[0]
+                insort_many(ready, known, self.r.u, 0)
+            heapq.heappush(trainers, (t, True, 1))
+            return 0
         fresh = fresh_first or not queue
         if fresh:
             queue.append((0.0, self.shares))
@@ -340,6 +359,8 @@ def _rounded(xs, q: float) -> tuple:
     """The memo key of a list of times: int(x / q) of each x, as runs (value, count) of that
     sequence (the same key, one to one, and short: a large pool's free times and a micro-batch's
     ready Train units come as runs of equal times), each run of equal times rounded once."""
+    if xs and xs.count(xs[0]) == len(xs):  # one run (a pool's free times often are)
+        return ((int(xs[0] / q), len(xs)),)
     out = []
     for x, run in groupby(xs):
         b, n = int(x / q), len(list(run))
