@@ -170,7 +170,7 @@ class Search:
                 # the rollout workers free by `now` take the next pieces, each the earliest free
                 # worker: it makes 1/s of g_r, the piece is scored 1/s of w_r after (with no
                 # reward pool, by the worker itself: after_r 0, gen_r g_r + w_r); the micro-batch
-                # whose last piece this is becomes ready (`made`). Inline: most of a
+                # whose last piece this is becomes ready (its u Train units). Inline: most of a
                 # prediction's steps are these
                 r0 = rollout[0]
                 while True:
@@ -264,63 +264,54 @@ class Search:
             if n[o]:
                 heapq.heappush(trainers, (until, o, n[o]))
 
-    def made(self, queue: list, i: int, t: float, ready: list, k: int = 0) -> None:
-        """The first queued piece of queue[i] is scored at t; a micro-batch with no piece left is
-        ready: its u Train units go to `ready` (sorted from k)."""
-        known, shares = queue[i]
-        known = max(known, t)
-        if len(shares) > 1:
-            queue[i] = (known, shares[1:])
-        else:
-            del queue[i]
-            insort_many(ready, known, self.r.u, k)
-
     def insert(self, trainers: list, queue: list, ready: list, now: float, fresh_first: bool) -> int:
         """InsertTAG by trainers[0] (free at `now`), on the state, in place: it makes the next
         queued piece, or (`fresh_first`, or nothing queued) the first piece of an unstarted
         micro-batch, whose next pieces the trainers free by `now` make at once (the scheduler
         hands a started micro-batch's shards to the idle workers of its pool), the rest queued.
-        Returns the unstarted micro-batches it started (0 or 1)."""
-        if queue and not fresh_first:  # the next queued piece (take_one, trainer_piece and made, inline)
-            t, out, c = trainers[0]
-            if c > 1:
-                heapq.heapreplace(trainers, (t, out, c - 1))
-            else:
-                heapq.heappop(trainers)
-            known, shares = queue[0]
-            sh = shares[0]
-            t = now + (0.0 if out else self.r.s_in) + sh * self.gen_t
-            done = t + sh * self.after_t
-            if done > known:
-                known = done
-            if len(shares) > 1:
-                queue[0] = (known, shares[1:])
-            else:
-                del queue[0]
-                insort_many(ready, known, self.r.u, 0)
-            heapq.heappush(trainers, (t, True, 1))
-            return 0
+        Each piece: one trainer out of the heap's earliest entry (its count one lower), free again
+        after s_in (unless already in the helper) and its share of g_t, as an entry of one (free
+        time, in the helper, 1); the piece scored its share of w_t later, and a micro-batch with no
+        piece left ready (its u Train units into `ready`, sorted). Returns the unstarted
+        micro-batches it started (0 or 1)."""
+        heappush, heappop, heapreplace = heapq.heappush, heapq.heappop, heapq.heapreplace
+        s_in, gen_t, after_t = self.r.s_in, self.gen_t, self.after_t
         fresh = fresh_first or not queue
         if fresh:
             queue.append((0.0, self.shares))
         i = len(queue) - 1 if fresh else 0
-        heapq.heappush(trainers, self.trainer_piece(queue, i, ready, now, take_one(trainers)))
-        if fresh and self.r.s > 1:
-            held = []
-            while i < len(queue) and trainers[0][0] <= now:  # (its last piece made: i is past the end)
-                held.append(self.trainer_piece(queue, i, ready, now, take_one(trainers)))
-            for x in held:
-                heapq.heappush(trainers, x)
+        known, shares = queue[i]
+        n, j = len(shares), 0
+        held = None
+        while True:  # the first piece, then (a fresh micro-batch in pieces) one per trainer free by `now`
+            t, out, c = trainers[0]
+            if c > 1:
+                heapreplace(trainers, (t, out, c - 1))
+            else:
+                heappop(trainers)
+            sh = shares[j]
+            t = now + (0.0 if out else s_in) + sh * gen_t
+            done = t + sh * after_t
+            if done > known:
+                known = done
+            j += 1
+            if held is None:
+                heappush(trainers, (t, True, 1))
+                if not (fresh and self.r.s > 1):
+                    break
+                held = []
+            else:
+                held.append((t, True, 1))
+            if j == n or trainers[0][0] > now:
+                break
+        if j < n:
+            queue[i] = (known, shares[j:])
+        else:
+            del queue[i]
+            insort_many(ready, known, self.r.u, 0)
+        for x in held or ():
+            heappush(trainers, x)
         return int(fresh)
-
-    def trainer_piece(self, queue: list, i: int, ready: list, now: float, out: bool) -> tuple:
-        """A trainer free at `now` (`out`: already in the helper) makes the first queued piece of
-        queue[i]: it is scored (`made`); the trainer as it is after, an entry of one (free time,
-        in the helper, 1)."""
-        sh = queue[i][1][0]
-        t = now + (0.0 if out else self.r.s_in) + sh * self.gen_t
-        self.made(queue, i, t + sh * self.after_t, ready)
-        return t, True, 1
 
     def next_ready(self, rollout: list, queue: list, fresh: int, now: float) -> float:
         """When the next micro-batch could be ready by the rollout workers alone, none starting
@@ -369,17 +360,6 @@ def _rounded(xs, q: float) -> tuple:
         else:
             out.append((b, n))
     return tuple(out)
-
-
-def take_one(trainers: list) -> bool:
-    """One trainer out of the heap's earliest entry (its count one lower, the entry gone at 0):
-    whether it is in the helper."""
-    t, o, c = trainers[0]
-    if c > 1:
-        heapq.heapreplace(trainers, (t, o, c - 1))
-    else:
-        heapq.heappop(trainers)
-    return o
 
 
 class Memo:

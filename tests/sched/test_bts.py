@@ -567,3 +567,74 @@ def test_switched_units_wait_for_their_kinds_rate_and_only_the_latest_are_kept()
     s._learn_switches()
     assert s.profile.rate("switch_out", "trainer") == 9.0 - 3.0 * 2.0
     assert len(s._switched) == SWITCHED_KEPT and s._switched[0] == ("optimizer", 1.0, 6.0)
+
+
+def test_insert_is_its_definition_one_trainer_and_one_piece_at_a_time():
+    # Search.insert (written inline) against its definition: the earliest trainer entry gives one
+    # trainer, which makes the head queued piece (or, fresh, the first piece of a new micro-batch,
+    # whose next pieces the trainers free by `now` make at once); a micro-batch with no piece left
+    # puts its u Train units into `ready`
+    import bisect
+    import heapq
+
+    def by_definition(search, trainers, queue, ready, now, fresh_first):
+        r = search.r
+
+        def take_one():
+            t, o, c = trainers[0]
+            if c > 1:
+                heapq.heapreplace(trainers, (t, o, c - 1))
+            else:
+                heapq.heappop(trainers)
+            return o
+
+        def piece(i, out):
+            sh = queue[i][1][0]
+            t = now + (0.0 if out else r.s_in) + sh * search.gen_t
+            known, shares = queue[i]
+            known = max(known, t + sh * search.after_t)
+            if len(shares) > 1:
+                queue[i] = (known, shares[1:])
+            else:
+                del queue[i]
+                k = bisect.bisect_right(ready, known)
+                ready[k:k] = [known] * r.u
+            return t, True, 1
+
+        fresh = fresh_first or not queue
+        if fresh:
+            queue.append((0.0, search.shares))
+        i = len(queue) - 1 if fresh else 0
+        heapq.heappush(trainers, piece(i, take_one()))
+        if fresh and r.s > 1:
+            held = []
+            while i < len(queue) and trainers[0][0] <= now:
+                held.append(piece(i, take_one()))
+            for x in held:
+                heapq.heappush(trainers, x)
+        return int(fresh)
+
+    rng = random.Random(11)
+    fresh_seen = queued_seen = 0
+    for _ in range(400):
+        s = rng.choice([1, 2, 4, 8])
+        r = Rates(g_r=rng.uniform(1, 5), w_r=rng.uniform(0, 1), g_t=rng.uniform(1, 8), w_t=rng.uniform(0, 1),
+                  t=1.0, u=rng.randint(1, 4), s_in=rng.choice([0.0, 0.3]), s_out=0.2, s=s,
+                  reward_pool=rng.random() < 0.5)
+        search = Search(r)
+        now = rng.choice([0.0, 1.0])
+        trainers = [(rng.choice([0.0, 1.0, 2.5]), rng.random() < 0.5, rng.randint(1, 3)) for _ in range(rng.randint(1, 5))]
+        heapq.heapify(trainers)
+        if trainers[0][0] > now:
+            continue
+        queue = [(rng.uniform(0, 3), tuple([1.0 / s] * rng.randint(1, s))) for _ in range(rng.randint(0, 2))]
+        ready = sorted(rng.uniform(0, 5) for _ in range(rng.randint(0, 6)))
+        fresh_first = rng.random() < 0.3
+        a = (trainers[:], queue[:], ready[:])
+        b = (trainers[:], queue[:], ready[:])
+        got = search.insert(*a, now, fresh_first)
+        want = by_definition(search, *b, now, fresh_first)
+        assert (got, a) == (want, b)
+        fresh_seen += got and s > 1
+        queued_seen += not got
+    assert fresh_seen > 50 and queued_seen > 50
