@@ -299,18 +299,25 @@ def _descend(ev, axes: dict, best: dict):
     not have been accepted, so the search takes the same path as without pruning."""
     best_r = ev(best)
     improved = True
+    order = list(axes.items())
+
+    def line_of(best: dict, axis: str, values: list) -> list[dict]:
+        i = values.index(best[axis])
+        if len(values) <= LINE_SEARCH_MAX:  # short axis: try every value
+            idx = range(len(values))
+        else:  # long axis (n_rollout on big clusters): neighbours and doubling jumps
+            idx = [i + s * 2 ** e for e in range(12) for s in (-1, 1)]
+        return [{**best, axis: values[j]} for j in idx if 0 <= j < len(values)]
+
     while improved:
         improved = False
-        for axis, values in axes.items():
-            i = values.index(best[axis])
-            if len(values) <= LINE_SEARCH_MAX:  # short axis: try every value
-                idx = range(len(values))
-            else:  # long axis (n_rollout on big clusters): neighbours and doubling jumps
-                idx = [i + s * 2 ** e for e in range(12) for s in (-1, 1)]
+        for a, (axis, values) in enumerate(order):
             # a move changes `best` on this axis only, so the line's candidates are known
-            # before the first is tried: the evaluator may run them side by side (jobs)
-            line = [{**best, axis: values[j]} for j in idx if 0 <= j < len(values)]
-            ev.prefetch(line, incumbent=best_r.step_s)
+            # before the first is tried: the evaluator may run them side by side (jobs); and
+            # the next axis's line, as it would be were no move taken here, may start on a
+            # process this line leaves idle (the evaluator's `ahead`)
+            line = line_of(best, axis, values)
+            ev.prefetch(line, incumbent=best_r.step_s, ahead=line_of(best, *order[(a + 1) % len(order)]))
             for cand in line:
                 r = ev(cand, incumbent=best_r.step_s)
                 if r.throughput > best_r.throughput * (1 + 1e-9):
@@ -445,6 +452,7 @@ class _Evaluator:
                             ideal_step_s(tb, cm)["step_s"] if prune else None, tuple(fixed))
         self.pool = pool  # a process pool forked with _CTX = self.ctx (prefetch), or None
         self.cache: dict = {}
+        self.running: dict = {}  # key -> the pool's pending answer of a point started ahead
         self.simulated = self.pruned = 0
 
     def _key(self, point: dict) -> tuple[dict, tuple]:
@@ -464,30 +472,50 @@ class _Evaluator:
 
     def __call__(self, point: dict, incumbent: float | None = None):
         point, key = self._key(point)
+        if key in self.running:  # started ahead on the pool: its answer, once there
+            self._store(key, *self.running.pop(key).get())
         if self._known(key, incumbent):
             return self.cache[key]
         return self._store(key, *_evaluate(self.ctx, _spec(self.ctx.mode, point, self.ctx.style, self.ctx.fixed),
                                            incumbent))
 
-    def prefetch(self, points: list[dict], incumbent: float | None) -> None:
+    def prefetch(self, points: list[dict], incumbent: float | None, ahead: list[dict] = ()) -> None:
         """Evaluate the points not yet known on the pool, against `incumbent`, before the
         serial sweep asks for them one by one (it then finds them cached). The sweep's
         incumbent only improves while it goes: a point cut short or pruned against this one
         would be against the sweep's too, and a point run to its end here cannot beat an
         incumbent its run would have been stopped at. Either way the sweep moves as it would
-        without the prefetch."""
+        without the prefetch.
+
+        `ahead`: points the sweep may ask for next (the next line, were no move taken on this
+        one). Up to one fewer than the pool's processes of them are queued behind these points,
+        so that a process this line leaves idle starts one; they go on while the sweep runs and
+        their answers are taken when asked for (`running`). Their incumbent is this one, which
+        the sweep's can only improve on within a descent, and a cached bound is asked again
+        against a worse incumbent (`_known`): the sweep still moves as it would without them."""
         if self.pool is None:
             return
+        for key in [k for k, r in self.running.items() if r.ready()]:  # ahead points done: counted, cached
+            self._store(key, *self.running.pop(key).get())
         todo: dict[tuple, dict] = {}
         for p in points:
             p, key = self._key(p)
-            if key not in todo and not self._known(key, incumbent):
+            if key not in todo and key not in self.running and not self._known(key, incumbent):
                 todo[key] = p
-        if len(todo) < 2:
-            return
-        jobs_ = [(_spec(self.ctx.mode, p, self.ctx.style, self.ctx.fixed), incumbent) for p in todo.values()]
-        for key, (r, sims) in zip(todo, self.pool.map(_pool_evaluate, jobs_, chunksize=1)):
-            self._store(key, r, sims)
+        spare = {}
+        for p in ahead:
+            if len(spare) >= max(1, _JOBS - 1):
+                break
+            p, key = self._key(p)
+            if key not in todo and key not in spare and key not in self.running and not self._known(key, incumbent):
+                spare[key] = p
+        if len(todo) + len(spare) < 2 and not self.running:
+            return  # (one point alone: evaluated here, with no pool round trip)
+        for key, p in [*todo.items(), *spare.items()]:
+            self.running[key] = self.pool.apply_async(
+                _pool_evaluate, ((_spec(self.ctx.mode, p, self.ctx.style, self.ctx.fixed), incumbent),))
+        for key in todo:
+            self._store(key, *self.running.pop(key).get())
 
 
 def _pruned(tb: Testbed, spec: RunSpec, bound: float) -> "_Pruned":
@@ -584,7 +612,12 @@ def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) ->
     # in every optimizer step's barrier, where a split keeps idle rollout workers
     pinned = {"n_rollout": [0]} if axes.get("n_rollout", [None])[0] == 0 and first.get("n_rollout") else None
     if pinned and sum(useful_gpus(tb, cm)) >= tb.n_gpus:
+        # every descent's first point, side by side (jobs): each is simulated whole, with no
+        # incumbent, as the descent would ask for it
+        ev.prefetch([{**first, "n_rollout": 0}] + starts, incumbent=None)
         starts.append(_descend(ev, {**axes, **pinned}, {**first, "n_rollout": 0})[0])
+    else:
+        ev.prefetch(starts, incumbent=None)
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)

@@ -226,21 +226,30 @@ def test_cli_plan_prints_a_runnable_plan_where_no_replica_fits(capsys, tmp_path)
 
 @pytest.mark.slow
 def test_a_search_on_two_processes_chooses_what_one_process_does():
-    """jobs(2) runs each search line's points side by side, against the line's first incumbent:
-    the same plan, the same figures, whatever each process pruned or cut short."""
-    from digenrl.sim.planner import jobs
-
+    """jobs(2) runs each search line's points side by side, against the line's first incumbent,
+    and starts points of the next line ahead on a process the line leaves idle: the same plan,
+    the same figures, whatever each process pruned or cut short. Some points the sweep asks for
+    must have been started ahead (`_Evaluator.running`)."""
     tb = load_testbed(SMALL)
     labels = ("digenrl", "one-step-off")
-    code = ("from digenrl.sim.planner import jobs, plan\n"
+    code = ("from digenrl.sim import planner\n"
+            "from digenrl.sim.planner import jobs, plan\n"
             "from digenrl.sim.testbed import load_testbed\n"
             "from tests.sim.test_planner import ROWS, SMALL\n"
+            "ahead, call = [0], planner._Evaluator.__call__\n"
+            "def counting(self, point, incumbent=None):\n"
+            "    ahead[0] += self._key(point)[1] in self.running\n"
+            "    return call(self, point, incumbent)\n"
+            "planner._Evaluator.__call__ = counting\n"
             "with jobs(2):\n"
-            f"    print(repr([(p.spec, p.step_s, p.throughput) for p in (plan(load_testbed(SMALL), mode=ROWS[l][0], "
-            f"style=ROWS[l][1]) for l in {labels!r})]))\n")
-    two = _fresh_process(code)  # forks its pool there (sim/planner._fork_safe)
+            f"    got = [(p.spec, p.step_s, p.throughput) for p in (plan(load_testbed(SMALL), mode=ROWS[l][0], "
+            f"style=ROWS[l][1]) for l in {labels!r})]\n"
+            "print(ahead[0])\n"
+            "print(repr(got))\n")
+    out = _fresh_process(code, lines=2)  # forks its pool there (sim/planner._fork_safe)
     one = [(p.spec, p.step_s, p.throughput) for p in (plan(tb, mode=ROWS[l][0], style=ROWS[l][1]) for l in labels)]
-    assert two == repr(one)
+    assert out[1] == repr(one)
+    assert int(out[0]) > 0
 
 
 def _square_or_refuse(x: int) -> int:
@@ -249,15 +258,17 @@ def _square_or_refuse(x: int) -> int:
     return x * x
 
 
-def _fresh_process(code: str) -> str:
+def _fresh_process(code: str, lines: int = 1):
     """Run `code` in a new Python process (one thread, as the CLI's: the planner forks its workers
-    only there, sim/planner._fork_safe) and return its last line of output."""
+    only there, sim/planner._fork_safe) and return its last line of output (lines > 1: its last
+    `lines` lines)."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
-    return out.stdout.strip().splitlines()[-1]
+    last = out.stdout.strip().splitlines()[-lines:]
+    return last[0] if lines == 1 else last
 
 
 def test_side_by_side_keeps_the_items_order_and_raises_what_a_task_raised():
