@@ -264,6 +264,7 @@ class Scheduler:
                 self._match_continuations(out, barrier)
         if not eager and idle_r:  # lazy: sync once nothing is left for the old weights
             self._match_syncs(out)
+        self._tail_sum = None  # (carried between the questions of one assign() only)
         return out
 
     @property
