@@ -180,8 +180,8 @@ class Scheduler:
         self._tail: dict[str, _W] = {}
         # the running pieces' part of BTS's state, summed over `_tail` by the last question of this
         # assign() (`_bts_insert`): within one assign() `_tail` only grows and nothing a summed
-        # piece's figures read changes, so the next question adds the pieces started since
-        self._assigns = 0
+        # piece's figures read changes, so the next question adds the pieces started since. None
+        # outside assign() (reset as it starts and as it returns)
         self._tail_sum: Optional[tuple] = None
         self.decisions: list[Decision] = []
         self._pushed = 0  # pieces ever queued (_push_cont): a SkipBubble's hold ends when one is
@@ -222,7 +222,7 @@ class Scheduler:
     def assign(self) -> list[Assignment]:
         """New units for idle workers, highest priority first (see package doc)."""
         self._started = True
-        self._assigns += 1
+        self._tail_sum = None
         self._handover_pending = 0
         if self._waves:
             self._waves = []
@@ -464,13 +464,14 @@ class Scheduler:
         """Switched units (kind, work, seconds) whose kind has a plain unit's rate go to the
         profile's ("switch_out", trainer): what each took beyond a unit of its kind and size; the
         others wait for one."""
-        rate = self.profile.rate
-        if all(rate(k, "trainer") is None for k in set(map(itemgetter(0), self._switched))):
+        # each waiting kind's rate, once (learning a switch moves only ("switch_out", trainer))
+        rates = {k: self.profile.rate(k, "trainer") for k in set(map(itemgetter(0), self._switched))}
+        if all(rate is None for rate in rates.values()):
             del self._switched[:-SWITCHED_KEPT]  # none can be learned yet: the latest kept, as below
             return
         wait = []
         for k, work, seconds in self._switched:
-            rate = self.profile.rate(k, "trainer")
+            rate = rates[k]
             if rate is None:
                 wait.append((k, work, seconds))
                 continue
@@ -637,7 +638,7 @@ class Scheduler:
             return (n if rows is None else rows[1] - rows[0]) / n
 
         # the running pieces, summed (a later question of this assign() adds those started since)
-        tok, tail = (self._assigns, step, r, handback), self._tail
+        tok, tail = (step, r, handback), self._tail
         got = self._tail_sum
         if got is not None and got[0] == tok and got[1] <= len(tail):
             _, seen, alike, running_trains, busy, known = got

@@ -498,17 +498,14 @@ class _Evaluator:
         for key in [k for k, r in self.running.items() if r.ready()]:  # ahead points done: counted, cached
             self._store(key, *self.running.pop(key).get())
         todo: dict[tuple, dict] = {}
-        for p in points:
-            p, key = self._key(p)
-            if key not in todo and key not in self.running and not self._known(key, incumbent):
-                todo[key] = p
-        spare = {}
-        for p in ahead:
-            if len(spare) >= max(1, _JOBS - 1):
-                break
-            p, key = self._key(p)
-            if key not in todo and key not in spare and key not in self.running and not self._known(key, incumbent):
-                spare[key] = p
+        spare: dict[tuple, dict] = {}
+        for into, ps, most in ((todo, points, len(points)), (spare, ahead, max(1, _JOBS - 1))):
+            for p in ps:  # those neither known nor taken yet
+                if len(into) >= most:
+                    break
+                p, key = self._key(p)
+                if key not in todo and key not in spare and key not in self.running and not self._known(key, incumbent):
+                    into[key] = p
         if len(todo) + len(spare) < 2 and not self.running:
             return  # (one point alone: evaluated here, with no pool round trip)
         for key, p in [*todo.items(), *spare.items()]:
@@ -611,13 +608,12 @@ def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) ->
     # step cannot use every GPU (useful_gpus): there that regime keeps idle trainer gangs, each
     # in every optimizer step's barrier, where a split keeps idle rollout workers
     pinned = {"n_rollout": [0]} if axes.get("n_rollout", [None])[0] == 0 and first.get("n_rollout") else None
-    if pinned and sum(useful_gpus(tb, cm)) >= tb.n_gpus:
-        # every descent's first point, side by side (jobs): each is simulated whole, with no
-        # incumbent, as the descent would ask for it
-        ev.prefetch([{**first, "n_rollout": 0}] + starts, incumbent=None)
-        starts.append(_descend(ev, {**axes, **pinned}, {**first, "n_rollout": 0})[0])
-    else:
-        ev.prefetch(starts, incumbent=None)
+    all_trainer = [{**first, "n_rollout": 0}] if pinned and sum(useful_gpus(tb, cm)) >= tb.n_gpus else []
+    # every descent's first point, side by side (jobs): each is simulated whole, with no
+    # incumbent, as the descent would ask for it
+    ev.prefetch(all_trainer + starts, incumbent=None)
+    for s0 in all_trainer:
+        starts.append(_descend(ev, {**axes, **pinned}, s0)[0])
     best, best_r = None, None
     for s0 in starts:
         p, r = _descend(ev, axes, s0)

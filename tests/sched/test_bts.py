@@ -530,7 +530,7 @@ def test_a_question_carrying_the_last_ones_running_pieces_decides_as_one_that_su
 
     def counting(self, ws, step, fresh, fragment=False):
         nonlocal carried
-        carried += self._tail_sum is not None and self._tail_sum[0][0] == self._assigns
+        carried += self._tail_sum is not None  # (None outside assign() and at its first question)
         return real(self, ws, step, fresh, fragment)
 
     def from_scratch(self, ws, step, fresh, fragment=False):
