@@ -139,7 +139,7 @@ ON_POLICY = ("colocated", "disagg-sync", "gap", "gap+tsp", "gap+tsp+tag")  # lag
 class Bound:
     """Lower bounds on a point's measured step time (point_bound). `step_s`: on the whole step;
     `trainer_step_s`: on every RL step's wall time (its training and optimizer work on the
-    trainer GPUs); `other_s`: work of other steps the window may hold, per GPU of the device type
+    trainer GPUs; lag 0 on one device type: all its work on every GPU); `other_s`: work of other steps the window may hold, per GPU of the device type
     (subtracted from the window's wall time, see point_bound)."""
 
     step_s: float
@@ -167,6 +167,11 @@ def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: fl
                   the syncs of the version it starts with (R of them) and, in lag-1 modes, step
                   b+1's generation (at most one step of Generate and Reward units, each priced
                   where it costs most), so step_s >= (train + T opt) / T - (syncs + that) / (N n)
+      lag 0       (ON_POLICY's modes, and digenrl without TCSS: run.sched.lag) on one device type:
+                  a step's Generate, Reward, Train and OptimizerStep units all run between the
+                  optimizer step before it and its own, so every step, not only the window's
+                  mean, takes >= all its work / N (trainer_step_s, which the early stop charges
+                  each step left)
       rollout     lag-0 modes without TAG: the same for generation on the R rollout GPUs
     Raises ValueError where the point cannot run (as run_spec would)."""
     cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
@@ -183,17 +188,18 @@ def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: fl
     bound = ideal if ideal is not None else ideal_step_s(tb, cm)["step_s"]
     one_type = len({lay.device[w.id] for w in lay.workers}) == 1
     n_dev = lay.n_gpus if one_type else t_gpus
-    if one_type:
-        bound = max(bound, (sum(u_t.values()) - u_t["optimizer"] + t_gpus * opt) / lay.n_gpus)
+    lag0 = run.sched.lag == 0  # ON_POLICY's modes, and digenrl without TCSS
+    every = (sum(u_t.values()) - u_t["optimizer"] + t_gpus * opt) / lay.n_gpus if one_type else 0.0
+    bound = max(bound, every)
     other = r_gpus * fn._sync(lay.device[rollout[0].id]) if rollout else 0.0
-    if spec.mode not in ON_POLICY:
+    if not lag0:
         other += _step_generation_max(fn, run, trainers, rollout)
-    if not one_type and spec.mode in ON_POLICY:  # trainers on a device type of their own, lag 0
+    if not one_type and lag0:  # trainers on a device type of their own, lag 0
         other = 0.0
     # every step runs at least one Train unit, then every trainer's OptimizerStep (the barrier); a
     # lag-0 step also generates and scores a whole trajectory after the version it needs exists
-    chain = _chain_s(fn, run, trainers, rollout, spec.mode in ON_POLICY)
-    per_step = max((u_t["train"] + t_gpus * opt) / t_gpus, chain + opt)
+    chain = _chain_s(fn, run, trainers, rollout, lag0)
+    per_step = max((u_t["train"] + t_gpus * opt) / t_gpus, chain + opt, every if lag0 else 0.0)
     bound = max(bound, per_step - other / n_dev / n_win)
     if rollout and spec.mode in ("disagg-sync", "gap", "gap+tsp"):
         u_r = useful_work(tb, lay.device[rollout[0].id], cm)

@@ -189,6 +189,42 @@ def test_point_bound_is_below_every_run():
     assert n >= 20
 
 
+def test_a_lag0_step_holds_all_its_work_so_every_step_is_at_least_its_share_of_it():
+    """digenrl without TCSS is lag 0 like report.ON_POLICY's modes: a step's Generate, Reward,
+    Train and OptimizerStep units all run between the optimizer step before it and its own, so
+    each step takes at least the step's useful work over every GPU. point_bound says so
+    (Bound.trainer_step_s, which the early stop charges every step left of the window), and every
+    step of a 12-step run, the first included, is at least that long."""
+    import random
+
+    from digenrl.sim.costs import default_cost_model
+    from digenrl.sim.planner import _spec, snap
+    from digenrl.sim.report import point_bound, useful_work
+
+    cm, rng, n = default_cost_model(), random.Random(11), 0
+    for name in (SMALL, "h200x16-qwen"):
+        tb = load_testbed(name)
+        for mode in ("digenrl", "gap+tsp+tag"):
+            for _ in range(4):
+                spec = _spec(mode, snap(tb, {k: rng.choice(v) for k, v in grid(tb, mode).items()}), None)
+                try:
+                    r = run_spec(tb, spec, 12, cm, keep_trace=True)
+                except ValueError:
+                    continue
+                b = point_bound(tb, spec, 12, cm)
+                u = useful_work(tb, tb.pools[0].device, cm)
+                every = (sum(u.values()) - u["optimizer"]) / tb.n_gpus
+                assert b.trainer_step_s > every, (name, spec, b)  # (lag 1 would be train alone per trainer)
+                ends: dict = {}
+                for sp in r.trace.spans:
+                    if sp.kind == "optimizer":
+                        ends[sp.step] = max(ends.get(sp.step, 0.0), sp.end)
+                steps = [ends[0]] + [ends[k] - ends[k - 1] for k in range(1, 12)]
+                assert min(steps) >= b.trainer_step_s * (1 - 1e-12), (name, spec, b, steps)
+                n += 1
+    assert n >= 10
+
+
 def test_cli_plan_names_the_smallest_change_when_nothing_fits(tmp_path, capsys):
     """A 14B video full fine-tune on 2 L40S (48 GB): no plan fits, even one gang of both GPUs with the
     AdamW state on the host; plan says so with the memory figure and names the smallest change."""
