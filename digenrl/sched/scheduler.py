@@ -16,7 +16,7 @@ from collections import Counter, deque
 from itertools import islice, repeat
 from operator import itemgetter
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 from .bts import Decision, Memo, Profile, Rates, decide
 from .config import SchedConfig
@@ -120,6 +120,17 @@ class _W:
         self.id, self.role = self.worker.id, self.worker.role
 
 
+class _TailSum(NamedTuple):
+    """The running pieces of one step, summed by a question of BTS (`Scheduler._bts_insert`)."""
+
+    token: tuple  # (step, rates, handback): what the summed figures read
+    seen: int  # how many of `_tail`'s workers were summed (in order)
+    alike: dict  # piece key -> (left, busy span): pieces alike, priced once
+    running_trains: int
+    busy: dict  # role -> runs [left, until, workers]
+    known: dict  # micro-batch -> when its pieces in flight are scored
+
+
 class Scheduler:
     """Decides which unit runs on which worker next. Never reads a clock.
 
@@ -182,7 +193,7 @@ class Scheduler:
         # assign() (`_bts_insert`): within one assign() `_tail` only grows and nothing a summed
         # piece's figures read changes, so the next question adds the pieces started since. None
         # outside assign() (reset as it starts and as it returns)
-        self._tail_sum: Optional[tuple] = None
+        self._tail_sum: Optional[_TailSum] = None
         self.decisions: list[Decision] = []
         self._pushed = 0  # pieces ever queued (_push_cont): a SkipBubble's hold ends when one is
         self._bts_skip: list = [None, None]  # the bubble a SkipBubble holds for: a fresh micro-batch's, a fragment's
@@ -367,7 +378,7 @@ class Scheduler:
                 else:
                     expected.update(zip(wids, repeat(seconds)))
             return
-        pending, lkey, w = self._lk_pending, self._lkey, self._w
+        pending, lkey, w, lk_set = self._lk_pending, self._lkey, self._w, self._lk_set
         key = None
         for wids, _, seconds in started:
             if key is None or key[1] != seconds:
@@ -377,14 +388,7 @@ class Scheduler:
             for wid in wids:
                 expected[wid] = seconds
                 if pending.pop(wid, None) is not None or wid in lkey:
-                    m = lefts.get(w[wid].role)
-                    if m is None:
-                        continue
-                    old = lkey.get(wid)
-                    if old is not None:
-                        _uncount(m, old)
-                    lkey[wid] = key
-                    m[key] = m.get(key, 0) + 1
+                    lk_set(wid, w[wid].role, key)
 
     def _expect_wave(self, wids, key: tuple) -> bool:
         """expect_all's loop for a sync wave at once (its workers all of one role), where it is the
@@ -640,7 +644,7 @@ class Scheduler:
         # the running pieces, summed (a later question of this assign() adds those started since)
         tok, tail = (step, r, handback), self._tail
         got = self._tail_sum
-        if got is not None and got[0] == tok and got[1] <= len(tail):
+        if got is not None and got.token == tok and got.seen <= len(tail):
             _, seen, alike, running_trains, busy, known = got
             pieces_of = islice(tail.values(), seen, None)
         else:
@@ -680,7 +684,7 @@ class Scheduler:
                 known[mb] = left
             elif mb not in known:
                 known[mb] = 0.0  # (max(0.0, left), as `at` takes it)
-        self._tail_sum = (tok, len(tail), alike, running_trains, busy, known)
+        self._tail_sum = _TailSum(tok, len(tail), alike, running_trains, busy, known)
         known = dict(known)  # (the summed one stays as it is for the next question)
 
         def at(mb: int, t: float) -> None:

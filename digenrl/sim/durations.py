@@ -484,26 +484,14 @@ class DurationFn:
         that price is known (memo), each is that price plus the worker's own TAG switch (priced
         one by one, in order), and its overhead is replayed once per worker, name by name in the
         order one by one would add it (each name already counted, so no name moves in order)."""
-        k = len(wids)
-        kind = type(unit)
-        if not (self.memo and k > 1 and (kind is WeightSync or kind is OptimizerStep)):
-            return [self(workers[w], unit) for w in wids]
-        device, trainers = self.layout.device, self.layout.trainer_ids
-        first = workers[wids[0]]
-        dev = device.get(first.id)
-        if dev is None or list(map(device.get, wids)).count(dev) != k or not (
-                trainers.issuperset(wids) if first.role == "trainer" else trainers.isdisjoint(wids)) or (
-                first.role == "colocated" and any(workers[w].role != "colocated" for w in wids)):
-            return [self(workers[w], unit) for w in wids]
-        key = self._unit_key(first, dev, unit)
-        head = [] if key in self._units else [self(first, unit)]  # the first priced as one by one would
-        hit = self._units.get(key)
-        over = self.overhead_ws
-        if hit is None or any(name not in over or name.startswith("tag_switch_") for name, _ in hit[1]):
+        head, hit = self._wave_price(workers, wids, unit)
+        if hit is None:  # one by one (after the first, where it was priced)
             return head + [self(workers[w], unit) for w in wids[len(head):]]
         t, log, gathered = hit
+        first = workers[wids[0]]
         wids = wids[len(head):]
         k = len(wids)
+        over = self.overhead_ws
         if self.tag and first.role == "trainer":  # as __call__: the switch, then the unit's price
             out = head + [self._tag_switch(workers[w], unit) + t for w in wids]
         else:
@@ -520,6 +508,29 @@ class DurationFn:
         if gathered is not None:
             self._gathered.update(zip(wids, repeat(gathered)))
         return out
+
+    def _wave_price(self, workers: dict, wids: list, unit) -> tuple[list, tuple | None]:
+        """(the wave's first worker's seconds where `wave` priced it one by one, else [];
+        the memo's (price, overhead log, gathered) `wave` replays for every worker, or None
+        where they are priced one by one: not a WeightSync or OptimizerStep wave of one role on
+        one device, not in the memo, or with overhead names not counted yet or TAG switches)."""
+        kind = type(unit)
+        if not (self.memo and len(wids) > 1 and (kind is WeightSync or kind is OptimizerStep)):
+            return [], None
+        device, trainers = self.layout.device, self.layout.trainer_ids
+        first = workers[wids[0]]
+        dev = device.get(first.id)
+        if dev is None or list(map(device.get, wids)).count(dev) != len(wids) or not (
+                trainers.issuperset(wids) if first.role == "trainer" else trainers.isdisjoint(wids)) or (
+                first.role == "colocated" and any(workers[w].role != "colocated" for w in wids)):
+            return [], None
+        key = self._unit_key(first, dev, unit)
+        head = [] if key in self._units else [self(first, unit)]  # the first priced as one by one would
+        hit = self._units.get(key)
+        over = self.overhead_ws
+        if hit is None or any(name not in over or name.startswith("tag_switch_") for name, _ in hit[1]):
+            return head, None
+        return head, hit
 
     def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:
         """What a unit's cost depends on (see __call__)."""
