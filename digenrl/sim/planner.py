@@ -294,9 +294,19 @@ def default_point(tb: Testbed, mode: str, axes: dict, cm: CostModel | None = Non
 
 
 def _descend(ev, axes: dict, best: dict):
+    """Coordinate search from `best` until no single-axis move improves throughput (`_descent`),
+    alone: (best point, its result)."""
+    return _descents(ev, axes, [best])[0]
+
+
+def _descent(ev, axes: dict, best: dict):
     """Coordinate search from `best` until no single-axis move improves throughput. A candidate
     whose lower bound (report.point_bound) cannot beat the incumbent is not simulated: it could
-    not have been accepted, so the search takes the same path as without pruning."""
+    not have been accepted, so the search takes the same path as without pruning.
+
+    A generator: before it asks for a line's candidates it yields (the line, the incumbent's step
+    time, the next line's candidates as they would be were no move taken on this line), for its
+    caller to start them on the evaluator's pool (`_descents`); it returns (best, best_r)."""
     best_r = ev(best)
     improved = True
     order = list(axes.items())
@@ -313,16 +323,57 @@ def _descend(ev, axes: dict, best: dict):
         improved = False
         for a, (axis, values) in enumerate(order):
             # a move changes `best` on this axis only, so the line's candidates are known
-            # before the first is tried: the evaluator may run them side by side (jobs); and
-            # the next axis's line, as it would be were no move taken here, may start on a
-            # process this line leaves idle (the evaluator's `ahead`)
+            # before the first is tried: the evaluator may run them side by side (jobs)
             line = line_of(best, axis, values)
-            ev.prefetch(line, incumbent=best_r.step_s, ahead=line_of(best, *order[(a + 1) % len(order)]))
+            yield line, best_r.step_s, line_of(best, *order[(a + 1) % len(order)])
             for cand in line:
                 r = ev(cand, incumbent=best_r.step_s)
                 if r.throughput > best_r.throughput * (1 + 1e-9):
                     best, best_r, improved = cand, r, True
     return best, best_r
+
+
+def _descents(ev, axes: dict, starts: list) -> list:
+    """[(best point, its result)] of a descent (`_descent`) from each of `starts`, in their order.
+
+    On a pool of processes (jobs), up to as many descents as processes go on at once, taking
+    turns a line at a time: a descent's line is started on the pool as it is reached, and while
+    the parent reads one descent's line the processes work on the others'. A line of a short axis
+    (reshard, offload: one new point) no longer leaves a process idle, nor does the end of a line
+    whose points took unequal times. Only a descent going on alone starts the next line's points
+    ahead (`_Evaluator.prefetch`), since those are simulated for nothing where a move is taken.
+
+    Each descent takes the path it takes alone: the evaluator's answer to a point against an
+    incumbent does not depend on what it holds from other descents (a result is the same
+    whenever it was simulated; a bound or an early stop is used only where it shows that the point
+    cannot beat this incumbent, and is asked again otherwise, `_Evaluator._known`). So the
+    descents end where they end one after the other, and the plan is the same for any number of
+    processes (`test_a_search_on_two_processes_chooses_what_one_process_does`)."""
+    from collections import deque
+
+    width = max(1, _JOBS) if ev.pool is not None else 1
+    out: list = [None] * len(starts)
+    waiting = iter(enumerate(starts))
+    going: deque = deque()
+
+    def turn(i: int, g) -> None:  # the descent reads its started line, then starts its next one
+        try:
+            line, incumbent, ahead = next(g)
+        except StopIteration as done:
+            out[i] = done.value
+            return
+        ev.prefetch(line, incumbent, ahead=() if going else ahead, wait=False)
+        going.append((i, g))
+
+    while True:
+        while len(going) < width:
+            nxt = next(waiting, None)
+            if nxt is None:
+                break
+            turn(nxt[0], _descent(ev, axes, nxt[1]))
+        if not going:
+            return out
+        turn(*going.popleft())
 
 
 # -- evaluating points side by side --------------------------------------------------------
@@ -479,7 +530,8 @@ class _Evaluator:
         return self._store(key, *_evaluate(self.ctx, _spec(self.ctx.mode, point, self.ctx.style, self.ctx.fixed),
                                            incumbent))
 
-    def prefetch(self, points: list[dict], incumbent: float | None, ahead: list[dict] = ()) -> None:
+    def prefetch(self, points: list[dict], incumbent: float | None, ahead: list[dict] = (),
+                 wait: bool = True) -> None:
         """Evaluate the points not yet known on the pool, against `incumbent`, before the
         serial sweep asks for them one by one (it then finds them cached). The sweep's
         incumbent only improves while it goes: a point cut short or pruned against this one
@@ -492,7 +544,10 @@ class _Evaluator:
         so that a process this line leaves idle starts one; they go on while the sweep runs and
         their answers are taken when asked for (`running`). Their incumbent is this one, which
         the sweep's can only improve on within a descent, and a cached bound is asked again
-        against a worse incumbent (`_known`): the sweep still moves as it would without them."""
+        against a worse incumbent (`_known`): the sweep still moves as it would without them.
+
+        `wait=False`: `points` go on as `ahead` ones do, their answers taken when asked for (the
+        descents taking turns, `_descents`)."""
         if self.pool is None:
             return
         for key in [k for k, r in self.running.items() if r.ready()]:  # ahead points done: counted, cached
@@ -511,8 +566,9 @@ class _Evaluator:
         for key, p in [*todo.items(), *spare.items()]:
             self.running[key] = self.pool.apply_async(
                 _pool_evaluate, ((_spec(self.ctx.mode, p, self.ctx.style, self.ctx.fixed), incumbent),))
-        for key in todo:
-            self._store(key, *self.running.pop(key).get())
+        if wait:
+            for key in todo:
+                self._store(key, *self.running.pop(key).get())
 
 
 def _pruned(tb: Testbed, spec: RunSpec, bound: float) -> "_Pruned":
@@ -615,8 +671,7 @@ def _plan(ev: _Evaluator, tb, mode, style, cm, axes, start, extra_starts, t0) ->
     for s0 in all_trainer:
         starts.append(_descend(ev, {**axes, **pinned}, s0)[0])
     best, best_r = None, None
-    for s0 in starts:
-        p, r = _descend(ev, axes, s0)
+    for p, r in _descents(ev, axes, starts):
         if best_r is None or r.throughput > best_r.throughput * (1 + 1e-9):
             best, best_r = p, r
     if isinstance(best_r, _Infeasible):

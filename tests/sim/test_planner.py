@@ -263,9 +263,10 @@ def test_cli_plan_prints_a_runnable_plan_where_no_replica_fits(capsys, tmp_path)
 @pytest.mark.slow
 def test_a_search_on_two_processes_chooses_what_one_process_does():
     """jobs(2) runs each search line's points side by side, against the line's first incumbent,
-    and starts points of the next line ahead on a process the line leaves idle: the same plan,
-    the same figures, whatever each process pruned or cut short. Some points the sweep asks for
-    must have been started ahead (`_Evaluator.running`)."""
+    two descents taking turns a line at a time (planner._descents), and a descent going on alone
+    starts points of its next line ahead: the same plan, the same figures, whatever each process
+    pruned or cut short. Some points the sweep asks for must have been started before it asked
+    (`_Evaluator.running`)."""
     tb = load_testbed(SMALL)
     labels = ("digenrl", "one-step-off")
     code = ("from digenrl.sim import planner\n"
@@ -286,6 +287,50 @@ def test_a_search_on_two_processes_chooses_what_one_process_does():
     one = [(p.spec, p.step_s, p.throughput) for p in (plan(tb, mode=ROWS[l][0], style=ROWS[l][1]) for l in labels)]
     assert out[1] == repr(one)
     assert int(out[0]) > 0
+
+
+def test_descents_taking_turns_end_where_each_ends_alone(monkeypatch):
+    """planner._descents with three descents going on at once, each line started on a pool (here
+    one that evaluates a point when its answer is read, so the order is the test's, not the
+    machine's) and read while the others' lines wait: each descent ends at the point, and with the
+    figures, it reaches alone on a fresh evaluator, though the cache it shares holds the others'
+    points, some cut short against their incumbents."""
+    from digenrl.sim import planner
+    from digenrl.sim.costs import default_cost_model
+
+    class Lazy:  # apply_async's answer, evaluated when read
+        def __init__(self, fn, args):
+            self.fn, self.args, self.got = fn, args, None
+
+        def ready(self):
+            return self.got is not None
+
+        def get(self):
+            if self.got is None:
+                self.got = self.fn(*self.args)
+            return self.got
+
+    class Pool:
+        started = 0
+
+        def apply_async(self, fn, args):
+            self.started += 1
+            return Lazy(fn, args)
+
+    tb, cm = load_testbed(SMALL), default_cost_model()
+    axes = grid(tb, "digenrl", None, cm)
+    first = planner.default_point(tb, "digenrl", axes, cm)
+    mbs = axes["micro_batch_groups"]
+    starts = [first] + [{**first, "micro_batch_groups": v} for v in (mbs[len(mbs) // 2], mbs[-1])]
+    ev = planner._Evaluator(tb, "digenrl", None, planner.PLAN_STEPS, cm)
+    ev.pool = Pool()
+    monkeypatch.setattr(planner, "_CTX", ev.ctx)
+    monkeypatch.setattr(planner, "_JOBS", 3)
+    together = planner._descents(ev, axes, starts)
+    assert ev.pool.started > len(starts)
+    for s0, (p, r) in zip(starts, together):
+        q, qr = planner._descend(planner._Evaluator(tb, "digenrl", None, planner.PLAN_STEPS, cm), axes, s0)
+        assert (p, r.step_s, r.throughput) == (q, qr.step_s, qr.throughput), s0
 
 
 def _square_or_refuse(x: int) -> int:
