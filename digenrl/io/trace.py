@@ -64,6 +64,7 @@ class Trace:
     alive: dict[str, list] = field(default_factory=dict)  # worker id -> [join, leave or None]
     end: float = 0.0
     n_events: int = 0
+    stopped: bool = False  # the run ended before its last step (sim.engine.run_virtual: on_version, until_synced)
 
     # What the event loop records, through these so a TraceLog can write it as it comes.
     def add(self, span: Span) -> None:

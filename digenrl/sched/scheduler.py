@@ -358,6 +358,11 @@ class Scheduler:
             if not st.fresh:
                 self._open.remove(s)
 
+    @property
+    def syncing(self) -> int:
+        """WeightSync units in flight."""
+        return self._n_syncing
+
     # ------------------------------------------------------------------ BTS
     def expect(self, worker_id: str, unit: Unit, seconds: float) -> None:
         """The running `unit` will take `seconds` (the simulator knows it at launch): BTS learns

@@ -31,6 +31,7 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
                 record: bool = True,
                 max_events: Optional[int] = None,
                 on_version: Optional[Callable[[int, float], bool]] = None,
+                until_synced: Optional[int] = None,
                 quiet_syncs: bool = True,
                 batched: bool = True,
                 classes: bool = True) -> Trace:
@@ -47,7 +48,10 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     are listed under "missed". `record=False` keeps only counters (for very large runs).
     `on_version(version, now)`: called when the trainers' version advances (an
     optimizer step ended); True stops the run there (`trace.stopped`; the planner's early stop,
-    report.run_spec_within). Raises RuntimeError on deadlock (nothing running, not done).
+    report.run_spec_within). `until_synced`: a version; the run stops (`trace.stopped`) at the
+    first event after which the trainers hold it and no weight sync is in flight (a lag-0 run's
+    window closed and the syncs that count for its last step ended, report.run_spec_within).
+    Raises RuntimeError on deadlock (nothing running, not done).
 
     `quiet_syncs` (exact; False is the reference, tests/sim/test_engine_fast.py): a weight sync
     that ends right after another one of the same version whose completion only returned its
@@ -86,14 +90,14 @@ def run_virtual(scheduler: Scheduler, duration_fn: Callable[[Worker, Unit], floa
     gc.disable()
     try:
         return _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max_events, on_version,
-                    quiet_syncs, batched, classes)
+                    quiet_syncs, batched, classes, until_synced)
     finally:
         if enabled:
             gc.enable()
 
 
 def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max_events, on_version, quiet_syncs,
-         batched, classes) -> Trace:
+         batched, classes, until_synced=None) -> Trace:
     workers: dict[str, Worker] = {w.id: w for w in scheduler.workers}
     trace = Trace(workers={wid: w.role for wid, w in workers.items()},
                   alive={wid: [0.0, None] for wid in workers})
@@ -299,6 +303,9 @@ def _run(scheduler, duration_fn, failures, joins, drains, deadlines, record, max
             if max_events is not None and n_events > max_events:
                 raise RuntimeError(f"max_events={max_events} exceeded at t={now}")
             quiet = parked if launch() == 0 else None
+            if until_synced is not None and scheduler.version >= until_synced and not scheduler.syncing:
+                trace.stopped = stop = True
+                break
     trace.end = now
     trace.n_events = n_events
     return trace

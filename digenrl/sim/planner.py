@@ -481,6 +481,8 @@ def _evaluate(ctx: _Context, spec: RunSpec, incumbent: float | None):
                 return run_spec(tb, spec, steps, cm), 1
             r = run_spec_within(tb, spec, steps, cm, incumbent, b)
             return (_pruned(tb, spec, r) if isinstance(r, float) else r), 1
+        if ctx.prune:  # no incumbent: a lag-0 run still leaves out what follows its window
+            return run_spec_within(tb, spec, steps, cm, float("inf"), None, ctx.check_memory), 1
         return run_spec(tb, spec, steps, cm, check_memory=ctx.check_memory), 1
     except ValueError as e:  # e.g. no trainer gang on this split holds the training state
         return _Infeasible(spec, str(e)), 0

@@ -208,10 +208,19 @@ def point_bound(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, ideal: fl
     return Bound(bound, per_step, other / n_dev)
 
 
-def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incumbent: float, bound: Bound):
+def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incumbent: float,
+                    bound: Bound | None, check_memory: bool = True):
     """run_spec, stopped as soon as the point's bound (Bound.after, once its window opened) shows
-    its step time cannot be below `incumbent`: returns the RunResult, or the bound it reached."""
-    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm)
+    its step time cannot be below `incumbent` (bound None: never): returns the RunResult, or the
+    bound it reached.
+
+    A lag-0 run (run.sched.lag 0) also stops once its window has closed (optimizer step b) and
+    the weight syncs of the version step b made have ended (`run_virtual(until_synced=)`): those
+    syncs are step b's work, and no unit of a later step starts before that version exists, so
+    nothing else after optimizer step b weighs in measure(): the same step time, throughput and
+    bubbles as the whole run, to the bit (tests/sim/test_planner.py). Its breakdown is per step
+    of the steps it ran."""
+    cfg, run, fn = spec_duration_fn(tb, spec, steps, cm, check_memory)
     a, b = window(steps)
     limit = incumbent * (1 + 1e-9)
     t0 = [0.0 if a < 0 else None]
@@ -221,7 +230,7 @@ def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incum
         c = version - 1  # optimizer step c just ended
         if c == a:
             t0[0] = now
-        if t0[0] is None or not a <= c <= b:  # after b: the drain, outside the window
+        if bound is None or t0[0] is None or not a <= c <= b:  # after b: the drain, outside the window
             return False
         lb = bound.after(steps, c, now - t0[0])
         if lb >= limit:
@@ -229,7 +238,8 @@ def run_spec_within(tb: Testbed, spec: RunSpec, steps: int, cm: CostModel, incum
             return True
         return False
 
-    trace = run_virtual(Scheduler(run.sched, fn.layout.workers), fn, on_version=on_version)
+    trace = run_virtual(Scheduler(run.sched, fn.layout.workers), fn, on_version=on_version,
+                        until_synced=b + 1 if run.sched.lag == 0 else None)
     if reached[0] is not None:
         return reached[0]
     return measure(tb, spec, trace, fn, steps)
@@ -372,7 +382,10 @@ def measure(tb: Testbed, spec: RunSpec, trace: Trace, fn: DurationFn, steps: int
         else:
             into.extend([o] * k)
     step_s = max(t1 - t0 + lead[d] / n_dev[d] for d in n_dev) / n_steps  # see the module doc
-    over = {k: v / steps for k, v in fn.overhead_ws.items()}  # GPU-seconds per step (all steps alike)
+    # GPU-seconds per step (all steps alike), over the steps run (one stopped as its window closed,
+    # run_spec_within, ran steps 0..b and the next one's start)
+    ran = b + 1 if trace.stopped else steps
+    over = {k: v / ran for k, v in fn.overhead_ws.items()}
     bd = {k: v / n_steps / n for k, v in busy.items()}
     # Baseline overheads and exposed gang collectives were inside units: their own columns.
     where = {"fsdp_gather": "generate", "recompute_logp": "train", "phase_switch": "optimizer",

@@ -225,6 +225,49 @@ def test_a_lag0_step_holds_all_its_work_so_every_step_is_at_least_its_share_of_i
     assert n >= 10
 
 
+def test_a_lag0_run_stopped_as_its_window_closes_measures_what_the_whole_run_does(monkeypatch):
+    """report.run_spec_within stops a lag-0 run once optimizer step b ended and the weight syncs
+    of the version it made ended too (run_virtual(until_synced=)): the drain step is not
+    simulated. The step time, throughput, bubbles and staleness are those of the whole run, to
+    the bit, on random points of every lag-0 row (digenrl without TCSS among them), 3 and 12
+    steps, on a homogeneous and a heterogeneous testbed; a lag-1 run is not stopped."""
+    import random
+
+    from digenrl.sim import report
+    from digenrl.sim.costs import default_cost_model
+    from digenrl.sim.planner import _spec, snap
+    from digenrl.sim.report import run_spec_within
+
+    cm, rng, n = default_cost_model(), random.Random(5), 0
+    stopped, real = [], report.run_virtual
+
+    def recording(*args, **kw):
+        trace = real(*args, **kw)
+        stopped.append(trace.stopped)
+        return trace
+
+    monkeypatch.setattr(report, "run_virtual", recording)
+    for name in (SMALL, "hetero-h200x8-l40sx16-flux"):
+        tb = load_testbed(name)
+        for label, (mode, style) in ROWS.items():
+            if mode == "colocated" and name != SMALL:
+                continue
+            memory = mode != "colocated" or style == "colocated-ideal"  # a peer's recipe: as simulate runs it
+            for steps in (3, 12):
+                spec = _spec(mode, snap(tb, {k: rng.choice(v) for k, v in grid(tb, mode, style).items()}), style)
+                try:
+                    whole = run_spec(tb, spec, steps, cm, check_memory=memory, keep_trace=True)
+                except ValueError:
+                    continue
+                got = run_spec_within(tb, spec, steps, cm, float("inf"), None, memory)
+                lag0 = report.spec_duration_fn(tb, spec, steps, cm, memory)[1].sched.lag == 0
+                assert stopped[-1] == lag0 and not stopped[-2]
+                assert (got.step_s, got.throughput, got.bubble, got.staleness_max) == (
+                    whole.step_s, whole.throughput, whole.bubble, whole.staleness_max), (name, label, steps, spec)
+                n += lag0
+    assert n >= 12
+
+
 def test_cli_plan_names_the_smallest_change_when_nothing_fits(tmp_path, capsys):
     """A 14B video full fine-tune on 2 L40S (48 GB): no plan fits, even one gang of both GPUs with the
     AdamW state on the host; plan says so with the memory figure and names the smallest change."""
