@@ -48,7 +48,8 @@ Speed, exactly. A candidate whose lower bound
 cannot beat the incumbent is not simulated, and a simulation stops as soon as its window shows
 it cannot win (report.run_spec_within); neither could have been accepted, so the search takes the
 path it takes without them (plan(prune=False) is that reference; tests/sim/test_planner.py
-compares the two). Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of
+compares the two). A lag-0 run (on-policy modes, digenrl without TCSS) also stops once its window
+closed and the syncs its last step started ended: nothing after weighs in its figures. Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of
 their steps starts from the same idle state, so 3 steps (one filling, one measured, one
 draining: report.window) measure what 12 do (to ~1e-13).
 
