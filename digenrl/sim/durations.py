@@ -528,8 +528,8 @@ class DurationFn:
         head = [] if key in self._units else [self(first, unit)]  # the first priced as one by one would
         hit = self._units.get(key)
         over = self.overhead_ws
-        if hit is None or any(name not in over or name.startswith("tag_switch_") for name, _ in hit[1]):
-            return head, None
+        if hit is not None and any(name not in over or name.startswith("tag_switch_") for name, _ in hit[1]):
+            hit = None
         return head, hit
 
     def _unit_key(self, worker: Worker, dev: str, unit) -> tuple:

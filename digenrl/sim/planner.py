@@ -48,10 +48,11 @@ Speed, exactly. A candidate whose lower bound
 cannot beat the incumbent is not simulated, and a simulation stops as soon as its window shows
 it cannot win (report.run_spec_within); neither could have been accepted, so the search takes the
 path it takes without them (plan(prune=False) is that reference; tests/sim/test_planner.py
-compares the two). A lag-0 run (on-policy modes, digenrl without TCSS) also stops once its window
-closed and the syncs its last step started ended: nothing after weighs in its figures. Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of
-their steps starts from the same idle state, so 3 steps (one filling, one measured, one
-draining: report.window) measure what 12 do (to ~1e-13).
+compares the two). A lag-0 run (on-policy modes, digenrl without TCSS) also stops once its
+window closed and the syncs its last step started ended: nothing after weighs in its figures.
+Lag-0 modes (report.ON_POLICY) are simulated for ON_POLICY_STEPS: each of their steps starts
+from the same idle state, so 3 steps (one filling, one measured, one draining: report.window)
+measure what 12 do (to ~1e-13).
 
 The analytic split. Per sample, generation + reward takes g seconds on a rollout GPU and
 training (all trained steps) t seconds on a trainer GPU; the pools are balanced when
@@ -74,6 +75,7 @@ import signal
 import threading
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from itertools import product
 from typing import Iterator, NamedTuple
@@ -350,9 +352,7 @@ def _descents(ev, axes: dict, starts: list) -> list:
     cannot beat this incumbent, and is asked again otherwise, `_Evaluator._known`). So the
     descents end where they end one after the other, and the plan is the same for any number of
     processes (`test_a_search_on_two_processes_chooses_what_one_process_does`)."""
-    from collections import deque
-
-    width = max(1, _JOBS) if ev.pool is not None else 1
+    width = _JOBS if ev.pool is not None else 1  # (jobs() keeps _JOBS >= 1)
     out: list = [None] * len(starts)
     waiting = iter(enumerate(starts))
     going: deque = deque()
@@ -482,7 +482,8 @@ def _evaluate(ctx: _Context, spec: RunSpec, incumbent: float | None):
                 return run_spec(tb, spec, steps, cm), 1
             r = run_spec_within(tb, spec, steps, cm, incumbent, b)
             return (_pruned(tb, spec, r) if isinstance(r, float) else r), 1
-        if ctx.prune:  # no incumbent: a lag-0 run still leaves out what follows its window
+        if ctx.prune:  # nothing to cut it short against (no incumbent, or a peer's recipe, not
+            # bounded): a lag-0 run still leaves out what follows its window
             return run_spec_within(tb, spec, steps, cm, float("inf"), None, ctx.check_memory), 1
         return run_spec(tb, spec, steps, cm, check_memory=ctx.check_memory), 1
     except ValueError as e:  # e.g. no trainer gang on this split holds the training state

@@ -139,8 +139,9 @@ ON_POLICY = ("colocated", "disagg-sync", "gap", "gap+tsp", "gap+tsp+tag")  # lag
 class Bound:
     """Lower bounds on a point's measured step time (point_bound). `step_s`: on the whole step;
     `trainer_step_s`: on every RL step's wall time (its training and optimizer work on the
-    trainer GPUs; lag 0 on one device type: all its work on every GPU); `other_s`: work of other steps the window may hold, per GPU of the device type
-    (subtracted from the window's wall time, see point_bound)."""
+    trainer GPUs; lag 0 on one device type: all its work on every GPU); `other_s`: work of other
+    steps the window may hold, per GPU of the device type (subtracted from the window's wall
+    time, see point_bound)."""
 
     step_s: float
     trainer_step_s: float

@@ -361,19 +361,19 @@ def test_descents_taking_turns_end_where_each_ends_alone(monkeypatch):
             return Lazy(fn, args)
 
     tb, cm = load_testbed(SMALL), default_cost_model()
-    MODE = "gap+tsp+tag"  # (3-step on-policy runs: cheap; its grid is digenrl's)
-    axes = grid(tb, MODE, None, cm)
-    first = planner.default_point(tb, MODE, axes, cm)
+    mode = "gap+tsp+tag"  # (3-step on-policy runs: cheap; its grid is digenrl's)
+    axes = grid(tb, mode, None, cm)
+    first = planner.default_point(tb, mode, axes, cm)
     mbs = axes["micro_batch_groups"]
     starts = [first] + [{**first, "micro_batch_groups": v} for v in (mbs[len(mbs) // 2], mbs[-1])]
-    ev = planner._Evaluator(tb, MODE, None, planner.PLAN_STEPS, cm)
+    ev = planner._Evaluator(tb, mode, None, planner.PLAN_STEPS, cm)
     ev.pool = Pool()
     monkeypatch.setattr(planner, "_CTX", ev.ctx)
     monkeypatch.setattr(planner, "_JOBS", 3)
     together = planner._descents(ev, axes, starts)
     assert ev.pool.started > len(starts) and any(isinstance(r, planner._Pruned) for r in ev.cache.values())
     for s0, (p, r) in zip(starts, together):
-        q, qr = planner._descend(planner._Evaluator(tb, MODE, None, planner.PLAN_STEPS, cm), axes, s0)
+        q, qr = planner._descend(planner._Evaluator(tb, mode, None, planner.PLAN_STEPS, cm), axes, s0)
         assert (p, r.step_s, r.throughput) == (q, qr.step_s, qr.throughput), s0
 
 
